@@ -1,0 +1,59 @@
+"""Small argument checks shared by every layer: clear `ValueError`/`TypeError` messages that
+name the argument and what was expected, instead of an obscure error from deep inside torch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def check_tensor(name: str, x: object, ndim: int | None = None) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    return x
+
+
+def check_shape(name: str, x: torch.Tensor, expected: Sequence[int | None]) -> None:
+    """`expected` holds one size per dimension; None matches any size."""
+    check_tensor(name, x, len(expected))
+    for got, want in zip(x.shape, expected, strict=True):
+        if want is not None and got != want:
+            shown = tuple("*" if w is None else w for w in expected)
+            raise ValueError(f"{name} must have shape {shown}, got {tuple(x.shape)}")
+
+
+def check_finite(name: str, x: torch.Tensor) -> None:
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains NaN or inf values")
+
+
+def check_positive_int(name: str, value: object, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def check_range(
+    name: str,
+    value: float,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    bad = value != value  # NaN
+    if low is not None:
+        bad = bad or (value <= low if low_open else value < low)
+    if high is not None:
+        bad = bad or (value >= high if high_open else value > high)
+    if bad:
+        lo = "(-inf" if low is None else f"{'(' if low_open else '['}{low}"
+        hi = "inf)" if high is None else f"{high}{')' if high_open else ']'}"
+        raise ValueError(f"{name} must be in {lo}, {hi}, got {value}")

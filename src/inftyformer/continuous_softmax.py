@@ -1,0 +1,60 @@
+"""Continuous softmax: the expectation of the basis functions under a Gaussian density
+(paper §3.1–3.2, SPEC §3).
+
+A query predicts p = 𝒩(t; μ, σ²) over the real line. For normalised Gaussian RBFs the expectation
+has a closed form (the product of two Gaussians integrates to a Gaussian in the difference of
+their means):
+
+    r_j = E_p[ψ_j(t)] = ∫ 𝒩(t; μ, σ²) 𝒩(t; c_j, w_j²) dt = 𝒩(μ; c_j, σ² + w_j²)
+
+Gradients are plain autograd of this expression, exact in (μ, σ²): no custom backward through
+natural parameters (the authors' version costs half an update step and loses precision).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._checks import check_tensor
+from .basis import GaussianBasis
+
+
+def continuous_softmax(
+    mu: torch.Tensor, sigma_sq: torch.Tensor, basis: GaussianBasis
+) -> torch.Tensor:
+    """E_p[ψ(t)] for p = 𝒩(μ, σ²): mu, sigma_sq [...] → [..., N].
+
+    mu and sigma_sq must broadcast together; sigma_sq must be positive.
+    """
+    check_tensor("mu", mu)
+    check_tensor("sigma_sq", sigma_sq)
+    try:
+        torch.broadcast_shapes(mu.shape, sigma_sq.shape)
+    except RuntimeError as err:
+        raise ValueError(
+            f"mu {tuple(mu.shape)} and sigma_sq {tuple(sigma_sq.shape)} do not broadcast"
+        ) from err
+    # The basis is a grid of widths × centres: only the squared distance depends on the centre and
+    # only the variance on the width, so the full [..., N] tensor is touched by two kernels.
+    c = basis.center_grid.to(device=mu.device, dtype=mu.dtype)  # [C]
+    w_sq = basis.width_grid.to(device=mu.device, dtype=mu.dtype) ** 2  # [W]
+    var = sigma_sq.unsqueeze(-1) + w_sq  # σ² + w_l²  [..., W]
+    coef = (-0.5 / var).unsqueeze(-1)  # [..., W, 1]
+    log_norm = (-0.5 * torch.log(2.0 * math.pi * var)).unsqueeze(-1)  # [..., W, 1]
+    dist_sq = ((mu.unsqueeze(-1) - c) ** 2).unsqueeze(-2)  # (μ − c_k)²  [..., 1, C]
+    # r_{l,k} = 𝒩(μ; c_k, σ² + w_l²) = exp(log_norm_l − (μ − c_k)² / (2(σ² + w_l²)))  [..., W, C]
+    r = torch.exp(torch.addcmul(log_norm, coef, dist_sq))
+    return r.flatten(-2)  # [..., N] in the basis' width-major order
+
+
+def variance_kl(sigma_sq: torch.Tensor, sigma_0: float) -> torch.Tensor:
+    """The variance part of KL(𝒩(μ, σ²) ‖ 𝒩(μ₀, σ₀²)) (SPEC §6), elementwise:
+
+        ½ (σ²/σ₀² − log(σ²/σ₀²) − 1)
+
+    It is zero at σ = σ₀ and keeps the attention densities from collapsing or spreading out.
+    """
+    ratio = sigma_sq / (sigma_0 * sigma_0)
+    return 0.5 * (ratio - torch.log(ratio) - 1.0)

@@ -1,0 +1,86 @@
+"""Continuous attention over the long-term memory (paper §3.1–3.2, SPEC §3, §6).
+
+Keys and values come from the memory's coefficients, one per basis function:
+
+    K = B W^K,  V = B W^V ∈ ℝ^{N×e}                                   (split into H heads)
+    s = K q / √d ∈ ℝ^N                                                 (per head and query)
+    μ = sigmoid(w_μᵀ s),  σ² = softplus(w_σᵀ s) ≥ 1e-4                 (the query's density)
+    r = E_p[ψ] = 𝒩(μ; c, σ² + w²)                                      (continuous softmax)
+    z = rᵀ V  = E_p[v(t)],  heads merged, then an output projection.
+
+The KL term ½(σ²/σ₀² − log(σ²/σ₀²) − 1) keeps σ near σ₀. Rows whose memory is empty read
+nothing (their context is exactly 0 and they add no KL), but every parameter stays in the graph,
+so DistributedDataParallel needs no `find_unused_parameters`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._checks import check_finite, check_tensor
+from .basis import GaussianBasis
+from .continuous_softmax import continuous_softmax, variance_kl
+from .long_term_memory import LongTermConfig, LongTermState
+
+
+@dataclass
+class LongTermAttentionOutput:
+    context: torch.Tensor  # [batch, Q, out_dim]
+    kl: torch.Tensor  # scalar: mean variance-KL over non-empty rows, heads and queries
+    mu: torch.Tensor  # [batch, H, Q] (for sticky memories)
+    sigma_sq: torch.Tensor  # [batch, H, Q]
+
+
+class LongTermAttention(nn.Module):
+    def __init__(self, config: LongTermConfig) -> None:
+        super().__init__()
+        self.config = config
+        e, N = config.dim, config.num_basis
+        self.basis = GaussianBasis(N, config.widths)
+        self.query = nn.Linear(e, e) if config.query_projection else None
+        self.key = nn.Linear(e, e, bias=False)  # W^K
+        self.value = nn.Linear(e, e, bias=False)  # W^V
+        self.mu_head = nn.Linear(N, 1)  # w_μ, shared by the heads
+        self.sigma_head = nn.Linear(N, 1)  # w_σ
+        self.out = nn.Linear(e, config.out_dim or e)
+
+    def forward(self, query: torch.Tensor, state: LongTermState) -> LongTermAttentionOutput:
+        """query [batch, Q, e] (already projected unless `config.query_projection`)."""
+        c = self.config
+        check_tensor("query", query, 3)
+        if query.shape[0] != state.batch_size or query.shape[2] != c.dim:
+            raise ValueError(
+                f"query must have shape (batch={state.batch_size}, queries, e={c.dim}), "
+                f"got {tuple(query.shape)}"
+            )
+        check_finite("query", query)
+        batch, num_q, _ = query.shape
+        H, d = c.num_heads, c.head_dim
+        B = state.coefficients.to(query.dtype)  # [batch, N, e]
+        q = self.query(query) if self.query is not None else query
+        q = q.view(batch, num_q, H, d).transpose(1, 2)  # [batch, H, Q, d]
+        k = self.key(B).view(batch, -1, H, d).transpose(1, 2)  # K = B W^K  [batch, H, N, d]
+        v = self.value(B).view(batch, -1, H, d).transpose(1, 2)  # V = B W^V  [batch, H, N, d]
+
+        # The scores s = K q / √d [batch, H, Q, N] only ever enter through w_μᵀ s and w_σᵀ s, and
+        # w_μᵀ s = qᵀ (Kᵀ w_μ) / √d: fold the two heads into K first and never build s.
+        w = torch.cat([self.mu_head.weight, self.sigma_head.weight])  # [2, N]
+        k_heads = torch.einsum("bhnd,mn->bhdm", k, w) / math.sqrt(d)  # [batch, H, d, 2]
+        logits = torch.matmul(q, k_heads)  # [w_μᵀ s, w_σᵀ s]  [batch, H, Q, 2]
+        mu = torch.sigmoid(logits[..., 0] + self.mu_head.bias)  # μ ∈ (0, 1)  [batch, H, Q]
+        sigma_sq = F.softplus(logits[..., 1] + self.sigma_head.bias).clamp(min=c.min_sigma_sq)
+
+        r = continuous_softmax(mu, sigma_sq, self.basis)  # E_p[ψ]  [batch, H, Q, N]
+        z = torch.matmul(r, v)  # E_p[v(t)]  [batch, H, Q, d]
+        z = z.transpose(1, 2).reshape(batch, num_q, H * d)  # [batch, Q, e]
+
+        filled = (~state.empty).to(device=query.device, dtype=query.dtype)  # [batch]
+        context = self.out(z) * filled[:, None, None]  # [batch, Q, out_dim]
+        kl_rows = variance_kl(sigma_sq, c.sigma_0).mean(dim=(1, 2))  # [batch]
+        kl = (kl_rows * filled).sum() / filled.sum().clamp(min=1.0)
+        return LongTermAttentionOutput(context=context, kl=kl, mu=mu, sigma_sq=sigma_sq)

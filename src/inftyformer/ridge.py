@@ -1,0 +1,101 @@
+"""Fitting a sequence of vectors to the basis by ridge regression (paper eq. 9, SPEC §2).
+
+A sequence X ∈ ℝ^{P×e} sits at positions t_1..t_P ∈ [0, 1]. With F ∈ ℝ^{N×P}, F_{ji} = ψ_j(t_i),
+
+    Bᵀ = Xᵀ Fᵀ (F Fᵀ + λ I)⁻¹ = Xᵀ G,     G = Fᵀ (F Fᵀ + λ I)⁻¹ ∈ ℝ^{P×N},
+
+so B = Gᵀ X ∈ ℝ^{N×e} and the continuous signal is x̄(t) = Bᵀ ψ(t).
+
+Edge padding (the authors' trick, on by default): ⌊P/2⌋ extra positions with target 0 are added
+on each side, in (−½, 0) and (1, 1½); only the rows of G belonging to real positions are kept.
+It stops the fitted signal from blowing up at the ends of [0, 1].
+
+G is built in float64 with a linear solve (never an explicit inverse: in float32 that is ~1% off at
+N = 512) and depends only on (positions, N, widths, λ, padding), so callers cache it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import check_positive_int, check_range, check_tensor
+from .basis import GaussianBasis
+
+
+def segment_positions(length: int) -> torch.Tensor:
+    """t_i = (i + ½) / L for i = 0..L−1, in float64. [L]"""
+    check_positive_int("length", length)
+    return (torch.arange(length, dtype=torch.float64) + 0.5) / length
+
+
+def edge_padding_positions(count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`count` evenly spread positions in (−½, 0) and as many in (1, 1½). ([count], [count])"""
+    offsets = (torch.arange(count, dtype=torch.float64) + 0.5) * (0.5 / max(count, 1))
+    return -0.5 + offsets, 1.0 + offsets
+
+
+def ridge_design_matrix(
+    basis: GaussianBasis, positions: torch.Tensor, ridge_lambda: float, edge_padding: bool = True
+) -> torch.Tensor:
+    """G = Fᵀ (F Fᵀ + λ I)⁻¹ restricted to the real positions. Returns float64 [P, N] on CPU."""
+    check_tensor("positions", positions, 1)
+    if positions.numel() == 0:
+        raise ValueError("positions must not be empty: a segment needs at least one vector")
+    check_range("ridge_lambda", ridge_lambda, 0.0)
+    t = positions.detach().double().cpu()
+    num_real = t.numel()
+    if edge_padding:
+        left, right = edge_padding_positions(num_real // 2)
+        t = torch.cat([left, t, right])
+    F = basis.float64(t).T  # [N, P_padded]
+    gram = F @ F.T + ridge_lambda * torch.eye(basis.num_basis, dtype=torch.float64)  # [N, N]
+    # G = Fᵀ (F Fᵀ + λI)⁻¹  ⇔  (F Fᵀ + λI) Gᵀ = F   (the Gram matrix is symmetric)
+    G = torch.linalg.solve(gram, F).T  # [P_padded, N]
+    start = num_real // 2 if edge_padding else 0
+    return G[start : start + num_real].contiguous()
+
+
+def fit_coefficients(x: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+    """B = Gᵀ X for a batch: x [batch, P, e], G [P, N] → B [batch, N, e]."""
+    return torch.einsum("pn,bpe->bne", G.to(dtype=x.dtype, device=x.device), x)
+
+
+def evaluate_signal(B: torch.Tensor, basis: GaussianBasis, t: torch.Tensor) -> torch.Tensor:
+    """x̄(t) = Bᵀ ψ(t): B [batch, N, e], t [T] or [batch, T] → [batch, T, e]."""
+    psi = basis(t.to(dtype=B.dtype, device=B.device))  # [T, N] or [batch, T, N]
+    return torch.matmul(psi, B)
+
+
+class RidgeRegression:
+    """Caches G per set of positions so that it is computed once, never per step.
+
+    Keys are (name, sizes…) chosen by the caller; each entry is built in float64 and cast once
+    per (device, dtype). This is a cache of constants, not stream state.
+    """
+
+    def __init__(self, basis: GaussianBasis, ridge_lambda: float, edge_padding: bool = True):
+        check_range("ridge_lambda", ridge_lambda, 0.0)
+        self.basis = basis
+        self.ridge_lambda = float(ridge_lambda)
+        self.edge_padding = bool(edge_padding)
+        self._cache: dict[tuple, torch.Tensor] = {}
+
+    def design(
+        self, key: tuple, positions_fn, device: torch.device, dtype: torch.dtype
+    ) -> torch.Tensor:
+        full_key = (key, str(device), dtype)
+        G = self._cache.get(full_key)
+        if G is None:
+            G64 = self._cache.get((key, "cpu", torch.float64))
+            if G64 is None:
+                G64 = ridge_design_matrix(
+                    self.basis, positions_fn(), self.ridge_lambda, self.edge_padding
+                )
+                self._cache[(key, "cpu", torch.float64)] = G64
+            G = G64.to(device=device, dtype=dtype)
+            self._cache[full_key] = G
+        return G
+
+    def segment(self, length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """G_L [L, N] for a segment placed at (i + ½)/L."""
+        return self.design(("segment", length), lambda: segment_positions(length), device, dtype)
