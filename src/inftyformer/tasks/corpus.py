@@ -1,0 +1,392 @@
+"""Long-document corpora, tokenised once and cached on disk.
+
+A corpus is a directory with ``train/``, ``valid/`` and ``test/`` subfolders of UTF-8 ``.txt``
+files (the pg19-mini layout); one file is one document, documents are sorted by file name.
+WikiText-103's ``wiki.{split}.tokens`` files are read by :func:`load_wikitext`, one article (split
+at top-level headings `` = Title = ``) per document.
+
+The result is a :class:`TokenizedCorpus`: one flat token array (a read-only numpy memmap when it
+comes from the cache) plus document offsets, UTF-8 byte counts (for bits per byte) and names.
+
+Cache: ``$INFTYFORMER_CACHE`` or ``~/.cache/inftyformer``; the key hashes the format version, the
+tokenizer identity, the reader, the split, every file name and every file's contents, so a changed
+source file or tokenizer triggers a rebuild and an unchanged one loads instantly. Files are written
+to a temporary name and moved into place with ``os.replace`` (readers never see half a file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .tokenizer import TextTokenizer
+
+CACHE_ENV_VAR = "INFTYFORMER_CACHE"
+CACHE_FORMAT_VERSION = 1
+CORPUS_SPLITS = ("train", "valid", "test")
+
+# WikiText top-level heading: " = Title = " (sub-headings look like " = = Sub = = ").
+_WIKITEXT_TITLE = re.compile(r"^ = ([^=].*) = $")
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get(CACHE_ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "inftyformer"
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits (vocab <= 65536), else int32."""
+    return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.int32)
+
+
+@dataclass(frozen=True)
+class TokenizedCorpus:
+    """Documents as one flat token array.
+
+    tokens: [num_tokens] (uint16 or int32);
+        document i is ``tokens[doc_offsets[i]:doc_offsets[i + 1]]``.
+    doc_offsets: [num_docs + 1] int64, starts at 0, ends at num_tokens.
+    doc_bytes: [num_docs] int64, UTF-8 bytes of each source document (bits-per-byte denominators).
+    """
+
+    tokens: np.ndarray
+    doc_offsets: np.ndarray
+    doc_bytes: np.ndarray
+    doc_names: tuple[str, ...]
+    vocab_size: int
+    eos_id: int
+    tokenizer_name: str = ""
+    from_cache: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tokens.ndim != 1:
+            raise ValueError(f"tokens must be 1-D, got shape {self.tokens.shape}")
+        offsets = self.doc_offsets
+        if offsets.ndim != 1 or offsets.shape[0] < 1:
+            raise ValueError("doc_offsets must be 1-D with at least one entry")
+        if offsets[0] != 0 or offsets[-1] != self.tokens.shape[0]:
+            raise ValueError("doc_offsets must start at 0 and end at len(tokens)")
+        if np.any(np.diff(offsets) < 0):
+            raise ValueError("doc_offsets must be non-decreasing")
+        num_docs = offsets.shape[0] - 1
+        if self.doc_bytes.shape != (num_docs,):
+            raise ValueError(f"doc_bytes must have shape ({num_docs},), got {self.doc_bytes.shape}")
+        if len(self.doc_names) != num_docs:
+            raise ValueError(f"doc_names must have {num_docs} entries, got {len(self.doc_names)}")
+        if not 0 <= self.eos_id < self.vocab_size:
+            raise ValueError(f"eos_id must be in [0, vocab_size), got {self.eos_id}")
+
+    @classmethod
+    def from_documents(
+        cls,
+        documents: Sequence[Sequence[int]],
+        vocab_size: int,
+        eos_id: int,
+        names: Sequence[str] | None = None,
+        doc_bytes: Sequence[int] | None = None,
+        tokenizer_name: str = "",
+    ) -> TokenizedCorpus:
+        """An in-memory corpus from token lists (doc_bytes default to the token counts)."""
+        dtype = token_dtype(vocab_size)
+        arrays = [np.asarray(d, dtype=np.int64) for d in documents]
+        for i, a in enumerate(arrays):
+            if a.ndim != 1 or (a.size and (a.min() < 0 or a.max() >= vocab_size)):
+                raise ValueError(f"documents[{i}] must be 1-D ids in [0, {vocab_size})")
+        lengths = np.array([a.size for a in arrays], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        tokens = np.concatenate(arrays).astype(dtype) if arrays else np.zeros(0, dtype)
+        names = tuple(names) if names is not None else tuple(str(i) for i in range(len(arrays)))
+        nbytes = np.asarray(doc_bytes if doc_bytes is not None else lengths, dtype=np.int64)
+        return cls(tokens, offsets, nbytes, names, vocab_size, eos_id, tokenizer_name)
+
+    @property
+    def num_docs(self) -> int:
+        return self.doc_offsets.shape[0] - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def doc_lengths(self) -> np.ndarray:
+        return np.diff(self.doc_offsets)  # [num_docs]
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.doc_bytes.sum())
+
+    def document(self, index: int) -> np.ndarray:
+        """Token ids of document `index` as int64 [length]."""
+        if not 0 <= index < self.num_docs:
+            raise IndexError(f"document index {index} out of range [0, {self.num_docs})")
+        start, end = int(self.doc_offsets[index]), int(self.doc_offsets[index + 1])
+        return np.asarray(self.tokens[start:end], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return self.num_docs
+
+
+# --------------------------------------------------------------------------- reading sources
+
+
+def _check_tokenizer(tokenizer: object) -> TextTokenizer:
+    if not isinstance(tokenizer, TextTokenizer):
+        raise TypeError(
+            "tokenizer must be a TextTokenizer (see load_tokenizer), "
+            f"got {type(tokenizer).__name__}"
+        )
+    return tokenizer
+
+
+def _check_split(split: object) -> str:
+    if not isinstance(split, str):
+        raise TypeError(f"split must be a str, got {type(split).__name__}")
+    if split not in CORPUS_SPLITS:
+        raise ValueError(f"split must be one of {CORPUS_SPLITS}, got {split!r}")
+    return split
+
+
+def _decode(raw: bytes, source: Path) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{source} is not valid UTF-8 (byte {err.start}): {err.reason}") from None
+
+
+def _split_files(root: str | Path, split: str) -> list[Path]:
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"corpus directory not found: {root}")
+    folder = root / split
+    if not folder.is_dir():
+        raise FileNotFoundError(f"split folder not found: {folder} (expected {root}/{split}/*.txt)")
+    files = sorted(p for p in folder.glob("*.txt") if p.is_file())
+    if not files:
+        raise ValueError(f"no .txt files in {folder}")
+    return files
+
+
+def tokenize_documents(
+    texts: Sequence[str],
+    names: Sequence[str],
+    tokenizer: TextTokenizer,
+    progress: bool = False,
+    desc: str = "tokenizing",
+) -> TokenizedCorpus:
+    """Tokenise documents in memory (no cache). Long texts are encoded in safe chunks."""
+    _check_tokenizer(tokenizer)
+    if len(texts) != len(names):
+        raise ValueError(f"texts and names must have equal lengths, got {len(texts)}/{len(names)}")
+    dtype = token_dtype(tokenizer.vocab_size)
+    doc_bytes = np.array([len(t.encode("utf-8")) for t in texts], dtype=np.int64)
+    arrays: list[np.ndarray] = []
+    with tqdm(
+        total=int(doc_bytes.sum()), unit="B", unit_scale=True, desc=desc, disable=not progress
+    ) as bar:
+        for text, nbytes in zip(texts, doc_bytes, strict=True):
+            arrays.append(np.asarray(tokenizer.encode_long(text), dtype=dtype))
+            bar.update(int(nbytes))
+    lengths = np.array([a.size for a in arrays], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    tokens = np.concatenate(arrays) if arrays else np.zeros(0, dtype)
+    return TokenizedCorpus(
+        tokens=tokens,
+        doc_offsets=offsets,
+        doc_bytes=doc_bytes,
+        doc_names=tuple(names),
+        vocab_size=tokenizer.vocab_size,
+        eos_id=tokenizer.eos_id,
+        tokenizer_name=tokenizer.name,
+    )
+
+
+# --------------------------------------------------------------------------- the cache
+
+
+def _cache_key(reader: str, split: str, tokenizer: TextTokenizer, sources: list[tuple]) -> str:
+    payload = {
+        "format": CACHE_FORMAT_VERSION,
+        "reader": reader,
+        "split": split,
+        "tokenizer": tokenizer.identity,
+        "sources": [[name, hashlib.sha256(raw).hexdigest()] for name, raw in sources],
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _cache_paths(cache_dir: Path, reader: str, split: str, key: str) -> tuple[Path, Path]:
+    stem = f"{reader}-{split}-{key}"
+    return cache_dir / f"{stem}.tokens.npy", cache_dir / f"{stem}.meta.json"
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _save_cache(corpus: TokenizedCorpus, tokens_path: Path, meta_path: Path) -> None:
+    tokens_path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "format": CACHE_FORMAT_VERSION,
+        "dtype": corpus.tokens.dtype.str,
+        "num_tokens": corpus.num_tokens,
+        "doc_offsets": [int(v) for v in corpus.doc_offsets],
+        "doc_bytes": [int(v) for v in corpus.doc_bytes],
+        "doc_names": list(corpus.doc_names),
+        "vocab_size": corpus.vocab_size,
+        "eos_id": corpus.eos_id,
+        "tokenizer_name": corpus.tokenizer_name,
+    }
+    _atomic_write(tokens_path, lambda f: np.save(f, np.ascontiguousarray(corpus.tokens)))
+    # The metadata goes last: its presence means the token file is complete.
+    _atomic_write(meta_path, lambda f: f.write(json.dumps(meta).encode()))
+
+
+def _load_cache(tokens_path: Path, meta_path: Path) -> TokenizedCorpus | None:
+    if not (tokens_path.is_file() and meta_path.is_file()):
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+        if meta.get("format") != CACHE_FORMAT_VERSION:
+            return None
+        tokens = np.load(tokens_path, mmap_mode="r")
+        if tokens.shape != (meta["num_tokens"],) or tokens.dtype.str != meta["dtype"]:
+            return None
+        return TokenizedCorpus(
+            tokens=tokens,
+            doc_offsets=np.asarray(meta["doc_offsets"], dtype=np.int64),
+            doc_bytes=np.asarray(meta["doc_bytes"], dtype=np.int64),
+            doc_names=tuple(meta["doc_names"]),
+            vocab_size=int(meta["vocab_size"]),
+            eos_id=int(meta["eos_id"]),
+            tokenizer_name=str(meta["tokenizer_name"]),
+            from_cache=True,
+        )
+    except (OSError, ValueError, KeyError):
+        return None  # unreadable or stale entry: rebuild
+
+
+def _cached(
+    reader: str,
+    split: str,
+    tokenizer: TextTokenizer,
+    sources: list[tuple[str, bytes]],
+    build,
+    cache_dir: str | Path | None,
+    use_cache: bool,
+) -> TokenizedCorpus:
+    if not use_cache:
+        return build()
+    directory = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    key = _cache_key(reader, split, tokenizer, sources)
+    tokens_path, meta_path = _cache_paths(directory, reader, split, key)
+    hit = _load_cache(tokens_path, meta_path)
+    if hit is not None:
+        return hit
+    corpus = build()
+    try:
+        _save_cache(corpus, tokens_path, meta_path)
+    except OSError as err:
+        warnings.warn(f"could not write corpus cache in {directory}: {err}", stacklevel=3)
+        return corpus
+    loaded = _load_cache(tokens_path, meta_path)
+    # Same data, now memory-mapped; from_cache=False records that this call tokenised.
+    return replace(loaded, from_cache=False) if loaded is not None else corpus
+
+
+# --------------------------------------------------------------------------- public loaders
+
+
+def load_corpus(
+    root: str | Path,
+    split: str,
+    tokenizer: TextTokenizer,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+    use_cache: bool = True,
+) -> TokenizedCorpus:
+    """Tokenise ``<root>/<split>/*.txt`` (one file = one document, sorted by name), cached.
+
+    Raises FileNotFoundError for a missing root or split folder, ValueError for a split without
+    .txt files or a file that is not UTF-8 (naming the file).
+    """
+    split = _check_split(split)
+    _check_tokenizer(tokenizer)
+    files = _split_files(root, split)
+    sources = [(p.name, p.read_bytes()) for p in files]
+
+    def build() -> TokenizedCorpus:
+        texts = [_decode(raw, path) for (_, raw), path in zip(sources, files, strict=True)]
+        names = [p.stem for p in files]
+        return tokenize_documents(texts, names, tokenizer, progress, desc=f"tokenizing {split}")
+
+    return _cached("txtdir", split, tokenizer, sources, build, cache_dir, use_cache)
+
+
+def split_wikitext(text: str) -> list[tuple[str, str]]:
+    """(title, article text) pairs, split at top-level headings `` = Title = ``.
+
+    Text before the first heading (if any, and not blank) becomes a document titled "".
+    """
+    docs: list[tuple[str, list[str]]] = []
+    for line in text.splitlines(keepends=True):
+        match = _WIKITEXT_TITLE.match(line.rstrip("\r\n"))
+        if match is not None:
+            docs.append((match.group(1).strip(), [line]))
+        elif docs:
+            docs[-1][1].append(line)
+        elif line.strip():
+            docs.append(("", [line]))
+    return [(title, "".join(lines)) for title, lines in docs]
+
+
+def load_wikitext(
+    root: str | Path,
+    split: str,
+    tokenizer: TextTokenizer,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+    use_cache: bool = True,
+) -> TokenizedCorpus:
+    """Tokenise ``<root>/wiki.<split>.tokens`` (WikiText-103), one article per document, cached.
+
+    The text is used as is (no detokenisation; ``<unk>`` stays a literal string).
+    """
+    split = _check_split(split)
+    _check_tokenizer(tokenizer)
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"WikiText directory not found: {root}")
+    path = root / f"wiki.{split}.tokens"
+    if not path.is_file():
+        raise FileNotFoundError(f"WikiText file not found: {path}")
+    raw = path.read_bytes()
+    sources = [(path.name, raw)]
+
+    def build() -> TokenizedCorpus:
+        articles = split_wikitext(_decode(raw, path))
+        if not articles:
+            raise ValueError(f"no articles found in {path}")
+        titles = [title for title, _ in articles]
+        texts = [body for _, body in articles]
+        return tokenize_documents(texts, titles, tokenizer, progress, desc=f"tokenizing {split}")
+
+    return _cached("wikitext", split, tokenizer, sources, build, cache_dir, use_cache)

@@ -1,0 +1,56 @@
+"""Where the shared, read-only data lives (``../shared/data`` next to the repository).
+
+The data is never copied into the project: every loader takes a directory, and these helpers find
+the default one. Order of precedence:
+
+1. the environment variable ``INFTYFORMER_DATA`` (if it is set, it is the only candidate: an
+   explicit choice is never silently replaced by a fallback);
+2. ``<repo root>/../shared/data``, found relative to this source file;
+3. ``<current directory>/../shared/data``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DATA_ENV_VAR = "INFTYFORMER_DATA"
+
+# src/inftyformer/tasks/data_dir.py -> parents[3] is the repository root.
+_REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def _candidates() -> list[Path]:
+    env = os.environ.get(DATA_ENV_VAR)
+    if env:
+        return [Path(env).expanduser()]
+    return [_REPO_ROOT.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"]
+
+
+def default_data_dir() -> Path | None:
+    """The first existing data directory (see module docstring), or None when there is none."""
+    for candidate in _candidates():
+        if candidate.is_dir():
+            return candidate.resolve()
+    return None
+
+
+def resolve_data_dir(path: str | Path | None = None) -> Path:
+    """`path` if given (must be an existing directory), else :func:`default_data_dir`.
+
+    Raises FileNotFoundError naming the path(s) that were tried.
+    """
+    if path is not None:
+        if not isinstance(path, (str, Path)):
+            raise TypeError(f"data_dir must be a str, Path or None, got {type(path).__name__}")
+        resolved = Path(path).expanduser()
+        if not resolved.is_dir():
+            raise FileNotFoundError(f"data directory not found: {resolved}")
+        return resolved.resolve()
+    found = default_data_dir()
+    if found is None:
+        tried = ", ".join(str(c) for c in _candidates())
+        raise FileNotFoundError(
+            f"no data directory found (tried {tried}); pass a path or set ${DATA_ENV_VAR}"
+        )
+    return found

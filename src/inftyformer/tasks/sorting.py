@@ -1,0 +1,224 @@
+"""The paper's sorting task (∞-former §4.1; SPEC §9).
+
+A sequence of T symbols from {0..19} is drawn from a mixture whose weights move linearly from
+`p_start` (at the first position) to `p_end` (at the last); both are ∝ randint(1, 10) over the 20
+symbols, drawn afresh for every sequence. After a separator the model must emit the 20 symbols
+sorted by decreasing count in the sequence (ties: earlier first occurrence first; symbols that never
+occur come last, in ascending order). Because the mixture drifts, the answer depends on the whole
+sequence, not on any recent window: that is what makes it a long-memory task.
+
+Layout of one example, S = T + 20 positions, teacher forcing::
+
+    inputs  = [x_1 .. x_T, SEP, y_1 .. y_19]
+    targets = [-100] * T  +     [y_1 .. y_20]
+
+The SEP position predicts y_1, the position of y_k predicts y_{k+1}; -100 is the ignore index, so
+loss and accuracy only see the 20 target positions (the last 20 positions of the example).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .._checks import check_positive_int
+
+NUM_SYMBOLS = 20
+SEP = 20
+PAD = 21
+SORTING_VOCAB = 22
+NUM_TARGETS = 20
+IGNORE_INDEX = -100
+
+SPLITS = ("train", "valid", "test")
+# Split-specific entropy mixed into every batch's SeedSequence: splits draw from disjoint streams.
+_SPLIT_ENTROPY = {"train": 0x5EED_0001, "valid": 0x5EED_0002, "test": 0x5EED_0003}
+
+
+def _check_seed(name: str, value: object) -> int:
+    check_positive_int(name, value, minimum=0)
+    return value  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class SortingConfig:
+    """Sorting task size. `seq_len` is T, the number of symbols before the separator."""
+
+    seq_len: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_positive_int("seq_len", self.seq_len)
+        _check_seed("seed", self.seed)
+
+    @property
+    def total_len(self) -> int:
+        """S = T + 20: symbols, separator and 19 teacher-forced answer tokens."""
+        return self.seq_len + NUM_TARGETS
+
+    @property
+    def vocab_size(self) -> int:
+        return SORTING_VOCAB
+
+
+def sorting_targets(symbols: np.ndarray) -> np.ndarray:
+    """The answer for each row of `symbols` [B, T] (ints in 0..19) -> [B, 20] int64.
+
+    Sorted by decreasing count, ties by first occurrence, absent symbols last in ascending order.
+    """
+    x = np.asarray(symbols)
+    if x.ndim != 2:
+        raise ValueError(f"symbols must have 2 dimensions [batch, length], got shape {x.shape}")
+    if x.size and (x.min() < 0 or x.max() >= NUM_SYMBOLS):
+        raise ValueError(f"symbols must be in [0, {NUM_SYMBOLS - 1}]")
+    batch, length = x.shape
+    x = x.astype(np.int64)
+    rows = np.broadcast_to(np.arange(batch)[:, None], x.shape)  # [B, T]
+    counts = np.zeros((batch, NUM_SYMBOLS), dtype=np.int64)  # [B, 20]
+    np.add.at(counts, (rows, x), 1)
+    first = np.full((batch, NUM_SYMBOLS), length, dtype=np.int64)  # [B, 20]; T = "never"
+    positions = np.broadcast_to(np.arange(length)[None, :], x.shape)  # [B, T]
+    np.minimum.at(first, (rows, x), positions)
+    symbol = np.broadcast_to(np.arange(NUM_SYMBOLS)[None, :], counts.shape)  # [B, 20]
+    # lexsort: the last key is the primary one. Present symbols have distinct first occurrences;
+    # absent ones all have first = T and are then ordered by symbol (ascending).
+    order = np.lexsort((symbol, first, -counts), axis=-1)  # [B, 20]
+    return order.astype(np.int64)
+
+
+def sample_symbols(seq_len: int, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+    """Draw [B, T] symbols from the drifting mixture (vectorised inverse-CDF sampling)."""
+    check_positive_int("seq_len", seq_len)
+    check_positive_int("batch_size", batch_size)
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    p_start = rng.integers(1, 11, size=(batch_size, NUM_SYMBOLS)).astype(np.float64)  # [B, 20]
+    p_end = rng.integers(1, 11, size=(batch_size, NUM_SYMBOLS)).astype(np.float64)  # [B, 20]
+    p_start /= p_start.sum(axis=1, keepdims=True)
+    p_end /= p_end.sum(axis=1, keepdims=True)
+    # Mixing weight of p_end moves linearly from 0 (first position) to 1 (last position).
+    alpha = np.linspace(0.0, 1.0, seq_len) if seq_len > 1 else np.zeros(1)  # [T]
+    cdf_start = np.cumsum(p_start, axis=1)[:, None, :]  # [B, 1, 20]
+    cdf_end = np.cumsum(p_end, axis=1)[:, None, :]  # [B, 1, 20]
+    cdf = (1.0 - alpha)[None, :, None] * cdf_start + alpha[None, :, None] * cdf_end  # [B, T, 20]
+    u = rng.random((batch_size, seq_len, 1))  # [B, T, 1]
+    symbols = (u >= cdf).sum(axis=-1)  # [B, T]: number of CDF steps below u
+    return np.minimum(symbols, NUM_SYMBOLS - 1).astype(np.int64)
+
+
+def sorting_example(symbols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Lay out given symbols [B, T] as (inputs [B, S], targets [B, S]) int64 (see module doc)."""
+    x = np.asarray(symbols, dtype=np.int64)
+    y = sorting_targets(x)  # [B, 20]
+    batch, length = x.shape
+    sep = np.full((batch, 1), SEP, dtype=np.int64)
+    inputs = np.concatenate([x, sep, y[:, :-1]], axis=1)  # [B, T + 20]
+    ignore = np.full((batch, length), IGNORE_INDEX, dtype=np.int64)
+    targets = np.concatenate([ignore, y], axis=1)  # [B, T + 20]
+    return inputs, targets
+
+
+def sorting_batch(
+    seq_len: int, batch_size: int, rng: np.random.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch: (inputs [B, T+20], targets [B, T+20]) LongTensors, drawn from `rng`."""
+    inputs, targets = sorting_example(sample_symbols(seq_len, batch_size, rng))
+    return torch.from_numpy(inputs), torch.from_numpy(targets)
+
+
+@dataclass(frozen=True)
+class SortingDataset:
+    """An endless, indexable stream of sorting batches.
+
+    `batch(index)` is a pure function of (seed, split, index): it seeds a fresh generator with
+    ``SeedSequence([seed, split entropy], spawn_key=(index,))``. The data position is therefore just
+    the batch index, which makes resuming trivial, and the three splits draw from disjoint streams.
+    Iterating starts at `start` and never ends; use :meth:`iterate` for a bounded range.
+    """
+
+    seq_len: int
+    batch_size: int
+    split: str = "train"
+    seed: int = 0
+    start: int = 0
+
+    def __post_init__(self) -> None:
+        check_positive_int("seq_len", self.seq_len)
+        check_positive_int("batch_size", self.batch_size)
+        if not isinstance(self.split, str):
+            raise TypeError(f"split must be a str, got {type(self.split).__name__}")
+        if self.split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
+        _check_seed("seed", self.seed)
+        _check_seed("start", self.start)
+
+    @property
+    def total_len(self) -> int:
+        return self.seq_len + NUM_TARGETS
+
+    def rng(self, index: int) -> np.random.Generator:
+        _check_seed("index", index)
+        seq = np.random.SeedSequence([self.seed, _SPLIT_ENTROPY[self.split]], spawn_key=(index,))
+        return np.random.default_rng(seq)
+
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs [B, S], targets [B, S]) for batch number `index`."""
+        return sorting_batch(self.seq_len, self.batch_size, self.rng(index))
+
+    def iterate(
+        self, start: int = 0, stop: int | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Batches start, start+1, ... (up to `stop`, exclusive, or forever)."""
+        _check_seed("start", start)
+        if stop is not None:
+            _check_seed("stop", stop)
+        index = start
+        while stop is None or index < stop:
+            yield self.batch(index)
+            index += 1
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self.iterate(self.start)
+
+
+def chance_accuracy(exclude_seen: bool = False) -> float:
+    """Target-position accuracy of a guesser that ignores the symbol counts.
+
+    - ``exclude_seen=False``: a uniform guess over the 20 symbols, 1/20 = 0.05.
+    - ``exclude_seen=True``: a uniform guess over the symbols not yet in the teacher-forced answer
+      prefix (the answer is a permutation, so at the k-th target 21 - k candidates remain):
+      (1/20) Σ_{k=1..20} 1/(21 - k) = H_20 / 20 ≈ 0.180. A model that only learns the format
+      (never repeat a symbol) reaches this without using the memory at all.
+    """
+    if exclude_seen:
+        return sum(1.0 / k for k in range(1, NUM_SYMBOLS + 1)) / NUM_SYMBOLS
+    return 1.0 / NUM_SYMBOLS
+
+
+def segment_bounds(total_len: int, segment_len: int) -> list[tuple[int, int]]:
+    """Cut [0, total_len) into segments of `segment_len` whose LAST one is full length.
+
+    The first segment takes the remainder (it may be shorter), so the 20 target positions (the last
+    20 of an example) all fall in the last segment, where the loss is computed; earlier segments
+    only build memory. A sequence shorter than `segment_len` is one segment.
+
+    >>> segment_bounds(50, 21)
+    [(0, 8), (8, 29), (29, 50)]
+    """
+    check_positive_int("total_len", total_len)
+    check_positive_int("segment_len", segment_len)
+    if segment_len < NUM_TARGETS + 1:
+        raise ValueError(
+            f"segment_len must be >= {NUM_TARGETS + 1} so the {NUM_TARGETS} target positions fit "
+            f"in the last segment, got {segment_len}"
+        )
+    num_segments = math.ceil(total_len / segment_len)
+    first_end = total_len - (num_segments - 1) * segment_len  # in [1, segment_len]
+    bounds = [(0, first_end)]
+    for start in range(first_end, total_len, segment_len):
+        bounds.append((start, start + segment_len))
+    return bounds

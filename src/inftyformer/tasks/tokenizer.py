@@ -1,0 +1,141 @@
+"""Tokenizers behind one small interface: GPT-2 byte-level BPE (from the shared
+``gpt2-tokenizer/tokenizer.json``) and a plain UTF-8 byte tokenizer.
+
+Both expose ``encode``, ``encode_batch``, ``decode``, ``vocab_size``, ``eos_id``, ``name`` and
+``identity`` (a stable string that changes whenever the token ids could change; used in cache keys).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from .data_dir import resolve_data_dir
+
+TOKENIZER_KINDS = ("gpt2", "bytes")
+GPT2_SUBDIR = "gpt2-tokenizer"
+GPT2_EOS = "<|endoftext|>"
+
+# Chunk boundaries for batch encoding: just before the last character of a whitespace run of length
+# >= 2 that is followed by a non-space. GPT-2's pre-tokenizer regex never lets a piece cross such a
+# point (the run minus its last character is one piece, the last character starts the next), so
+# encoding the chunks separately gives exactly the ids of encoding the whole text.
+_CHUNK_BOUNDARY = re.compile(r"(?<=\s)\s(?=\S)")
+
+
+def split_for_encoding(text: str, target_chars: int = 16384) -> list[str]:
+    """Cut `text` at safe boundaries into pieces of about `target_chars` characters (or more)."""
+    pieces: list[str] = []
+    start = 0
+    for match in _CHUNK_BOUNDARY.finditer(text):
+        if match.start() - start >= target_chars:
+            pieces.append(text[start : match.start()])
+            start = match.start()
+    pieces.append(text[start:])
+    return pieces
+
+
+class TextTokenizer(ABC):
+    """Common interface of the tokenizers used by the corpora."""
+
+    name: str
+    vocab_size: int
+    eos_id: int
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]: ...
+
+    @abstractmethod
+    def decode(self, ids: list[int]) -> str: ...
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def encode_long(self, text: str) -> list[int]:
+        """Encode a long text quickly; same ids as :meth:`encode`."""
+        return self.encode(text)
+
+    @property
+    @abstractmethod
+    def identity(self) -> str:
+        """Stable identity for cache keys: equal identities give equal ids for every text."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size})"
+
+
+class ByteTokenizer(TextTokenizer):
+    """UTF-8 bytes 0..255 plus one end-of-text / padding id 256 (vocab 257)."""
+
+    name = "bytes"
+    vocab_size = 257
+    eos_id = 256
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        data = bytes(int(i) for i in ids if 0 <= int(i) < 256)
+        return data.decode("utf-8", errors="replace")
+
+    @property
+    def identity(self) -> str:
+        return "bytes-utf8-v1"
+
+
+class GPT2Tokenizer(TextTokenizer):
+    """GPT-2 byte-level BPE (vocab 50257, eos ``<|endoftext|>`` = 50256) via `tokenizers`."""
+
+    name = "gpt2"
+
+    def __init__(self, tokenizer_file: str | Path) -> None:
+        from tokenizers import Tokenizer
+
+        path = Path(tokenizer_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"GPT-2 tokenizer file not found: {path}")
+        self.path = path
+        self._identity = "gpt2-bpe:" + hashlib.sha256(path.read_bytes()).hexdigest()
+        self._tok = Tokenizer.from_file(str(path))
+        eos = self._tok.token_to_id(GPT2_EOS)
+        if eos is None:
+            raise ValueError(f"{path} has no {GPT2_EOS} token; is it a GPT-2 tokenizer?")
+        self.eos_id = int(eos)
+        self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def encode_long(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for piece in self.encode_batch(split_for_encoding(text)):
+            ids.extend(piece)
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    @property
+    def identity(self) -> str:
+        return self._identity
+
+
+def load_tokenizer(kind: str, data_dir: str | Path | None = None) -> TextTokenizer:
+    """``"gpt2"``: ``<data_dir>/gpt2-tokenizer/tokenizer.json`` (default data dir if None);
+    ``"bytes"``: the byte tokenizer (`data_dir` unused)."""
+    if not isinstance(kind, str):
+        raise TypeError(f"kind must be a str, got {type(kind).__name__}")
+    if kind == "bytes":
+        return ByteTokenizer()
+    if kind == "gpt2":
+        return GPT2Tokenizer(resolve_data_dir(data_dir) / GPT2_SUBDIR / "tokenizer.json")
+    raise ValueError(f"kind must be one of {TOKENIZER_KINDS}, got {kind!r}")
