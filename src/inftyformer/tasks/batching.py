@@ -55,6 +55,18 @@ class StreamBatch:
     doc_end: torch.Tensor
     num_targets: int
 
+    def to(self, device: torch.device | str) -> StreamBatch:
+        """The same batch with every tensor moved to `device`."""
+        return StreamBatch(
+            inputs=self.inputs.to(device),
+            targets=self.targets.to(device),
+            reset=self.reset.to(device),
+            doc_ids=self.doc_ids.to(device),
+            doc_pos=self.doc_pos.to(device),
+            doc_end=self.doc_end.to(device),
+            num_targets=self.num_targets,
+        )
+
 
 class DocumentStreams:
     """Iterate a :class:`TokenizedCorpus` as B parallel document streams of L-token segments.

@@ -1,0 +1,273 @@
+"""Data directory lookup, tokenizers and cached corpora (tmp corpora; real data tests marked)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inftyformer.tasks import (
+    ByteTokenizer,
+    TokenizedCorpus,
+    default_data_dir,
+    load_corpus,
+    load_tokenizer,
+    load_wikitext,
+    resolve_data_dir,
+    split_wikitext,
+)
+from inftyformer.tasks.tokenizer import split_for_encoding
+
+BOOKS = {
+    "b.txt": "Second book.\n\nIt has two paragraphs.\n",
+    "a.txt": "First book — with non-ASCII: café, naïve, 日本.\n",
+    "c.txt": "Third.\n",
+}
+
+
+def _make_corpus(root: Path, books: dict[str, str] = BOOKS) -> Path:
+    for split in ("train", "valid", "test"):
+        (root / split).mkdir(parents=True, exist_ok=True)
+    for name, text in books.items():
+        (root / "train" / name).write_text(text, encoding="utf-8")
+    (root / "valid" / "v.txt").write_text("valid text\n", encoding="utf-8")
+    return root
+
+
+# ---------------------------------------------------------------- data directory
+
+
+def test_default_data_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("INFTYFORMER_DATA", str(tmp_path))
+    assert default_data_dir() == tmp_path.resolve()
+    assert resolve_data_dir(None) == tmp_path.resolve()
+    missing = tmp_path / "nope"
+    monkeypatch.setenv("INFTYFORMER_DATA", str(missing))
+    assert default_data_dir() is None  # an explicit choice is not replaced by a fallback
+    with pytest.raises(FileNotFoundError, match="nope"):
+        resolve_data_dir(None)
+
+
+def test_resolve_data_dir_explicit_path(tmp_path: Path) -> None:
+    assert resolve_data_dir(str(tmp_path)) == tmp_path.resolve()
+    with pytest.raises(FileNotFoundError, match="missing-dir"):
+        resolve_data_dir(tmp_path / "missing-dir")
+    with pytest.raises(TypeError, match="data_dir"):
+        resolve_data_dir(3)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- tokenizers
+
+
+def test_byte_tokenizer_round_trip() -> None:
+    tok = load_tokenizer("bytes")
+    assert (tok.vocab_size, tok.eos_id, tok.name) == (257, 256, "bytes")
+    text = "naïve 日本"
+    ids = tok.encode(text)
+    assert ids == list(text.encode("utf-8")) and max(ids) < 256
+    assert tok.decode(ids + [tok.eos_id]) == text  # eos/padding is dropped on decode
+    assert tok.encode_long(text) == ids
+
+
+def test_load_tokenizer_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="kind"):
+        load_tokenizer("sentencepiece")
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+        load_tokenizer("gpt2", tmp_path)
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from(list("ab '\n\t.,1")), max_size=300))
+def test_split_for_encoding_keeps_text_and_cuts_only_before_whitespace(text: str) -> None:
+    pieces = split_for_encoding(text, target_chars=5)
+    assert "".join(pieces) == text
+    for left, right in zip(pieces, pieces[1:], strict=False):
+        assert left[-1].isspace() and right[0].isspace() and not right[1].isspace()
+
+
+# ---------------------------------------------------------------- corpus directories
+
+
+def test_load_corpus_bytes(tmp_path: Path) -> None:
+    root = _make_corpus(tmp_path / "corpus")
+    corpus = load_corpus(
+        root, "train", ByteTokenizer(), cache_dir=tmp_path / "cache", progress=False
+    )
+    assert corpus.doc_names == ("a", "b", "c")  # sorted by file name
+    assert corpus.num_docs == 3 and len(corpus) == 3
+    for i, name in enumerate(("a.txt", "b.txt", "c.txt")):
+        raw = BOOKS[name].encode("utf-8")
+        assert corpus.document(i).tolist() == list(raw)
+        assert corpus.doc_bytes[i] == len(raw)
+    assert corpus.tokens.dtype == np.uint16
+    assert corpus.doc_offsets[0] == 0 and corpus.doc_offsets[-1] == corpus.num_tokens
+    assert (corpus.vocab_size, corpus.eos_id, corpus.tokenizer_name) == (257, 256, "bytes")
+    valid = load_corpus(root, "valid", ByteTokenizer(), cache_dir=tmp_path / "cache")
+    assert valid.doc_names == ("v",) and valid.total_bytes == len("valid text\n")
+
+
+def test_cache_is_reused_and_rebuilt_when_a_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _make_corpus(tmp_path / "corpus")
+    cache = tmp_path / "cache"
+    tok = ByteTokenizer()
+    first = load_corpus(root, "train", tok, cache_dir=cache, progress=False)
+    assert not first.from_cache
+    assert sorted(p.suffix for p in cache.iterdir()) == [".json", ".npy"]  # no temp files left
+
+    def no_tokenizing(text: str) -> list[int]:
+        raise AssertionError("re-tokenised although the cache is valid")
+
+    monkeypatch.setattr(tok, "encode_long", no_tokenizing)
+    second = load_corpus(root, "train", tok, cache_dir=cache, progress=False)
+    assert second.from_cache
+    assert isinstance(second.tokens, np.memmap)
+    np.testing.assert_array_equal(second.tokens, first.tokens)
+    np.testing.assert_array_equal(second.doc_offsets, first.doc_offsets)
+    assert second.doc_names == first.doc_names
+
+    monkeypatch.undo()
+    (root / "train" / "c.txt").write_text("Third, edited.\n", encoding="utf-8")
+    third = load_corpus(root, "train", tok, cache_dir=cache, progress=False)
+    assert not third.from_cache
+    assert third.document(2).tolist() == list(b"Third, edited.\n")
+
+
+def test_cache_key_depends_on_the_tokenizer(tmp_path: Path) -> None:
+    class OtherBytes(ByteTokenizer):
+        @property
+        def identity(self) -> str:
+            return "bytes-other"
+
+        def encode(self, text: str) -> list[int]:
+            return [min(b, 100) for b in text.encode("utf-8")]
+
+    root = _make_corpus(tmp_path / "corpus")
+    load_corpus(root, "train", ByteTokenizer(), cache_dir=tmp_path / "cache", progress=False)
+    other = load_corpus(root, "train", OtherBytes(), cache_dir=tmp_path / "cache", progress=False)
+    assert not other.from_cache and int(other.tokens.max()) <= 100
+
+
+def test_env_cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _make_corpus(tmp_path / "corpus")
+    monkeypatch.setenv("INFTYFORMER_CACHE", str(tmp_path / "envcache"))
+    load_corpus(root, "valid", ByteTokenizer(), progress=False)
+    assert any((tmp_path / "envcache").glob("*.tokens.npy"))
+
+
+def test_non_utf8_file_is_named(tmp_path: Path) -> None:
+    root = _make_corpus(tmp_path / "corpus")
+    (root / "train" / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match="latin1.txt"):
+        load_corpus(root, "train", ByteTokenizer(), cache_dir=tmp_path / "cache")
+
+
+def test_missing_and_empty_directories(tmp_path: Path) -> None:
+    tok, cache = ByteTokenizer(), tmp_path / "cache"
+    with pytest.raises(FileNotFoundError, match="absent"):
+        load_corpus(tmp_path / "absent", "train", tok, cache_dir=cache)
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    (tmp_path / "empty" / "train" / "notes.md").write_text("not a txt")
+    with pytest.raises(ValueError, match="no .txt files"):
+        load_corpus(tmp_path / "empty", "train", tok, cache_dir=cache)
+    with pytest.raises(FileNotFoundError, match="valid"):
+        load_corpus(tmp_path / "empty", "valid", tok, cache_dir=cache)
+    with pytest.raises(ValueError, match="split"):
+        load_corpus(tmp_path / "empty", "dev", tok, cache_dir=cache)
+    with pytest.raises(TypeError, match="tokenizer"):
+        load_corpus(tmp_path / "empty", "train", "bytes", cache_dir=cache)  # type: ignore[arg-type]
+
+
+def test_tokenized_corpus_validation_and_wide_dtype() -> None:
+    wide = TokenizedCorpus.from_documents([[0, 69999], [5]], vocab_size=70000, eos_id=0)
+    assert wide.tokens.dtype == np.int32 and wide.document(0).tolist() == [0, 69999]
+    with pytest.raises(ValueError, match="documents"):
+        TokenizedCorpus.from_documents([[300]], vocab_size=257, eos_id=256)
+    with pytest.raises(ValueError, match="doc_offsets"):
+        TokenizedCorpus(
+            tokens=np.zeros(3, np.uint16),
+            doc_offsets=np.array([0, 2], np.int64),
+            doc_bytes=np.zeros(1, np.int64),
+            doc_names=("x",),
+            vocab_size=257,
+            eos_id=256,
+        )
+
+
+# ---------------------------------------------------------------- WikiText
+
+WIKI = (
+    " = First Article = \n"
+    " Some text about it . \n"
+    " = = A section = = \n"
+    " More text . \n"
+    " = = = Deeper = = = \n"
+    " Deep text . \n"
+    " = Second = \n"
+    " Other text with = signs = inside . \n"
+)
+
+
+def test_split_wikitext_at_top_level_headings_only() -> None:
+    docs = split_wikitext(WIKI)
+    assert [title for title, _ in docs] == ["First Article", "Second"]
+    assert "".join(body for _, body in docs) == WIKI
+    assert " = = A section = = \n" in docs[0][1]
+
+
+def test_load_wikitext(tmp_path: Path) -> None:
+    (tmp_path / "wiki.valid.tokens").write_text(WIKI, encoding="utf-8")
+    corpus = load_wikitext(tmp_path, "valid", ByteTokenizer(), cache_dir=tmp_path / "c")
+    assert corpus.doc_names == ("First Article", "Second")
+    assert corpus.total_bytes == len(WIKI.encode()) == corpus.num_tokens
+    assert load_wikitext(tmp_path, "valid", ByteTokenizer(), cache_dir=tmp_path / "c").from_cache
+    with pytest.raises(FileNotFoundError, match=r"wiki\.test\.tokens"):
+        load_wikitext(tmp_path, "test", ByteTokenizer(), cache_dir=tmp_path / "c")
+
+
+# ---------------------------------------------------------------- the shared data
+
+
+@pytest.fixture(scope="module")
+def data_dir() -> Path:
+    found = default_data_dir()
+    if found is None or not (found / "gpt2-tokenizer" / "tokenizer.json").is_file():
+        pytest.skip("shared data directory not found")
+    return found
+
+
+@pytest.mark.data
+def test_gpt2_tokenizer(data_dir: Path) -> None:
+    tok = load_tokenizer("gpt2", data_dir)
+    assert tok.encode("Hello world") == [15496, 995]
+    assert (tok.vocab_size, tok.eos_id, tok.name) == (50257, 50256, "gpt2")
+    assert tok.identity.startswith("gpt2-bpe:") and tok.identity == load_tokenizer("gpt2").identity
+    tricky = "a  \n\n  b\n\n\nc 's\t\t d \n e'll  \n\n'''x  " * 50
+    assert tok.encode_long(tricky) == tok.encode(tricky)
+    assert tok.decode(tok.encode(tricky)) == tricky
+
+
+@pytest.mark.data
+def test_pg19_valid_loads(data_dir: Path, tmp_path: Path) -> None:
+    tok = load_tokenizer("gpt2", data_dir)
+    corpus = load_corpus(data_dir / "pg19-mini", "valid", tok, cache_dir=tmp_path, progress=False)
+    # numbers from pg19-mini/README.md
+    assert corpus.num_docs == 3 and corpus.num_tokens == 368_625
+    assert corpus.total_bytes == 1_371_131 and corpus.doc_lengths.min() == 63_066
+    text = (data_dir / "pg19-mini" / "valid" / f"{corpus.doc_names[0]}.txt").read_text("utf-8")
+    assert corpus.document(0)[:200].tolist() == tok.encode(text[:2000])[:200]
+    again = load_corpus(data_dir / "pg19-mini", "valid", tok, cache_dir=tmp_path, progress=False)
+    assert again.from_cache and again.num_tokens == corpus.num_tokens
+
+
+@pytest.mark.data
+def test_wikitext_valid_articles(data_dir: Path, tmp_path: Path) -> None:
+    corpus = load_wikitext(
+        data_dir / "wikitext103-eval", "valid", ByteTokenizer(), cache_dir=tmp_path, progress=False
+    )
+    assert corpus.num_docs == 60  # the README's article count
+    assert corpus.doc_names[0] == "Homarus gammarus"
