@@ -1,0 +1,232 @@
+"""The training configuration, and `key=value` overrides for any dataclass config.
+
+`TrainConfig` holds everything about *how* a model is trained (optimiser, schedule, evaluation,
+checkpoints, logging, data size); the model's own hyper-parameters live in the model's config.
+Both are frozen dataclasses validated at construction, so a bad value fails before any work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, fields
+from typing import Any
+
+DEVICES = ("cpu", "cuda", "auto")
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_float(
+    name: str, value: object, low: float, high: float = math.inf, *, low_open: bool = False
+) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
+    ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        lo = f"({low}" if low_open else f"[{low}"
+        raise ValueError(f"{name} must be a finite number in {lo}, {high}], got {value}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train. `steps` counts optimiser updates; `batch_size` is the global batch (summed
+    over gradient-accumulation micro-batches and over distributed ranks)."""
+
+    task: str = "sorting"
+    seq_len: int = 1024  # sorting: T, the number of symbols before the separator
+    data_dir: str | None = None  # tasks that read files (language modelling)
+    steps: int = 500
+    batch_size: int = 8
+    grad_accum: int = 1  # micro-batches per optimiser step
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1  # the cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 50  # linear warm-up from 0, then cosine decay to `steps`
+    weight_decay: float = 0.01  # AdamW; never on biases, norms and embeddings
+    beta1: float = 0.9
+    beta2: float = 0.98
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0  # max global grad norm; 0 turns clipping off
+    eval_every: int = 100  # steps between evaluations on the valid split
+    eval_batches: int = 4  # batches of `batch_size` per evaluation
+    test_batches: int = 8  # batches of `batch_size` for the final test evaluation
+    patience: int = 0  # stop after this many evaluations without improvement; 0 = never
+    save_every: int = 0  # steps between `last` checkpoints; 0 = at every evaluation
+    seed: int = 0
+    device: str = "cpu"  # cpu, cuda, cuda:N, or auto
+    threads: int = 0  # torch intra-op threads; 0 = leave torch's default
+    out_dir: str = "runs/sorting"
+    log_every: int = 10  # steps between metric rows (CSV, TensorBoard)
+    tensorboard: bool = True
+    progress: bool = True  # tqdm progress bar
+    halt_after: int = 0  # stop (with a checkpoint) once this step is reached; 0 = run to `steps`
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.task, str) or not self.task:
+            raise ValueError(f"task must be a non-empty string, got {self.task!r}")
+        _check_int("seq_len", self.seq_len, 1)
+        if self.data_dir is not None and not isinstance(self.data_dir, str):
+            raise TypeError(f"data_dir must be a string or None, got {self.data_dir!r}")
+        _check_int("steps", self.steps, 1)
+        _check_int("batch_size", self.batch_size, 1)
+        _check_int("grad_accum", self.grad_accum, 1)
+        if self.batch_size % self.grad_accum:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be divisible by grad_accum "
+                f"({self.grad_accum})"
+            )
+        _check_float("lr", self.lr, 0.0, low_open=True)
+        _check_float("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        _check_int("warmup_steps", self.warmup_steps, 0)
+        _check_float("weight_decay", self.weight_decay, 0.0)
+        _check_float("beta1", self.beta1, 0.0, 1.0)
+        _check_float("beta2", self.beta2, 0.0, 1.0)
+        if self.beta1 >= 1.0 or self.beta2 >= 1.0:
+            raise ValueError(f"beta1 and beta2 must be < 1, got {self.beta1}, {self.beta2}")
+        _check_float("adam_eps", self.adam_eps, 0.0, low_open=True)
+        _check_float("grad_clip", self.grad_clip, 0.0)
+        _check_int("eval_every", self.eval_every, 1)
+        _check_int("eval_batches", self.eval_batches, 1)
+        _check_int("test_batches", self.test_batches, 0)
+        _check_int("patience", self.patience, 0)
+        _check_int("save_every", self.save_every, 0)
+        _check_int("seed", self.seed, 0)
+        if not isinstance(self.device, str) or not (
+            self.device in DEVICES or self.device.startswith("cuda:")
+        ):
+            raise ValueError(f"device must be one of {DEVICES} or cuda:N, got {self.device!r}")
+        _check_int("threads", self.threads, 0)
+        if not isinstance(self.out_dir, str) or not self.out_dir:
+            raise ValueError(f"out_dir must be a non-empty path, got {self.out_dir!r}")
+        _check_int("log_every", self.log_every, 1)
+        for flag in ("tensorboard", "progress"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
+        _check_int("halt_after", self.halt_after, 0)
+
+    @property
+    def checkpoint_every(self) -> int:
+        return self.save_every or self.eval_every
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        if not isinstance(data, dict):
+            raise TypeError(f"a TrainConfig dict is expected, got {type(data).__name__}")
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown TrainConfig keys: {', '.join(unknown)}")
+        return cls(**data)
+
+
+# --------------------------------------------------------------------------- overrides
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _parse_scalar(key: str, text: str, kind: Any) -> Any:
+    if kind is bool:
+        low = text.strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ValueError(f"{key}: expected a boolean (true/false), got {text!r}")
+    if kind is int:
+        try:
+            return int(text.strip().replace("_", ""))
+        except ValueError:
+            raise ValueError(f"{key}: expected an integer, got {text!r}") from None
+    if kind is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{key}: expected a number, got {text!r}") from None
+    if kind is str:
+        return text
+    raise ValueError(f"{key}: values of type {kind} cannot be set from the command line")
+
+
+def parse_value(key: str, text: str, annotation: Any) -> Any:
+    """Convert the command-line string `text` to the type `annotation` of field `key`.
+
+    Handles int, float, bool, str, `X | None` (write "none") and tuples (comma-separated).
+    """
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if text.strip().lower() in {"none", "null"} and len(args) < len(
+            typing.get_args(annotation)
+        ):
+            return None
+        errors = []
+        for arg in args:
+            try:
+                return parse_value(key, text, arg)
+            except ValueError as err:
+                errors.append(str(err))
+        raise ValueError("; ".join(errors))
+    if origin is tuple:
+        args = typing.get_args(annotation)
+        parts = [p for p in text.replace("(", "").replace(")", "").split(",") if p.strip()]
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(parse_value(key, p, args[0]) for p in parts)
+        if len(parts) != len(args):
+            raise ValueError(f"{key}: expected {len(args)} comma-separated values, got {text!r}")
+        return tuple(parse_value(key, p, a) for p, a in zip(parts, args, strict=True))
+    if origin is typing.Literal:
+        choices = typing.get_args(annotation)
+        for choice in choices:
+            if str(choice) == text:
+                return choice
+        raise ValueError(f"{key}: expected one of {choices}, got {text!r}")
+    return _parse_scalar(key, text, annotation)
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """Resolved type annotations of the fields of dataclass `cls` (init fields only)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints.get(f.name, str) for f in fields(cls) if f.init}
+
+
+def split_assignment(item: str) -> tuple[str, str]:
+    """'key=value' -> (key, value), with a clear error for anything else."""
+    if "=" not in item:
+        raise ValueError(f"expected key=value, got {item!r}")
+    key, value = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ValueError(f"expected key=value, got {item!r}")
+    return key, value
+
+
+def parse_overrides(cls: type, items: dict[str, str], what: str) -> dict[str, Any]:
+    """Typed values for `items` (field name -> text) of dataclass `cls`; unknown keys are errors."""
+    types_ = field_types(cls)
+    out: dict[str, Any] = {}
+    for key, text in items.items():
+        if key not in types_:
+            raise ValueError(
+                f"unknown {what} setting {key!r}; valid keys: {', '.join(sorted(types_))}"
+            )
+        out[key] = parse_value(key, text, types_[key])
+    return out
+
+
+__all__ = [
+    "DEVICES",
+    "TrainConfig",
+    "field_types",
+    "parse_overrides",
+    "parse_value",
+    "split_assignment",
+]

@@ -1,0 +1,161 @@
+"""Data-parallel training: process groups, DDP wrapping and small collective helpers.
+
+Under ``torchrun --nproc_per_node=N`` each process reads RANK / WORLD_SIZE / LOCAL_RANK from the
+environment; :func:`init_distributed` joins the group (gloo on CPU, nccl on CUDA). A run without
+those variables is a single process and every helper here degrades to a no-op, so the trainer has
+one code path. The global batch is split across ranks; only rank 0 logs and writes checkpoints.
+
+Models keep their stream state outside the module (explicit state objects), and every parameter
+takes part in the loss of the last segment, so DDP runs without ``find_unused_parameters``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits: rank among world_size processes, and its device."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """'auto' -> cuda if available else cpu; 'cuda' -> cuda:<local_rank>."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r} requested but CUDA is not available")
+        return torch.device(f"cuda:{local_rank}") if name == "cuda" else torch.device(name)
+    if name != "cpu":
+        raise ValueError(f"unknown device {name!r}")
+    return torch.device("cpu")
+
+
+def env_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init_distributed(
+    device: str = "cpu",
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    init_method: str | None = None,
+) -> DistEnv:
+    """Join the process group described by the environment (torchrun) or by the arguments.
+
+    With world size 1 no group is created. Returns this process's :class:`DistEnv`.
+    """
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    world_size = env_world_size() if world_size is None else world_size
+    local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+    dev = resolve_device(device, local_rank)
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        dist.init_process_group(
+            backend=backend,
+            init_method=init_method or "env://",
+            rank=rank,
+            world_size=world_size,
+        )
+    return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=dev)
+
+
+def shutdown_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: nn.Module, env: DistEnv) -> nn.Module:
+    """DDP around `model` when distributed (no find_unused_parameters), else `model` itself."""
+    if not env.distributed:
+        return model
+    device_ids = [env.device.index] if env.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+
+
+def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:
+    """Element-wise sum of `values` over ranks (float64)."""
+    if not env.distributed:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=env.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def all_gather_object(obj: Any, env: DistEnv) -> list[Any]:
+    """`obj` from every rank, in rank order (a one-item list without distribution)."""
+    if not env.distributed:
+        return [obj]
+    out: list[Any] = [None] * env.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, env: DistEnv) -> Any:
+    """Rank 0's `obj` on every rank."""
+    if not env.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(env: DistEnv) -> None:
+    if env.distributed:
+        dist.barrier()
+
+
+def shard_rows(batch_rows: int, env: DistEnv, micro: int = 0, num_micro: int = 1) -> slice:
+    """Rows of a global batch that micro-batch `micro` of this rank takes.
+
+    The global batch is cut into world_size × num_micro equal chunks, rank-major, so the data of a
+    step is the same whatever the number of processes and micro-batches.
+    """
+    chunks = env.world_size * num_micro
+    if batch_rows % chunks:
+        raise ValueError(
+            f"the global batch ({batch_rows}) must be divisible by world_size × grad_accum "
+            f"({env.world_size} × {num_micro})"
+        )
+    size = batch_rows // chunks
+    start = (env.rank * num_micro + micro) * size
+    return slice(start, start + size)
+
+
+__all__ = [
+    "DistEnv",
+    "all_gather_object",
+    "all_reduce_sum",
+    "barrier",
+    "broadcast_object",
+    "env_world_size",
+    "init_distributed",
+    "resolve_device",
+    "shard_rows",
+    "shutdown_distributed",
+    "wrap_model",
+]

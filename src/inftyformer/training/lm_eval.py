@@ -1,0 +1,363 @@
+"""Language-model evaluation over whole documents, streamed with memory.
+
+    corpus ──with_bos──▶ DocumentStreams(loop=False) ──▶ model(inputs, state, reset) ──▶ NLL [B, L]
+                                                            │ state carried row by row,
+                                                            │ cleared at each document start
+    sum NLL (nats) ─▶ loss = Σ/n_tokens, perplexity = e^loss, bits/byte = Σ / (ln 2 · bytes)
+
+Conventions:
+
+- Every token of every document is scored exactly once. A beginning-of-document token (the
+  tokenizer's end-of-text id) is put in front of each document (:func:`with_bos`), so the first
+  token is predicted too and bits per byte divides the NLL of *all* tokens by *all* bytes. Training
+  uses the same layout (see ``lm_task``), so the model has seen that token in that role.
+- The loss is the plain next-token cross entropy from the logits; auxiliary losses (the
+  ∞-former's KL term, the compressive reconstruction loss) are not part of it.
+- Rows are parallel streams: row i of one step continues row i of the previous one and the model's
+  memory of that row is cleared when it starts a new document (``reset``). The evaluation model may
+  use memory settings other than training's (longer short-term memory, more resampled points):
+  see :func:`eval_model_config`.
+- Per-position loss: the mean loss of tokens grouped by their 0-based position in their document,
+  in log-scale buckets (``buckets_per_octave`` buckets per doubling of ``position + 1``).
+
+Bits per byte compares models with different tokenizers: Σ NLL over the same text in bits, divided
+by the text's UTF-8 byte count (for the byte tokenizer it equals bits per token).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..config import ModelConfig
+from ..tasks import DocumentStreams, TokenizedCorpus
+
+IGNORE_INDEX = -100
+
+# ModelConfig fields an evaluation may change without touching the weights' shapes: how much
+# memory is kept and how it is updated. Everything else (sizes, vocabulary, N, widths, the model
+# type) is fixed by the checkpoint. `segment_len` is allowed: it only bounds tokens per call.
+EVAL_OVERRIDABLE = (
+    "segment_len",
+    "mem_len",
+    "compressed_len",
+    "num_samples",
+    "tau",
+    "ridge_lambda",
+    "sticky",
+    "sticky_bins",
+    "edge_padding",
+    "dropout",
+    "attention_dropout",
+)
+
+
+def eval_model_config(cfg: ModelConfig, overrides: dict[str, Any] | None = None) -> ModelConfig:
+    """The training config `cfg` with evaluation-time `overrides` (e.g. ``mem_len=512``).
+
+    Only the settings in :data:`EVAL_OVERRIDABLE` may change (they leave every weight's shape
+    alone); anything else raises ValueError naming it. A "transformer" keeps ``mem_len = 0``.
+    """
+    if not overrides:
+        return cfg
+    bad = sorted(set(overrides) - set(EVAL_OVERRIDABLE))
+    if bad:
+        raise ValueError(
+            f"cannot change {', '.join(bad)} at evaluation (it changes the weights or the model); "
+            f"allowed: {', '.join(EVAL_OVERRIDABLE)}"
+        )
+    if cfg.model_type == "transformer" and overrides.get("mem_len", 0) != 0:
+        raise ValueError("a 'transformer' model has no short-term memory: mem_len must stay 0")
+    return cfg.replace(**overrides)
+
+
+def with_bos(corpus: TokenizedCorpus) -> TokenizedCorpus:
+    """`corpus` with a beginning-of-document token (``corpus.eos_id``) before every non-empty
+    document. Streaming the result scores every original token exactly once (as the target of the
+    position before it); ``doc_bytes`` and names are unchanged."""
+    offsets = np.asarray(corpus.doc_offsets, dtype=np.int64)  # [D + 1]
+    lengths = np.diff(offsets)  # [D]
+    nonempty = lengths > 0
+    tokens = np.insert(np.asarray(corpus.tokens), offsets[:-1][nonempty], corpus.eos_id)
+    new_offsets = np.concatenate([[0], np.cumsum(lengths + nonempty)]).astype(np.int64)
+    return TokenizedCorpus(
+        tokens=tokens.astype(corpus.tokens.dtype, copy=False),
+        doc_offsets=new_offsets,
+        doc_bytes=np.asarray(corpus.doc_bytes, dtype=np.int64),
+        doc_names=corpus.doc_names,
+        vocab_size=corpus.vocab_size,
+        eos_id=corpus.eos_id,
+        tokenizer_name=corpus.tokenizer_name,
+    )
+
+
+def truncate_documents(
+    corpus: TokenizedCorpus,
+    max_tokens: int | None = None,
+    max_docs: int | None = None,
+    token_bytes: np.ndarray | None = None,
+) -> TokenizedCorpus:
+    """The first `max_docs` documents, each cut to its first `max_tokens` tokens (a prefix: it
+    still starts at the document's beginning). ``doc_bytes`` of a cut document is recomputed
+    exactly from `token_bytes` ([vocab] UTF-8 bytes per token id, see
+    :func:`token_byte_lengths`), which is required whenever a document is actually cut."""
+    docs = corpus.num_docs if max_docs is None else min(int(max_docs), corpus.num_docs)
+    if docs < 1:
+        raise ValueError(f"max_docs must be >= 1, got {max_docs}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    arrays, nbytes = [], []
+    for i in range(docs):
+        doc = corpus.document(i)
+        if max_tokens is not None and doc.size > max_tokens:
+            if token_bytes is None:
+                raise ValueError("token_bytes is needed to count the bytes of a cut document")
+            doc = doc[:max_tokens]
+            nbytes.append(int(np.asarray(token_bytes)[doc].sum()))
+        else:
+            nbytes.append(int(corpus.doc_bytes[i]))
+        arrays.append(doc)
+    return TokenizedCorpus.from_documents(
+        arrays,
+        vocab_size=corpus.vocab_size,
+        eos_id=corpus.eos_id,
+        names=corpus.doc_names[:docs],
+        doc_bytes=nbytes,
+        tokenizer_name=corpus.tokenizer_name,
+    )
+
+
+def token_byte_lengths(tokenizer: Any) -> np.ndarray:
+    """[vocab] int64: UTF-8 bytes that each token id stands for (0 for special tokens).
+
+    Byte tokenizer: 1 for ids 0..255. GPT-2 byte-level BPE: each character of a token's string is
+    one byte (the byte-to-unicode map), so the length of the string is the byte count.
+    """
+    vocab = int(tokenizer.vocab_size)
+    out = np.zeros(vocab, dtype=np.int64)
+    if getattr(tokenizer, "name", "") == "bytes":
+        out[: min(256, vocab)] = 1
+        return out
+    inner = getattr(tokenizer, "_tok", None)
+    if inner is None:
+        raise TypeError(f"cannot count bytes per token for {tokenizer!r}")
+    special = {int(i) for i in [tokenizer.eos_id]}
+    for i in range(vocab):
+        piece = inner.id_to_token(i)
+        if piece is not None and i not in special:
+            out[i] = len(piece)
+    return out
+
+
+@dataclass(frozen=True)
+class LMEvalConfig:
+    """How to stream a corpus through a model for evaluation.
+
+    batch_size: parallel document streams (rows); segment_len: tokens per call (None: the model's
+    ``segment_len``); bos: score every token by prefixing each document with the end-of-text id;
+    buckets_per_octave: resolution of the per-position loss; max_steps: stop early (partial pass,
+    for smoke tests; 0 = the whole corpus).
+    """
+
+    batch_size: int = 8
+    segment_len: int | None = None
+    bos: bool = True
+    buckets_per_octave: int = 2
+    max_steps: int = 0
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.segment_len is not None and self.segment_len < 1:
+            raise ValueError(f"segment_len must be >= 1, got {self.segment_len}")
+        if self.buckets_per_octave < 1:
+            raise ValueError(f"buckets_per_octave must be >= 1, got {self.buckets_per_octave}")
+        if self.max_steps < 0:
+            raise ValueError(f"max_steps must be >= 0, got {self.max_steps}")
+
+
+@dataclass
+class PositionLoss:
+    """Mean loss by position in the document. Bucket k holds positions [start[k], stop[k])."""
+
+    start: list[int]
+    stop: list[int]
+    count: list[int]
+    mean_loss: list[float]
+
+
+@dataclass
+class LMEvalResult:
+    """Totals of one evaluation pass. Losses in nats per token; bits per byte over the UTF-8
+    bytes of the scored documents."""
+
+    num_tokens: int  # scored tokens
+    num_docs: int
+    num_bytes: int
+    nll_sum: float  # nats
+    loss: float
+    perplexity: float
+    bits_per_token: float
+    bits_per_byte: float
+    complete: bool  # the whole corpus was scored (False after max_steps)
+    seconds: float
+    doc_names: list[str] = field(default_factory=list)
+    doc_tokens: list[int] = field(default_factory=list)
+    doc_nll: list[float] = field(default_factory=list)
+    position: PositionLoss | None = None
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "loss": self.loss,
+            "perplexity": self.perplexity,
+            "bits_per_byte": self.bits_per_byte,
+            "tokens": float(self.num_tokens),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _bucket(positions: torch.Tensor, per_octave: int) -> torch.Tensor:
+    """floor(k · log2(position + 1)), exact at powers of two (float64)."""
+    return torch.floor(torch.log2(positions.double() + 1.0) * per_octave + 1e-9).long()
+
+
+def _bucket_start(b: int, per_octave: int) -> int:
+    """Smallest position p >= 0 with bucket(p) >= b."""
+    return max(0, math.ceil(2.0 ** (b / per_octave) - 1e-9) - 1)
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _init_state(model: nn.Module, batch_size: int, device: torch.device) -> Any:
+    state = model.init_state(batch_size)
+    if state is not None and hasattr(state, "to"):
+        state = state.to(device)
+    return state
+
+
+@torch.no_grad()
+def evaluate_lm(
+    model: nn.Module, corpus: TokenizedCorpus, config: LMEvalConfig | None = None
+) -> LMEvalResult:
+    """Stream every document of `corpus` through `model` with memory; see the module docstring.
+
+    `model` follows the ``MemoryLM`` contract: ``init_state(B)`` and
+    ``model(inputs, state=, reset=)`` returning ``.logits`` [B, L, V] and ``.state``.
+    """
+    cfg = config or LMEvalConfig()
+    if not isinstance(corpus, TokenizedCorpus):
+        raise TypeError(f"corpus must be a TokenizedCorpus, got {type(corpus).__name__}")
+    model_cfg = getattr(model, "config", None) or getattr(model, "cfg", None)
+    segment_len = cfg.segment_len or getattr(model_cfg, "segment_len", None)
+    if segment_len is None:
+        raise ValueError("segment_len is required when the model has no config")
+    vocab = getattr(model_cfg, "vocab_size", None)
+    if vocab is not None and corpus.vocab_size > vocab:
+        raise ValueError(
+            f"corpus vocabulary ({corpus.vocab_size}) is larger than the model's ({vocab})"
+        )
+    device = _model_device(model)
+    source = with_bos(corpus) if cfg.bos else corpus
+    # position (in the original document) of the token predicted at column j of a segment that
+    # starts at in-stream offset doc_pos: doc_pos + j with a BOS in front, else doc_pos + j + 1
+    shift = 0 if cfg.bos else 1
+    streams = DocumentStreams(
+        source, cfg.batch_size, segment_len, seed=0, shuffle=False, loop=False
+    )
+    total = streams.total_steps()
+    steps = min(total, cfg.max_steps) if cfg.max_steps else total
+
+    was_training = model.training
+    model.eval()
+    start_time = time.perf_counter()
+    num_docs = corpus.num_docs
+    doc_nll = torch.zeros(num_docs, dtype=torch.float64)
+    doc_count = torch.zeros(num_docs, dtype=torch.int64)
+    bucket_sum = torch.zeros(64 * cfg.buckets_per_octave, dtype=torch.float64)
+    bucket_count = torch.zeros(64 * cfg.buckets_per_octave, dtype=torch.int64)
+    columns = torch.arange(segment_len)  # [L]
+    state = _init_state(model, cfg.batch_size, device)
+    try:
+        for _ in tqdm(range(steps), desc="evaluating", disable=not cfg.progress, leave=False):
+            batch = next(streams)
+            inputs = batch.inputs.to(device)
+            targets = batch.targets  # [B, L] (cpu)
+            out = model(inputs, state=state, reset=batch.reset.to(device))
+            state = out.state
+            logits = out.logits.float()  # [B, L, V]
+            nll = F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]),
+                targets.to(device).reshape(-1),
+                ignore_index=IGNORE_INDEX,
+                reduction="none",
+            ).view_as(targets)  # [B, L]; 0 where not scored
+            nll = nll.double().cpu()
+            scored = targets != IGNORE_INDEX  # [B, L]
+            rows = batch.doc_ids >= 0
+            doc_nll.index_add_(0, batch.doc_ids[rows], nll[rows].sum(1))
+            doc_count.index_add_(0, batch.doc_ids[rows], scored[rows].sum(1))
+            positions = batch.doc_pos[:, None] + columns[None, :] + shift  # [B, L]
+            buckets = _bucket(positions[scored], cfg.buckets_per_octave)
+            bucket_sum.index_add_(0, buckets, nll[scored])
+            bucket_count.index_add_(0, buckets, torch.ones_like(buckets))
+    finally:
+        model.train(was_training)
+
+    complete = steps == total
+    num_tokens = int(doc_count.sum())
+    nll_sum = float(doc_nll.sum())
+    counted_docs = doc_count > 0 if not complete else torch.ones(num_docs, dtype=torch.bool)
+    num_bytes = int(np.asarray(corpus.doc_bytes)[counted_docs.numpy()].sum())
+    loss = nll_sum / max(num_tokens, 1)
+    used = torch.nonzero(bucket_count).flatten().tolist()
+    k = cfg.buckets_per_octave
+    position = PositionLoss(
+        start=[_bucket_start(b, k) for b in used],
+        stop=[_bucket_start(b + 1, k) for b in used],
+        count=[int(bucket_count[b]) for b in used],
+        mean_loss=[float(bucket_sum[b] / bucket_count[b]) for b in used],
+    )
+    return LMEvalResult(
+        num_tokens=num_tokens,
+        num_docs=int(counted_docs.sum()),
+        num_bytes=num_bytes,
+        nll_sum=nll_sum,
+        loss=loss,
+        perplexity=math.exp(min(loss, 700.0)),
+        bits_per_token=loss / math.log(2),
+        bits_per_byte=nll_sum / (math.log(2) * num_bytes) if complete else float("nan"),
+        complete=complete,
+        seconds=time.perf_counter() - start_time,
+        doc_names=list(corpus.doc_names),
+        doc_tokens=doc_count.tolist(),
+        doc_nll=doc_nll.tolist(),
+        position=position,
+    )
+
+
+__all__ = [
+    "EVAL_OVERRIDABLE",
+    "LMEvalConfig",
+    "LMEvalResult",
+    "PositionLoss",
+    "eval_model_config",
+    "evaluate_lm",
+    "token_byte_lengths",
+    "truncate_documents",
+    "with_bos",
+]

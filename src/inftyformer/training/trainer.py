@@ -1,0 +1,593 @@
+"""The training loop: AdamW, linear warm-up + cosine schedule, gradient accumulation and clipping,
+periodic evaluation with a best checkpoint, early stopping, exact resumption, DDP.
+
+One step = one optimiser update on the global batch `batch_size`, cut into `grad_accum`
+micro-batches per rank. Everything the continuation depends on — weights, optimiser moments, step,
+RNG states of every rank, the task's data position and carried memory, early-stopping counters —
+goes into the `last` checkpoint, so a run stopped at any point (Ctrl-C, SIGTERM, kill -9) and
+resumed with ``resume=True`` logs exactly the losses an uninterrupted run would have logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from .checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    checkpoint_exists,
+    flatten_optimizer,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    unflatten_optimizer,
+)
+from .config import TrainConfig
+from .distributed import (
+    DistEnv,
+    all_gather_object,
+    all_reduce_sum,
+    barrier,
+    resolve_device,
+    wrap_model,
+)
+from .logger import CSV_NAME, MetricsLogger
+from .tasks import StepStats, Task, get_task, headline
+
+SCHEDULE_KIND = "linear-warmup-cosine"
+RUN_FILES = ("best", "last")
+
+
+# --------------------------------------------------------------------------- pieces
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier of the base learning rate for update number `step` (0-based)."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Decay for weight matrices; none for biases, norms and embeddings. A model may define
+    `optimizer_groups(weight_decay)` (groups may carry an `lr_scale`) to choose for itself."""
+    custom = getattr(model, "optimizer_groups", None)
+    if callable(custom):
+        groups = [dict(g) for g in custom(weight_decay)]
+    else:
+        embedding = {
+            id(p)
+            for m in model.modules()
+            if isinstance(m, nn.Embedding)
+            for p in m.parameters(recurse=False)
+        }
+        decay, no_decay = [], []
+        for _, p in model.named_parameters():
+            if not p.requires_grad:
+                continue
+            (no_decay if p.ndim < 2 or id(p) in embedding else decay).append(p)
+        groups = [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+    groups = [g for g in groups if g["params"]]
+    for g in groups:
+        g.setdefault("lr_scale", 1.0)
+    return groups
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    return torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.adam_eps,
+        weight_decay=cfg.weight_decay,
+    )
+
+
+def default_model_factory(model_cfg: Any) -> nn.Module:
+    from ..model import MemoryLM
+
+    return MemoryLM(model_cfg)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)  # noqa: NPY002 - third-party code may use the global RNG
+    torch.manual_seed(seed)
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """Seed of rank `rank`'s own randomness (dropout, sticky sampling); rank 0 keeps `seed`."""
+    return seed if rank == 0 else (seed * 1_000_003 + rank * 7_919) % 2**63
+
+
+def config_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    keys = sorted(set(a) | set(b))
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys if a.get(k) != b.get(k)]
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    step: int  # optimiser steps completed
+    finished: bool  # reached `steps` or stopped early (then the test split was evaluated)
+    stopped_early: bool = False
+    interrupted: bool = False  # Ctrl-C / SIGTERM / halt_after: a `last` checkpoint was saved
+    best_metric: float | None = None
+    best_step: int | None = None
+    test: dict[str, float] | None = None
+    chance: dict[str, float] = field(default_factory=dict)
+    elapsed: float = 0.0  # seconds of training in this process (evaluations included)
+    history: list[dict[str, float]] = field(default_factory=list)  # per step, this process
+
+
+class _StopRequest:
+    """First SIGINT/SIGTERM asks for a clean stop at the next step boundary (then a checkpoint);
+    a second one interrupts at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self) -> _StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+# --------------------------------------------------------------------------- trainer
+class Trainer:
+    """Train `model_cfg`'s model on `train_cfg.task`; see the module docstring."""
+
+    def __init__(
+        self,
+        train_cfg: TrainConfig,
+        model_cfg: Any,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        env: DistEnv | None = None,
+        model_factory: Callable[[Any], nn.Module] | None = None,
+        echo: Callable[[str], None] | None = None,
+    ) -> None:
+        self.cfg = train_cfg
+        self.model_cfg = model_cfg
+        self.env = env or DistEnv(device=resolve_device(train_cfg.device))
+        self._echo = echo or print
+        self.out_dir = Path(train_cfg.out_dir)
+        task_cls = get_task(train_cfg.task)
+        task_cls.check_configs(train_cfg, model_cfg)
+
+        checkpoint: Checkpoint | None = None
+        if resume:
+            if not checkpoint_exists(self.out_dir, "last"):
+                raise CheckpointError(
+                    f"cannot resume: no checkpoint 'last' in {self.out_dir} "
+                    "(start without --resume, or point --out-dir at the run)"
+                )
+            checkpoint = load_checkpoint(self.out_dir / "last")
+            self._check_resumable(checkpoint)
+        elif self.env.is_main and any(checkpoint_exists(self.out_dir, n) for n in RUN_FILES):
+            if not overwrite:
+                raise FileExistsError(
+                    f"{self.out_dir} already holds a run; pass --resume to continue it, "
+                    "--overwrite to start over, or choose another --out-dir"
+                )
+            self._clear_run_dir()
+        barrier(self.env)
+
+        if train_cfg.threads:
+            torch.set_num_threads(train_cfg.threads)
+        seed_everything(train_cfg.seed)
+        factory = model_factory or default_model_factory
+        self.model = factory(model_cfg).to(self.env.device)
+        self.model.train()
+        self.optimizer = build_optimizer(self.model, train_cfg)
+        if self.env.rank:
+            seed_everything(rank_seed(train_cfg.seed, self.env.rank))
+        self.task: Task = task_cls(train_cfg, model_cfg, self.env)
+
+        self.step = 0
+        self.best_metric: float | None = None
+        self.best_step: int | None = None
+        self.evals_since_best = 0
+        self.tokens_seen = 0.0
+        self._in_update = False
+        self._rng_at_step_start: dict[str, Any] | None = None
+        if checkpoint is not None:
+            self._restore(checkpoint)
+        self.ddp_model = wrap_model(self.model, self.env)
+
+    # ------------------------------------------------------------------ helpers
+    def echo(self, text: str) -> None:
+        if self.env.is_main:
+            self._echo(text)
+
+    def _clear_run_dir(self) -> None:
+        for name in RUN_FILES:
+            for suffix in (".safetensors", ".json", ".manifest.json"):
+                path = self.out_dir / f"{name}{suffix}"
+                if path.exists():
+                    path.unlink()
+        for extra in (CSV_NAME, "results.json"):
+            if (self.out_dir / extra).exists():
+                (self.out_dir / extra).unlink()
+        shutil.rmtree(self.out_dir / "tensorboard", ignore_errors=True)
+
+    def _check_resumable(self, ckpt: Checkpoint) -> None:
+        meta = ckpt.meta
+        saved_model = meta.get("model_config", {})
+        if saved_model.get("model_type") != getattr(self.model_cfg, "model_type", None):
+            raise CheckpointError(
+                f"{ckpt.path}: the checkpoint holds a {saved_model.get('model_type')!r} model, "
+                f"not a {getattr(self.model_cfg, 'model_type', None)!r} one"
+            )
+        diff = config_diff(saved_model, self.model_cfg.to_dict())
+        if diff:
+            raise CheckpointError(
+                f"{ckpt.path}: the model configuration differs from the checkpoint's: "
+                + "; ".join(diff)
+            )
+        if meta.get("task") != self.cfg.task:
+            raise CheckpointError(
+                f"{ckpt.path}: the checkpoint was trained on task {meta.get('task')!r}, "
+                f"not {self.cfg.task!r}"
+            )
+
+    # ------------------------------------------------------------------ checkpoints
+    def _rank_state(self, rng: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {
+            "rng": rng if rng is not None else rng_state(),
+            "task": self.task.state_dict(),
+            "tensors": {k: v.detach().cpu() for k, v in self.task.state_tensors().items()},
+        }
+
+    def save(self, name: str, rng: dict[str, Any] | None = None) -> None:
+        """Write checkpoint `name` (rank 0 writes; every rank contributes its state)."""
+        ranks = all_gather_object(self._rank_state(rng), self.env)
+        if not self.env.is_main:
+            return
+        opt_tensors, opt_info = flatten_optimizer(self.optimizer.state_dict())
+        tensors = {f"model/{k}": v for k, v in self.model.state_dict().items()}
+        tensors.update({f"optim/{k}": v for k, v in opt_tensors.items()})
+        rank_meta = []
+        for r, state in enumerate(ranks):
+            tensors.update({f"task/{r}/{k}": v for k, v in state["tensors"].items()})
+            rank_meta.append({"rng": state["rng"], "task": state["task"]})
+        from .. import __version__
+
+        meta = {
+            "inftyformer_version": __version__,
+            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "step": self.step,
+            "task": self.cfg.task,
+            "model_type": self.model_cfg.model_type,
+            "model_config": self.model_cfg.to_dict(),
+            "train_config": self.cfg.to_dict(),
+            "scheduler": {
+                "kind": SCHEDULE_KIND,
+                "step": self.step,
+                "lr_factor": lr_factor(min(self.step, self.cfg.steps - 1), self.cfg),
+            },
+            "optimizer": opt_info,
+            "trainer": {
+                "best_metric": self.best_metric,
+                "best_step": self.best_step,
+                "evals_since_best": self.evals_since_best,
+                "tokens_seen": self.tokens_seen,
+                "metric": self.task.metric,
+            },
+            "world_size": self.env.world_size,
+            "ranks": rank_meta,
+        }
+        save_checkpoint(self.out_dir, name, tensors, meta)
+
+    def _restore(self, ckpt: Checkpoint) -> None:
+        meta = ckpt.meta
+        try:
+            self.model.load_state_dict(ckpt.section("model"), strict=True)
+            self.optimizer.load_state_dict(
+                unflatten_optimizer(ckpt.section("optim"), meta["optimizer"])
+            )
+        except (RuntimeError, KeyError, ValueError) as err:
+            raise CheckpointError(
+                f"{ckpt.path}: cannot restore the model/optimizer: {err}"
+            ) from None
+        self.step = int(meta["step"])
+        t = meta.get("trainer", {})
+        self.best_metric = t.get("best_metric")
+        self.best_step = t.get("best_step")
+        self.evals_since_best = int(t.get("evals_since_best", 0))
+        self.tokens_seen = float(t.get("tokens_seen", 0.0))
+        ranks = meta.get("ranks", [])
+        if meta.get("world_size") != self.env.world_size:
+            self.echo(
+                f"note: the checkpoint was written by {meta.get('world_size')} process(es), this "
+                f"run has {self.env.world_size}; the continuation is not bit-identical"
+            )
+        if self.env.rank < len(ranks):
+            mine = ranks[self.env.rank]
+            set_rng_state(mine["rng"])
+            self.task.load_state_dict(mine.get("task", {}))
+            prefix = f"task/{self.env.rank}"
+            self.task.load_state_tensors(ckpt.section(prefix))
+
+    # ------------------------------------------------------------------ one step
+    def _set_lr(self, step: int) -> float:
+        factor = lr_factor(step, self.cfg)
+        for g in self.optimizer.param_groups:
+            g["lr"] = self.cfg.lr * g.get("lr_scale", 1.0) * factor
+        return self.cfg.lr * factor
+
+    def train_step(self) -> dict[str, float]:
+        """One optimiser update; returns the step's training metrics (global)."""
+        lr = self._set_lr(self.step)
+        self.optimizer.zero_grad(set_to_none=True)
+        num_micro = self.cfg.grad_accum
+        stats = StepStats()
+        start = time.perf_counter()
+        for micro in range(num_micro):
+            sync = micro == num_micro - 1 or not self.env.distributed
+            ctx = contextlib.nullcontext() if sync else self.ddp_model.no_sync()
+            with ctx:
+                loss, micro_stats = self.task.train_micro_batch(
+                    self.ddp_model, self.model, self.step, micro, num_micro
+                )
+                if not torch.isfinite(loss.detach()):
+                    raise FloatingPointError(
+                        f"the loss became {float(loss)} at step {self.step + 1}; "
+                        "try a lower learning rate (--lr) or more warm-up"
+                    )
+                loss.backward()
+            stats.add(micro_stats)
+        grad_norm = math.nan
+        self._in_update = True
+        if self.cfg.grad_clip > 0:
+            grad_norm = float(
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+            )
+        self.optimizer.step()
+        self.step += 1
+        self._in_update = False
+        elapsed = time.perf_counter() - start
+        stats = stats.reduce(self.env)
+        self.tokens_seen += stats.tokens
+        metrics = self.task.train_metrics(stats)
+        metrics["lr"] = lr
+        if not math.isnan(grad_norm):
+            metrics["grad_norm"] = grad_norm
+        metrics["tokens_per_s"] = stats.tokens / max(elapsed, 1e-9)
+        return metrics
+
+    def evaluate(self, split: str = "valid", num_batches: int | None = None) -> dict[str, float]:
+        n = self.cfg.eval_batches if num_batches is None else num_batches
+        return self.task.evaluate(self.model, split, n)
+
+    def _improved(self, value: float) -> bool:
+        if self.best_metric is None or math.isnan(self.best_metric):
+            return not math.isnan(value)
+        if self.task.higher_is_better:
+            return value > self.best_metric
+        return value < self.best_metric
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> TrainResult:
+        cfg = self.cfg
+        result = TrainResult(out_dir=self.out_dir, step=self.step, finished=False)
+        result.chance = self.task.chance()
+        resumed_at = self.step if self.step else None
+        logger = MetricsLogger(
+            self.out_dir,
+            enabled=self.env.is_main,
+            tensorboard=cfg.tensorboard,
+            resume_step=resumed_at,
+        )
+        bar = tqdm(
+            total=cfg.steps,
+            initial=self.step,
+            disable=not (cfg.progress and self.env.is_main),
+            dynamic_ncols=True,
+            desc=f"{cfg.task}/{self.model_cfg.model_type}",
+        )
+        echo_before = self._echo
+        if not bar.disable:
+            self._echo = tqdm.write
+        if resumed_at is not None:
+            self.echo(f"resumed from {self.out_dir / 'last'} at step {self.step}")
+        t0 = time.perf_counter()
+        halt = cfg.halt_after if cfg.halt_after else math.inf
+        try:
+            with _StopRequest() as stop:
+                while self.step < cfg.steps:
+                    self._rng_at_step_start = rng_state()
+                    metrics = self.train_step()
+                    step = self.step
+                    result.history.append(metrics)
+                    if step % cfg.log_every == 0 or step == cfg.steps:
+                        logger.log(step, "train", metrics)
+                    bar.update(1)
+                    bar.set_postfix(self._postfix(metrics), refresh=False)
+                    if step % cfg.eval_every == 0 or step == cfg.steps:
+                        if self._evaluate_and_keep_best(logger):
+                            result.stopped_early = True
+                    flag = all_reduce_sum([1.0 if stop.requested else 0.0], self.env)[0] > 0
+                    if (
+                        step % cfg.checkpoint_every == 0
+                        or step == cfg.steps
+                        or flag
+                        or (result.stopped_early or step >= halt)
+                    ):
+                        self.save("last")
+                    if flag or step >= halt:
+                        result.interrupted = True
+                        self.echo(f"stopped at step {step}; resume with --resume")
+                        break
+                    if result.stopped_early:
+                        self.echo(
+                            f"early stop at step {step}: no improvement in "
+                            f"{cfg.patience} evaluations"
+                        )
+                        break
+        except KeyboardInterrupt:
+            if not self._in_update and self._rng_at_step_start is not None:
+                # the interrupted step is lost; the RNG goes back to where it began
+                self.save("last", rng=self._rng_at_step_start)
+                self.echo(f"interrupted: checkpoint saved at step {self.step}")
+            result.interrupted = True
+            raise
+        finally:
+            bar.close()
+            self._echo = echo_before
+            result.step = self.step
+            result.elapsed = time.perf_counter() - t0
+            result.best_metric, result.best_step = self.best_metric, self.best_step
+            logger.flush()
+            if result.interrupted:
+                logger.close()
+        if not result.interrupted:
+            result.finished = True
+            result.test = self._final_test(logger)
+        logger.close()
+        return result
+
+    def _postfix(self, metrics: dict[str, float]) -> dict[str, str]:
+        post = {"loss": f"{metrics['loss']:.3f}"}
+        if "accuracy" in metrics:
+            post["acc"] = f"{metrics['accuracy']:.3f}"
+        elif "lm_loss" in metrics:
+            post["ppl"] = f"{math.exp(min(metrics['lm_loss'], 50)):.1f}"
+        post["tok/s"] = f"{metrics['tokens_per_s']:.0f}"
+        return post
+
+    def _evaluate_and_keep_best(self, logger: MetricsLogger) -> bool:
+        """Evaluate on valid, keep the best checkpoint; True when early stopping triggers."""
+        metrics = self.evaluate("valid")
+        logger.log(self.step, "valid", metrics)
+        value = metrics[self.task.metric]
+        if self._improved(value):
+            self.best_metric, self.best_step = value, self.step
+            self.evals_since_best = 0
+            self.save("best")
+            mark = " (best)"
+        else:
+            self.evals_since_best += 1
+            mark = ""
+        self.echo(f"step {self.step}: valid {headline(self.task, metrics)}{mark}")
+        return bool(self.cfg.patience) and self.evals_since_best >= self.cfg.patience
+
+    def _final_test(self, logger: MetricsLogger) -> dict[str, float] | None:
+        if not self.cfg.test_batches:
+            return None
+        if checkpoint_exists(self.out_dir, "best"):
+            best = load_checkpoint(self.out_dir / "best")
+            self.model.load_state_dict(best.section("model"), strict=True)
+        metrics = self.task.evaluate(self.model, "test", self.cfg.test_batches)
+        logger.log(self.step, "test", metrics)
+        if self.env.is_main:
+            import json
+
+            summary = {
+                "step": self.step,
+                "best_step": self.best_step,
+                "best_valid": self.best_metric,
+                "test": metrics,
+                "chance": self.task.chance(),
+                "metric": self.task.metric,
+            }
+            (self.out_dir / "results.json").write_text(json.dumps(summary, indent=1))
+        return metrics
+
+
+# --------------------------------------------------------------------------- helpers for users
+def load_run_configs(out_dir: str | Path) -> tuple[TrainConfig, dict[str, Any]]:
+    """(train config, model config dict) stored in the run's `last` checkpoint."""
+    ckpt = load_checkpoint(Path(out_dir) / "last")
+    return TrainConfig.from_dict(ckpt.meta["train_config"]), ckpt.meta["model_config"]
+
+
+def model_from_checkpoint(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    model_factory: Callable[[Any], nn.Module] | None = None,
+    config_factory: Callable[[dict[str, Any]], Any] | None = None,
+) -> tuple[nn.Module, Any, TrainConfig, Checkpoint]:
+    """Rebuild the model saved in a checkpoint (weights only, eval mode)."""
+    ckpt = load_checkpoint(path)
+    meta = ckpt.meta
+    if "model_config" not in meta or "train_config" not in meta:
+        raise CheckpointError(f"{ckpt.path}: metadata lacks the model or train configuration")
+    if config_factory is None:
+        from ..config import ModelConfig
+
+        config_factory = ModelConfig.from_dict
+    try:
+        model_cfg = config_factory(meta["model_config"])
+        train_cfg = TrainConfig.from_dict(meta["train_config"])
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{ckpt.path}: invalid configuration in checkpoint: {err}") from None
+    model = (model_factory or default_model_factory)(model_cfg)
+    try:
+        model.load_state_dict(ckpt.section("model"), strict=True)
+    except RuntimeError as err:
+        raise CheckpointError(f"{ckpt.path}: weights do not fit the model: {err}") from None
+    model.to(device).eval()
+    return model, model_cfg, train_cfg, ckpt
+
+
+def evaluate_checkpoint(
+    path: str | Path,
+    split: str = "test",
+    num_batches: int | None = None,
+    device: str = "cpu",
+    model_factory: Callable[[Any], nn.Module] | None = None,
+    config_factory: Callable[[dict[str, Any]], Any] | None = None,
+) -> tuple[dict[str, float], Task]:
+    """Metrics of a saved model on `split` (default batch count: the run's test_batches)."""
+    env = DistEnv(device=resolve_device(device))
+    model, model_cfg, train_cfg, _ = model_from_checkpoint(
+        path, env.device, model_factory, config_factory
+    )
+    task = get_task(train_cfg.task)(train_cfg, model_cfg, env)
+    n = num_batches if num_batches is not None else max(1, train_cfg.test_batches)
+    return task.evaluate(model, split, n), task
+
+
+__all__ = [
+    "TrainResult",
+    "Trainer",
+    "build_optimizer",
+    "evaluate_checkpoint",
+    "load_run_configs",
+    "lr_factor",
+    "model_from_checkpoint",
+    "param_groups",
+]
