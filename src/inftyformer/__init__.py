@@ -22,3 +22,11 @@ __all__ = [
     "ridge_design_matrix",
     "variance_kl",
 ]
+
+# models on one backbone (config, memories, MemoryLM, explicit state)
+from .config import ModelConfig  # noqa: E402
+from .model import LMOutput, MemoryLM  # noqa: E402
+from .state import LayerState, MemoryState, load_state, save_state  # noqa: E402
+
+__all__ += ["LMOutput", "LayerState", "MemoryLM", "MemoryState", "ModelConfig"]
+__all__ += ["load_state", "save_state"]

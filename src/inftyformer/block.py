@@ -1,0 +1,259 @@
+"""One pre-LayerNorm transformer block with whichever memories the config selects
+(SPEC §7–8, ARCHITECTURE "one segment's journey").
+
+For a call with layer inputs x [batch, L, d] and the layer's state:
+
+1. ∞-former only: the states that left the short-term memory (the oldest whole blocks of C
+   states beyond m, `ShortTermMemory.flush`; block semantics in `short_term_memory.py`) are
+   kept in the short-term state until the start of the next call, and only then, LN(them) enter
+   the long-term memory (`LongTermMemory.update`: first fit or squeeze-resample-refit) INSIDE
+   that call's forward, so the CNN gate and the fit are in the graph of the step whose queries
+   read them. (Updating at the end of the previous call would leave the gate without gradient:
+   the memory is detached between calls.)
+2. Self-attention of LN(x) over LN([compressed ; short-term ; x]) with relative positions;
+   ∞-former: + the continuous read of the long-term memory with the same queries W_q LN(x)
+   (no relative terms), added to the attention output before the residual:
+       a = W_o Attn_rel(q, [mem ; x]) + LTM(q)
+       x ← x + Dropout(a)
+       x ← x + Dropout(FFN(LN(x))),  FFN = W_2 Dropout(GELU(W_1 ·))
+3. x (the layer inputs, detached) is appended to the short-term memory.
+4. XL / vanilla: the states that leave now are dropped. Compressive: they are compressed c:1 and
+   appended to the compressed slots (detached), and the attention-reconstruction loss is
+   computed for them with this call's h (Rae et al.): it trains only the Conv1d.
+
+Every parameter takes part in the graph of every training call (parameters of a memory that had
+nothing to do this call are added as 0·Σp), so DistributedDataParallel needs no
+`find_unused_parameters`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import ragged
+from .compressive_memory import CompressiveMemory
+from .config import ModelConfig
+from .long_term_attention import LongTermAttention, LongTermAttentionOutput
+from .long_term_memory import LongTermMemory, LongTermState
+from .relative_attention import RelativeMultiHeadAttention
+from .short_term_memory import ShortTermMemory
+from .state import LayerState
+
+
+@dataclass
+class BlockOutput:
+    hidden: torch.Tensor  # [batch, L, d]
+    state: LayerState  # not detached: the long-term coefficients carry this call's graph
+    kl: torch.Tensor | None  # scalar (∞-former)
+    reconstruction: torch.Tensor | None  # scalar (compressive)
+    unused: torch.Tensor | None  # 0·Σp over parameters that had nothing to do (DDP)
+
+
+class MemoryBlock(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        d = config.d_model
+        self.config = config
+        self.norm_attention = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.attention = RelativeMultiHeadAttention(d, config.n_heads, config.attention_dropout)
+        self.norm_ff = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.ff_in = nn.Linear(d, config.d_ff)  # W_1
+        self.ff_out = nn.Linear(config.d_ff, d)  # W_2
+        self.dropout = nn.Dropout(config.dropout)
+        unit = config.compression_rate if config.has_compressive else 1
+        self.short_term = ShortTermMemory(config.mem_len, config.segment_len, unit)
+        self.compressive = (
+            CompressiveMemory(d, config.compression_rate, config.compressed_len)
+            if config.has_compressive
+            else None
+        )
+        self.long_term_memory: LongTermMemory | None = None
+        self.long_term_attention: LongTermAttention | None = None
+        if config.has_long_term:
+            lt_config = config.long_term_config()
+            self.long_term_memory = LongTermMemory(lt_config)
+            self.long_term_attention = LongTermAttention(lt_config)
+
+    # ------------------------------------------------------------------ state
+    def init_state(self, batch_size: int, device=None, dtype=torch.float32) -> LayerState:
+        d = self.config.d_model
+        return LayerState(
+            short_term=self.short_term.init_state(batch_size, d, device, dtype),
+            compressed=None
+            if self.compressive is None
+            else self.compressive.init_state(batch_size, d, device, dtype),
+            long_term=None
+            if self.long_term_memory is None
+            else self.long_term_memory.init_state(batch_size, device, dtype),
+            observed=None
+            if self.long_term_memory is None
+            else torch.zeros(batch_size, device=device, dtype=dtype),
+        )
+
+    def check_state(self, state: LayerState, batch: int, name: str) -> None:
+        c, d = self.config, self.config.d_model
+        if not isinstance(state, LayerState):
+            raise ValueError(f"{name} must be a LayerState, got {type(state).__name__}")
+        state.short_term.check(f"{name}.short_term", batch, d, c.max_short_term_len)
+        if (state.compressed is None) != (self.compressive is None):
+            raise ValueError(
+                f"{name}.compressed must be {'absent' if self.compressive is None else 'present'}"
+                f" for model_type {c.model_type!r}"
+            )
+        if state.compressed is not None:
+            state.compressed.check(f"{name}.compressed", batch, d, c.compressed_len)
+        if (state.long_term is None) != (self.long_term_memory is None):
+            raise ValueError(
+                f"{name}.long_term must be "
+                f"{'absent' if self.long_term_memory is None else 'present'} for this config"
+            )
+        if self.long_term_memory is not None:
+            try:
+                self.long_term_memory.check_state(state.long_term)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"{name}.long_term: {err}") from err
+            if state.long_term.batch_size != batch:
+                raise ValueError(
+                    f"{name}.long_term has batch size {state.long_term.batch_size}, "
+                    f"expected {batch}"
+                )
+            if state.observed is None or tuple(state.observed.shape) != (batch,):
+                raise ValueError(f"{name}.observed must have shape ({batch},)")
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self, x: torch.Tensor, state: LayerState, generator: torch.Generator | None = None
+    ) -> BlockOutput:
+        """x [batch, L, d] → BlockOutput (hidden [batch, L, d] and the new layer state)."""
+        unused: list[nn.Parameter] = []
+
+        # 1. ∞-former: the states that left the short-term memory enter the long-term memory
+        # at the start of the call, inside this step's graph
+        short, long_term, observed = state.short_term, state.long_term, state.observed
+        if self.long_term_memory is not None:
+            short, leaving, count = self.short_term.flush(short)  # [batch, F, d], [batch]
+            if bool((count > 0).any()):
+                long_term, observed = self._update_long_term(
+                    long_term, observed, leaving, count, generator
+                )
+            else:
+                unused += list(self.long_term_memory.parameters())
+
+        # 2. attention over [compressed ; short-term ; segment]
+        compressed = state.compressed
+        if compressed is not None:
+            memory, memory_length = ragged.concat(
+                compressed.memory, compressed.length, short.memory, short.length
+            )
+        else:
+            memory, memory_length = short.memory, short.length
+        h = self.norm_attention(x)  # [batch, L, d]
+        memory_normed = self.norm_attention(memory) if memory.shape[1] else memory  # [batch, W, d]
+        attended, query = self.attention(h, memory_normed, memory_length)  # [batch, L, d] × 2
+        kl = None
+        if self.long_term_attention is not None:
+            read = self.long_term_attention(query, long_term)  # continuous read, same W_q LN(x)
+            attended = attended + read.context  # added before the residual (SPEC §7)
+            kl = read.kl
+            long_term, observed = self._observe(long_term, observed, read)
+        hidden = x + self.dropout(attended)
+        ff = self.ff_out(self.dropout(F.gelu(self.ff_in(self.norm_ff(hidden)))))
+        hidden = hidden + self.dropout(ff)
+
+        # 3. this call's layer inputs join the short-term memory
+        short = self.short_term.append(short, x)
+
+        # 4. XL / vanilla / compressive: what leaves now is dropped or compressed right away
+        reconstruction = None
+        if self.long_term_memory is None:
+            short, leaving, count = self.short_term.flush(short)
+            if self.compressive is not None:
+                if bool((count > 0).any()):
+                    slots, slot_count = self.compressive.compress(leaving, count)  # f_c(old)
+                    reconstruction = self.compressive.reconstruction_loss(
+                        self._content_attention_detached, x, leaving, count, slots, slot_count
+                    )
+                    compressed = self.compressive.append(compressed, slots, slot_count)
+                else:
+                    reconstruction = x.new_zeros(())
+                    unused += list(self.compressive.parameters())
+        zero = None
+        if unused and torch.is_grad_enabled():
+            zero = torch.stack([p.sum() for p in unused]).sum() * 0.0
+        return BlockOutput(
+            hidden=hidden,
+            state=LayerState(short, compressed, long_term, observed),
+            kl=kl,
+            reconstruction=reconstruction,
+            unused=zero,
+        )
+
+    # ------------------------------------------------------------------ helpers
+    def _content_attention_detached(
+        self, h: torch.Tensor, keys: torch.Tensor, key_valid: torch.Tensor
+    ) -> torch.Tensor:
+        """The layer's content attention over LN(keys) with LN and attention weights detached."""
+        weight, bias = self.norm_attention.weight.detach(), self.norm_attention.bias.detach()
+        shape, eps = (self.config.d_model,), self.config.layer_norm_eps
+        return self.attention.content_attention(
+            F.layer_norm(h, shape, weight, bias, eps),
+            F.layer_norm(keys, shape, weight, bias, eps),
+            key_valid,
+        )
+
+    def _update_long_term(
+        self,
+        long_term: LongTermState,
+        observed: torch.Tensor,
+        leaving: torch.Tensor,
+        count: torch.Tensor,
+        generator: torch.Generator | None,
+    ) -> tuple[LongTermState, torch.Tensor]:
+        """Fit the leaving states, block by block of C, into the rows that have them."""
+        assert self.long_term_memory is not None
+        C = self.short_term.block_len
+        for j in range(leaving.shape[1] // C):  # at most a couple of blocks
+            rows = count > j * C  # [batch]
+            chunk = self.norm_attention(leaving[:, j * C : (j + 1) * C])  # [batch, C, d]
+            updated = self.long_term_memory.update(long_term, chunk, generator)
+            if not bool(rows.all()):  # rows in another phase keep their memory
+                updated = LongTermState(
+                    coefficients=torch.where(
+                        rows[:, None, None], updated.coefficients, long_term.coefficients
+                    ),
+                    attention_mass=torch.where(
+                        rows[:, None], updated.attention_mass, long_term.attention_mass
+                    ),
+                    empty=torch.where(rows, updated.empty, long_term.empty),
+                )
+            long_term = updated
+        observed = torch.where(count > 0, torch.zeros_like(observed), observed)
+        return long_term, observed
+
+    def _observe(
+        self, long_term: LongTermState, observed: torch.Tensor, read: LongTermAttentionOutput
+    ) -> tuple[LongTermState, torch.Tensor]:
+        """Sticky memories: the histogram of where this block's queries attended, averaged over
+        every call since the last update (weighted by the number of queries), so that one call
+        of C queries and C calls of one query give about the same histogram."""
+        assert self.long_term_memory is not None
+        if not self.long_term_memory.config.sticky:
+            return long_term, observed
+        hist = self.long_term_memory.attention_histogram(read.mu, read.sigma_sq)  # [batch, bins]
+        hist = hist.to(long_term.attention_mass.dtype)
+        queries = read.mu.shape[-1]
+        seen = observed[:, None]  # [batch, 1]
+        mass = (seen * long_term.attention_mass + queries * hist) / (seen + queries)
+        filled = ~long_term.empty  # [batch]
+        long_term = replace(
+            long_term,
+            attention_mass=torch.where(filled[:, None], mass, long_term.attention_mass),
+        )
+        return long_term, torch.where(filled, observed + queries, observed)
+
+
+__all__ = ["BlockOutput", "MemoryBlock"]

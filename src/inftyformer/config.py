@@ -1,0 +1,207 @@
+"""`ModelConfig`: one typed, validated configuration for the four models on one backbone.
+
+    model_type      what the memory is (SPEC §7–8)
+    "transformer"   vanilla: attention inside the current block only (mem_len must be 0)
+    "xl"            Transformer-XL: + short-term memory of the m recent layer inputs
+    "compressive"   Compressive Transformer: + n_cm slots of c:1 compressed older states
+    "infty"         ∞-former: + continuous long-term memory (N basis functions) per layer
+
+All four share the backbone (pre-LayerNorm blocks, relative positional attention, GELU FFN) and
+the block semantics described in `block.py`: `segment_len` (C) is both the largest number of
+tokens one call may hold and the unit in which states leave the short-term memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from ._checks import check_positive_int, check_range
+from .long_term_memory import LongTermConfig
+
+MODEL_TYPES = ("transformer", "xl", "compressive", "infty")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    model_type: str = "infty"
+    # ---- backbone
+    d_model: int = 128
+    n_layers: int = 3
+    n_heads: int = 4
+    d_ff: int = 512
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    layer_norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    # ---- segments and short-term (XL) memory
+    segment_len: int = 128  # C: the most tokens per call, and the unit in which states leave
+    mem_len: int = 128  # m: short-term memory of recent layer inputs (0 for "transformer")
+    # ---- compressive memory (Rae et al. 2020)
+    compression_rate: int = 4  # c: states per compressed slot (Conv1d kernel = stride = c)
+    compressed_len: int = 128  # n_cm: compressed slots kept per layer (oldest dropped)
+    reconstruction_weight: float = 1.0
+    # ---- ∞-former long-term memory (SPEC §1–6)
+    use_long_term: bool = True  # False: an "infty" model without long-term memory (= "xl")
+    num_basis: int = 128  # N
+    widths: tuple[float, ...] = (0.01, 0.05)
+    ridge_lambda: float = 1.0  # λ
+    tau: float = 0.75  # τ
+    num_samples: int = 128  # M
+    sticky: bool = False
+    sticky_bins: int = 128
+    kl_weight: float = 1e-6
+    sigma_0: float = 0.05  # σ₀
+    conv_gate: bool = True
+    edge_padding: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "widths", tuple(float(w) for w in self.widths))
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {self.model_type!r}")
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "segment_len"):
+            check_positive_int(name, getattr(self, name))
+        for name in ("mem_len", "compressed_len"):
+            check_positive_int(name, getattr(self, name), minimum=0)
+        check_positive_int("compression_rate", self.compression_rate)
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
+        if self.d_model % 2:
+            raise ValueError(
+                f"d_model must be even (sinusoidal relative encodings), got {self.d_model}"
+            )
+        check_range("dropout", self.dropout, 0.0, 1.0, high_open=True)
+        check_range("attention_dropout", self.attention_dropout, 0.0, 1.0, high_open=True)
+        check_range("layer_norm_eps", self.layer_norm_eps, 0.0, low_open=True)
+        check_range("reconstruction_weight", self.reconstruction_weight, 0.0)
+        check_range("kl_weight", self.kl_weight, 0.0)
+        for name in ("tie_embeddings", "use_long_term", "sticky", "conv_gate", "edge_padding"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        if self.model_type == "transformer" and self.mem_len != 0:
+            raise ValueError(
+                f"mem_len must be 0 for model_type 'transformer' (got {self.mem_len}); "
+                "use model_type 'xl' for a short-term memory"
+            )
+        if self.model_type == "infty":
+            self.long_term_config()  # validates N, widths, λ, τ, M, σ₀ with named errors
+        if not all(math.isfinite(w) for w in self.widths):
+            raise ValueError(f"widths must be finite, got {self.widths}")
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def has_compressive(self) -> bool:
+        return self.model_type == "compressive" and self.compressed_len > 0
+
+    @property
+    def has_long_term(self) -> bool:
+        return self.model_type == "infty" and self.use_long_term
+
+    @property
+    def max_short_term_len(self) -> int:
+        """Bound on the short-term memory a valid state can hold: m plus what is waiting for a
+        whole block (and, for the compressive model, a whole chunk of c) to leave, plus a call."""
+        return self.mem_len + 2 * self.segment_len + self.compression_rate
+
+    def long_term_config(self) -> LongTermConfig:
+        return LongTermConfig(
+            dim=self.d_model,
+            num_heads=self.n_heads,
+            num_basis=self.num_basis,
+            widths=self.widths,
+            ridge_lambda=self.ridge_lambda,
+            tau=self.tau,
+            num_samples=self.num_samples,
+            edge_padding=self.edge_padding,
+            conv_gate=self.conv_gate,
+            sticky=self.sticky,
+            sticky_bins=self.sticky_bins,
+            sigma_0=self.sigma_0,
+            out_dim=self.d_model,
+            query_projection=False,  # queries come from the layer's own W_q
+        )
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["widths"] = list(self.widths)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields {unknown}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return replace(self, **changes)
+
+    # ------------------------------------------------------------------ presets
+    @classmethod
+    def preset(cls, name: str, model_type: str = "infty", **overrides: Any) -> ModelConfig:
+        """Named sizes. The vocabulary defaults to the sorting task's 22 symbols (0–19,
+        separator 20, pad 21); pass `vocab_size=` for anything else. A "transformer" gets
+        mem_len 0 unless overridden."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
+        values: dict[str, Any] = dict(PRESETS[name])
+        values["model_type"] = model_type
+        if model_type == "transformer":
+            values["mem_len"] = 0
+        values.update(overrides)
+        return cls(**values)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # trains a sorting model in minutes on 2 CPU cores
+    "cpu-small": dict(
+        vocab_size=22,
+        d_model=128,
+        n_layers=3,
+        n_heads=4,
+        d_ff=512,
+        dropout=0.1,
+        segment_len=128,
+        mem_len=128,
+        compression_rate=4,
+        compressed_len=128,
+        num_basis=128,
+        num_samples=128,
+        widths=(0.01, 0.05),
+        ridge_lambda=1.0,
+        tau=0.75,
+        kl_weight=1e-6,
+    ),
+    # the paper's sorting configuration (§4.1): 3 layers, d 300, 6 heads, L = m = 1024,
+    # N = M = 512, τ = 0.75, λ = 1, widths {0.01, 0.05}
+    "paper-sorting": dict(
+        vocab_size=22,
+        d_model=300,
+        n_layers=3,
+        n_heads=6,
+        d_ff=1200,
+        dropout=0.1,
+        segment_len=1024,
+        mem_len=1024,
+        compression_rate=4,
+        compressed_len=512,
+        num_basis=512,
+        num_samples=512,
+        widths=(0.01, 0.05),
+        ridge_lambda=1.0,
+        tau=0.75,
+        kl_weight=1e-6,
+    ),
+}
+
+__all__ = ["MODEL_TYPES", "PRESETS", "ModelConfig"]

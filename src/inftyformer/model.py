@@ -1,0 +1,228 @@
+"""`MemoryLM`: the decoder-only language model on one backbone, with the memory chosen by
+`ModelConfig.model_type` ("transformer", "xl", "compressive", "infty").
+
+    tokens [batch, L] → embedding → blocks (each with its memory, `block.py`) → LayerNorm
+    → logits [batch, L, V] (tied or untied output embedding)
+
+    loss = lm_loss + kl_weight · kl + reconstruction_weight · reconstruction
+
+`lm_loss` is the mean next-token NLL over targets ≠ −100; `kl` (∞-former) and `reconstruction`
+(compressive) are averaged over layers and reported unweighted in `aux`. The memory is explicit:
+pass `state` (None for a fresh stream), get the new, detached `state` back. `reset` [batch] bool
+clears rows (documents that ended) before the call is processed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._checks import check_positive_int
+from .block import MemoryBlock
+from .config import ModelConfig
+from .state import LayerState, MemoryState
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class LMOutput:
+    logits: torch.Tensor  # [batch, L, V]
+    state: MemoryState  # detached
+    loss: torch.Tensor | None = None  # scalar: lm_loss + weighted aux terms
+    lm_loss: torch.Tensor | None = None  # scalar: mean NLL over targets ≠ −100
+    token_loss: torch.Tensor | None = None  # [batch, L]: NLL per token, 0 where ignored
+    aux: dict[str, torch.Tensor] = field(default_factory=dict)  # unweighted "kl", "reconstruction"
+
+
+class MemoryLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
+        self.config = config
+        self.embedding = nn.Embedding(config.vocab_size, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(MemoryBlock(config) for _ in range(config.n_layers))
+        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.head = (
+            None
+            if config.tie_embeddings
+            else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        )
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """N(0, 0.02) weights, zero biases, unit LayerNorms; the core memory modules keep
+        their own initialisation."""
+        for name, module in self.named_modules():
+            if "long_term_" in name:
+                continue
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        for block in self.blocks:
+            nn.init.normal_(block.attention.u, std=0.02)
+            nn.init.normal_(block.attention.v, std=0.02)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def _param(self) -> torch.Tensor:
+        return self.embedding.weight
+
+    def init_state(self, batch_size: int, device: torch.device | str | None = None) -> MemoryState:
+        """An empty memory (fresh streams) for `batch_size` rows."""
+        check_positive_int("batch_size", batch_size)
+        device = self._param.device if device is None else device
+        dtype = self._param.dtype
+        return MemoryState(tuple(b.init_state(batch_size, device, dtype) for b in self.blocks))
+
+    def check_state(self, state: MemoryState, batch_size: int | None = None) -> None:
+        if not isinstance(state, MemoryState):
+            raise ValueError(f"state must be a MemoryState, got {type(state).__name__}")
+        if len(state.layers) != len(self.blocks):
+            raise ValueError(
+                f"state has {len(state.layers)} layers, the model has {len(self.blocks)}"
+            )
+        batch = state.batch_size if batch_size is None else batch_size
+        for i, (block, layer) in enumerate(zip(self.blocks, state.layers, strict=True)):
+            block.check_state(layer, batch, f"state.layers[{i}]")
+            for name, t in _layer_tensors(layer):
+                if t.device != self._param.device:
+                    raise ValueError(
+                        f"state.layers[{i}].{name} is on {t.device}, the model on "
+                        f"{self._param.device}: use state.to(device)"
+                    )
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    raise ValueError(f"state.layers[{i}].{name} contains NaN or inf values")
+
+    # ------------------------------------------------------------------ inputs
+    def _check_ids(self, name: str, ids: object, allow_ignore: bool) -> torch.Tensor:
+        if not isinstance(ids, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
+        if ids.dim() != 2:
+            raise ValueError(f"{name} must have shape [batch, length], got {tuple(ids.shape)}")
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise ValueError(f"{name} must hold integer ids (torch.long), got dtype {ids.dtype}")
+        if ids.shape[0] == 0 or ids.shape[1] == 0:
+            raise ValueError(f"{name} must not be empty, got shape {tuple(ids.shape)}")
+        ids = ids.to(device=self._param.device, dtype=torch.long)
+        V = self.config.vocab_size
+        bad = (ids < 0) | (ids >= V)
+        if allow_ignore:
+            bad &= ids != IGNORE_INDEX
+        if bool(bad.any()):
+            bad_values = ids[bad].unique()[:5].tolist()
+            allowed = f"[0, {V})" + (f" or {IGNORE_INDEX}" if allow_ignore else "")
+            raise ValueError(f"{name} must be in {allowed}; found {bad_values}")
+        return ids
+
+    def _prepare_state(
+        self, state: MemoryState | None, batch: int, reset: torch.Tensor | None
+    ) -> MemoryState:
+        if reset is not None:
+            if not isinstance(reset, torch.Tensor) or reset.dtype != torch.bool:
+                raise ValueError("reset must be a bool tensor of shape [batch]")
+            if tuple(reset.shape) != (batch,):
+                raise ValueError(f"reset must have shape ({batch},), got {tuple(reset.shape)}")
+            reset = reset.to(self._param.device)
+        if state is None:
+            return self.init_state(batch)
+        if not isinstance(state, MemoryState):
+            raise ValueError(f"state must be a MemoryState or None, got {type(state).__name__}")
+        if state.batch_size != batch:
+            if reset is not None and bool(reset.all()):
+                return self.init_state(batch)  # every row starts over: the old state is moot
+            raise ValueError(
+                f"state has batch size {state.batch_size} but tokens have {batch} rows "
+                "(pass reset=all True to start new streams)"
+            )
+        self.check_state(state, batch)
+        return state if reset is None else state.reset(reset)
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        state: MemoryState | None = None,
+        targets: torch.Tensor | None = None,
+        reset: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> LMOutput:
+        """tokens [batch, L] (L ≤ segment_len), targets [batch, L] with −100 ignored.
+        `generator` seeds the sticky-memory sampling in training mode."""
+        c = self.config
+        tokens = self._check_ids("tokens", tokens, allow_ignore=False)
+        batch, length = tokens.shape
+        if length > c.segment_len:
+            raise ValueError(
+                f"segment of {length} tokens is longer than segment_len={c.segment_len}; "
+                "cut it with inftyformer.stream_loss or raise segment_len"
+            )
+        if targets is not None:
+            targets = self._check_ids("targets", targets, allow_ignore=True)
+            if targets.shape != tokens.shape:
+                raise ValueError(
+                    f"targets must have the shape of tokens {tuple(tokens.shape)}, "
+                    f"got {tuple(targets.shape)}"
+                )
+        state = self._prepare_state(state, batch, reset)
+
+        x = self.dropout(self.embedding(tokens))  # [batch, L, d]
+        layers: list[LayerState] = []
+        kl, reconstruction, unused = [], [], []
+        for block, layer_state in zip(self.blocks, state.layers, strict=True):
+            out = block(x, layer_state, generator)
+            x = out.hidden
+            layers.append(out.state)
+            if out.kl is not None:
+                kl.append(out.kl)
+            if out.reconstruction is not None:
+                reconstruction.append(out.reconstruction)
+            if out.unused is not None:
+                unused.append(out.unused)
+        x = self.norm(x)
+        weight = self.embedding.weight if self.head is None else self.head.weight
+        logits = F.linear(x, weight)  # [batch, L, V]
+
+        aux: dict[str, torch.Tensor] = {}
+        if kl:
+            aux["kl"] = torch.stack(kl).mean()  # averaged over layers
+        if reconstruction:
+            aux["reconstruction"] = torch.stack(reconstruction).mean()
+        output = LMOutput(logits=logits, state=MemoryState(tuple(layers)).detach(), aux=aux)
+        if targets is not None:
+            token_loss = F.cross_entropy(
+                logits.reshape(-1, c.vocab_size).float(),
+                targets.reshape(-1),
+                ignore_index=IGNORE_INDEX,
+                reduction="none",
+            ).view(batch, length)  # [batch, L], 0 where ignored
+            counted = (targets != IGNORE_INDEX).sum()
+            lm_loss = token_loss.sum() / counted.clamp(min=1)
+            loss = lm_loss
+            if "kl" in aux:
+                loss = loss + c.kl_weight * aux["kl"]
+            if "reconstruction" in aux:
+                loss = loss + c.reconstruction_weight * aux["reconstruction"]
+            for zero in unused:  # keeps every parameter in the graph (DDP)
+                loss = loss + zero
+            output.loss, output.lm_loss, output.token_loss = loss, lm_loss, token_loss
+        return output
+
+
+def _layer_tensors(layer: LayerState):
+    for group in ("short_term", "compressed", "long_term"):
+        sub = getattr(layer, group)
+        if sub is not None:
+            for k, v in sub.tensors().items():
+                yield f"{group}.{k}", v
+    if layer.observed is not None:
+        yield "observed", layer.observed
+
+
+__all__ = ["IGNORE_INDEX", "LMOutput", "MemoryLM"]

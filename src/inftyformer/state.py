@@ -1,0 +1,185 @@
+"""The memory of a `MemoryLM`: explicit state, passed in and returned, never kept on modules.
+
+    MemoryState.layers[i] = LayerState(
+        short_term  ShortTermState    [batch, S, d] right-aligned + length [batch]
+        compressed  CompressiveState  [batch, S_c, d] + length [batch]        ("compressive")
+        long_term   LongTermState     B [batch, N, d], attention mass, empty  ("infty")
+        observed    [batch] float     queries seen since the last long-term update (sticky)
+    )
+
+Rows of the batch are parallel streams; `reset(rows)` clears the rows whose document ended.
+`save_state`/`load_state` write one safetensors file whose metadata holds a JSON description of
+the layout; the write is atomic (temporary file + `os.replace`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ._checks import check_shape
+from .compressive_memory import CompressiveState
+from .long_term_memory import LongTermState
+from .short_term_memory import ShortTermState
+
+STATE_FORMAT = "inftyformer.MemoryState"
+STATE_VERSION = 1
+
+
+@dataclass
+class LayerState:
+    short_term: ShortTermState
+    compressed: CompressiveState | None = None
+    long_term: LongTermState | None = None
+    observed: torch.Tensor | None = None  # [batch]; present with long_term
+
+    def _map(self, fn) -> LayerState:
+        return LayerState(
+            short_term=fn(self.short_term),
+            compressed=None if self.compressed is None else fn(self.compressed),
+            long_term=None if self.long_term is None else fn(self.long_term),
+            observed=None if self.observed is None else fn(self.observed),
+        )
+
+    def detach(self) -> LayerState:
+        return self._map(lambda s: s.detach())
+
+    def to(self, device: torch.device | str) -> LayerState:
+        return self._map(lambda s: s.to(device))
+
+    def reset(self, rows: torch.Tensor) -> LayerState:
+        return LayerState(
+            short_term=self.short_term.reset(rows),
+            compressed=None if self.compressed is None else self.compressed.reset(rows),
+            long_term=None if self.long_term is None else self.long_term.reset(rows),
+            observed=None
+            if self.observed is None
+            else torch.where(rows.to(self.observed.device), 0.0, self.observed),
+        )
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        out = {f"short_term.{k}": v for k, v in self.short_term.tensors().items()}
+        if self.compressed is not None:
+            out.update({f"compressed.{k}": v for k, v in self.compressed.tensors().items()})
+        if self.long_term is not None:
+            out.update({f"long_term.{k}": v for k, v in self.long_term.tensors().items()})
+        if self.observed is not None:
+            out["observed"] = self.observed
+        return out
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> LayerState:
+        def group(prefix: str) -> dict[str, torch.Tensor]:
+            return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+        short, comp, long = group("short_term."), group("compressed."), group("long_term.")
+        if not short:
+            raise ValueError("layer state has no short_term tensors")
+        return cls(
+            short_term=ShortTermState.from_tensors(short),
+            compressed=CompressiveState.from_tensors(comp) if comp else None,
+            long_term=LongTermState.from_tensors(long) if long else None,
+            observed=tensors.get("observed"),
+        )
+
+
+@dataclass
+class MemoryState:
+    layers: tuple[LayerState, ...]
+
+    def __post_init__(self) -> None:
+        self.layers = tuple(self.layers)
+        if not self.layers:
+            raise ValueError("MemoryState needs at least one layer")
+
+    @property
+    def batch_size(self) -> int:
+        return self.layers[0].short_term.batch_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.layers[0].short_term.memory.device
+
+    def detach(self) -> MemoryState:
+        return MemoryState(tuple(layer.detach() for layer in self.layers))
+
+    def to(self, device: torch.device | str) -> MemoryState:
+        return MemoryState(tuple(layer.to(device) for layer in self.layers))
+
+    def reset(self, rows: torch.Tensor) -> MemoryState:
+        """Clear the rows flagged by the bool mask `rows` [batch] (their document ended)."""
+        if not isinstance(rows, torch.Tensor) or rows.dtype != torch.bool:
+            raise ValueError("reset rows must be a bool tensor of shape [batch]")
+        check_shape("reset", rows, (self.batch_size,))
+        if not bool(rows.any()):
+            return self
+        return MemoryState(tuple(layer.reset(rows) for layer in self.layers))
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {
+            f"layers.{i}.{k}": v
+            for i, layer in enumerate(self.layers)
+            for k, v in layer.tensors().items()
+        }
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], num_layers: int) -> MemoryState:
+        layers = []
+        for i in range(num_layers):
+            prefix = f"layers.{i}."
+            layers.append(
+                LayerState.from_tensors(
+                    {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+                )
+            )
+        return cls(tuple(layers))
+
+
+def save_state(path: str | os.PathLike, state: MemoryState) -> None:
+    """Write `state` to one safetensors file (atomic: temporary file, then os.replace)."""
+    if not isinstance(state, MemoryState):
+        raise TypeError(f"state must be a MemoryState, got {type(state).__name__}")
+    path = Path(path)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state.tensors().items()}
+    meta = {
+        "format": STATE_FORMAT,
+        "version": STATE_VERSION,
+        "num_layers": len(state.layers),
+        "batch_size": state.batch_size,
+    }
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"inftyformer": json.dumps(meta)})
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_state(path: str | os.PathLike, device: torch.device | str = "cpu") -> MemoryState:
+    """Read a state written by `save_state`."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        raw = (f.metadata() or {}).get("inftyformer")
+    if raw is None:
+        raise ValueError(f"{path} is not an inftyformer memory state (no metadata)")
+    meta = json.loads(raw)
+    if meta.get("format") != STATE_FORMAT or meta.get("version") != STATE_VERSION:
+        raise ValueError(
+            f"{path}: unsupported state format {meta.get('format')!r} "
+            f"version {meta.get('version')!r}"
+        )
+    tensors = load_file(str(path), device=str(device))
+    return MemoryState.from_tensors(tensors, int(meta["num_layers"]))
+
+
+__all__ = ["LayerState", "MemoryState", "load_state", "save_state"]
