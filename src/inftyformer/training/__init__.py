@@ -6,6 +6,7 @@ Imports models and tasks; nothing below the interface layer imports this package
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from .config import TrainConfig, parse_overrides
 from .distributed import DistEnv, init_distributed, shutdown_distributed
+from .lm_task import LanguageModelTask  # registers the "lm" task
 from .logger import MetricsLogger, read_metrics
 from .tasks import TASKS, SortingTask, StepStats, Task, get_task, headline, register_task
 from .trainer import (
@@ -22,6 +23,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "DistEnv",
+    "LanguageModelTask",
     "MetricsLogger",
     "SortingTask",
     "StepStats",

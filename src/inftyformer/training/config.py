@@ -43,6 +43,7 @@ class TrainConfig:
     task: str = "sorting"
     seq_len: int = 1024  # sorting: T, the number of symbols before the separator
     data_dir: str | None = None  # tasks that read files (language modelling)
+    tokenizer: str = "gpt2"  # language modelling: gpt2, bytes, or a path to a tokenizer.json
     steps: int = 500
     batch_size: int = 8
     grad_accum: int = 1  # micro-batches per optimiser step
@@ -74,6 +75,8 @@ class TrainConfig:
         _check_int("seq_len", self.seq_len, 1)
         if self.data_dir is not None and not isinstance(self.data_dir, str):
             raise TypeError(f"data_dir must be a string or None, got {self.data_dir!r}")
+        if not isinstance(self.tokenizer, str) or not self.tokenizer:
+            raise ValueError(f"tokenizer must be a non-empty string, got {self.tokenizer!r}")
         _check_int("steps", self.steps, 1)
         _check_int("batch_size", self.batch_size, 1)
         _check_int("grad_accum", self.grad_accum, 1)

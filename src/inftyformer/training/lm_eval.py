@@ -202,7 +202,7 @@ class LMEvalResult:
 
     num_tokens: int  # scored tokens
     num_docs: int
-    num_bytes: int
+    num_bytes: int  # all bytes (complete pass) or those of the scored tokens (partial pass)
     nll_sum: float  # nats
     loss: float
     perplexity: float
@@ -244,7 +244,10 @@ def _model_device(model: nn.Module) -> torch.device:
 
 
 def _init_state(model: nn.Module, batch_size: int, device: torch.device) -> Any:
-    state = model.init_state(batch_size)
+    try:
+        state = model.init_state(batch_size, device)
+    except TypeError:  # a model whose init_state takes no device
+        state = model.init_state(batch_size)
     if state is not None and hasattr(state, "to"):
         state = state.to(device)
     return state
@@ -252,12 +255,18 @@ def _init_state(model: nn.Module, batch_size: int, device: torch.device) -> Any:
 
 @torch.no_grad()
 def evaluate_lm(
-    model: nn.Module, corpus: TokenizedCorpus, config: LMEvalConfig | None = None
+    model: nn.Module,
+    corpus: TokenizedCorpus,
+    config: LMEvalConfig | None = None,
+    token_bytes: np.ndarray | None = None,
 ) -> LMEvalResult:
     """Stream every document of `corpus` through `model` with memory; see the module docstring.
 
     `model` follows the ``MemoryLM`` contract: ``init_state(B)`` and
     ``model(inputs, state=, reset=)`` returning ``.logits`` [B, L, V] and ``.state``.
+    Bits per byte divides by the documents' UTF-8 bytes after a complete pass; after a partial
+    one (``max_steps``) by the bytes of the scored tokens, which needs `token_bytes` ([vocab]
+    bytes per id, :func:`token_byte_lengths`; NaN without it).
     """
     cfg = config or LMEvalConfig()
     if not isinstance(corpus, TokenizedCorpus):
@@ -291,6 +300,8 @@ def evaluate_lm(
     bucket_sum = torch.zeros(64 * cfg.buckets_per_octave, dtype=torch.float64)
     bucket_count = torch.zeros(64 * cfg.buckets_per_octave, dtype=torch.int64)
     columns = torch.arange(segment_len)  # [L]
+    byte_table = None if token_bytes is None else torch.as_tensor(np.asarray(token_bytes))
+    scored_bytes = 0
     state = _init_state(model, cfg.batch_size, device)
     try:
         for _ in tqdm(range(steps), desc="evaluating", disable=not cfg.progress, leave=False):
@@ -315,6 +326,8 @@ def evaluate_lm(
             buckets = _bucket(positions[scored], cfg.buckets_per_octave)
             bucket_sum.index_add_(0, buckets, nll[scored])
             bucket_count.index_add_(0, buckets, torch.ones_like(buckets))
+            if byte_table is not None:
+                scored_bytes += int(byte_table[targets[scored]].sum())
     finally:
         model.train(was_training)
 
@@ -322,7 +335,10 @@ def evaluate_lm(
     num_tokens = int(doc_count.sum())
     nll_sum = float(doc_nll.sum())
     counted_docs = doc_count > 0 if not complete else torch.ones(num_docs, dtype=torch.bool)
-    num_bytes = int(np.asarray(corpus.doc_bytes)[counted_docs.numpy()].sum())
+    if complete:
+        num_bytes = corpus.total_bytes
+    else:
+        num_bytes = scored_bytes if byte_table is not None else 0
     loss = nll_sum / max(num_tokens, 1)
     used = torch.nonzero(bucket_count).flatten().tolist()
     k = cfg.buckets_per_octave
@@ -340,7 +356,7 @@ def evaluate_lm(
         loss=loss,
         perplexity=math.exp(min(loss, 700.0)),
         bits_per_token=loss / math.log(2),
-        bits_per_byte=nll_sum / (math.log(2) * num_bytes) if complete else float("nan"),
+        bits_per_byte=nll_sum / (math.log(2) * num_bytes) if num_bytes else float("nan"),
         complete=complete,
         seconds=time.perf_counter() - start_time,
         doc_names=list(corpus.doc_names),
