@@ -1,8 +1,17 @@
-"""The `inftyformer` command line."""
+"""The `inftyformer` command line: train, evaluate, generate, bench (and the memory demo)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
 import typer
+
+from .training.config import TrainConfig
 
 app = typer.Typer(
     help="The ∞-former (Infinite Memory Transformer) and its baselines.",
@@ -10,12 +19,411 @@ app = typer.Typer(
     add_completion=False,
 )
 
+MODEL_CHOICES = ("transformer", "xl", "compressive", "infty")
+DEFAULT_PRESET = "cpu-small"
+DEFAULT_MODEL = "infty"
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+_D = TrainConfig()  # defaults shown in --help
+
 
 @app.callback()
 def main() -> None:
     """The ∞-former (Infinite Memory Transformer) and its baselines: train, evaluate, generate."""
 
 
+def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
+    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
+    return typer.Exit(code)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from .training import CheckpointError
+
+    return (ValueError, TypeError, FileExistsError, FileNotFoundError, CheckpointError)
+
+
+# --------------------------------------------------------------------------- configuration
+def split_settings(items: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """`--set key=value` items -> (model settings, train settings).
+
+    A key may be prefixed `model.` or `train.`; a bare key goes where it is a field (an error if
+    it is a field of both or of neither)."""
+    from .config import ModelConfig
+    from .training.config import TrainConfig, field_types, split_assignment
+
+    model_keys = set(field_types(ModelConfig))
+    train_keys = set(field_types(TrainConfig))
+    model_set: dict[str, str] = {}
+    train_set: dict[str, str] = {}
+    for item in items:
+        key, value = split_assignment(item)
+        if key.startswith("model."):
+            model_set[key[6:]] = value
+        elif key.startswith("train."):
+            train_set[key[6:]] = value
+        elif key in model_keys and key in train_keys:
+            raise ValueError(
+                f"{key!r} is both a model and a train setting: write model.{key} or train.{key}"
+            )
+        elif key in model_keys:
+            model_set[key] = value
+        elif key in train_keys:
+            train_set[key] = value
+        else:
+            raise ValueError(
+                f"unknown setting {key!r}; model settings: {', '.join(sorted(model_keys))}; "
+                f"train settings: {', '.join(sorted(train_keys))}"
+            )
+    return model_set, train_set
+
+
+def build_configs(
+    task: str,
+    *,
+    model: str | None,
+    preset: str | None,
+    settings: list[str],
+    options: dict[str, Any],
+    resume: bool,
+) -> tuple[Any, Any]:
+    """(TrainConfig, ModelConfig) from the task's defaults, or from the run being resumed, then
+    the explicit options and `--set` items (later wins)."""
+    import dataclasses
+
+    from .config import ModelConfig
+    from .training import get_task, load_run_configs
+    from .training.config import TrainConfig, parse_overrides
+
+    task_cls = get_task(task)
+    model_set, train_set = split_settings(settings)
+    train_values = {k: v for k, v in options.items() if v is not None}
+    train_values.update(parse_overrides(TrainConfig, train_set, "train"))
+    model_values = parse_overrides(ModelConfig, model_set, "model")
+    if model is not None and model not in MODEL_CHOICES:
+        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODEL_CHOICES)}")
+
+    if resume:
+        out_dir = train_values.get("out_dir") or _default_out_dir(task, model or DEFAULT_MODEL)
+        saved_train, saved_model = load_run_configs(out_dir)
+        if saved_train.task != task:
+            raise ValueError(f"{out_dir} holds a {saved_train.task!r} run, not {task!r}")
+        if model is not None and model != saved_model.get("model_type"):
+            raise ValueError(
+                f"{out_dir} holds a {saved_model.get('model_type')!r} model, not {model!r}; "
+                "drop --model or pick the right --out-dir"
+            )
+        train_cfg = dataclasses.replace(saved_train, **train_values, out_dir=str(out_dir))
+        if preset is not None:
+            base = ModelConfig.preset(preset, model_type=saved_model["model_type"])
+            model_cfg = base.replace(**task_cls.model_overrides(train_cfg), **model_values)
+        else:
+            model_cfg = ModelConfig.from_dict(saved_model).replace(**model_values)
+        return train_cfg, model_cfg
+
+    model = model or DEFAULT_MODEL
+    train_values.setdefault("out_dir", _default_out_dir(task, model))
+    train_cfg = TrainConfig(task=task, **train_values)
+    model_cfg = ModelConfig.preset(
+        preset or DEFAULT_PRESET,
+        model_type=model,
+        **{**task_cls.model_overrides(train_cfg), **model_values},
+    )
+    task_cls.check_configs(train_cfg, model_cfg)
+    return train_cfg, model_cfg
+
+
+def _default_out_dir(task: str, model: str) -> str:
+    return str(Path("runs") / f"{task}-{model}")
+
+
+# --------------------------------------------------------------------------- train
+@app.command()
+def train(
+    task: str = typer.Argument(..., help="What to train on: 'sorting' (the paper's §4.1 task)."),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="Memory: transformer (none), xl (Transformer-XL), compressive (Compressive "
+        "Transformer) or infty (∞-former). Default: infty, or the resumed run's.",
+    ),
+    preset: str | None = typer.Option(
+        None, "--preset", "-p", help="Model size: cpu-small (default) or paper-sorting."
+    ),
+    settings: list[str] = typer.Option(  # noqa: B008
+        [],
+        "--set",
+        "-s",
+        help="Override any model or train setting, e.g. --set segment_len=64 --set sticky=true "
+        "--set warmup_steps=20 (prefix model. or train. when ambiguous). Repeatable.",
+    ),
+    seq_len: int | None = typer.Option(
+        None, "--seq-len", "-T", help=f"Sorting: symbols per sequence T (default: {_D.seq_len})."
+    ),
+    steps: int | None = typer.Option(None, help=f"Optimiser steps (default: {_D.steps})."),
+    batch_size: int | None = typer.Option(
+        None,
+        "--batch-size",
+        "-b",
+        help=f"Global batch, all ranks and micro-batches (default: {_D.batch_size}).",
+    ),
+    grad_accum: int | None = typer.Option(
+        None, help=f"Micro-batches per step, gradient accumulation (default: {_D.grad_accum})."
+    ),
+    lr: float | None = typer.Option(
+        None, help=f"Peak learning rate of AdamW (default: {_D.lr:g})."
+    ),
+    seed: int | None = typer.Option(
+        None, help=f"Seed of the data, the weights and sampling (default: {_D.seed})."
+    ),
+    eval_every: int | None = typer.Option(
+        None, help=f"Steps between evaluations on valid (default: {_D.eval_every})."
+    ),
+    patience: int | None = typer.Option(
+        None,
+        help=f"Early stop after this many evaluations without improvement; 0: never "
+        f"(default: {_D.patience}).",
+    ),
+    device: str | None = typer.Option(None, help="cpu, cuda, cuda:N or auto (default: cpu)."),
+    threads: int | None = typer.Option(None, help="torch CPU threads (0: torch's default)."),
+    out_dir: str | None = typer.Option(
+        None, "--out-dir", "-o", help="Run directory (default: runs/TASK-MODEL)."
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the run in --out-dir from its last checkpoint."
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Start over even if --out-dir already holds a run."
+    ),
+    progress: bool | None = typer.Option(
+        None, "--progress/--no-progress", help="Show a progress bar (default: on)."
+    ),
+) -> None:
+    """Train a model; evaluate on valid every --eval-every steps, keep best/last checkpoints in
+    --out-dir (plus metrics.csv and TensorBoard logs), then report test accuracy beside chance.
+    Ctrl-C saves a checkpoint; --resume continues exactly. Under `torchrun --nproc_per_node=N`
+    the global batch is split across N DistributedDataParallel processes."""
+    from .training import Trainer, headline, init_distributed, shutdown_distributed
+
+    options = dict(
+        seq_len=seq_len,
+        steps=steps,
+        batch_size=batch_size,
+        grad_accum=grad_accum,
+        lr=lr,
+        seed=seed,
+        eval_every=eval_every,
+        patience=patience,
+        device=device,
+        threads=threads,
+        out_dir=out_dir,
+        progress=progress,
+    )
+    try:
+        train_cfg, model_cfg = build_configs(
+            task, model=model, preset=preset, settings=settings, options=options, resume=resume
+        )
+        env = init_distributed(train_cfg.device)
+    except _user_errors() as err:
+        raise _fail(str(err)) from None
+    try:
+        trainer = Trainer(train_cfg, model_cfg, resume=resume, overwrite=overwrite, env=env)
+        if env.is_main:
+            n_params = sum(p.numel() for p in trainer.model.parameters())
+            typer.echo(
+                f"training {model_cfg.model_type} ({n_params / 1e6:.2f}M parameters) on "
+                f"{train_cfg.task}: T={train_cfg.seq_len}, segment {model_cfg.segment_len}, "
+                f"batch {train_cfg.batch_size}, {train_cfg.steps} steps, "
+                f"{env.world_size} process(es) -> {train_cfg.out_dir}"
+            )
+        start = time.perf_counter()
+        result = trainer.fit()
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except _user_errors() as err:
+        raise _fail(str(err)) from None
+    finally:
+        shutdown_distributed()
+    if not env.is_main:
+        return
+    minutes = (time.perf_counter() - start) / 60
+    if result.interrupted:
+        typer.echo(f"stopped at step {result.step} after {minutes:.1f} min; checkpoint saved")
+        if result.step < train_cfg.steps and train_cfg.halt_after == 0:
+            raise typer.Exit(EXIT_INTERRUPTED)
+        return
+    typer.echo(
+        f"done: {result.step} steps in {minutes:.1f} min (best valid at step {result.best_step})"
+    )
+    if result.test is not None:
+        typer.echo(f"test {headline(trainer.task, result.test)}")
+
+
+# --------------------------------------------------------------------------- evaluate
+@app.command()
+def evaluate(
+    checkpoint: Path = typer.Argument(  # noqa: B008
+        ...,
+        help="A checkpoint: RUN_DIR (its best, else last), RUN_DIR/best.safetensors, "
+        "RUN_DIR/last.json, ...",
+    ),
+    split: str = typer.Option("test", help="Split to evaluate: train, valid or test."),
+    batches: int | None = typer.Option(
+        None, help="Number of batches (default: the run's test_batches)."
+    ),
+    device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
+) -> None:
+    """Evaluate a saved model on a split and print its metric beside chance."""
+    from .training import evaluate_checkpoint, headline
+
+    try:
+        if batches is not None and batches < 1:
+            raise ValueError(f"--batches must be >= 1, got {batches}")
+        metrics, task = evaluate_checkpoint(checkpoint, split, batches, device)
+    except _user_errors() as err:
+        raise _fail(str(err)) from None
+    typer.echo(f"{split} {headline(task, metrics)}")
+    typer.echo("  " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+
+
+# --------------------------------------------------------------------------- generate
+@app.command()
+def generate(
+    checkpoint: Path = typer.Argument(  # noqa: B008
+        ..., help="A checkpoint (see `inftyformer evaluate`)."
+    ),
+    prompt: str = typer.Option(
+        "random",
+        "--prompt",
+        help="Sorting: symbols 0-19 separated by spaces (the separator is appended), or "
+        "'random' / 'random:T' for a test sequence whose true answer is shown too.",
+    ),
+    max_new_tokens: int | None = typer.Option(
+        None, help="Tokens to generate (default: 20 for sorting)."
+    ),
+    temperature: float = typer.Option(0.0, help="Sampling temperature; 0 = greedy."),
+    top_k: int | None = typer.Option(None, help="Sample from the k most likely tokens only."),
+    top_p: float | None = typer.Option(
+        None, help="Nucleus sampling: smallest set of tokens with probability mass >= p."
+    ),
+    seed: int = typer.Option(0, help="Seed of the sampling generator."),
+    device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
+) -> None:
+    """Feed a prompt through a saved model (streaming it segment by segment into the memory)
+    and continue it."""
+    import torch
+
+    from .training import get_task, model_from_checkpoint
+    from .training.distributed import DistEnv, resolve_device
+
+    try:
+        if temperature < 0:
+            raise ValueError(f"--temperature must be >= 0, got {temperature}")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"--top-k must be >= 1, got {top_k}")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ValueError(f"--top-p must be in (0, 1], got {top_p}")
+        dev = resolve_device(device)
+        model, model_cfg, train_cfg, _ = model_from_checkpoint(checkpoint, dev)
+        task = get_task(train_cfg.task)(train_cfg, model_cfg, DistEnv(device=dev))
+        tokens, note = task.encode_prompt(prompt)
+        n_new = max_new_tokens if max_new_tokens is not None else task.default_new_tokens()
+        if n_new < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {n_new}")
+        from .streaming import generate as stream_generate
+
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        out = stream_generate(
+            model,
+            tokens[None].to(dev),
+            max_new_tokens=n_new,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            generator=gen,
+        )
+    except _user_errors() as err:
+        raise _fail(str(err)) from None
+    new_tokens = _new_tokens(out, tokens.numel())
+    typer.echo(f"prompt: {tokens.numel()} tokens")
+    typer.echo(f"output: {task.decode(new_tokens)}")
+    if note:
+        typer.echo(note)
+
+
+def _new_tokens(out: Any, prompt_len: int) -> list[int]:
+    """The generated continuation, whatever shape `generate` returns it in."""
+    tokens = getattr(out, "tokens", out)
+    if isinstance(tokens, tuple):
+        tokens = tokens[0]
+    row = tokens[0] if tokens.dim() == 2 else tokens
+    if row.numel() > prompt_len:
+        row = row[prompt_len:]
+    return [int(t) for t in row.tolist()]
+
+
+# --------------------------------------------------------------------------- bench
+@app.command()
+def bench(
+    script: str | None = typer.Option(
+        None,
+        help="Run benchmarks/SCRIPT.py from the source tree instead (e.g. compare_sorting); "
+        "extra arguments after -- go to the script.",
+    ),
+    models: str = typer.Option(
+        ",".join(MODEL_CHOICES), help="Comma-separated model types for the built-in benchmark."
+    ),
+    preset: str = typer.Option(DEFAULT_PRESET, help="Model size preset."),
+    seq_len: int = typer.Option(1024, "--seq-len", "-T", help="Sorting sequence length T."),
+    batch_size: int = typer.Option(8, help="Batch size."),
+    steps: int = typer.Option(3, help="Timed training steps per model (after one warm-up)."),
+    seed: int = typer.Option(0, help="Seed."),
+    args: list[str] = typer.Argument(None, help="Arguments passed to --script."),  # noqa: B008
+) -> None:
+    """Time training steps on the sorting task (tokens/s, s/step, parameters) for each model,
+    or run one of the scripts in benchmarks/."""
+    if script is not None:
+        raise typer.Exit(_run_script(script, args or []))
+    from .training.bench import quick_benchmark
+
+    try:
+        names = [m.strip() for m in models.split(",") if m.strip()]
+        for name in names:
+            if name not in MODEL_CHOICES:
+                raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODEL_CHOICES)}")
+        rows = quick_benchmark(
+            names, preset=preset, seq_len=seq_len, batch_size=batch_size, steps=steps, seed=seed
+        )
+    except _user_errors() as err:
+        raise _fail(str(err)) from None
+    typer.echo(f"sorting, T={seq_len}, batch {batch_size}, preset {preset}")
+    typer.echo(f"{'model':<12} {'params':>10} {'s/step':>8} {'tokens/s':>10}")
+    for row in rows:
+        typer.echo(
+            f"{row['model']:<12} {row['params']:>10,} {row['seconds_per_step']:>8.2f} "
+            f"{row['tokens_per_s']:>10.0f}"
+        )
+
+
+def _run_script(script: str, args: list[str]) -> int:
+    root = Path(__file__).resolve().parents[2]
+    name = script if script.endswith(".py") else f"{script}.py"
+    path = root / "benchmarks" / name
+    if not path.is_file():
+        available = sorted(p.stem for p in (root / "benchmarks").glob("*.py"))
+        typer.secho(
+            f"error: no benchmark script {path} (available: {', '.join(available) or 'none'}; "
+            "scripts live in the source tree)",
+            err=True,
+            fg=typer.colors.RED,
+        )
+        return EXIT_USAGE
+    return subprocess.call([sys.executable, str(path), *args], env=dict(os.environ))
+
+
+# --------------------------------------------------------------------------- demo
 @app.command()
 def demo(
     length: int = typer.Option(65_536, help="Number of time steps of the random walk to stream."),

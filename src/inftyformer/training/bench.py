@@ -1,0 +1,65 @@
+"""A quick training-speed benchmark: seconds per sorting step and tokens/s for each model type."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from .config import TrainConfig
+from .distributed import DistEnv
+from .tasks import SortingTask
+from .trainer import build_optimizer, default_model_factory, seed_everything
+
+
+def quick_benchmark(
+    models: list[str],
+    *,
+    preset: str = "cpu-small",
+    seq_len: int = 1024,
+    batch_size: int = 8,
+    steps: int = 3,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Time `steps` training steps (after one untimed warm-up step) per model type."""
+    from ..config import ModelConfig
+
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    rows = []
+    env = DistEnv()
+    for name in models:
+        train_cfg = TrainConfig(seq_len=seq_len, batch_size=batch_size, seed=seed, out_dir="-")
+        model_cfg = ModelConfig.preset(
+            preset, model_type=name, **SortingTask.model_overrides(train_cfg)
+        )
+        seed_everything(seed)
+        model = default_model_factory(model_cfg)
+        model.train()
+        optimizer = build_optimizer(model, train_cfg)
+        task = SortingTask(train_cfg, model_cfg, env)
+        elapsed = 0.0
+        tokens = 0.0
+        for step in range(steps + 1):
+            start = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            loss, stats = task.train_micro_batch(model, model, step, 0, 1)
+            loss.backward()
+            optimizer.step()
+            if step:  # the first step pays one-off costs (caches, allocator)
+                elapsed += time.perf_counter() - start
+                tokens += stats.tokens
+        rows.append(
+            {
+                "model": name,
+                "params": sum(p.numel() for p in model.parameters()),
+                "seconds_per_step": elapsed / steps,
+                "tokens_per_s": tokens / max(elapsed, 1e-9),
+                "threads": torch.get_num_threads(),
+            }
+        )
+    return rows
+
+
+__all__ = ["quick_benchmark"]
