@@ -45,7 +45,9 @@ def continuous_softmax(
     log_norm = (-0.5 * torch.log(2.0 * math.pi * var)).unsqueeze(-1)  # [..., W, 1]
     dist_sq = ((mu.unsqueeze(-1) - c) ** 2).unsqueeze(-2)  # (μ − c_k)²  [..., 1, C]
     # r_{l,k} = 𝒩(μ; c_k, σ² + w_l²) = exp(log_norm_l − (μ − c_k)² / (2(σ² + w_l²)))  [..., W, C]
-    r = torch.exp(torch.addcmul(log_norm, coef, dist_sq))
+    # exp in place: the addcmul result is not saved for backward, so this spares one full-size
+    # [..., N] allocation (same values, same autograd graph)
+    r = torch.addcmul(log_norm, coef, dist_sq).exp_()
     return r.flatten(-2)  # [..., N] in the basis' width-major order
 
 
