@@ -30,3 +30,6 @@ from .state import LayerState, MemoryState, load_state, save_state  # noqa: E402
 
 __all__ += ["LMOutput", "LayerState", "MemoryLM", "MemoryState", "ModelConfig"]
 __all__ += ["load_state", "save_state"]
+from .streaming import generate, stream_loss  # noqa: E402
+
+__all__ += ["generate", "stream_loss"]
