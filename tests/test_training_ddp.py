@@ -1,0 +1,86 @@
+"""Data-parallel training: `inftyformer train` under torchrun with 2 CPU processes (gloo) ends
+with the parameters of a single-process run on the same global batches."""
+
+import os
+import subprocess
+import sys
+
+import torch
+from test_training_trainer import tiny_model, tiny_train
+
+from inftyformer.training import Trainer, load_checkpoint, read_metrics
+
+MODEL_SETTINGS = dict(
+    d_model=16,
+    n_layers=1,
+    n_heads=2,
+    d_ff=32,
+    segment_len=32,
+    mem_len=32,
+    num_basis=8,
+    num_samples=16,
+    dropout=0.0,  # dropout masks are per rank: they would differ from one process's
+)
+
+
+def test_two_process_ddp_matches_single_process(tmp_path):
+    steps, batch = 3, 4
+    single = Trainer(
+        tiny_train(tmp_path / "single", steps=steps, batch_size=batch, eval_every=steps),
+        tiny_model(**MODEL_SETTINGS),
+        echo=lambda s: None,
+    )
+    single.fit()
+
+    out = tmp_path / "ddp"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "inftyformer.cli",
+        "train",
+        "sorting",
+        "--model",
+        "infty",
+        "--seq-len",
+        "96",
+        "--steps",
+        str(steps),
+        "--batch-size",
+        str(batch),
+        "--eval-every",
+        str(steps),
+        "--threads",
+        "1",
+        "--no-progress",
+        "--out-dir",
+        str(out),
+    ]
+    train_settings = dict(
+        warmup_steps=2, eval_batches=1, test_batches=1, log_every=1, tensorboard="false"
+    )
+    for key, value in {**MODEL_SETTINGS, **train_settings}.items():
+        cmd += ["--set", f"{key}={value}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 process(es)" in proc.stdout and proc.stdout.count("training infty") == 1
+
+    ckpt = load_checkpoint(out / "last")
+    assert ckpt.meta["world_size"] == 2 and len(ckpt.meta["ranks"]) == 2
+    ddp_params = ckpt.section("model")
+    for name, p in single.model.state_dict().items():
+        diff = (p - ddp_params[name]).abs().max().item()
+        assert diff < 1e-5, (name, diff)
+
+    def losses(run):
+        return [
+            r["value"] for r in read_metrics(run) if r["split"] == "train" and r["metric"] == "loss"
+        ]
+
+    assert torch.allclose(
+        torch.tensor(losses(out)), torch.tensor(losses(tmp_path / "single")), atol=1e-5
+    )
