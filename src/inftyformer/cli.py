@@ -113,7 +113,8 @@ def build_configs(
                 f"{out_dir} holds a {saved_model.get('model_type')!r} model, not {model!r}; "
                 "drop --model or pick the right --out-dir"
             )
-        train_cfg = dataclasses.replace(saved_train, **train_values, out_dir=str(out_dir))
+        train_values["out_dir"] = str(out_dir)
+        train_cfg = dataclasses.replace(saved_train, **train_values)
         if preset is not None:
             base = ModelConfig.preset(preset, model_type=saved_model["model_type"])
             model_cfg = base.replace(**task_cls.model_overrides(train_cfg), **model_values)
@@ -328,7 +329,7 @@ def generate(
         dev = resolve_device(device)
         model, model_cfg, train_cfg, _ = model_from_checkpoint(checkpoint, dev)
         task = get_task(train_cfg.task)(train_cfg, model_cfg, DistEnv(device=dev))
-        tokens, note = task.encode_prompt(prompt)
+        tokens, expected = task.encode_prompt(prompt)
         n_new = max_new_tokens if max_new_tokens is not None else task.default_new_tokens()
         if n_new < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {n_new}")
@@ -346,22 +347,19 @@ def generate(
         )
     except _user_errors() as err:
         raise _fail(str(err)) from None
-    new_tokens = _new_tokens(out, tokens.numel())
+    new_tokens = _new_tokens(out)
     typer.echo(f"prompt: {tokens.numel()} tokens")
-    typer.echo(f"output: {task.decode(new_tokens)}")
-    if note:
-        typer.echo(note)
+    typer.echo(f"output:   {task.decode(new_tokens)}")
+    if expected:
+        typer.echo(f"expected: {task.decode(expected)}")
+        hits = sum(a == b for a, b in zip(new_tokens, expected, strict=False))
+        typer.echo(f"{hits}/{len(expected)} positions right (free-running, no teacher forcing)")
 
 
-def _new_tokens(out: Any, prompt_len: int) -> list[int]:
-    """The generated continuation, whatever shape `generate` returns it in."""
-    tokens = getattr(out, "tokens", out)
-    if isinstance(tokens, tuple):
-        tokens = tokens[0]
-    row = tokens[0] if tokens.dim() == 2 else tokens
-    if row.numel() > prompt_len:
-        row = row[prompt_len:]
-    return [int(t) for t in row.tolist()]
+def _new_tokens(out: Any) -> list[int]:
+    """The first row of the generated continuation ((tokens [B, n], state) from `generate`)."""
+    tokens = out[0] if isinstance(out, tuple) else out
+    return [int(t) for t in tokens[0].tolist()]
 
 
 # --------------------------------------------------------------------------- bench

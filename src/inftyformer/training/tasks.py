@@ -139,8 +139,8 @@ class Task(ABC):
         pass
 
     # ---- generation
-    def encode_prompt(self, text: str) -> tuple[torch.Tensor, str | None]:
-        """Token ids [L] for a prompt, and an optional note (e.g. the expected answer)."""
+    def encode_prompt(self, text: str) -> tuple[torch.Tensor, list[int] | None]:
+        """Token ids [L] for a prompt, and the expected continuation when it is known."""
         raise NotImplementedError(f"task {self.name!r} does not support generation")
 
     def decode(self, tokens: list[int]) -> str:
@@ -305,7 +305,7 @@ class SortingTask(Task):
         }
 
     # ---- generation: the prompt is the symbols; the model answers after the separator
-    def encode_prompt(self, text: str) -> tuple[torch.Tensor, str | None]:
+    def encode_prompt(self, text: str) -> tuple[torch.Tensor, list[int] | None]:
         """`text`: symbols 0–19 separated by spaces/commas, or "random" / "random:T" for a test
         sequence of length T (default: the training T). The separator is appended."""
         text = text.strip()
@@ -315,8 +315,7 @@ class SortingTask(Task):
             data = SortingDataset(seq_len=length, batch_size=1, split="test", seed=0)
             inputs, targets = data.batch(0)
             prompt = inputs[0, : length + 1]
-            answer = targets[0, -NUM_TARGETS:].tolist()
-            return prompt, "expected: " + self.decode(answer)
+            return prompt, targets[0, -NUM_TARGETS:].tolist()
         parts = [p for p in re.split(r"[\s,]+", text) if p]
         try:
             symbols = [int(p) for p in parts]
