@@ -45,7 +45,15 @@ from ..tasks import (
 )
 from .config import TrainConfig
 from .distributed import DistEnv, all_reduce_sum, shard_rows
-from .lm_eval import LMEvalConfig, evaluate_lm, token_byte_lengths, with_bos
+from .lm_eval import (
+    LMEvalConfig,
+    LMEvalResult,
+    eval_model_config,
+    evaluate_lm,
+    token_byte_lengths,
+    truncate_documents,
+    with_bos,
+)
 from .tasks import StepStats, Task, _scalar, register_task, scored_stats
 
 CORPUS_SUBDIR = "pg19-mini"
@@ -364,7 +372,85 @@ class LanguageModelTask(Task):
         return 200
 
 
+# --------------------------------------------------------------------------- saved models
+@dataclass
+class CheckpointEval:
+    """What :func:`evaluate_lm_checkpoint` measured, and on what."""
+
+    result: LMEvalResult
+    model_config: Any  # the evaluation model's config (training config + overrides)
+    train_config: TrainConfig
+    data: str  # the evaluated directory
+    split: str
+    tokenizer: str
+
+
+def evaluate_lm_checkpoint(
+    path: str | Path,
+    data_dir: str | Path | None = None,
+    split: str = "test",
+    overrides: dict[str, Any] | None = None,
+    batch_size: int | None = None,
+    max_docs: int | None = None,
+    max_tokens: int | None = None,
+    device: str = "cpu",
+    progress: bool = False,
+) -> CheckpointEval:
+    """Perplexity, bits per byte and per-position loss of a saved language model over whole
+    documents of `split` (``max_docs`` / ``max_tokens`` keep the first documents / a prefix of
+    each). `data_dir`: a corpus directory, a data root with ``pg19-mini/``, or a WikiText-103
+    directory (``wiki.<split>.tokens``); default: the run's training corpus. `overrides`: memory
+    settings of the evaluation model (:data:`lm_eval.EVAL_OVERRIDABLE`, e.g. a longer
+    ``mem_len``); the weights are the checkpoint's."""
+    from ..config import ModelConfig
+    from .distributed import resolve_device
+    from .trainer import model_from_checkpoint
+
+    def config_factory(saved: dict[str, Any]) -> ModelConfig:
+        return eval_model_config(ModelConfig.from_dict(saved), overrides)
+
+    dev = resolve_device(device)
+    model, model_cfg, train_cfg, _ = model_from_checkpoint(path, dev, config_factory=config_factory)
+    if train_cfg.task != "lm":
+        raise ValueError(f"{path} holds a {train_cfg.task!r} model, not a language model")
+    if data_dir is None:
+        target = resolve_corpus_dir(train_cfg.data_dir)
+    else:
+        target = Path(data_dir).expanduser()
+        if not target.is_dir():
+            raise FileNotFoundError(f"evaluation data directory not found: {target}")
+        if not is_wikitext_dir(target):
+            target = resolve_corpus_dir(target)
+    near = target if not is_wikitext_dir(target) else target.parent
+    try:
+        tokenizer = load_text_tokenizer(train_cfg.tokenizer, near)
+    except FileNotFoundError:
+        tokenizer = load_text_tokenizer(train_cfg.tokenizer, resolve_corpus_dir(train_cfg.data_dir))
+    if tokenizer.vocab_size > model_cfg.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.vocab_size} ids, the model only {model_cfg.vocab_size}"
+        )
+    corpus = load_eval_corpus(target, split, tokenizer, progress=progress)
+    token_bytes = token_byte_lengths(tokenizer)
+    if max_docs is not None or max_tokens is not None:
+        corpus = truncate_documents(corpus, max_tokens, max_docs, token_bytes)
+    docs = int((corpus.doc_lengths > 0).sum())
+    rows = batch_size if batch_size is not None else max(1, min(train_cfg.batch_size, docs))
+    cfg = LMEvalConfig(batch_size=rows, progress=progress)
+    result = evaluate_lm(model, corpus, cfg, token_bytes=token_bytes)
+    return CheckpointEval(
+        result=result,
+        model_config=model_cfg,
+        train_config=train_cfg,
+        data=str(target),
+        split=split,
+        tokenizer=train_cfg.tokenizer,
+    )
+
+
 __all__ = [
+    "CheckpointEval",
+    "evaluate_lm_checkpoint",
     "LMData",
     "LanguageModelTask",
     "is_wikitext_dir",
