@@ -141,7 +141,11 @@ def _default_out_dir(task: str, model: str) -> str:
 # --------------------------------------------------------------------------- train
 @app.command()
 def train(
-    task: str = typer.Argument(..., help="What to train on: 'sorting' (the paper's §4.1 task)."),
+    task: str = typer.Argument(
+        ...,
+        help="What to train on: 'sorting' (the paper's §4.1 task) or 'lm' (long-document "
+        "language modelling on a folder of books, §4.2).",
+    ),
     model: str | None = typer.Option(
         None,
         "--model",
@@ -161,6 +165,18 @@ def train(
     ),
     seq_len: int | None = typer.Option(
         None, "--seq-len", "-T", help=f"Sorting: symbols per sequence T (default: {_D.seq_len})."
+    ),
+    data_dir: str | None = typer.Option(
+        None,
+        "--data-dir",
+        help="lm: corpus directory with train/ valid/ test/ *.txt (one file per document), or a "
+        "data root holding pg19-mini/ (default: the shared data directory).",
+    ),
+    tokenizer: str | None = typer.Option(
+        None,
+        "--tokenizer",
+        help=f"lm: gpt2 (GPT-2 BPE), bytes (UTF-8 bytes, vocabulary 257) or a path to a "
+        f"tokenizer.json (default: {_D.tokenizer}).",
     ),
     steps: int | None = typer.Option(None, help=f"Optimiser steps (default: {_D.steps})."),
     batch_size: int | None = typer.Option(
@@ -209,6 +225,8 @@ def train(
 
     options = dict(
         seq_len=seq_len,
+        data_dir=data_dir,
+        tokenizer=tokenizer,
         steps=steps,
         batch_size=batch_size,
         grad_accum=grad_accum,
@@ -275,10 +293,47 @@ def evaluate(
         None, help="Number of batches (default: the run's test_batches)."
     ),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
+    data_dir: Path | None = typer.Option(  # noqa: B008
+        None,
+        "--data-dir",
+        help="lm: evaluate on this corpus directory, or a WikiText-103 directory holding "
+        "wiki.SPLIT.tokens (default: the run's training corpus).",
+    ),
+    settings: list[str] = typer.Option(  # noqa: B008
+        [],
+        "--set",
+        "-s",
+        help="lm: memory settings of the evaluation model, e.g. --set mem_len=512 --set "
+        "num_samples=512 (weights unchanged). Repeatable.",
+    ),
+    batch_size: int | None = typer.Option(
+        None, "--batch-size", "-b", help="lm: documents streamed in parallel."
+    ),
+    max_docs: int | None = typer.Option(None, help="lm: only the first N documents."),
+    max_tokens: int | None = typer.Option(
+        None, help="lm: only the first N tokens of each document (a prefix)."
+    ),
+    json_out: Path | None = typer.Option(  # noqa: B008
+        None, "--json", help="lm: write the full result (per document, per position) here."
+    ),
 ) -> None:
-    """Evaluate a saved model on a split and print its metric beside chance."""
+    """Evaluate a saved model on a split and print its metric beside chance. Language models
+    are scored over whole documents streamed with memory: perplexity, bits per byte."""
     from .training import evaluate_checkpoint, headline
 
+    if _checkpoint_task(checkpoint) == "lm":
+        _evaluate_lm(
+            checkpoint,
+            split,
+            device,
+            data_dir,
+            settings,
+            batch_size,
+            max_docs,
+            max_tokens,
+            json_out,
+        )
+        return
     try:
         if batches is not None and batches < 1:
             raise ValueError(f"--batches must be >= 1, got {batches}")
@@ -287,6 +342,80 @@ def evaluate(
         raise _fail(str(err)) from None
     typer.echo(f"{split} {headline(task, metrics)}")
     typer.echo("  " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+
+
+def _checkpoint_task(path: Path) -> str | None:
+    """The task a checkpoint was trained on (from its metadata), or None when unreadable."""
+    import json
+
+    from .training.checkpoint import META_SUFFIX, resolve_checkpoint
+
+    try:
+        directory, name = resolve_checkpoint(path)
+        return json.loads((directory / f"{name}{META_SUFFIX}").read_text()).get("task")
+    except Exception:  # noqa: BLE001 - the regular path reports what is wrong
+        return None
+
+
+def _evaluate_lm(
+    checkpoint: Path,
+    split: str,
+    device: str,
+    data_dir: Path | None,
+    settings: list[str],
+    batch_size: int | None,
+    max_docs: int | None,
+    max_tokens: int | None,
+    json_out: Path | None,
+) -> None:
+    import dataclasses
+    import json
+
+    from .config import ModelConfig
+    from .training.config import parse_overrides, split_assignment
+    from .training.lm_task import evaluate_lm_checkpoint
+
+    try:
+        for name, value in (("batch-size", batch_size), ("max-docs", max_docs)):
+            if value is not None and value < 1:
+                raise ValueError(f"--{name} must be >= 1, got {value}")
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"--max-tokens must be >= 1, got {max_tokens}")
+        items = dict(split_assignment(item) for item in settings)
+        overrides = parse_overrides(ModelConfig, items, "model")
+        run = evaluate_lm_checkpoint(
+            checkpoint,
+            data_dir=data_dir,
+            split=split,
+            overrides=overrides,
+            batch_size=batch_size,
+            max_docs=max_docs,
+            max_tokens=max_tokens,
+            device=device,
+        )
+    except _user_errors() as err:
+        raise _fail(str(err)) from None
+    r = run.result
+    typer.echo(
+        f"{split} of {run.data}: ppl {r.perplexity:.3f}, bits/byte {r.bits_per_byte:.4f}, "
+        f"loss {r.loss:.4f} nats/token over {r.num_tokens:,} tokens in {r.num_docs} documents "
+        f"({r.seconds:.1f} s)"
+    )
+    if overrides:
+        typer.echo("  evaluation memory: " + ", ".join(f"{k}={v}" for k, v in overrides.items()))
+    if json_out is not None:
+        payload = {
+            "checkpoint": str(checkpoint),
+            "data": run.data,
+            "split": split,
+            "tokenizer": run.tokenizer,
+            "overrides": overrides,
+            "model_config": run.model_config.to_dict(),
+            **dataclasses.asdict(r),
+        }
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(payload, indent=1))
+        typer.echo(f"  wrote {json_out}")
 
 
 # --------------------------------------------------------------------------- generate

@@ -204,8 +204,14 @@ class LanguageModelTask(Task):
 
     @classmethod
     def check_configs(cls, train_cfg: TrainConfig, model_cfg: Any) -> None:
-        if train_cfg.batch_size % (train_cfg.grad_accum) != 0:
-            raise ValueError("batch_size must be divisible by grad_accum")
+        """Cheap checks before any work: the corpus layout exists, the vocabulary fits."""
+        corpus_dir = resolve_corpus_dir(train_cfg.data_dir)
+        for split in LM_SPLITS:
+            folder = corpus_dir / split
+            if not folder.is_dir():
+                raise FileNotFoundError(f"split folder not found: {folder}")
+            if not any(p.is_file() for p in folder.glob("*.txt")):
+                raise ValueError(f"no .txt files in {folder}")
         if model_cfg.vocab_size < 2:
             raise ValueError(f"vocab_size must be >= 2, got {model_cfg.vocab_size}")
 
