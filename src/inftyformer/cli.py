@@ -124,7 +124,7 @@ def build_configs(
 
     model = model or DEFAULT_MODEL
     train_values.setdefault("out_dir", _default_out_dir(task, model))
-    train_cfg = TrainConfig(task=task, **train_values)
+    train_cfg = TrainConfig(task=task, **{**task_cls.train_defaults(), **train_values})
     model_cfg = ModelConfig.preset(
         preset or DEFAULT_PRESET,
         model_type=model,
@@ -178,29 +178,29 @@ def train(
         help=f"lm: gpt2 (GPT-2 BPE), bytes (UTF-8 bytes, vocabulary 257) or a path to a "
         f"tokenizer.json (default: {_D.tokenizer}).",
     ),
-    steps: int | None = typer.Option(None, help=f"Optimiser steps (default: {_D.steps})."),
+    steps: int | None = typer.Option(None, help=f"Optimiser steps (sorting default: {_D.steps})."),
     batch_size: int | None = typer.Option(
         None,
         "--batch-size",
         "-b",
-        help=f"Global batch, all ranks and micro-batches (default: {_D.batch_size}).",
+        help=f"Global batch, all ranks and micro-batches (sorting default: {_D.batch_size}).",
     ),
     grad_accum: int | None = typer.Option(
         None, help=f"Micro-batches per step, gradient accumulation (default: {_D.grad_accum})."
     ),
     lr: float | None = typer.Option(
-        None, help=f"Peak learning rate of AdamW (default: {_D.lr:g})."
+        None, help=f"Peak learning rate of AdamW (sorting default: {_D.lr:g})."
     ),
     seed: int | None = typer.Option(
-        None, help=f"Seed of the data, the weights and sampling (default: {_D.seed})."
+        None, help=f"Seed of the data, the weights and sampling (sorting default: {_D.seed})."
     ),
     eval_every: int | None = typer.Option(
-        None, help=f"Steps between evaluations on valid (default: {_D.eval_every})."
+        None, help=f"Steps between evaluations on valid (sorting default: {_D.eval_every})."
     ),
     patience: int | None = typer.Option(
         None,
         help=f"Early stop after this many evaluations without improvement; 0: never "
-        f"(default: {_D.patience}).",
+        f"(sorting default: {_D.patience}).",
     ),
     device: str | None = typer.Option(None, help="cpu, cuda, cuda:N or auto (default: cpu)."),
     threads: int | None = typer.Option(None, help="torch CPU threads (0: torch's default)."),

@@ -90,7 +90,13 @@ class Task(ABC):
         self.model_cfg = model_cfg
         self.env = env
 
-    # ---- model side
+    # ---- defaults and model side
+    @classmethod
+    def train_defaults(cls) -> dict[str, Any]:
+        """TrainConfig values this task uses unless the user sets them (the CLI applies them
+        over the TrainConfig defaults, which are the sorting main job's)."""
+        return {}
+
     @classmethod
     def model_overrides(cls, train_cfg: TrainConfig) -> dict[str, Any]:
         """Model-config values the task imposes (e.g. its vocabulary size)."""

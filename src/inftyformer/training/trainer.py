@@ -196,13 +196,15 @@ class Trainer:
                 )
             checkpoint = load_checkpoint(self.out_dir / "last")
             self._check_resumable(checkpoint)
-        elif self.env.is_main and any(checkpoint_exists(self.out_dir, n) for n in RUN_FILES):
+        elif any(checkpoint_exists(self.out_dir, n) for n in RUN_FILES):
             if not overwrite:
                 raise FileExistsError(
                     f"{self.out_dir} already holds a run; pass --resume to continue it, "
                     "--overwrite to start over, or choose another --out-dir"
                 )
-            self._clear_run_dir()
+            barrier(self.env)  # every rank has looked before rank 0 clears
+            if self.env.is_main:
+                self._clear_run_dir()
         barrier(self.env)
 
         if train_cfg.threads:
@@ -275,6 +277,7 @@ class Trainer:
         """Write checkpoint `name` (rank 0 writes; every rank contributes its state)."""
         ranks = all_gather_object(self._rank_state(rng), self.env)
         if not self.env.is_main:
+            barrier(self.env)
             return
         opt_tensors, opt_info = flatten_optimizer(self.optimizer.state_dict())
         tensors = {f"model/{k}": v for k, v in self.model.state_dict().items()}
@@ -310,6 +313,7 @@ class Trainer:
             "ranks": rank_meta,
         }
         save_checkpoint(self.out_dir, name, tensors, meta)
+        barrier(self.env)  # nobody reads it before it is whole
 
     def _restore(self, ckpt: Checkpoint) -> None:
         meta = ckpt.meta
