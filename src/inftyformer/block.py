@@ -5,11 +5,11 @@ For a call with layer inputs x [batch, L, d] and the layer's state:
 
 1. ∞-former only: the states that left the short-term memory (the oldest whole blocks of C
    states beyond m, `ShortTermMemory.flush`; block semantics in `short_term_memory.py`) are
-   kept in the short-term state until the start of the next call, and only then, LN(them) enter
-   the long-term memory (`LongTermMemory.update`: first fit or squeeze-resample-refit) INSIDE
-   that call's forward, so the CNN gate and the fit are in the graph of the step whose queries
-   read them. (Updating at the end of the previous call would leave the gate without gradient:
-   the memory is detached between calls.)
+   kept in the short-term state until the start of the next call. Only then do they enter the
+   long-term memory (`LongTermMemory.update`: first fit or squeeze-resample-refit), detached and
+   normalised by a LayerNorm without parameters, INSIDE that call's forward: the CNN gate and the
+   fit are in the graph of the step whose queries read them. (Updating at the end of the
+   previous call would leave the gate without gradient: the memory is detached between calls.)
 2. Self-attention of LN(x) over LN([compressed ; short-term ; x]) with relative positions;
    ∞-former: + the continuous read of the long-term memory with the same queries W_q LN(x)
    (no relative terms), added to the attention output before the residual:
@@ -218,7 +218,13 @@ class MemoryBlock(nn.Module):
         C = self.short_term.block_len
         for j in range(leaving.shape[1] // C):  # at most a couple of blocks
             rows = count > j * C  # [batch]
-            chunk = self.norm_attention(leaving[:, j * C : (j + 1) * C])  # [batch, C, d]
+            # parameter-free LayerNorm: the stored signal has a fixed scale, and the detached
+            # input needs no gradient (the CNN gate's weights get theirs all the same)
+            chunk = F.layer_norm(
+                leaving[:, j * C : (j + 1) * C],
+                (self.config.d_model,),
+                eps=self.config.layer_norm_eps,
+            )  # [batch, C, d]
             updated = self.long_term_memory.update(long_term, chunk, generator)
             if not bool(rows.all()):  # rows in another phase keep their memory
                 updated = LongTermState(

@@ -71,13 +71,14 @@ class LongTermAttention(nn.Module):
         B = state.coefficients.to(query.dtype)  # [batch, N, e]
         q = self.query(query) if self.query is not None else query
         q = q.view(batch, num_q, H, d).transpose(1, 2)  # [batch, H, Q, d]
-        k = self.key(B).view(batch, -1, H, d).transpose(1, 2)  # K = B W^K  [batch, H, N, d]
         v = self.value(B).view(batch, -1, H, d).transpose(1, 2)  # V = B W^V  [batch, H, N, d]
 
-        # The scores s = K q / √d [batch, H, Q, N] only ever enter through w_μᵀ s and w_σᵀ s, and
-        # w_μᵀ s = qᵀ (Kᵀ w_μ) / √d: fold the two heads into K first and never build s.
+        # The scores s = K q / √d [batch, H, Q, N], K = B W^K, only ever enter through w_μᵀ s and
+        # w_σᵀ s, and w_μᵀ s = qᵀ (Kᵀ w_μ) / √d = qᵀ W^Kᵀ (Bᵀ w_μ) / √d (W^K has no bias): fold
+        # the two heads into B first, so that neither s nor K [batch, N, e] is ever built.
         w = torch.cat([self.mu_head.weight, self.sigma_head.weight])  # [2, N]
-        k_heads = torch.einsum("bhnd,mn->bhdm", k, w) / math.sqrt(d)  # [batch, H, d, 2]
+        k_folded = self.key(torch.matmul(w, B))  # (wᵀ B) W^K  [batch, 2, e]
+        k_heads = k_folded.view(batch, 2, H, d).permute(0, 2, 3, 1) / math.sqrt(d)  # [b, H, d, 2]
         logits = torch.matmul(q, k_heads)  # [w_μᵀ s, w_σᵀ s]  [batch, H, Q, 2]
         mu = torch.sigmoid(logits[..., 0] + self.mu_head.bias)  # μ ∈ (0, 1)  [batch, H, Q]
         sigma_sq = F.softplus(logits[..., 1] + self.sigma_head.bias).clamp(min=c.min_sigma_sq)

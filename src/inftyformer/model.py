@@ -97,7 +97,7 @@ class MemoryLM(nn.Module):
                         f"state.layers[{i}].{name} is on {t.device}, the model on "
                         f"{self._param.device}: use state.to(device)"
                     )
-                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                if t.is_floating_point() and not _all_finite(t):
                     raise ValueError(f"state.layers[{i}].{name} contains NaN or inf values")
 
     # ------------------------------------------------------------------ inputs
@@ -213,6 +213,14 @@ class MemoryLM(nn.Module):
                 loss = loss + zero
             output.loss, output.lm_loss, output.token_loss = loss, lm_loss, token_loss
         return output
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """One reduction instead of a full boolean mask: a NaN or inf anywhere makes the sum
+    non-finite; a finite tensor whose sum overflows is checked element by element."""
+    if t.numel() == 0 or bool(torch.isfinite(t.sum())):
+        return True
+    return bool(torch.isfinite(t).all())
 
 
 def _layer_tensors(layer: LayerState):
