@@ -1,0 +1,572 @@
+"""Speed and memory of the four models on one backbone (transformer, xl, compressive, infty).
+
+    python benchmarks/bench_models.py            # full run (≈ 15–25 min on 2 shared cores)
+    python benchmarks/bench_models.py --quick    # < 1 min: cpu-small only, short histories
+
+Writes docs/benchmarks/models.{json,md,png}:
+
+1. Throughput at two sizes (cpu-small and a larger one), all four models with the same backbone
+   size: training tokens/s (forward + backward + Adam step), inference tokens/s (eval forward,
+   no grad), peak RSS of a fresh process running a few training steps, and the ∞-former's step
+   time over Transformer-XL's. The four models are timed round-robin in one process (ratios
+   within one run), medians of repeats.
+2. Per-segment inference time as the processed history grows (1K tokens → up to 1M): XL, the
+   compressive model and the ∞-former stream side by side, one segment each in turn.
+3. What attending to the full history would cost instead: one vanilla-transformer forward over
+   the whole context, and one segment with the whole history as cached keys/values (XL with
+   mem_len = history), timed at growing lengths until too slow, then extrapolated with a fit of
+   a·n + b·n² (resp. a + b·n) — extrapolated points are marked as such.
+
+Every measurement runs in a fresh subprocess (`_common.run_worker`): its own peak RSS, no
+allocator state carried between measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import _common as common
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT_DIR = ROOT / "docs" / "benchmarks"
+MODEL_TYPES = ("transformer", "xl", "compressive", "infty")
+STREAMED = ("xl", "compressive", "infty")
+VOCAB = 256  # a small LM vocabulary; the sorting task uses 22
+
+SIZES: dict[str, dict[str, Any]] = {
+    "cpu-small": dict(preset="cpu-small", batch=8, overrides={}),
+    "larger": dict(
+        preset="cpu-small",
+        batch=4,
+        overrides=dict(
+            d_model=256,
+            n_layers=4,
+            n_heads=8,
+            d_ff=1024,
+            segment_len=256,
+            mem_len=256,
+            compressed_len=256,
+            num_basis=256,
+            num_samples=256,
+        ),
+    ),
+}
+
+
+def make_config(size: str, model_type: str, **extra):
+    from inftyformer import ModelConfig
+
+    spec = SIZES[size]
+    overrides = dict(spec["overrides"], vocab_size=VOCAB, dropout=0.0, **extra)
+    return ModelConfig.preset(spec["preset"], model_type=model_type, **overrides)
+
+
+def _setup(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+
+
+# ----------------------------------------------------------------------------- workers
+def worker_throughput(args: dict[str, Any]) -> dict[str, Any]:
+    """All four models of one size in this process; training and inference steps timed
+    round-robin. Each model streams its own segments (the memory is full after warm-up)."""
+    import torch
+
+    from inftyformer import MemoryLM
+
+    _setup(args["threads"])
+    size, batch = args["size"], SIZES[args["size"]]["batch"]
+    g = torch.Generator().manual_seed(0)
+    models, optims, states = {}, {}, {}
+    for mt in MODEL_TYPES:
+        torch.manual_seed(0)
+        models[mt] = MemoryLM(make_config(size, mt))
+        optims[mt] = torch.optim.Adam(models[mt].parameters(), lr=1e-4)
+        states[mt] = None
+    L = models["xl"].config.segment_len
+    tokens = torch.randint(0, VOCAB, (batch, L), generator=g)
+
+    def train_step(mt: str):
+        def run():
+            model, opt = models[mt], optims[mt]
+            model.train()
+            opt.zero_grad(set_to_none=True)
+            out = model(tokens, states[mt], targets=tokens)
+            out.loss.backward()
+            opt.step()
+            states[mt] = out.state
+
+        return run
+
+    def infer_step(mt: str):
+        def run():
+            model = models[mt]
+            model.eval()
+            with torch.no_grad():
+                states[mt] = model(tokens, states[mt]).state
+
+        return run
+
+    warmup = args["warmup"]  # ≥ 4: memories fill and overflow, G matrices are built
+    train = common.interleaved(
+        {mt: train_step(mt) for mt in MODEL_TYPES}, args["repeats"], warmup=warmup
+    )
+    infer = common.interleaved(
+        {mt: infer_step(mt) for mt in MODEL_TYPES}, args["repeats"], warmup=warmup
+    )
+    rows = {}
+    for mt in MODEL_TYPES:
+        tr, inf = common.summarize(train[mt]), common.summarize(infer[mt])
+        rows[mt] = {
+            "params": sum(p.numel() for p in models[mt].parameters()),
+            "train_step": tr,
+            "infer_step": inf,
+            "train_tokens_per_s": batch * L / (tr["median_ms"] / 1000),
+            "infer_tokens_per_s": batch * L / (inf["median_ms"] / 1000),
+            # per-repeat ratios (same round) are more robust than a ratio of medians
+            "train_ratio_to_xl": statistics.median(
+                a / b for a, b in zip(train[mt], train["xl"], strict=True)
+            ),
+            "infer_ratio_to_xl": statistics.median(
+                a / b for a, b in zip(infer[mt], infer["xl"], strict=True)
+            ),
+        }
+    return {"size": size, "batch": batch, "segment_len": L, "models": rows}
+
+
+def worker_rss(args: dict[str, Any]) -> dict[str, Any]:
+    """Peak RSS of a fresh process training one model for a few steps."""
+    import torch
+
+    from inftyformer import MemoryLM
+
+    _setup(args["threads"])
+    base = common.peak_rss_mb()
+    model = MemoryLM(make_config(args["size"], args["model_type"]))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    batch, L = SIZES[args["size"]]["batch"], model.config.segment_len
+    tokens = torch.randint(0, VOCAB, (batch, L))
+    state = None
+    for _ in range(args["steps"]):
+        opt.zero_grad(set_to_none=True)
+        out = model(tokens, state, targets=tokens)
+        out.loss.backward()
+        opt.step()
+        state = out.state
+    return {"peak_rss_mb": common.peak_rss_mb(), "before_model_mb": base}
+
+
+def worker_history(args: dict[str, Any]) -> dict[str, Any]:
+    """Stream up to `max_history` tokens (batch 1, eval) through XL, compressive and ∞-former,
+    one segment of each in turn; per-segment times around each milestone."""
+    import torch
+
+    from inftyformer import MemoryLM
+
+    _setup(args["threads"])
+    models = {mt: MemoryLM(make_config("cpu-small", mt)).eval() for mt in STREAMED}
+    L = models["xl"].config.segment_len
+    milestones = args["milestones"]
+    window = args["window"]  # segments timed per milestone (the ones just before it)
+    g = torch.Generator().manual_seed(0)
+    states = {mt: None for mt in STREAMED}
+    times = {mt: [] for mt in STREAMED}
+    result = {mt: [] for mt in STREAMED}
+    total_segments = milestones[-1] // L
+    wall = time.perf_counter()
+    with torch.no_grad():
+        for s in range(total_segments):
+            tokens = torch.randint(0, VOCAB, (1, L), generator=g)
+            for mt in STREAMED:
+                start = time.perf_counter()
+                states[mt] = models[mt](tokens, states[mt]).state
+                times[mt].append(time.perf_counter() - start)
+            history = (s + 1) * L
+            if history in milestones:
+                for mt in STREAMED:
+                    summary = common.summarize(times[mt][-window:])
+                    result[mt].append({"history_tokens": history, **summary})
+                    times[mt] = []  # keep memory flat for a 1M-token run
+    return {
+        "segment_len": L,
+        "batch": 1,
+        "models": result,
+        "wall_s": time.perf_counter() - wall,
+    }
+
+
+def worker_full(args: dict[str, Any]) -> dict[str, Any]:
+    """Attending to the whole history: (a) a vanilla-transformer forward over n tokens,
+    (b) one segment of L tokens over a cache of n states (XL with mem_len = n)."""
+    import torch
+
+    from inftyformer import MemoryLM
+
+    _setup(args["threads"])
+    limit_s, reps = args["limit_s"], args["repeats"]
+    L = make_config("cpu-small", "xl").segment_len
+    out: dict[str, list] = {"full_forward": [], "cached_segment": []}
+    with torch.no_grad():
+        for n in args["full_lengths"]:
+            torch.manual_seed(0)
+            model = MemoryLM(make_config("cpu-small", "transformer", segment_len=n)).eval()
+            tokens = torch.randint(0, VOCAB, (1, n))
+            model(tokens)  # warm-up
+            t = [common.timed(lambda m=model, x=tokens: m(x)) for _ in range(reps)]
+            out["full_forward"].append({"context": n, **common.summarize(t)})
+            if statistics.median(t) > limit_s:
+                break
+        for n in args["cached_lengths"]:
+            torch.manual_seed(0)
+            model = MemoryLM(make_config("cpu-small", "xl", mem_len=n)).eval()
+            state = model.init_state(1)
+            # a full cache of n states per layer, as after streaming n tokens
+            for layer in state.layers:
+                layer.short_term.memory = torch.randn(1, n, model.config.d_model)
+                layer.short_term.length = torch.full((1,), n)
+            tokens = torch.randint(0, VOCAB, (1, L))
+            model(tokens, state)
+            t = [common.timed(lambda m=model, x=tokens, s=state: m(x, s)) for _ in range(reps)]
+            out["cached_segment"].append({"history_tokens": n, **common.summarize(t)})
+            if statistics.median(t) > limit_s:
+                break
+    return out
+
+
+WORKERS = {
+    "throughput": worker_throughput,
+    "rss": worker_rss,
+    "history": worker_history,
+    "full": worker_full,
+}
+
+
+# ----------------------------------------------------------------------------- analysis
+def fit(xs: list[float], ys: list[float], powers: tuple[int, ...]) -> list[float]:
+    """Least squares y ≈ Σ c_k x^p_k with c_k ≥ 0 (coefficients clipped, refitted)."""
+    import numpy as np
+
+    X = np.array([[x**p for p in powers] for x in xs], dtype=float)
+    y = np.array(ys, dtype=float)
+    active = list(range(len(powers)))
+    coef = np.zeros(len(powers))
+    while active:
+        c, *_ = np.linalg.lstsq(X[:, active], y, rcond=None)
+        if (c >= 0).all():
+            coef[active] = c
+            break
+        active.pop(int(np.argmin(c)))
+    return coef.tolist()
+
+
+def extrapolate(points: list[dict], key: str, powers: tuple[int, ...], targets: list[int]):
+    xs = [p[key] for p in points]
+    ys = [p["median_ms"] for p in points]
+    coef = fit(xs[-4:], ys[-4:], powers)  # the largest sizes: the asymptotic regime
+    predicted = [
+        {key: n, "median_ms": sum(c * n**p for c, p in zip(coef, powers, strict=True))}
+        for n in targets
+        if n > xs[-1]
+    ]
+    return {"powers": list(powers), "coefficients_ms": coef, "fitted_on": xs[-4:]}, predicted
+
+
+# ----------------------------------------------------------------------------- report
+def markdown(result: dict[str, Any]) -> str:
+    fmt = common.fmt_ms
+    parts = [
+        "# Models: speed and memory",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+        common.machine_markdown(result["machine"]),
+        "",
+        "Same backbone size for all four models; training = forward + backward + Adam step, "
+        "inference = eval forward without gradients. Times are medians over interleaved repeats "
+        "(the models take turns, so the machine's load falls on all of them alike); ratios are "
+        "medians of per-round ratios. Peak RSS: a fresh process training that model alone for a "
+        "few steps (it includes ~the Python + torch baseline shown in brackets).",
+        "",
+        "## Throughput",
+    ]
+    for tp in result["throughput"]:
+        cfg = tp["config"]
+        parts += [
+            "",
+            f"### {tp['size']}: batch {tp['batch']}, segment {tp['segment_len']}, "
+            f"d_model {cfg['d_model']}, {cfg['n_layers']} layers, {cfg['n_heads']} heads, "
+            f"m {cfg['mem_len']}, N {cfg['num_basis']}, M {cfg['num_samples']}, "
+            f"n_cm {cfg['compressed_len']} (c {cfg['compression_rate']})",
+            "",
+        ]
+        rows = []
+        for mt in MODEL_TYPES:
+            r = tp["models"][mt]
+            rss = r.get("rss", {})
+            rows.append(
+                [
+                    mt,
+                    f"{r['params'] / 1e6:.2f}M",
+                    f"{r['train_tokens_per_s']:,.0f}",
+                    fmt(r["train_step"]["median_ms"]),
+                    f"{r['train_ratio_to_xl']:.2f}×",
+                    f"{r['infer_tokens_per_s']:,.0f}",
+                    f"{r['infer_ratio_to_xl']:.2f}×",
+                    f"{rss['peak_rss_mb']:.0f} ({rss['before_model_mb']:.0f})"
+                    if rss
+                    else "not measured (--quick)",
+                ]
+            )
+        parts.append(
+            common.markdown_table(
+                [
+                    "model",
+                    "params",
+                    "train tok/s",
+                    "train step ms",
+                    "train step / XL",
+                    "infer tok/s",
+                    "infer / XL",
+                    "peak RSS MiB",
+                ],
+                rows,
+            )
+        )
+    hist = result["history"]
+    parts += [
+        "",
+        "## Per-segment time as the history grows",
+        "",
+        f"cpu-small, batch 1, segment {hist['segment_len']}, inference. Each value is the median "
+        f"over the {result['settings']['window']} segments just before the history reached that "
+        f"many tokens; the three models stream side by side, one segment each in turn "
+        f"(total {hist['wall_s']:.0f} s).",
+        "",
+    ]
+    heads = ["history tokens"] + [f"{mt} ms" for mt in STREAMED]
+    rows = []
+    for i, point in enumerate(hist["models"]["xl"]):
+        rows.append(
+            [f"{point['history_tokens']:,}"]
+            + [fmt(hist["models"][mt][i]["median_ms"]) for mt in STREAMED]
+        )
+    parts.append(common.markdown_table(heads, rows))
+    full = result["full"]
+    parts += [
+        "",
+        "## What attending to the full history would cost",
+        "",
+        "(a) one vanilla-transformer forward over the whole context (what recomputing over the "
+        "full history costs per step); (b) one segment over a cache of the whole history (XL "
+        "with mem_len = history: the cheapest exact full attention). Measured until one call "
+        f"took more than {result['settings']['limit_s']} s, then extrapolated with a least-"
+        "squares fit on the largest measured sizes ((a) a·n + b·n², (b) a + b·n); *italic* = "
+        "extrapolated.",
+        "",
+    ]
+    heads = result["throughput"][0]["config"]["n_heads"]
+    seg = hist["segment_len"]
+
+    def gib(n_bytes: float) -> str:
+        return f"{n_bytes / 2**30:,.3g}"
+
+    rows = []
+    for key, label, xkey in (
+        ("full_forward", "(a) full forward", "context"),
+        ("cached_segment", "(b) cached segment", "history_tokens"),
+    ):
+        for extrapolated, points in ((False, full[key]), (True, full[key + "_extrapolated"])):
+            for p in points:
+                n = p[xkey]
+                scores = 4 * heads * (n * n if key == "full_forward" else seg * (n + seg))
+                t = fmt(p["median_ms"])
+                rows.append([label, f"{n:,}", f"*{t}*" if extrapolated else t, gib(scores)])
+    parts.append(
+        common.markdown_table(
+            ["variant", "context tokens", "ms per call", "score tensor GiB / layer"], rows
+        )
+    )
+    parts += ["", "## Summary", ""] + [f"- {line}" for line in result["summary"]]
+    return "\n".join(parts)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    plt = common.pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    hist = result["history"]["models"]
+    for mt, style in zip(STREAMED, ("o-", "s-", "^-"), strict=True):
+        xs = [p["history_tokens"] for p in hist[mt]]
+        ax.plot(xs, [p["median_ms"] for p in hist[mt]], style, label=f"{mt} (per segment)")
+    full = result["full"]
+    for key, label, xkey, color in (
+        ("full_forward", "vanilla, full forward over history", "context", "tab:red"),
+        ("cached_segment", "segment over cached full history", "history_tokens", "tab:purple"),
+    ):
+        xs = [p[xkey] for p in full[key]]
+        ax.plot(xs, [p["median_ms"] for p in full[key]], "x-", color=color, label=label)
+        ext = full[key + "_extrapolated"]
+        if ext:
+            ax.plot(
+                [xs[-1]] + [p[xkey] for p in ext],
+                [full[key][-1]["median_ms"]] + [p["median_ms"] for p in ext],
+                "x--",
+                color=color,
+                alpha=0.6,
+                label=label + " (extrapolated)",
+            )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("history (tokens)")
+    ax.set_ylabel(f"ms per call (batch 1, segment {result['history']['segment_len']})")
+    ax.set_title("Cost of the next segment as the processed history grows (cpu-small)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _log(t0: float, message: str) -> None:
+    print(f"[bench_models {time.perf_counter() - t0:5.0f} s] {message}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="< 1 min: a smoke-sized run")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    parser.add_argument("--max-history", type=int, default=None, help="tokens (default 1M)")
+    parser.add_argument("--out", type=Path, default=OUT_DIR)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-args", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        res = WORKERS[args.worker](json.loads(args.worker_args))
+        Path(args.worker_out).write_text(json.dumps(res))
+        return
+
+    quick = args.quick
+    sizes = ["cpu-small"] if quick else ["cpu-small", "larger"]
+    max_history = args.max_history or (4096 if quick else 1 << 20)
+    settings = {
+        "quick": quick,
+        "threads": args.threads,
+        "repeats": 3 if quick else 9,
+        "warmup": 4,  # the 3rd and 4th calls build the long-term design matrices
+        "rss_steps": 1 if quick else 3,
+        "window": 4 if quick else 16,
+        "limit_s": 0.5 if quick else 8.0,
+        "max_history": max_history,
+    }
+    script = Path(__file__).resolve()
+    t0 = time.perf_counter()
+    machine = common.machine_info()
+    machine["torch_threads"] = args.threads
+    throughput = []
+    for size in sizes:
+        _log(t0, f"throughput {size}")
+        tp = common.run_worker(
+            script,
+            "throughput",
+            dict(
+                size=size,
+                threads=args.threads,
+                repeats=settings["repeats"],
+                warmup=settings["warmup"],
+            ),
+        )
+        tp["config"] = make_config(size, "infty").to_dict()
+        for mt in ("xl", "infty") if quick else MODEL_TYPES:  # quick: the pair that matters
+            _log(t0, f"peak RSS {size} {mt}")
+            tp["models"][mt]["rss"] = common.run_worker(
+                script,
+                "rss",
+                dict(size=size, model_type=mt, threads=args.threads, steps=settings["rss_steps"]),
+            )
+        throughput.append(tp)
+
+    milestones = [n for n in (2**k for k in range(10, 21)) if n <= max_history]
+    _log(t0, f"history up to {milestones[-1]:,} tokens")
+    history = common.run_worker(
+        script,
+        "history",
+        dict(threads=args.threads, milestones=milestones, window=settings["window"]),
+    )
+    # (a) materialises [heads, n, n] score tensors: 8K tokens already take ~1 GiB per tensor
+    full_lengths = [2**k for k in range(7, 12 if quick else 14)]
+    cached_lengths = [2**k for k in range(7, 12 if quick else 17)]
+    _log(t0, "full-history attention")
+    full = common.run_worker(
+        script,
+        "full",
+        dict(
+            threads=args.threads,
+            full_lengths=full_lengths,
+            cached_lengths=cached_lengths,
+            limit_s=settings["limit_s"],
+            repeats=3,
+        ),
+    )
+    targets = [8192, 65536, 1 << 20]
+    full["full_forward_fit"], full["full_forward_extrapolated"] = extrapolate(
+        full["full_forward"], "context", (1, 2), targets
+    )
+    full["cached_segment_fit"], full["cached_segment_extrapolated"] = extrapolate(
+        full["cached_segment"], "history_tokens", (0, 1), targets
+    )
+
+    summary = []
+    for tp in throughput:
+        r = tp["models"]
+        summary.append(
+            f"{tp['size']}: ∞-former training step = {r['infty']['train_ratio_to_xl']:.2f}× "
+            f"Transformer-XL's (inference {r['infty']['infer_ratio_to_xl']:.2f}×); compressive "
+            f"{r['compressive']['train_ratio_to_xl']:.2f}×; vanilla "
+            f"{r['transformer']['train_ratio_to_xl']:.2f}×."
+        )
+    for mt in STREAMED:
+        first, last = history["models"][mt][0], history["models"][mt][-1]
+        summary.append(
+            f"{mt}: {first['median_ms']:.1f} ms per segment at {first['history_tokens']:,} "
+            f"tokens of history, {last['median_ms']:.1f} ms at {last['history_tokens']:,} "
+            f"(ratio {last['median_ms'] / first['median_ms']:.2f})."
+        )
+    last_full = (full["full_forward"] + full["full_forward_extrapolated"])[-1]
+    last_cached = (full["cached_segment"] + full["cached_segment_extrapolated"])[-1]
+    measured_full = full["full_forward"][-1]["context"]
+    measured_cached = full["cached_segment"][-1]["history_tokens"]
+    summary.append(
+        f"full attention at {last_full['context']:,} tokens: a full forward "
+        f"≈ {last_full['median_ms'] / 1000:,.1f} s, one cached segment ≈ "
+        f"{last_cached['median_ms']:,.0f} ms "
+        f"({'extrapolated' if full['full_forward_extrapolated'] else 'measured'}; measured up to "
+        f"{measured_full:,} / {measured_cached:,} tokens)."
+    )
+    result = {
+        "command": common.command_line(),
+        "machine": machine,
+        "settings": settings,
+        "throughput": throughput,
+        "history": history,
+        "full": full,
+        "summary": summary,
+        "wall_s": None,
+    }
+    result["wall_s"] = time.perf_counter() - t0
+    out = args.out
+    common.write_json(out / "models.json", result)
+    common.write_text(out / "models.md", markdown(result))
+    plot(result, out / "models.png")
+    print("\n".join(summary))
+    print(f"[bench_models] wrote {out}/models.{{json,md,png}} in {result['wall_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
