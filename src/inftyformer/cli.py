@@ -114,6 +114,7 @@ def build_configs(
                 "drop --model or pick the right --out-dir"
             )
         train_values["out_dir"] = str(out_dir)
+        train_values.setdefault("halt_after", 0)  # a halt is for one session, not the run
         train_cfg = dataclasses.replace(saved_train, **train_values)
         if preset is not None:
             base = ModelConfig.preset(preset, model_type=saved_model["model_type"])
@@ -507,6 +508,7 @@ def bench(
     batch_size: int = typer.Option(8, help="Batch size."),
     steps: int = typer.Option(3, help="Timed training steps per model (after one warm-up)."),
     seed: int = typer.Option(0, help="Seed."),
+    threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
     args: list[str] = typer.Argument(None, help="Arguments passed to --script."),  # noqa: B008
 ) -> None:
     """Time training steps on the sorting task (tokens/s, s/step, parameters) for each model,
@@ -521,7 +523,13 @@ def bench(
             if name not in MODEL_CHOICES:
                 raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODEL_CHOICES)}")
         rows = quick_benchmark(
-            names, preset=preset, seq_len=seq_len, batch_size=batch_size, steps=steps, seed=seed
+            names,
+            preset=preset,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            steps=steps,
+            seed=seed,
+            threads=threads,
         )
     except _user_errors() as err:
         raise _fail(str(err)) from None
@@ -539,7 +547,7 @@ def _run_script(script: str, args: list[str]) -> int:
     name = script if script.endswith(".py") else f"{script}.py"
     path = root / "benchmarks" / name
     if not path.is_file():
-        available = sorted(p.stem for p in (root / "benchmarks").glob("*.py"))
+        available = sorted(p.stem for p in (root / "benchmarks").glob("[!_]*.py"))
         typer.secho(
             f"error: no benchmark script {path} (available: {', '.join(available) or 'none'}; "
             "scripts live in the source tree)",

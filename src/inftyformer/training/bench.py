@@ -21,12 +21,17 @@ def quick_benchmark(
     batch_size: int = 8,
     steps: int = 3,
     seed: int = 0,
+    threads: int = 0,
 ) -> list[dict[str, Any]]:
     """Time `steps` training steps (after one untimed warm-up step) per model type."""
     from ..config import ModelConfig
 
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    if threads < 0:
+        raise ValueError(f"threads must be >= 0, got {threads}")
+    if threads:
+        torch.set_num_threads(threads)
     rows = []
     env = DistEnv()
     for name in models:
