@@ -165,9 +165,15 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     out = Path(job["out"])
     done = out / "summary.json"
     if done.exists():
-        return json.loads(done.read_text())
+        summary = json.loads(done.read_text())
+        if "finished_at" not in summary:  # written by an older version of this script
+            summary["finished_at"] = done.stat().st_mtime
+            busy = summary["train_seconds"] + sum(summary["eval_seconds"].values())
+            summary["started_at"] = summary["finished_at"] - busy
+        return summary
     out.mkdir(parents=True, exist_ok=True)
     log = out / "log.txt"
+    started_at = time.time()
     settings = model_settings(setup, job["variant"], job["d_ff"])
     model_type = settings.pop("model_type")
     sets: list[str] = []
@@ -217,6 +223,8 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
         "train_seconds": train_seconds,
         "eval_seconds": eval_seconds,
         "train_tokens": setup.steps * setup.batch_size * setup.segment_len,
+        "started_at": started_at,
+        "finished_at": time.time(),
         "final_train_loss": metrics.get("final_train_loss"),
         "valid_ppl": metrics.get("valid_ppl"),
         "evals": {
@@ -324,7 +332,7 @@ def profile(runs: list[dict[str, Any]], variant: str, name: str) -> tuple[list, 
     for i, start in enumerate(starts):
         vals = [p["mean_loss"][i] for p in profiles if p["start"][i] == start]
         stop = profiles[0]["stop"][i]
-        xs.append(math.sqrt(max(start, 0.5) * max(stop - 1, 0.5)) + 1)
+        xs.append(math.sqrt((start + 1) * stop))  # geometric middle of 1 + position
         ys.append(statistics.fmean(vals) / math.log(2))
     return xs, ys
 
@@ -344,7 +352,7 @@ def plot(runs: list[dict[str, Any]], setup: Setup, path: Path) -> None:
                 ax.plot(xs, ys, marker="o", markersize=3, label=LABELS[variant])
         ax.set_xscale("log", base=2)
         ax.axvline(setup.segment_len, color="grey", lw=0.8, ls=":")
-        ax.set_xlabel("position of the byte in its document (log scale)")
+        ax.set_xlabel("1 + position of the byte in its document (log scale)")
         ax.set_ylabel("mean loss (bits per byte)")
         title = "pg19-mini test books" if name == "test" else "WikiText-103 test (out of domain)"
         ax.set_title(title)
@@ -550,6 +558,9 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
     minutes = (time.perf_counter() - start) / 60
+    if runs:  # wall-clock span of the runs, also when some were done by an earlier invocation
+        span = max(r["finished_at"] for r in runs) - min(r["started_at"] for r in runs)
+        minutes = max(minutes, span / 60)
 
     from _common import command_line, machine_info
 
