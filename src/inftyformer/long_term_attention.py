@@ -101,6 +101,7 @@ class LongTermAttention(nn.Module):
         block = num_q
         if self.query_block_elements is not None:
             block = max(1, self.query_block_elements // max(1, batch * heads * v.shape[-2]))
+            block = -(-num_q // -(-num_q // block))  # even blocks: no small remainder block
         if block >= num_q:
             return torch.matmul(continuous_softmax(mu, sigma_sq, self.basis), v)
         return torch.cat(
