@@ -44,6 +44,8 @@ except ImportError:
     import _common as common
 
 from inftyformer import LongTermAttention, LongTermConfig, LongTermMemory, LongTermState
+from inftyformer._checks import check_finite
+from inftyformer.continuous_softmax import variance_kl
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).resolve()
@@ -53,6 +55,7 @@ SCRIPT = Path(__file__).resolve()
 AUTHORS_MS = {1: (250.0, 340.0), 8: (1700.0, 2500.0)}
 
 HISTORY_CONFIG = dict(batch=4, length=512, num_basis=256, dim=300, heads=6, num_samples=512)
+BLOCK_DEFAULT = LongTermAttention.query_block_elements
 PAPER_CONFIG = dict(dim=300, heads=6, num_basis=512, num_samples=512, length=1024)
 
 
@@ -127,6 +130,44 @@ class NaiveLongTerm:
         (context.sum() + kl).backward()
 
 
+# =============================================================================== initial version
+def initial_continuous_softmax(mu: torch.Tensor, sigma_sq: torch.Tensor, basis) -> torch.Tensor:
+    """`continuous_softmax` as first committed (63e5d4a), for the before/after comparison."""
+    c = basis.center_grid.to(device=mu.device, dtype=mu.dtype)
+    w_sq = basis.width_grid.to(device=mu.device, dtype=mu.dtype) ** 2
+    var = sigma_sq.unsqueeze(-1) + w_sq
+    coef = (-0.5 / var).unsqueeze(-1)
+    log_norm = (-0.5 * torch.log(2.0 * math.pi * var)).unsqueeze(-1)
+    dist_sq = ((mu.unsqueeze(-1) - c) ** 2).unsqueeze(-2)
+    return torch.exp(torch.addcmul(log_norm, coef, dist_sq)).flatten(-2)
+
+
+def initial_attention(att: LongTermAttention, query: torch.Tensor, state: LongTermState):
+    """`LongTermAttention.forward` as first committed (63e5d4a): K = B W^K built, then folded with
+    w_μ, w_σ; the continuous softmax over the whole [B, H, Q, N] at once. Returns (context, kl)."""
+    c = att.config
+    check_finite("query", query)
+    batch, num_q, _ = query.shape
+    H, d = c.num_heads, c.head_dim
+    B = state.coefficients.to(query.dtype)
+    q = att.query(query) if att.query is not None else query
+    q = q.view(batch, num_q, H, d).transpose(1, 2)
+    k = att.key(B).view(batch, -1, H, d).transpose(1, 2)
+    v = att.value(B).view(batch, -1, H, d).transpose(1, 2)
+    w = torch.cat([att.mu_head.weight, att.sigma_head.weight])
+    k_heads = torch.einsum("bhnd,mn->bhdm", k, w) / math.sqrt(d)
+    logits = torch.matmul(q, k_heads)
+    mu = torch.sigmoid(logits[..., 0] + att.mu_head.bias)
+    sigma_sq = F.softplus(logits[..., 1] + att.sigma_head.bias).clamp(min=c.min_sigma_sq)
+    r = initial_continuous_softmax(mu, sigma_sq, att.basis)
+    z = torch.matmul(r, v).transpose(1, 2).reshape(batch, num_q, H * d)
+    filled = (~state.empty).to(device=query.device, dtype=query.dtype)
+    context = att.out(z) * filled[:, None, None]
+    kl_rows = variance_kl(sigma_sq, c.sigma_0).mean(dim=(1, 2))
+    kl = (kl_rows * filled).sum() / filled.sum().clamp(min=1.0)
+    return context, kl
+
+
 # =============================================================================== helpers
 def build(dim: int, heads: int, num_basis: int, num_samples: int, dtype=torch.float32):
     cfg = LongTermConfig(dim=dim, num_heads=heads, num_basis=num_basis, num_samples=num_samples)
@@ -157,7 +198,12 @@ def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # =============================================================================== workers
 def worker_history(args: dict[str, Any]) -> dict[str, Any]:
-    """Stream one batch of streams through `total` segments; time every segment."""
+    """Stream one batch of streams through `total` segments and time every segment.
+
+    Around each milestone, every stream segment is paired with a *reference* segment: the same
+    step applied to the state saved after the first segment (512 tokens of history), timed right
+    before or after it. The load of a shared machine changes over a long stream; the ratio
+    stream / reference at each milestone does not depend on it."""
     cfg = HISTORY_CONFIG
     torch.manual_seed(0)
     B, L, e = cfg["batch"], cfg["length"], cfg["dim"]
@@ -174,7 +220,9 @@ def worker_history(args: dict[str, Any]) -> dict[str, Any]:
     for k in centers:
         lo = max(1, k - window // 2)  # segment 0 is the first fit (another code path)
         windows.append(list(range(lo, lo + window)))
-    total = max(w[-1] for w in windows) + 1
+    in_window = {k for w in windows for k in w}
+    window_ends = {w[-1] for w in windows}
+    total = max(window_ends) + 1
 
     # warm-up on a throw-away stream (threads, allocator, caches of G)
     state = mem.init_state(B)
@@ -183,18 +231,30 @@ def worker_history(args: dict[str, Any]) -> dict[str, Any]:
         clear_grads(mem, att, *qs)
     rss_before = common.rss_mb()
 
+    def reference(x, q):
+        library_step(mem, att, ref_state, x, q)
+
     state = mem.init_state(B)
-    times, rss = [], []
+    ref_state = None
+    times, ref_times, rss = [], {}, []
     start = time.perf_counter()
     for k in range(total):
         x, q = xs[k % pool], qs[k % pool]
+        if k in in_window and k % 2:
+            ref_times[k] = common.timed(lambda x=x, q=q: reference(x, q))
+            clear_grads(mem, att, q)
         t0 = time.perf_counter()
         new_state = library_step(mem, att, state, x, q)
         times.append(time.perf_counter() - t0)
         state = new_state.detach()  # as a model keeps it across segments
         clear_grads(mem, att, q)
+        if k == 0:
+            ref_state = state  # 512 tokens of history
+        if k in in_window and not k % 2:
+            ref_times[k] = common.timed(lambda x=x, q=q: reference(x, q))
+            clear_grads(mem, att, q)
         rss.append(common.rss_mb())
-        if k + 1 in {w[-1] + 1 for w in windows}:
+        if k in window_ends:
             print(
                 f"  history: {(k + 1) * L:>9,d} tokens, {time.perf_counter() - start:6.1f} s, "
                 f"last {1000 * times[-1]:.0f} ms",
@@ -206,6 +266,8 @@ def worker_history(args: dict[str, Any]) -> dict[str, Any]:
     results = []
     for m, k, w in zip(milestones, centers, windows, strict=True):
         s = common.summarize([times[i] for i in w])
+        r = common.summarize([ref_times[i] for i in w])
+        ratios = sorted(times[i] / ref_times[i] for i in w)
         results.append(
             dict(
                 tokens=m,
@@ -215,8 +277,13 @@ def worker_history(args: dict[str, Any]) -> dict[str, Any]:
                 history_tokens_range=[(w[0] + 1) * L, (w[-1] + 1) * L],
                 rss_mb=rss[k],
                 **s,
+                reference_median_ms=r["median_ms"],
+                median_ratio_to_reference=ratios[len(ratios) // 2]
+                if len(ratios) % 2
+                else 0.5 * (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]),
             )
         )
+    first, last = results[0], results[-1]
     return dict(
         config=cfg,
         segments=total,
@@ -224,10 +291,13 @@ def worker_history(args: dict[str, Any]) -> dict[str, Any]:
         window=window,
         stream_seconds=time.perf_counter() - start,
         milestones=results,
-        ratio_last_over_first=results[-1]["median_ms"] / results[0]["median_ms"],
+        ratio_last_over_first=last["median_ms"] / first["median_ms"],
+        ratio_last_over_first_load_corrected=last["median_ratio_to_reference"]
+        / first["median_ratio_to_reference"],
         rss_mb_after_warmup=rss_before,
         peak_rss_mb=common.peak_rss_mb(),
         per_segment_ms=[1000 * t for t in times],
+        reference_ms={str(k): 1000 * t for k, t in ref_times.items()},
         rss_mb_per_segment=rss,
         machine=common.machine_info(),
     )
@@ -240,7 +310,7 @@ def worker_paper(args: dict[str, Any]) -> dict[str, Any]:
     mem, att = build(cfg["dim"], cfg["heads"], cfg["num_basis"], cfg["num_samples"])
     naive = NaiveLongTerm(mem, att)
     L, e = cfg["length"], cfg["dim"]
-    block_default = LongTermAttention.query_block_elements
+    block_default = BLOCK_DEFAULT
     out: dict[str, Any] = {"config": cfg, "batches": {}}
     for B in args["batches"]:
         gen = torch.Generator().manual_seed(B)
@@ -251,6 +321,10 @@ def worker_paper(args: dict[str, Any]) -> dict[str, Any]:
         def run_library(block=block_default, state=state, x=x, q=q):
             att.query_block_elements = block
             library_step(mem, att, state, x, q)
+
+        def run_initial(state=state, x=x, q=q):
+            context, kl = initial_attention(att, q, mem.update(state, x))
+            (context.sum() + kl).backward()
 
         def run_update(state=state, x=x):
             mem.update(state, x).coefficients.sum().backward()
@@ -263,6 +337,7 @@ def worker_paper(args: dict[str, Any]) -> dict[str, Any]:
         variants = {
             "library": run_library,
             "library_one_block": lambda: run_library(None),
+            "initial": run_initial,
             "naive": lambda state=state, x=x, q=q: naive.step(state, x, q),
         }
         if args["breakdown"]:
@@ -298,12 +373,14 @@ def worker_paper(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def worker_verify(args: dict[str, Any]) -> dict[str, Any]:
-    """Blocked vs one-block (the implementation before blocking) and naive vs library."""
+    """The library vs the same with one block, vs the initial version, in float32 and float64,
+    and float32 vs float64 (the size of float32 rounding); then naive vs library."""
     cfg = PAPER_CONFIG
     B, L = args["batch"], cfg["length"]
     res: dict[str, Any] = {"batch": B, "shapes": cfg}
+    outs: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
     for dtype in (torch.float32, torch.float64):
-        torch.manual_seed(0)
+        torch.manual_seed(0)  # same parameters and inputs in both dtypes
         mem, att = build(cfg["dim"], cfg["heads"], cfg["num_basis"], cfg["num_samples"], dtype)
         gen = torch.Generator().manual_seed(3)
         state = mem.update(
@@ -311,22 +388,32 @@ def worker_verify(args: dict[str, Any]) -> dict[str, Any]:
         ).detach()
         x = torch.randn(B, L, cfg["dim"], generator=gen).to(dtype)
         q = torch.randn(B, L, cfg["dim"], generator=gen).to(dtype).requires_grad_()
-        outs = {}
-        for name, block in (("blocked", LongTermAttention.query_block_elements), ("one", None)):
-            att.query_block_elements = block
+        dname = str(dtype).split(".")[-1]
+        for name in ("library", "one_block", "initial"):
             clear_grads(mem, att, q)
-            o = att(q, mem.update(state, x))
-            (o.context.sum() + o.kl).backward()
-            outs[name] = {"context": o.context.detach(), "kl": o.kl.detach(), "q.grad": q.grad}
+            att.query_block_elements = None if name == "one_block" else BLOCK_DEFAULT
+            if name == "initial":
+                context, kl = initial_attention(att, q, mem.update(state, x))
+            else:
+                o = att(q, mem.update(state, x))
+                context, kl = o.context, o.kl
+            (context.sum() + kl).backward()
+            got = {"context": context.detach(), "kl": kl.detach(), "query.grad": q.grad}
             for mod, prefix in ((mem, "mem."), (att, "att.")):
                 for pname, p in mod.named_parameters():
-                    outs[name][prefix + pname + ".grad"] = p.grad
-        att.query_block_elements = LongTermAttention.query_block_elements
-        diffs = {k: rel_diff(outs["blocked"][k], outs["one"][k]) for k in outs["one"]}
-        res[f"blocked_vs_one_block_{str(dtype).split('.')[-1]}"] = {
-            "max": max(diffs.values()),
-            "per_tensor": diffs,
-        }
+                    got[prefix + pname + ".grad"] = p.grad
+            outs[f"{name}_{dname}"] = got
+        att.query_block_elements = BLOCK_DEFAULT
+    for a, b in (
+        ("library_float64", "one_block_float64"),
+        ("library_float64", "initial_float64"),
+        ("library_float32", "one_block_float32"),
+        ("library_float32", "initial_float32"),
+        ("initial_float32", "initial_float64"),
+        ("library_float32", "library_float64"),
+    ):
+        diffs = {k: rel_diff(outs[a][k], outs[b][k]) for k in outs[b]}
+        res[f"{a}_vs_{b}"] = {"max": max(diffs.values()), "per_tensor": diffs}
     # naive vs library (float32, same parameters and state)
     torch.manual_seed(0)
     mem, att = build(cfg["dim"], cfg["heads"], cfg["num_basis"], cfg["num_samples"])
@@ -364,6 +451,17 @@ def plot_history(hist: dict[str, Any], path: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=[3, 1.4])
     ax1.scatter(tokens[1:], ms[1:], s=4, alpha=0.35, color="tab:blue", label="each segment")
     ax1.scatter(tokens[:1], ms[:1], s=14, marker="x", color="gray", label="first fit (after reset)")
+    ref = {int(k): v for k, v in hist.get("reference_ms", {}).items()}
+    if ref:
+        ax1.scatter(
+            [tokens[k] for k in ref],
+            list(ref.values()),
+            s=10,
+            marker="^",
+            color="tab:orange",
+            alpha=0.7,
+            label="reference (same step on the 512-token state), timed alongside",
+        )
     run = _running_median(ms[1:], 31)
     ax1.plot(tokens[1:], run, color="tab:blue", lw=1.5, label="running median (31 segments)")
     for m in hist["milestones"]:
@@ -392,7 +490,8 @@ def plot_history(hist: dict[str, Any], path: Path) -> None:
         f"∞-former core vs processed history (B={c['batch']}, L={L}, N={c['num_basis']}, "
         f"e={c['dim']}, {c['heads']} heads, M={c['num_samples']})\n"
         f"t({_tok(hist['milestones'][-1]['tokens'])}) / t({_tok(hist['milestones'][0]['tokens'])})"
-        f" = {hist['ratio_last_over_first']:.2f}; medians with quartiles (red)",
+        f" = {hist['ratio_last_over_first']:.2f} (load-corrected "
+        f"{hist['ratio_last_over_first_load_corrected']:.2f}); medians with quartiles (red)",
         fontsize=10,
     )
     ax1.legend(loc="lower right", fontsize=8)
@@ -445,19 +544,32 @@ def render_markdown(res: dict[str, Any]) -> str:
             f"One batch of B={c['batch']} streams, segments of L={c['length']} tokens, "
             f"N={c['num_basis']}, e={c['dim']}, {c['heads']} heads, M={c['num_samples']}. All "
             f"{h['segments']} segments ({h['tokens']:,} tokens) are streamed in one process, the "
-            "state carried and detached after each segment; each segment is timed (update + "
-            "attention forward + backward of context.sum() + kl). Per milestone: the median of "
-            f"the {h['window']} segments around it. Stream wall time {h['stream_seconds']:.0f} s.",
+            "state carried and detached after each segment as a model does; every segment is "
+            "timed (update + attention forward + backward of context.sum() + kl). Per milestone: "
+            f"the median of the {h['window']} segments around it. Each of those is paired with a "
+            "*reference* segment timed next to it — the same step applied to the state saved "
+            "after the first segment (512 tokens) — so that the ratio stream / reference does "
+            "not depend on how loaded the shared machine was at that moment. Stream wall time "
+            f"{h['stream_seconds']:.0f} s.",
             "",
             common.markdown_table(
-                ["history", "segments timed", "median ms", "quartiles ms", "min ms", "RSS MiB"],
+                [
+                    "history",
+                    "segments",
+                    "median ms",
+                    "quartiles ms",
+                    "reference ms",
+                    "stream / reference",
+                    "RSS MiB",
+                ],
                 [
                     [
                         _tok(m["tokens"]),
                         f"{m['segments'][0]}–{m['segments'][1]}",
                         fm(m["median_ms"]),
                         f"{fm(m['q1_ms'])}–{fm(m['q3_ms'])}",
-                        fm(m["min_ms"]),
+                        fm(m["reference_median_ms"]),
+                        f"{m['median_ratio_to_reference']:.3f}",
                         f"{m['rss_mb']:.0f}",
                     ]
                     for m in h["milestones"]
@@ -465,155 +577,192 @@ def render_markdown(res: dict[str, Any]) -> str:
             ),
             "",
             f"**t({_tok(last['tokens'])}) / t({_tok(first['tokens'])}) = "
-            f"{h['ratio_last_over_first']:.2f}** (the memory costs N×e whatever the history). "
-            "Peak RSS of the whole process (VmHWM, includes torch): "
-            f"**{h['peak_rss_mb']:.0f} MiB**; "
-            f"RSS after warm-up {h['rss_mb_after_warmup']:.0f} MiB, at the end "
-            f"{h['rss_mb_per_segment'][-1]:.0f} MiB.",
+            f"{h['ratio_last_over_first']:.2f}** from the medians; "
+            f"**{h['ratio_last_over_first_load_corrected']:.2f}** corrected for load (ratio of "
+            "the stream / reference ratios). The memory costs N×e whatever the history, so the "
+            "time per segment does not grow. Peak RSS of the whole process (VmHWM, torch "
+            f"included): **{h['peak_rss_mb']:.0f} MiB**; RSS after warm-up "
+            f"{h['rss_mb_after_warmup']:.0f} MiB, at the end {h['rss_mb_per_segment'][-1]:.0f} "
+            "MiB (flat: no state or graph is kept across segments).",
             "",
             "![time per segment vs history](core_history.png)",
             "",
         ]
     if "paper" in res:
-        p = res["paper"]
-        c = PAPER_CONFIG
+        lines += _paper_markdown(res["paper"])
+    if "verify" in res:
+        lines += _verify_markdown(res["verify"])
+    lines += [
+        "## Changes to the core made for speed",
+        "",
+        "- `LongTermAttention` computes the continuous softmax and E_p[V] in blocks of queries "
+        "(`query_block_elements`, 2^21 elements ≈ 8 MB per [B, H, block, N] tensor) instead of "
+        "one [B, H, Q, N] tensor: same math, plain autograd. The blocks stay in cache and in "
+        "glibc's heap instead of being mmap'ed, page-faulted and unmapped every step "
+        "(compare *library* with *one block* above).",
+        "- `continuous_softmax` applies `exp` in place on the addcmul result (one full-size "
+        "allocation less, identical values and graph).",
+        "- (Commit 3f8effe, from the model work:) the w_μ, w_σ heads are folded into B before "
+        "W^K, so K = B W^K [B, N, e] is never built: identical math, one [N, e]×[e, e] product "
+        "and its backward less.",
+        "- Measured and not kept: a mul/add_/square form of the exponent (no gain beyond noise, "
+        "not bit-identical). Not attempted: a custom backward (excluded by design, SPEC §3).",
+        "- Where the time goes now (torch.profiler, B=8): the CNN gate's convolution and its "
+        "weight gradient, the ridge fit G_infᵀ[x̃; X] and its backward, the r·V products and "
+        "their backward (d = 50 makes these GEMMs thin), and the elementwise exp/addcmul "
+        "backward of the continuous softmax — each a sizeable share, none dominant.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+PAPER_VARIANTS = (
+    ("library", "**library**"),
+    ("library_one_block", "one block"),
+    ("initial", "initial (63e5d4a)"),
+    ("naive", "naive"),
+    ("library_update_only", "*update only*"),
+    ("library_attention_only", "*attention only*"),
+)
+
+
+def _paper_markdown(p: dict[str, Any]) -> list[str]:
+    fm = common.fmt_ms
+    c = PAPER_CONFIG
+    lines = [
+        "## Paper shapes: one update segment of one layer",
+        "",
+        f"e={c['dim']} ({c['heads']} heads × {c['dim'] // c['heads']}), N={c['num_basis']}, "
+        f"M={c['num_samples']}, {c['length']} new vectors and {c['length']} queries: "
+        "`LongTermMemory.update` (with the CNN gate) + `LongTermAttention` forward + backward "
+        "of context.sum() + kl, the memory already holding a signal. Variants, interleaved in "
+        "one process per allocator setting:",
+        "",
+        "- **library**: `inftyformer` as it is now (continuous softmax in blocks of queries);",
+        "- *one block*: the same with `query_block_elements = None` (the whole [B, H, Q, N] at "
+        "once);",
+        "- *initial (63e5d4a)*: the attention as first committed, copied into the benchmark "
+        "(K = B W^K built, one block, out-of-place exp);",
+        "- *naive*: written in the benchmark — scores [B, H, Q, N] materialised then "
+        "Linear(N, 1), a full-size Gaussian density per basis function, G from an explicit "
+        "float32 inverse, ψ(u) rebuilt each step;",
+        "- *update only* / *attention only*: the library's two halves alone.",
+        "",
+        "Authors' figures, same shapes on a similar 2-core CPU: "
+        f"{AUTHORS_MS[1][0]:.0f}–{AUTHORS_MS[1][1]:.0f} ms at B=1, "
+        f"{AUTHORS_MS[8][0] / 1000:.1f}–{AUTHORS_MS[8][1] / 1000:.1f} s at B=8.",
+        "",
+    ]
+    rows = []
+    for alloc, label in (("default", "glibc default"), ("tuned", "tuned malloc")):
+        for B, bres in p.get(alloc, {}).get("batches", {}).items():
+            v = bres["variants"]
+            for name, pretty in PAPER_VARIANTS:
+                if name not in v:
+                    continue
+                t = v[name]["median_ms"]
+                whole = not name.endswith("_only")
+                authors = ""
+                if int(B) in AUTHORS_MS and whole:
+                    a = AUTHORS_MS[int(B)]
+                    authors = f"{a[0] / t:.1f}–{a[1] / t:.1f}×"
+                rows.append(
+                    [
+                        B,
+                        label,
+                        pretty,
+                        f"**{fm(t)}**" if name == "library" else fm(t),
+                        f"{fm(v[name]['q1_ms'])}–{fm(v[name]['q3_ms'])}",
+                        f"{v['naive']['median_ms'] / t:.2f}×" if whole else "",
+                        f"{v['initial']['median_ms'] / t:.2f}×" if whole and "initial" in v else "",
+                        authors,
+                    ]
+                )
+    headers = ["B", "allocator", "variant", "median ms", "quartiles ms"]
+    headers += ["naive / this", "initial / this", "authors / this"]
+    lines += [common.markdown_table(headers, rows), ""]
+    reps = ", ".join(f"B={B}: {b['repeats']}" for B, b in p["default"]["batches"].items())
+    faults = "; ".join(
+        f"{a}: "
+        + ", ".join(f"B={B} {b['minor_faults_per_step']:,.0f}" for B, b in p[a]["batches"].items())
+        for a in ("default", "tuned")
+        if a in p
+    )
+    lines += [
+        f"Repeats per variant: {reps}. Tuned malloc: `{_env_str()}`. Minor page faults per "
+        f"timed call, averaged over all variants: {faults}.",
+        "",
+    ]
+    if "tuned" in p:
+        big = max(p["default"]["batches"], key=int)
+        d, t = p["default"]["batches"][big]["variants"], p["tuned"]["batches"][big]["variants"]
+        one_d, one_t = d["library_one_block"]["median_ms"], t["library_one_block"]["median_ms"]
+        lib_d, lib_t = d["library"]["median_ms"], t["library"]["median_ms"]
         lines += [
-            "## Paper shapes: one update segment of one layer",
-            "",
-            f"e={c['dim']} ({c['heads']} heads × {c['dim'] // c['heads']}), N={c['num_basis']}, "
-            f"M={c['num_samples']}, {c['length']} new vectors and {c['length']} queries: "
-            "`LongTermMemory.update` (with the CNN gate) + `LongTermAttention` forward + backward "
-            "of context.sum() + kl, memory already holding a signal. Variants:",
-            "",
-            "- **library**: `inftyformer` as committed (continuous softmax in blocks of queries);",
-            "- **one block**: the same with `query_block_elements = None` (the whole "
-            "[B, H, Q, N] at once, as before the blocking);",
-            "- **naive**: written in the benchmark — scores [B, H, Q, N] materialised then "
-            "Linear(N, 1), a full-size Gaussian density per basis function, G from an explicit "
-            "float32 inverse, ψ(u) rebuilt each step;",
-            "- *update only* / *attention only*: the library's two halves alone.",
-            "",
-            "Authors' figures (similar 2-core CPU): "
-            f"{AUTHORS_MS[1][0]:.0f}–{AUTHORS_MS[1][1]:.0f} ms "
-            f"at B=1, {AUTHORS_MS[8][0] / 1000:.1f}–{AUTHORS_MS[8][1] / 1000:.1f} s at B=8.",
-            "",
-        ]
-        rows = []
-        for alloc, label in (("default", "glibc default"), ("tuned", "tuned malloc")):
-            if alloc not in p:
-                continue
-            for B, bres in p[alloc]["batches"].items():
-                v = bres["variants"]
-                lib = v["library"]["median_ms"]
-                for name, pretty in (
-                    ("library", "library"),
-                    ("library_one_block", "one block"),
-                    ("naive", "naive"),
-                    ("library_update_only", "*update only*"),
-                    ("library_attention_only", "*attention only*"),
-                ):
-                    if name not in v:
-                        continue
-                    s = v[name]
-                    vs_naive = v["naive"]["median_ms"] / s["median_ms"]
-                    authors = ""
-                    if int(B) in AUTHORS_MS and not name.endswith("_only"):
-                        a = AUTHORS_MS[int(B)]
-                        authors = f"{a[0] / s['median_ms']:.1f}–{a[1] / s['median_ms']:.1f}×"
-                    rows.append(
-                        [
-                            B,
-                            label,
-                            pretty,
-                            f"**{fm(s['median_ms'])}**"
-                            if name == "library"
-                            else fm(s["median_ms"]),
-                            f"{fm(s['q1_ms'])}–{fm(s['q3_ms'])}",
-                            f"{vs_naive:.2f}×" if not name.endswith("_only") else "",
-                            f"{s['median_ms'] / lib:.2f}",
-                            authors,
-                        ]
-                    )
-        lines += [
-            common.markdown_table(
-                [
-                    "B",
-                    "allocator",
-                    "variant",
-                    "median ms",
-                    "quartiles ms",
-                    "speed-up vs naive",
-                    "time / library",
-                    "speed-up vs authors",
-                ],
-                rows,
-            ),
-            "",
-            "Repeats per variant (interleaved): "
-            + ", ".join(f"B={B}: {b['repeats']}" for B, b in p["default"]["batches"].items())
-            + f". Tuned malloc: `{_env_str()}`. Minor page faults per step (all variants): "
-            + ", ".join(
-                f"B={B} {p[a]['batches'][B]['minor_faults_per_step']:,.0f} ({a})"
-                for a in ("default", "tuned")
-                if a in p
-                for B in p[a]["batches"]
-            )
-            + ".",
-            "",
             "### Allocator tip",
             "",
-            "At B=8 the [B, H, Q, N] tensors of a one-block continuous softmax are ~100 MB each. "
-            "glibc serves such allocations with a fresh `mmap` and gives them back with `munmap`, "
-            "so every step page-faults them in again, which costs about half the step (compare "
-            "*one block* with the default and the tuned allocator above). The library now computes "
-            "the continuous softmax in blocks of queries (~8 MB intermediates, "
-            "`LongTermAttention.query_block_elements`), which stay in glibc's heap. Other large "
-            "CPU tensors (activations of big batches) still pay for it; on a Linux CPU machine, "
-            "run training with",
+            f"At B={big} the [B, H, Q, N] tensors of a one-block continuous softmax are "
+            f"~{int(big) * c['heads'] * c['length'] * c['num_basis'] * 4 / 2**20:.0f} MiB each. "
+            "glibc serves allocations that large with a fresh `mmap` and returns them with "
+            "`munmap` when freed, so every step page-faults them in again. Measured here at "
+            f"B={big}: one block takes {fm(one_d)} ms with glibc's defaults and {fm(one_t)} ms "
+            f"with raised thresholds ({one_d / one_t:.2f}×); the blocked library "
+            f"{fm(lib_d)} ms and {fm(lib_t)} ms ({lib_d / lib_t:.2f}×) — the blocking gets "
+            "most of the allocator gain without any setting. Other large CPU tensors (the "
+            "activations of big batches, the rest of a model) still pay for it, so on Linux "
+            "CPU machines run training and benchmarks with",
             "",
             "```sh",
             f"export {_env_str()}",
             "```",
             "",
-            "to keep freed memory in the heap (peak RSS grows by about what was being unmapped).",
+            "which keeps freed memory in the heap for reuse (peak RSS rises by about what was "
+            "being unmapped and mapped again).",
             "",
         ]
-    if "verify" in res:
-        v = res["verify"]
-        nv = v["naive_vs_library"]
-        lines += [
-            "## Checks",
-            "",
-            f"Same parameters and inputs, B={v['batch']}, paper shapes (max |a − b| / max |b| over "
-            "the context, the KL, the query gradient and every parameter gradient, CNN gate "
-            "included):",
-            "",
-            f"- blocked vs one block, float64: {v['blocked_vs_one_block_float64']['max']:.1e} "
-            "(same math);",
-            f"- blocked vs one block, float32: {v['blocked_vs_one_block_float32']['max']:.1e} "
-            "(only the accumulation order of the W^V gradient over blocks differs);",
-            f"- naive vs library attention context (float32): "
-            f"{nv['attention_context_rel_diff']:.1e};",
-            f"- naive vs library update (float32): {nv['update_coefficients_rel_diff']:.1e}, "
-            f"because the explicit float32 inverse of the naive G_inf is "
-            f"{nv['G_inf_float32_inverse_rel_error']:.1e} off (Frobenius) the float64 solve the "
-            "library uses.",
-            "",
-        ]
-    lines += [
-        "## Changes to the core made for speed",
+    return lines
+
+
+def _verify_markdown(v: dict[str, Any]) -> list[str]:
+    def line(key: str, what: str) -> str:
+        r = v[key]
+        nonzero = [k for k, x in r["per_tensor"].items() if x > 0]
+        where = (
+            "bit-identical"
+            if not nonzero
+            else "differs in "
+            + ", ".join(f"`{k}`" for k in nonzero[:6])
+            + (" …" if len(nonzero) > 6 else "")
+        )
+        return f"- {what}: **{r['max']:.1e}** ({where})"
+
+    nv = v["naive_vs_library"]
+    return [
+        "## Checks",
         "",
-        "- `LongTermAttention` computes the continuous softmax and E_p[V] in blocks of queries "
-        "(`query_block_elements`, 2^21 elements ≈ 8 MB per [B, H, block, N] tensor), instead of "
-        "one [B, H, Q, N] tensor: same math, plain autograd; it avoids mmap/munmap and page "
-        "faults of the big tensors and keeps them in cache.",
-        "- `continuous_softmax` applies `exp` in place on the addcmul result (one full-size "
-        "allocation less, identical values and graph).",
-        "- Tried and not kept: a mul/add_/square formulation of the exponent (no measurable gain, "
-        "not bit-identical).",
+        f"Same parameters and inputs, B={v['batch']}, paper shapes; max |a − b| / max |b| over "
+        "the context, the KL, the query gradient and every parameter gradient (CNN gate "
+        "included), the largest over all of them:",
+        "",
+        line("library_float64_vs_one_block_float64", "library vs one block, float64"),
+        line("library_float64_vs_initial_float64", "library vs initial version, float64"),
+        line("library_float32_vs_one_block_float32", "library vs one block, float32"),
+        line("library_float32_vs_initial_float32", "library vs initial version, float32"),
+        line(
+            "initial_float32_vs_initial_float64",
+            "for scale, float32 rounding: initial version float32 vs float64",
+        ),
+        f"- naive vs library, attention context (float32): {nv['attention_context_rel_diff']:.1e}",
+        f"- naive vs library, updated coefficients (float32): "
+        f"{nv['update_coefficients_rel_diff']:.1e}: the naive G_inf from an explicit float32 "
+        f"inverse is {nv['G_inf_float32_inverse_rel_error']:.1e} off (Frobenius) the float64 "
+        "solve the library uses (SPEC §2).",
+        "",
+        "The float64 rows show the math is the same; in float32 the changes only reorder "
+        "sums (the W^V gradient is accumulated over query blocks; the K fold multiplies in "
+        "another order), within float32 rounding.",
         "",
     ]
-    return "\n".join(lines)
 
 
 def _env_str() -> str:
@@ -712,7 +861,9 @@ def _print_summary(res: dict[str, Any]) -> None:
         print(
             "history: "
             + ", ".join(f"{_tok(m['tokens'])} {m['median_ms']:.0f} ms" for m in h["milestones"])
-            + f"; ratio {h['ratio_last_over_first']:.2f}; peak RSS {h['peak_rss_mb']:.0f} MiB"
+            + f"; ratio {h['ratio_last_over_first']:.2f} (load-corrected "
+            + f"{h['ratio_last_over_first_load_corrected']:.2f}); "
+            + f"peak RSS {h['peak_rss_mb']:.0f} MiB"
         )
     for alloc, p in res.get("paper", {}).items():
         for B, b in p["batches"].items():
