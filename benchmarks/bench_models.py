@@ -63,6 +63,8 @@ def make_config(size: str, model_type: str, **extra):
 
     spec = SIZES[size]
     overrides = dict(spec["overrides"], vocab_size=VOCAB, dropout=0.0, **extra)
+    if model_type == "transformer":
+        overrides.pop("mem_len", None)  # the preset sets 0
     return ModelConfig.preset(spec["preset"], model_type=model_type, **overrides)
 
 

@@ -84,8 +84,11 @@ class RelativeMultiHeadAttention(nn.Module):
         R = sinusoidal_encoding(K, self.d_model, h.device, h.dtype)  # [K, d]
         r = self.position(R).view(K, self.n_heads, self.head_dim).transpose(0, 1)  # [H, K, d_h]
 
-        # (b) + (d): (W_q E_i + v)ᵀ W_r R, one column per distance, then shifted into place
-        position_scores = relative_shift(torch.matmul(q + self.v[:, None], r.transpose(-1, -2)))
+        scale = 1.0 / math.sqrt(self.head_dim)
+        # (b) + (d): (W_q E_i + v)ᵀ W_r R / √d_h, one column per distance, shifted into place
+        position_scores = relative_shift(
+            torch.matmul((q + self.v[:, None]) * scale, r.transpose(-1, -2))
+        )  # [batch, H, L, K]
         # mask: causal over [memory ; segment] and padding inside the ragged memory
         query_index = torch.arange(L, device=h.device)[:, None] + W  # absolute index [L, 1]
         key_index = torch.arange(K, device=h.device)[None, :]  # [1, K]
@@ -95,8 +98,7 @@ class RelativeMultiHeadAttention(nn.Module):
                 [ragged.valid_mask(memory_length, W), memory_length.new_ones(batch, L).bool()], 1
             )  # [batch, K]
             allowed = allowed & key_valid[:, None, :]  # [batch, L, K]
-        scale = 1.0 / math.sqrt(self.head_dim)
-        bias = (position_scores * scale).masked_fill(~allowed[:, None], float("-inf"))
+        bias = position_scores.masked_fill_(~allowed[:, None], float("-inf"))
         # (a) + (c): softmax((q + u)ᵀ k / √d_h + bias) v, fused                [batch, H, L, d_h]
         z = F.scaled_dot_product_attention(
             q + self.u[:, None],
