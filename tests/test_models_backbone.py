@@ -77,6 +77,19 @@ def test_relative_shift_matches_explicit_distances():
             assert shifted[..., i, j].equal(x[..., i, K - 1 - distance])
 
 
+def test_relative_attention_gradients_with_ragged_memory():
+    from inftyformer.relative_attention import RelativeMultiHeadAttention
+
+    torch.manual_seed(0)
+    attention = RelativeMultiHeadAttention(8, 2).double()
+    torch.nn.init.normal_(attention.u)
+    torch.nn.init.normal_(attention.v)
+    h = torch.randn(2, 4, 8, dtype=torch.float64, requires_grad=True)
+    memory = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    length = torch.tensor([3, 1])
+    assert torch.autograd.gradcheck(lambda a, b: attention(a, b, length)[0], (h, memory))
+
+
 def test_sinusoidal_encoding_rows_are_descending_distances():
     R = sinusoidal_encoding(6, 8)
     assert R.shape == (6, 8)
