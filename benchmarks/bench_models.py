@@ -1,15 +1,15 @@
 """Speed and memory of the four models on one backbone (transformer, xl, compressive, infty).
 
-    python benchmarks/bench_models.py            # full run (≈ 15–25 min on 2 shared cores)
+    python benchmarks/bench_models.py            # full run (≈ 30 min on 2 shared cores)
     python benchmarks/bench_models.py --quick    # < 1 min: cpu-small only, short histories
 
 Writes docs/benchmarks/models.{json,md,png}:
 
-1. Throughput at two sizes (cpu-small and a larger one), all four models with the same backbone
-   size: training tokens/s (forward + backward + Adam step), inference tokens/s (eval forward,
-   no grad), peak RSS of a fresh process running a few training steps, and the ∞-former's step
-   time over Transformer-XL's. The four models are timed round-robin in one process (ratios
-   within one run), medians of repeats.
+1. Throughput at three sizes (cpu-small, a larger one, the paper's sorting configuration at
+   batch 1), all four models with the same backbone size: training tokens/s (forward + backward
+   + Adam step), inference tokens/s (eval forward, no grad), peak RSS of a fresh process running
+   a few training steps, and the ∞-former's step time over Transformer-XL's. The four models
+   are timed round-robin in one process (ratios within one run), medians of repeats.
 2. Per-segment inference time as the processed history grows (1K tokens → up to 1M): XL, the
    compressive model and the ∞-former stream side by side, one segment each in turn.
 3. What attending to the full history would cost instead: one vanilla-transformer forward over
@@ -55,6 +55,8 @@ SIZES: dict[str, dict[str, Any]] = {
             num_samples=256,
         ),
     ),
+    # the paper's sorting configuration (L = m = 1024, N = M = 512), one stream: few repeats
+    "paper-sorting": dict(preset="paper-sorting", batch=1, overrides={}, repeats=3),
 }
 
 
@@ -192,6 +194,7 @@ def worker_history(args: dict[str, Any]) -> dict[str, Any]:
                 times[mt].append(time.perf_counter() - start)
             history = (s + 1) * L
             if history in milestones:
+                print(f"  history {history:,} tokens", flush=True)
                 for mt in STREAMED:
                     summary = common.summarize(times[mt][-window:])
                     result[mt].append({"history_tokens": history, **summary})
@@ -444,6 +447,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="< 1 min: a smoke-sized run")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--max-history", type=int, default=None, help="tokens (default 1M)")
+    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), help="throughput sizes")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--worker-args", help=argparse.SUPPRESS)
@@ -455,7 +459,7 @@ def main() -> None:
         return
 
     quick = args.quick
-    sizes = ["cpu-small"] if quick else ["cpu-small", "larger"]
+    sizes = args.sizes or (["cpu-small"] if quick else list(SIZES))
     max_history = args.max_history or (4096 if quick else 1 << 20)
     settings = {
         "quick": quick,
@@ -480,7 +484,7 @@ def main() -> None:
             dict(
                 size=size,
                 threads=args.threads,
-                repeats=settings["repeats"],
+                repeats=SIZES[size].get("repeats", settings["repeats"]),
                 warmup=settings["warmup"],
             ),
         )
