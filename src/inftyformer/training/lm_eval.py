@@ -285,9 +285,10 @@ def evaluate_lm(
     # position (in the original document) of the token predicted at column j of a segment that
     # starts at in-stream offset doc_pos: doc_pos + j with a BOS in front, else doc_pos + j + 1
     shift = 0 if cfg.bos else 1
-    streams = DocumentStreams(
-        source, cfg.batch_size, segment_len, seed=0, shuffle=False, loop=False
-    )
+    # more rows than documents would only stream padding: rows are independent, so capping them
+    # changes nothing but the time
+    rows = max(1, min(cfg.batch_size, int((corpus.doc_lengths > 0).sum())))
+    streams = DocumentStreams(source, rows, segment_len, seed=0, shuffle=False, loop=False)
     total = streams.total_steps()
     steps = min(total, cfg.max_steps) if cfg.max_steps else total
 
@@ -302,7 +303,7 @@ def evaluate_lm(
     columns = torch.arange(segment_len)  # [L]
     byte_table = None if token_bytes is None else torch.as_tensor(np.asarray(token_bytes))
     scored_bytes = 0
-    state = _init_state(model, cfg.batch_size, device)
+    state = _init_state(model, rows, device)
     try:
         for _ in tqdm(range(steps), desc="evaluating", disable=not cfg.progress, leave=False):
             batch = next(streams)
