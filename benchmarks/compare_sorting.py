@@ -23,18 +23,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_RUNS = ROOT / "runs" / "compare_sorting"
 VARIANTS = {  # name -> (model_type, extra settings)
     "xl": ("xl", {}),
     "compressive": ("compressive", {}),
@@ -120,6 +122,13 @@ def matched_d_ff(setup: Setup, variant: str, target: int) -> int:
     return best[0]
 
 
+def _worker_init() -> None:
+    # the parent decides when to stop: workers ignore Ctrl-C / SIGTERM (the trainer would
+    # otherwise stop a run gracefully and the pool would move on to the next one)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def run_one(job: dict[str, Any]) -> dict[str, Any]:
     """One training run in a worker process (one torch thread)."""
     import torch
@@ -146,8 +155,10 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
         log_every=max(1, setup.steps // 20),
         out_dir=job["out_dir"],
     )
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     result = Trainer(train, cfg, overwrite=True, echo=lambda s: None).fit()
+    if result.test is None:
+        raise RuntimeError(f"run {job['out_dir']} was interrupted")
     return {
         "variant": job["variant"],
         "seq_len": job["seq_len"],
@@ -158,6 +169,7 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
         "best_valid_accuracy": result.best_metric,
         "best_step": result.best_step,
         "seconds": time.perf_counter() - start,
+        "cpu_seconds": time.process_time() - cpu_start,
     }
 
 
@@ -220,7 +232,10 @@ def write_outputs(
     from inftyformer.tasks.sorting import chance_accuracy
 
     out.mkdir(parents=True, exist_ok=True)
+    order = {v: i for i, v in enumerate(setup.variants)}
+    results = sorted(results, key=lambda r: (order[r["variant"]], r["seq_len"], r["seed"]))
     table = summarize(results, setup)
+    cpu_total = sum(r.get("cpu_seconds", 0.0) for r in results)
     window = setup.segment_len + 2 * setup.memory
     payload = {
         "setup": asdict(setup),
@@ -230,6 +245,7 @@ def write_outputs(
         "window_xl_tokens": window,
         "chance": {"uniform": chance_accuracy(), "format-only": chance_accuracy(True)},
         "elapsed_seconds": elapsed,
+        "cpu_seconds_total": cpu_total,
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
@@ -279,7 +295,9 @@ def write_outputs(
         f"{setup.eval_every} steps, {setup.eval_batches} batches) evaluated on "
         f"{setup.test_batches * setup.batch_size} test sequences.",
         f"- Wall time of the whole experiment: {elapsed / 60:.1f} min on {os.cpu_count()} CPU "
-        f"cores ({setup.workers} runs in parallel, one thread each).",
+        f"cores ({setup.workers} runs in parallel, one thread each); the runs used "
+        f"{cpu_total / 60:.1f} CPU-minutes, i.e. {cpu_total / 60 / setup.workers:.1f} min of "
+        f"wall time on {setup.workers} otherwise idle cores (the machine was shared while it ran).",
         "",
         "## What we see",
         "",
@@ -335,7 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run (seconds)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs", help="output directory")
-    parser.add_argument("--runs-dir", type=Path, default=None, help="keep run directories here")
+    parser.add_argument(
+        "--runs-dir", type=Path, default=None, help=f"run directories (default: {DEFAULT_RUNS})"
+    )
+    parser.add_argument(
+        "--fresh", action="store_true", help="ignore finished runs of an earlier invocation"
+    )
     parser.add_argument("--steps", type=int, help="training steps per run")
     parser.add_argument("--seq-lens", type=str, help="comma-separated T values")
     parser.add_argument("--seeds", type=str, help="comma-separated seeds")
@@ -371,12 +394,31 @@ def main(argv: list[str] | None = None) -> int:
     params = {v: count_params(settings[v]) for v in setup.variants}
     print("parameters:", params, "FFN widths:", d_ffs, flush=True)
 
-    runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="compare_sorting_"))
+    runs_dir = args.runs_dir or (
+        Path(tempfile.mkdtemp(prefix="compare_sorting_")) if args.quick else DEFAULT_RUNS
+    )
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    log_path = runs_dir / "results.jsonl"
+    key = json.dumps({"setup": asdict(setup), "settings": settings}, sort_keys=True)
+    results, previous_seconds = [], 0.0
+    if log_path.exists() and not args.fresh:  # finished runs of an interrupted invocation
+        for line in log_path.read_text().splitlines():
+            entry = json.loads(line)
+            if entry.get("key") == key:
+                results.append(entry["result"])
+                previous_seconds = max(previous_seconds, entry.get("elapsed", 0.0))
+        if results:
+            print(f"reusing {len(results)} finished runs from {log_path}", flush=True)
+    elif log_path.exists():
+        log_path.unlink()
+    done = {(r["variant"], r["seq_len"], r["seed"]) for r in results}
     jobs = []
     # longest runs first, so the pool does not end on one straggler
     for T in sorted(setup.seq_lens, reverse=True):
         for seed in setup.seeds:
             for v in setup.variants:
+                if (v, T, seed) in done:
+                    continue
                 jobs.append(
                     {
                         "setup": asdict(setup),
@@ -387,19 +429,29 @@ def main(argv: list[str] | None = None) -> int:
                         "out_dir": str(runs_dir / f"{v}-T{T}-s{seed}"),
                     }
                 )
-    start = time.perf_counter()
-    results = []
-    env_threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    os.environ.update(env_threads)
-    with ProcessPoolExecutor(max_workers=setup.workers) as pool:
-        for r in pool.map(run_one, jobs):
+    start = time.perf_counter() - previous_seconds
+    os.environ.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    # SIGTERM ends the whole pool like Ctrl-C does (finished runs stay in results.jsonl)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    pool = multiprocessing.get_context("fork").Pool(setup.workers, initializer=_worker_init)
+    try:
+        for r in pool.imap_unordered(run_one, jobs):
             results.append(r)
+            elapsed = time.perf_counter() - start
+            with open(log_path, "a") as f:
+                f.write(json.dumps({"key": key, "result": r, "elapsed": elapsed}) + "\n")
             print(
                 f"{r['variant']:<13} T={r['seq_len']:<5} seed={r['seed']} "
                 f"test acc {r['test_accuracy']:.3f} ({r['seconds']:.0f} s, "
-                f"{(time.perf_counter() - start) / 60:.1f} min elapsed)",
+                f"{elapsed / 60:.1f} min elapsed)",
                 flush=True,
             )
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
     elapsed = time.perf_counter() - start
     write_outputs(results, setup, params, d_ffs, elapsed, args.out)
     print(f"done in {elapsed / 60:.1f} min -> {args.out / 'sorting.md'}", flush=True)
