@@ -41,10 +41,10 @@ class TrainConfig:
     over gradient-accumulation micro-batches and over distributed ranks)."""
 
     task: str = "sorting"
-    seq_len: int = 1024  # sorting: T, the number of symbols before the separator
+    seq_len: int = 512  # sorting: T, the number of symbols before the separator
     data_dir: str | None = None  # tasks that read files (language modelling)
     tokenizer: str = "gpt2"  # language modelling: gpt2, bytes, or a path to a tokenizer.json
-    steps: int = 500
+    steps: int = 600
     batch_size: int = 8
     grad_accum: int = 1  # micro-batches per optimiser step
     lr: float = 1e-3
@@ -57,7 +57,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 turns clipping off
     eval_every: int = 100  # steps between evaluations on the valid split
     eval_batches: int = 4  # batches of `batch_size` per evaluation
-    test_batches: int = 8  # batches of `batch_size` for the final test evaluation
+    test_batches: int = 16  # batches of `batch_size` for the final test evaluation
     patience: int = 0  # stop after this many evaluations without improvement; 0 = never
     save_every: int = 0  # steps between `last` checkpoints; 0 = at every evaluation
     seed: int = 0
