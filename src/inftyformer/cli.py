@@ -204,7 +204,9 @@ def train(
         f"(sorting default: {_D.patience}).",
     ),
     device: str | None = typer.Option(None, help="cpu, cuda, cuda:N or auto (default: cpu)."),
-    threads: int | None = typer.Option(None, help="torch CPU threads (0: torch's default)."),
+    threads: int | None = typer.Option(
+        None, help=f"torch CPU threads; 0: one per core (default: {_D.threads})."
+    ),
     out_dir: str | None = typer.Option(
         None, "--out-dir", "-o", help="Run directory (default: runs/TASK-MODEL)."
     ),

@@ -62,7 +62,10 @@ class TrainConfig:
     save_every: int = 0  # steps between `last` checkpoints; 0 = at every evaluation
     seed: int = 0
     device: str = "cpu"  # cpu, cuda, cuda:N, or auto
-    threads: int = 0  # torch intra-op threads; 0 = leave torch's default
+    # torch intra-op threads; 0 = torch's default (one per core). 1 by default: the models' small
+    # kernels gain little from a second thread, and on a shared CPU (cores oversubscribed)
+    # multi-threaded torch spins and runs ~10x slower, measured on this project's 2-core machine
+    threads: int = 1
     out_dir: str = "runs/sorting"
     log_every: int = 10  # steps between metric rows (CSV, TensorBoard)
     tensorboard: bool = True
