@@ -510,7 +510,7 @@ def bench(
     batch_size: int = typer.Option(8, help="Batch size."),
     steps: int = typer.Option(3, help="Timed training steps per model (after one warm-up)."),
     seed: int = typer.Option(0, help="Seed."),
-    threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
+    threads: int = typer.Option(1, help="torch CPU threads (0: one per core)."),
     args: list[str] = typer.Argument(None, help="Arguments passed to --script."),  # noqa: B008
 ) -> None:
     """Time training steps on the sorting task (tokens/s, s/step, parameters) for each model,
