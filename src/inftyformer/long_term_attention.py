@@ -37,12 +37,14 @@ class LongTermAttentionOutput:
 
 
 class LongTermAttention(nn.Module):
-    # Queries are processed in blocks so that the [batch, H, block, N] tensors of the continuous
-    # softmax and of its backward hold about this many elements (8 MB in float32). Same math, but
-    # the blocks stay in cache and below glibc's mmap threshold, so they are recycled instead of
-    # being mapped, page-faulted and unmapped every step: ~2.5× faster forward+backward at batch 8,
-    # N = 512, 1024 queries (benchmarks/bench_core.py). None: one block (the whole [B, H, Q, N]).
-    query_block_elements: int | None = 1 << 21
+    # Queries are processed in blocks so that each [batch, H, block, N] tensor of the continuous
+    # softmax and of its backward holds at most this many elements (24 MiB in float32). Same math,
+    # but blocks this size stay under glibc's 32 MiB ceiling for mmap'ed allocations, so most are
+    # recycled from the heap instead of being mapped, page-faulted and unmapped every step (~100 MB
+    # tensors at batch 8, N = 512, 1024 queries). Smaller blocks fault even less but multiply the
+    # kernel launches, which costs more than it saves on a loaded 2-core machine
+    # (benchmarks/bench_core.py). None: one block (the whole [B, H, Q, N] at once).
+    query_block_elements: int | None = 3 << 21
 
     def __init__(self, config: LongTermConfig) -> None:
         super().__init__()
