@@ -163,6 +163,28 @@ def command_line() -> str:
     return " ".join(shlex.quote(a) for a in ["python", *sys.argv])
 
 
+def git_revision(root: str | Path, paths: Sequence[str] = ()) -> str:
+    """Short commit hash of `root`'s HEAD, with "+dirty" if any of `paths` has local changes."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", *paths],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if paths and dirty else "")
+
+
 # ----------------------------------------------------------------------------- subprocesses
 def run_worker(
     script: str | Path,

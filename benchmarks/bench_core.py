@@ -29,6 +29,7 @@ import argparse
 import datetime as _dt
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -48,6 +49,10 @@ from inftyformer._checks import check_finite
 from inftyformer.continuous_softmax import variance_kl
 
 ROOT = Path(__file__).resolve().parent.parent
+CORE_PATHS = [
+    f"src/inftyformer/{m}.py"
+    for m in ("basis", "ridge", "continuous_softmax", "long_term_memory", "long_term_attention")
+]
 SCRIPT = Path(__file__).resolve()
 
 # The authors' figures for one update segment of one layer (forward+backward, sorting shapes) on a
@@ -541,6 +546,8 @@ def render_markdown(res: dict[str, Any]) -> str:
         lines += [
             "## Time per segment as the history grows",
             "",
+            _provenance(h),
+            "",
             f"One batch of B={c['batch']} streams, segments of L={c['length']} tokens, "
             f"N={c['num_basis']}, e={c['dim']}, {c['heads']} heads, M={c['num_samples']}. All "
             f"{h['segments']} segments ({h['tokens']:,} tokens) are streamed in one process, the "
@@ -596,10 +603,15 @@ def render_markdown(res: dict[str, Any]) -> str:
         "## Changes to the core made for speed",
         "",
         "- `LongTermAttention` computes the continuous softmax and E_p[V] in blocks of queries "
-        "(`query_block_elements`, 2^21 elements ≈ 8 MB per [B, H, block, N] tensor) instead of "
-        "one [B, H, Q, N] tensor: same math, plain autograd. The blocks stay in cache and in "
-        "glibc's heap instead of being mmap'ed, page-faulted and unmapped every step "
-        "(compare *library* with *one block* above).",
+        "(`query_block_elements`: at most 3·2^21 elements = 24 MiB per [B, H, block, N] "
+        "tensor, even blocks) instead of one [B, H, Q, N] tensor: same math, plain autograd. "
+        "Blocks that size stay under glibc's 32 MiB ceiling for mmap'ed allocations, so most "
+        "are recycled from the heap instead of being mapped, page-faulted and unmapped every "
+        "step (compare *library* with *one block* above). Smaller blocks (8 MiB, tried first) "
+        "fault even less but multiply kernel launches and thread wake-ups: on this loaded "
+        "2-core machine, B=8 took 5.9 s with 13 blocks, 4.3 s with 7, 3.1–3.5 s with 4 and "
+        "3.5 s with one block (2 threads); single-threaded 1.34 s, 1.39 s (4 blocks) and 1.81 s "
+        "(one block).",
         "- `continuous_softmax` applies `exp` in place on the addcmul result (one full-size "
         "allocation less, identical values and graph).",
         "- (Commit 3f8effe, from the model work:) the w_μ, w_σ heads are folded into B before "
@@ -632,6 +644,8 @@ def _paper_markdown(p: dict[str, Any]) -> list[str]:
     lines = [
         "## Paper shapes: one update segment of one layer",
         "",
+        _provenance(p),
+        "",
         f"e={c['dim']} ({c['heads']} heads × {c['dim'] // c['heads']}), N={c['num_basis']}, "
         f"M={c['num_samples']}, {c['length']} new vectors and {c['length']} queries: "
         "`LongTermMemory.update` (with the CNN gate) + `LongTermAttention` forward + backward "
@@ -654,7 +668,11 @@ def _paper_markdown(p: dict[str, Any]) -> list[str]:
         "",
     ]
     rows = []
-    for alloc, label in (("default", "glibc default"), ("tuned", "tuned malloc")):
+    for alloc, label in (
+        ("default", "glibc default"),
+        ("tuned", "tuned malloc"),
+        ("default_1thread", "glibc default, 1 thread"),
+    ):
         for B, bres in p.get(alloc, {}).get("batches", {}).items():
             v = bres["variants"]
             for name, pretty in PAPER_VARIANTS:
@@ -678,6 +696,14 @@ def _paper_markdown(p: dict[str, Any]) -> list[str]:
                         authors,
                     ]
                 )
+    threads = p["default"]["machine"]["torch_threads"]
+    lines += [
+        f"torch threads: {threads} (torch's default here) unless the row says 1 thread. Other "
+        "jobs were running on the same 2 CPUs (see the load average above); with more runnable "
+        "threads than CPUs, two torch threads wait for each other at every parallel kernel, "
+        "so the 1-thread rows can be faster.",
+        "",
+    ]
     headers = ["B", "allocator", "variant", "median ms", "quartiles ms"]
     headers += ["naive / this", "initial / this", "authors / this"]
     lines += [common.markdown_table(headers, rows), ""]
@@ -685,7 +711,7 @@ def _paper_markdown(p: dict[str, Any]) -> list[str]:
     faults = "; ".join(
         f"{a}: "
         + ", ".join(f"B={B} {b['minor_faults_per_step']:,.0f}" for B, b in p[a]["batches"].items())
-        for a in ("default", "tuned")
+        for a in ("default", "tuned", "default_1thread")
         if a in p
     )
     lines += [
@@ -740,6 +766,8 @@ def _verify_markdown(v: dict[str, Any]) -> list[str]:
     return [
         "## Checks",
         "",
+        _provenance(v),
+        "",
         f"Same parameters and inputs, B={v['batch']}, paper shapes; max |a − b| / max |b| over "
         "the context, the KL, the query gradient and every parameter gradient (CNN gate "
         "included), the largest over all of them:",
@@ -763,6 +791,19 @@ def _verify_markdown(v: dict[str, Any]) -> list[str]:
         "another order), within float32 rounding.",
         "",
     ]
+
+
+def _provenance(section: dict[str, Any]) -> str:
+    pv = section.get("provenance")
+    if not pv:
+        return ""
+    load = pv["load_average_1min"]
+    block = pv["query_block_elements"]
+    return (
+        f"*Measured {pv['measured']} at commit `{pv['commit']}` "
+        f"(`query_block_elements` = {block}) by `{pv['command']}`, {pv['seconds']:.0f} s; "
+        f"1-minute load average {load[0]:.1f} → {load[1]:.1f} on 2 CPUs.*"
+    )
 
 
 def _env_str() -> str:
@@ -829,23 +870,52 @@ def main(argv: list[str] | None = None) -> int:
         "machine": common.machine_info(),
         "authors_ms": {str(k): v for k, v in AUTHORS_MS.items()},
     }
+
+    def section(name: str, run) -> None:
+        print(f"{name} …", file=sys.stderr, flush=True)
+        t0, load0 = time.time(), os.getloadavg()[0]
+        res[name] = run()
+        res[name]["provenance"] = {
+            "commit": common.git_revision(ROOT, CORE_PATHS),
+            "measured": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "command": res["command"],
+            "seconds": time.time() - t0,
+            "load_average_1min": [load0, os.getloadavg()[0]],
+            "query_block_elements": BLOCK_DEFAULT,
+        }
+
     if "verify" in sections:
-        print("verify …", file=sys.stderr, flush=True)
-        res["verify"] = common.run_worker(SCRIPT, "verify", verify_args, extra_argv=wargs)
+        section(
+            "verify", lambda: common.run_worker(SCRIPT, "verify", verify_args, extra_argv=wargs)
+        )
     if "history" in sections:
-        print("history …", file=sys.stderr, flush=True)
-        res["history"] = common.run_worker(SCRIPT, "history", history_args, extra_argv=wargs)
+        section(
+            "history", lambda: common.run_worker(SCRIPT, "history", history_args, extra_argv=wargs)
+        )
     if "paper" in sections:
-        res["paper"] = {}
-        for alloc, env in (("default", {}), ("tuned", common.TUNED_MALLOC_ENV)):
-            print(f"paper shapes, {alloc} allocator …", file=sys.stderr, flush=True)
-            res["paper"][alloc] = common.run_worker(
-                SCRIPT, "paper", paper_args, env, extra_argv=wargs
-            )
-            res["paper"][alloc]["malloc_env"] = env
+
+        def paper() -> dict[str, Any]:
+            out = {}
+            runs = [("default", {}, wargs), ("tuned", common.TUNED_MALLOC_ENV, wargs)]
+            if not a.quick and a.threads is None:
+                runs.append(("default_1thread", {}, ["--threads", "1"]))
+            for alloc, env, argv in runs:
+                print(f"  {alloc} …", file=sys.stderr, flush=True)
+                out[alloc] = common.run_worker(SCRIPT, "paper", paper_args, env, extra_argv=argv)
+                out[alloc]["malloc_env"] = env
+            return out
+
+        section("paper", paper)
     res["duration_s"] = time.time() - started
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    previous = out_dir / "core.json"
+    if previous.exists() and not a.quick and set(sections) != set(WORKERS):
+        old = json.loads(previous.read_text())
+        for name in WORKERS:
+            if name not in res and name in old and not old.get("quick"):
+                res[name] = old[name]  # kept, with its own provenance
+                print(f"kept section {name!r} from {previous}", file=sys.stderr)
     common.write_json(out_dir / "core.json", res)
     if "history" in res:
         plot_history(res["history"], out_dir / "core_history.png")
@@ -866,6 +936,8 @@ def _print_summary(res: dict[str, Any]) -> None:
             + f"peak RSS {h['peak_rss_mb']:.0f} MiB"
         )
     for alloc, p in res.get("paper", {}).items():
+        if "batches" not in p:
+            continue
         for B, b in p["batches"].items():
             print(
                 f"paper {alloc} B={B}: "
