@@ -5,41 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import V, tiny
 
-from inftyformer.config import ModelConfig
 from inftyformer.model import MemoryLM
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matrices: one thread is fastest, and the machine's cores are shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-V = 13
-
-
-def tiny(model_type: str, **kw) -> ModelConfig:
-    base = dict(
-        vocab_size=V,
-        model_type=model_type,
-        d_model=32,
-        n_layers=2,
-        n_heads=2,
-        d_ff=64,
-        dropout=0.0,
-        segment_len=8,
-        mem_len=8,
-        compression_rate=2,
-        compressed_len=6,
-        num_basis=16,
-        num_samples=16,
-    )
-    base.update(kw)
-    return ModelConfig(**base)
 
 
 def segments(batch: int, lengths, seed: int = 1):

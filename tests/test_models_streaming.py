@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import MODEL_TYPES, C, V, tiny
 
-from inftyformer.config import ModelConfig
 from inftyformer.model import MemoryLM
 from inftyformer.streaming import (
     block_phase,
@@ -17,40 +17,6 @@ from inftyformer.streaming import (
     sample_next,
     stream_loss,
 )
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matrices: one thread is fastest, and the machine's cores are shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-MODEL_TYPES = ("transformer", "xl", "compressive", "infty")
-V = 13
-C = 8
-
-
-def tiny(model_type: str, **kw) -> ModelConfig:
-    base = dict(
-        vocab_size=V,
-        model_type=model_type,
-        d_model=32,
-        n_layers=2,
-        n_heads=2,
-        d_ff=64,
-        dropout=0.0,
-        segment_len=C,
-        mem_len=0 if model_type == "transformer" else 8,
-        compression_rate=2,
-        compressed_len=6,
-        num_basis=16,
-        num_samples=16,
-    )
-    base.update(kw)
-    return ModelConfig(**base)
 
 
 def build(model_type: str, **kw) -> MemoryLM:
