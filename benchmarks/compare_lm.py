@@ -310,7 +310,18 @@ def bucket_mean(position: dict[str, list], lo: int, hi: float) -> float:
     return total / count if count else math.nan
 
 
-def aggregate(runs: list[dict[str, Any]], setup: Setup) -> dict[str, Any]:
+def train_curve(run_dir: Path, every: int) -> dict[int, float]:
+    """Training LM loss (nats) averaged over windows of `every` steps, keyed by the window end."""
+    from inftyformer.training import read_metrics
+
+    rows = [r for r in read_metrics(run_dir) if r["split"] == "train" and r["metric"] == "lm_loss"]
+    out: dict[int, list[float]] = {}
+    for r in rows:
+        out.setdefault(math.ceil(r["step"] / every) * every, []).append(r["value"])
+    return {k: statistics.fmean(v) for k, v in sorted(out.items())}
+
+
+def aggregate(runs: list[dict[str, Any]], setup: Setup, runs_dir: Path) -> dict[str, Any]:
     table = {}
     ln2 = math.log(2)
     cut_lo, cut_hi = setup.segment_len, 8 * setup.segment_len
@@ -325,6 +336,12 @@ def aggregate(runs: list[dict[str, Any]], setup: Setup) -> dict[str, Any]:
             "seeds": [r["seed"] for r in mine],
             "train_minutes": [r["train_seconds"] / 60 for r in mine],
             "train_loss": [r["final_train_loss"] for r in mine],
+            "train_curve": [
+                train_curve(
+                    runs_dir / f"{variant}-seed{r['seed']}" / "run", max(1, setup.steps // 5)
+                )
+                for r in mine
+            ],
         }
         for name in ("test", "wikitext"):
             evals = [r["evals"][name] for r in mine if name in r["evals"]]
@@ -458,6 +475,20 @@ def write_markdown(path: Path, setup: Setup, table: dict[str, Any], meta: dict[s
             f"| {row['label']} | {fmt(t.get('bpb_first_segment', []))} | "
             f"{fmt(t.get('bpb_late', []))} |"
         )
+    steps = sorted({k for row in table.values() for c in row["train_curve"] for k in c})
+    lines += [
+        "",
+        "Training loss (bits per byte, mean of the logged steps in each window, mean over seeds):",
+        "",
+        "| model | " + " | ".join(f"steps ≤ {k}" for k in steps) + " |",
+        "|---|" + "---:|" * len(steps),
+    ]
+    for row in table.values():
+        cells = []
+        for k in steps:
+            vals = [c[k] / math.log(2) for c in row["train_curve"] if k in c]
+            cells.append(f"{statistics.fmean(vals):.2f}" if vals else "–")
+        lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "Per seed (test bits/byte): "
@@ -590,7 +621,7 @@ def main(argv: list[str] | None = None) -> None:
         "machine": f"{info['cpu']}, {info['logical_cpus']} logical CPUs",
         "machine_info": info,
     }
-    table = aggregate(runs, setup)
+    table = aggregate(runs, setup, runs_dir)
     (docs / "lm.json").write_text(
         json.dumps({"setup": asdict(setup), "meta": meta, "table": table, "runs": runs}, indent=1)
     )
