@@ -662,6 +662,18 @@ def _summary_markdown(res: dict[str, Any]) -> list[str]:
             if "initial" in v:
                 text += f", initial version {v['initial']['median_ms'] / t:.2f}× slower"
             out.append(text + ".")
+    if any(run in p for run in ("default", "tuned")) and any("1thread" in run for run in p):
+        loads = [
+            x
+            for run in ("default", "tuned")
+            for x in p.get(run, {}).get("provenance", {}).get("load_average_1min", [])
+        ]
+        at = f" at a load average of {min(loads):.0f}–{max(loads):.0f}" if loads else ""
+        out.append(
+            '- The rows without "1 thread" use torch\'s 2 threads on a CPU that other jobs kept '
+            f"busy{at}: two threads then mostly wait for each other (see the note under the "
+            "table). Compare with the authors through the 1-thread rows."
+        )
     if "history" in res:
         h = res["history"]
         first, last = h["milestones"][0], h["milestones"][-1]
