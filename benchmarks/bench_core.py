@@ -1,7 +1,7 @@
 """Speed and memory of the ∞-former's core: long-term memory update + continuous attention.
 
     python benchmarks/bench_core.py            # full run (~10 min on a 2-core CPU)
-    python benchmarks/bench_core.py --quick    # smoke run (< 1 min), written to a temp dir
+    python benchmarks/bench_core.py --quick    # smoke run (< 1 min, 1 thread), to a temp dir
 
 Writes docs/benchmarks/core.json (every measurement), core.md (tables, machine, command) and
 core_history.png. Sections, each in a fresh subprocess (own allocator settings, own peak RSS):
@@ -984,6 +984,8 @@ def main(argv: list[str] | None = None) -> int:
         _write_report(res, out_dir)
         return 0
 
+    if a.quick and a.threads is None:
+        a.threads = 1  # a smoke run: one thread is fastest and steadiest on a shared CPU
     wargs = [] if a.threads is None else ["--threads", str(a.threads)]
     paper_runs = (a.paper_runs or ("default,tuned" if a.quick else "")).split(",")
     paper_runs = [r for r in paper_runs if r] or [
