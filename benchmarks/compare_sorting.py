@@ -349,6 +349,32 @@ def plot(table: dict[str, dict[int, dict]], setup: Setup, path: Path) -> None:
     plt.close(fig)
 
 
+_GRID_FIELDS = ("workers", "variants", "seq_lens", "seeds")
+
+
+def _result_key(setup: Setup, settings: dict[str, Any]) -> str:
+    """The training recipe and the model settings of a results.jsonl line. A finished run is
+    identified by (variant, T, seed) and reused while the recipe and its variant's settings are
+    unchanged, whatever the grid of the invocation or its number of parallel workers."""
+    recipe = asdict(setup)
+    for grid in _GRID_FIELDS:
+        recipe.pop(grid)
+    return json.dumps({"setup": recipe, "settings": settings}, sort_keys=True)
+
+
+def _reusable(entry: dict[str, Any], setup: Setup, key: str) -> bool:
+    old, new, r = json.loads(entry.get("key") or "{}"), json.loads(key), entry["result"]
+    for grid in _GRID_FIELDS:  # keys written before the grid stopped counting
+        old.get("setup", {}).pop(grid, None)
+    return (
+        old.get("setup") == new["setup"]
+        and r["variant"] in setup.variants
+        and r["seq_len"] in setup.seq_lens
+        and r["seed"] in setup.seeds
+        and old.get("settings", {}).get(r["variant"]) == new["settings"][r["variant"]]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run (seconds)")
@@ -399,12 +425,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     runs_dir.mkdir(parents=True, exist_ok=True)
     log_path = runs_dir / "results.jsonl"
-    key = json.dumps({"setup": asdict(setup), "settings": settings}, sort_keys=True)
+    key = _result_key(setup, settings)
     results, previous_seconds = [], 0.0
     if log_path.exists() and not args.fresh:  # finished runs of an interrupted invocation
         for line in log_path.read_text().splitlines():
             entry = json.loads(line)
-            if entry.get("key") == key:
+            if _reusable(entry, setup, key):
                 results.append(entry["result"])
                 previous_seconds = max(previous_seconds, entry.get("elapsed", 0.0))
         if results:
