@@ -152,3 +152,38 @@ def test_leftover_states_wait_in_the_short_term_memory():
         slots = state.layers[0].compressed.length
         assert torch.equal(short + 3 * slots, torch.full_like(short, seen))  # nothing lost
         assert int(short.max()) <= model.config.max_short_term_len
+
+
+# ---------------------------------------------------------------- initialisation
+def test_long_term_read_starts_small_beside_the_self_attention():
+    """At initialisation the continuous read must be a small addition to each layer's
+    attention output, as every other branch of the backbone is (N(0, 0.02) projections).
+    With PyTorch's default Linear initialisation it was 1–9× the attention output, and the
+    ∞-former trained far more slowly than Transformer-XL (docs/lm.md)."""
+    torch.manual_seed(0)
+    config = tiny("infty", vocab_size=257, d_model=128, n_heads=4, d_ff=256, segment_len=32,
+                  mem_len=32, num_basis=32, num_samples=32)  # fmt: skip
+    model = MemoryLM(config)
+    norms: dict[str, list[float]] = {"read": [], "attention": []}
+
+    def on_read(module, args, out):
+        norms["read"].append(out.context.norm(dim=-1).mean().item())
+
+    def on_attention(module, args, out):
+        norms["attention"].append(out[0].norm(dim=-1).mean().item())
+
+    for block in model.blocks:
+        block.long_term_attention.register_forward_hook(on_read)
+        block.attention.register_forward_hook(on_attention)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        run(model, [torch.randint(0, 257, (4, 32), generator=g) for _ in range(4)])
+    layers = config.n_layers
+    read, attention = norms["read"][-layers:], norms["attention"][-layers:]  # memory filled
+    assert all(r > 0 for r in read)
+    for layer, (r, a) in enumerate(zip(read, attention, strict=True)):
+        assert r < 0.5 * a, f"layer {layer}: |read| {r:.3f} vs |attention| {a:.3f}"
+    for block in model.blocks:
+        lta = block.long_term_attention
+        for linear in (lta.key, lta.value, lta.out):
+            assert 0.015 < linear.weight.std().item() < 0.025
