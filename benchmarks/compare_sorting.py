@@ -294,10 +294,11 @@ def write_outputs(
         "without gradient; best-on-valid checkpoint (every "
         f"{setup.eval_every} steps, {setup.eval_batches} batches) evaluated on "
         f"{setup.test_batches * setup.batch_size} test sequences.",
-        f"- Wall time of the whole experiment: {elapsed / 60:.1f} min on {os.cpu_count()} CPU "
-        f"cores ({setup.workers} runs in parallel, one thread each); the runs used "
-        f"{cpu_total / 60:.1f} CPU-minutes, i.e. {cpu_total / 60 / setup.workers:.1f} min of "
-        f"wall time on {setup.workers} otherwise idle cores (the machine was shared while it ran).",
+        f"- Cost: the runs took {cpu_total / 60:.1f} CPU-minutes (one thread each), i.e. "
+        f"{cpu_total / 60 / setup.workers:.1f} min of wall time with {setup.workers} in parallel "
+        f"on this {os.cpu_count()}-core CPU; wall time summed over the invocations that produced "
+        f"them (runs are reused when the script is restarted): {elapsed / 60:.1f} min, on a "
+        "shared machine.",
         "",
         "## What we see",
         "",
@@ -311,9 +312,25 @@ def write_outputs(
         "",
         "![accuracy vs T](sorting.png)",
         "",
+        "## Notes",
+        "",
+        _kept_notes(out / "sorting.md"),
+        "",
     ]
     (out / "sorting.md").write_text("\n".join(lines))
     plot(table, setup, out / "sorting.png")
+
+
+NOTES_BEGIN = "<!-- notes: kept when the script rewrites this file -->"
+NOTES_END = "<!-- /notes -->"
+
+
+def _kept_notes(path: Path) -> str:
+    """The hand-written discussion between the notes markers of the previous file, if any."""
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    if NOTES_BEGIN in old and NOTES_END in old:
+        return old[old.index(NOTES_BEGIN) : old.index(NOTES_END) + len(NOTES_END)]
+    return f"{NOTES_BEGIN}\n(no notes yet)\n{NOTES_END}"
 
 
 def plot(table: dict[str, dict[int, dict]], setup: Setup, path: Path) -> None:
