@@ -231,6 +231,20 @@ def write_text(path: str | Path, text: str) -> None:
     path.write_text(text if text.endswith("\n") else text + "\n")
 
 
+NOTES_BEGIN = "<!-- notes: kept when the script rewrites this file -->"
+NOTES_END = "<!-- /notes -->"
+
+
+def kept_notes(path: str | Path) -> str:
+    """The hand-written discussion between the notes markers of a generated Markdown file that
+    is about to be rewritten (a placeholder between the markers when there is none yet)."""
+    path = Path(path)
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    if NOTES_BEGIN in old and NOTES_END in old:
+        return old[old.index(NOTES_BEGIN) : old.index(NOTES_END) + len(NOTES_END)]
+    return f"{NOTES_BEGIN}\n(no notes yet)\n{NOTES_END}"
+
+
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     def cell(x: Any) -> str:
         return str(x).replace("|", "\\|")

@@ -55,8 +55,6 @@ LABELS = {
     "infty": "∞-former",
     "infty-sticky": "∞-former (sticky memories)",
 }
-NOTES_BEGIN = "<!-- notes: kept when the script rewrites this file -->"
-NOTES_END = "<!-- /notes -->"
 
 
 @dataclass
@@ -403,13 +401,9 @@ def plot(runs: list[dict[str, Any]], setup: Setup, path: Path) -> None:
 
 
 def write_markdown(path: Path, setup: Setup, table: dict[str, Any], meta: dict[str, Any]) -> None:
-    notes = ""
-    if path.exists():
-        old = path.read_text(encoding="utf-8")
-        if NOTES_BEGIN in old and NOTES_END in old:
-            notes = old[old.index(NOTES_BEGIN) : old.index(NOTES_END) + len(NOTES_END)]
-    if not notes:
-        notes = f"{NOTES_BEGIN}\n(no notes yet)\n{NOTES_END}"
+    from _common import kept_notes
+
+    notes = kept_notes(path)
     s = setup
     test_scope = (
         f"the first {s.test_max_tokens:,} bytes of each of the 3 test books"

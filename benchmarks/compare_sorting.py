@@ -229,6 +229,8 @@ def write_outputs(
     elapsed: float,
     out: Path,
 ) -> None:
+    from _common import kept_notes
+
     from inftyformer.tasks.sorting import chance_accuracy
 
     out.mkdir(parents=True, exist_ok=True)
@@ -314,23 +316,11 @@ def write_outputs(
         "",
         "## Notes",
         "",
-        _kept_notes(out / "sorting.md"),
+        kept_notes(out / "sorting.md"),
         "",
     ]
     (out / "sorting.md").write_text("\n".join(lines))
     plot(table, setup, out / "sorting.png")
-
-
-NOTES_BEGIN = "<!-- notes: kept when the script rewrites this file -->"
-NOTES_END = "<!-- /notes -->"
-
-
-def _kept_notes(path: Path) -> str:
-    """The hand-written discussion between the notes markers of the previous file, if any."""
-    old = path.read_text(encoding="utf-8") if path.exists() else ""
-    if NOTES_BEGIN in old and NOTES_END in old:
-        return old[old.index(NOTES_BEGIN) : old.index(NOTES_END) + len(NOTES_END)]
-    return f"{NOTES_BEGIN}\n(no notes yet)\n{NOTES_END}"
 
 
 def plot(table: dict[str, dict[int, dict]], setup: Setup, path: Path) -> None:
@@ -379,8 +369,10 @@ def _result_key(setup: Setup, settings: dict[str, Any]) -> str:
     return json.dumps({"setup": recipe, "settings": settings}, sort_keys=True)
 
 
-def _reusable(entry: dict[str, Any], setup: Setup, key: str) -> bool:
-    old, new, r = json.loads(entry.get("key") or "{}"), json.loads(key), entry["result"]
+def _reusable(entry: dict[str, Any], setup: Setup, new: dict[str, Any]) -> bool:
+    """Whether a results.jsonl entry is a run of this invocation's grid, made with the recipe
+    and settings `new` (the parsed `_result_key`)."""
+    old, r = json.loads(entry.get("key") or "{}"), entry["result"]
     for grid in _GRID_FIELDS:  # keys written before the grid stopped counting
         old.get("setup", {}).pop(grid, None)
     return (
@@ -443,11 +435,12 @@ def main(argv: list[str] | None = None) -> int:
     runs_dir.mkdir(parents=True, exist_ok=True)
     log_path = runs_dir / "results.jsonl"
     key = _result_key(setup, settings)
+    expected = json.loads(key)
     results, previous_seconds = [], 0.0
     if log_path.exists() and not args.fresh:  # finished runs of an interrupted invocation
         for line in log_path.read_text().splitlines():
             entry = json.loads(line)
-            if _reusable(entry, setup, key):
+            if _reusable(entry, setup, expected):
                 results.append(entry["result"])
                 previous_seconds = max(previous_seconds, entry.get("elapsed", 0.0))
         if results:
