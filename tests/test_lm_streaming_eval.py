@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from tiny_models import tiny
 
-from inftyformer.config import ModelConfig
 from inftyformer.model import MemoryLM
 from inftyformer.streaming import stream_loss
 from inftyformer.tasks import TokenizedCorpus
@@ -16,24 +16,12 @@ VOCAB = 13
 
 
 def tiny_model(model_type: str, seed: int = 0, **overrides) -> MemoryLM:
-    base = dict(
-        vocab_size=VOCAB,
-        d_model=16,
-        n_layers=2,
-        n_heads=2,
-        d_ff=32,
-        dropout=0.0,
-        segment_len=8,
-        mem_len=0 if model_type == "transformer" else 8,
-        compression_rate=2,
-        compressed_len=4,
-        num_basis=8,
-        num_samples=8,
-        widths=(0.05, 0.1),
-    )
-    base.update(overrides)
+    """The shared tiny configuration, narrower still (d_model 16) with two basis widths."""
+    settings = dict(d_model=16, d_ff=32, compressed_len=4, num_basis=8, num_samples=8,
+                    widths=(0.05, 0.1))  # fmt: skip
+    settings.update(overrides)
     torch.manual_seed(seed)
-    return MemoryLM(ModelConfig(model_type=model_type, **base)).eval()
+    return MemoryLM(tiny(model_type, vocab_size=VOCAB, **settings)).eval()
 
 
 def corpus_of(lengths, seed=0) -> TokenizedCorpus:
