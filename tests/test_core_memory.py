@@ -1,5 +1,7 @@
 """The long-term memory (fit, unbounded update, sticky sampling, reset) and continuous attention."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -214,7 +216,7 @@ def test_attention_gradcheck_float64():
     B = state.coefficients.clone().requires_grad_()
 
     def f(q, coeffs):
-        s = LongTermState(coeffs, state.attention_mass, state.empty)
+        s = replace(state, coefficients=coeffs)
         out = attention(q, s)
         return out.context, out.kl
 
@@ -248,7 +250,7 @@ def test_update_and_attention_reject_bad_input():
         memory.update(state, torch.randn(5, 8))
     with pytest.raises(TypeError, match="state"):
         memory.update("not a state", torch.randn(2, 5, 8))
-    bad = LongTermState(torch.zeros(2, 15, 8), state.attention_mass, state.empty)
+    bad = replace(state, coefficients=torch.zeros(2, 15, 8))
     with pytest.raises(ValueError, match="state.coefficients"):
         memory.update(bad, torch.randn(2, 5, 8))
     with pytest.raises(ValueError, match="query must have shape"):

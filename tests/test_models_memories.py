@@ -91,7 +91,8 @@ def test_sticky_memories_record_where_queries_attended():
     assert mass.shape == (2, 16)
     assert torch.allclose(mass.sum(-1), torch.ones(2))
     assert not torch.allclose(mass, torch.full_like(mass, 1 / 16))
-    assert state.layers[0].observed.tolist() == [8.0, 8.0]  # queries since the last update
+    # queries since the last update
+    assert state.layers[0].long_term.observed.tolist() == [8.0, 8.0]
     out.loss.backward()
 
 

@@ -28,16 +28,17 @@ nothing to do this call are added as 0·Σp), so DistributedDataParallel needs n
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import ragged
+from ._init import init_projection
 from .compressive_memory import CompressiveMemory
 from .config import ModelConfig
-from .long_term_attention import LongTermAttention, LongTermAttentionOutput
+from .long_term_attention import LongTermAttention
 from .long_term_memory import LongTermMemory, LongTermState
 from .relative_attention import RelativeMultiHeadAttention
 from .short_term_memory import ShortTermMemory
@@ -76,7 +77,22 @@ class MemoryBlock(nn.Module):
         if config.has_long_term:
             lt_config = config.long_term_config()
             self.long_term_memory = LongTermMemory(lt_config)
-            self.long_term_attention = LongTermAttention(lt_config)
+            # one ψ per layer: the attention reads the signal with the memory's own basis
+            self.long_term_attention = LongTermAttention(lt_config, self.long_term_memory.basis)
+
+    def reset_parameters(self, std: float) -> None:
+        """By role: unit LayerNorms; the attention and FFN projections and the long-term
+        attention's projections ~ N(0, std²) with zero biases. The compressive memory's Conv1d,
+        the long-term memory's CNN gate and the density heads w_μ, w_σ keep PyTorch's default
+        initialisation; the relative-attention biases u, v are drawn by the model (after every
+        block, so that the seeded draws keep their order)."""
+        self.norm_attention.reset_parameters()
+        self.norm_ff.reset_parameters()
+        self.attention.reset_projections(std)
+        init_projection(self.ff_in, std)
+        init_projection(self.ff_out, std)
+        if self.long_term_attention is not None:
+            self.long_term_attention.reset_projections(std)
 
     # ------------------------------------------------------------------ state
     def init_state(self, batch_size: int, device=None, dtype=torch.float32) -> LayerState:
@@ -89,9 +105,6 @@ class MemoryBlock(nn.Module):
             long_term=None
             if self.long_term_memory is None
             else self.long_term_memory.init_state(batch_size, device, dtype),
-            observed=None
-            if self.long_term_memory is None
-            else torch.zeros(batch_size, device=device, dtype=dtype),
         )
 
     def check_state(self, state: LayerState, batch: int, name: str) -> None:
@@ -121,8 +134,6 @@ class MemoryBlock(nn.Module):
                     f"{name}.long_term has batch size {state.long_term.batch_size}, "
                     f"expected {batch}"
                 )
-            if state.observed is None or tuple(state.observed.shape) != (batch,):
-                raise ValueError(f"{name}.observed must have shape ({batch},)")
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -133,13 +144,11 @@ class MemoryBlock(nn.Module):
 
         # 1. ∞-former: the states that left the short-term memory enter the long-term memory
         # at the start of the call, inside this step's graph
-        short, long_term, observed = state.short_term, state.long_term, state.observed
+        short, long_term = state.short_term, state.long_term
         if self.long_term_memory is not None:
             short, leaving, count = self.short_term.flush(short)  # [batch, F, d], [batch]
             if bool((count > 0).any()):
-                long_term, observed = self._update_long_term(
-                    long_term, observed, leaving, count, generator
-                )
+                long_term = self._update_long_term(long_term, leaving, count, generator)
             else:
                 unused += list(self.long_term_memory.parameters())
 
@@ -156,10 +165,12 @@ class MemoryBlock(nn.Module):
         attended, query = self.attention(h, memory_normed, memory_length)  # [batch, L, d] × 2
         kl = None
         if self.long_term_attention is not None:
-            read = self.long_term_attention(query, long_term)  # continuous read, same W_q LN(x)
+            # continuous read with the same queries W_q LN(x)
+            read = self.long_term_attention(query, long_term, check=False)
             attended = attended + read.context  # added before the residual (SPEC §7)
             kl = read.kl
-            long_term, observed = self._observe(long_term, observed, read)
+            # sticky memories: where these queries attended steers the next resampling
+            long_term = self.long_term_memory.observe(long_term, read.mu, read.sigma_sq)
         hidden = x + self.dropout(attended)
         ff = self.ff_out(self.dropout(F.gelu(self.ff_in(self.norm_ff(hidden)))))
         hidden = hidden + self.dropout(ff)
@@ -186,7 +197,7 @@ class MemoryBlock(nn.Module):
             zero = torch.stack([p.sum() for p in unused]).sum() * 0.0
         return BlockOutput(
             hidden=hidden,
-            state=LayerState(short, compressed, long_term, observed),
+            state=LayerState(short, compressed, long_term),
             kl=kl,
             reconstruction=reconstruction,
             unused=zero,
@@ -208,11 +219,10 @@ class MemoryBlock(nn.Module):
     def _update_long_term(
         self,
         long_term: LongTermState,
-        observed: torch.Tensor,
         leaving: torch.Tensor,
         count: torch.Tensor,
         generator: torch.Generator | None,
-    ) -> tuple[LongTermState, torch.Tensor]:
+    ) -> LongTermState:
         """Fit the leaving states, block by block of C, into the rows that have them."""
         assert self.long_term_memory is not None
         C = self.short_term.block_len
@@ -225,41 +235,10 @@ class MemoryBlock(nn.Module):
                 (self.config.d_model,),
                 eps=self.config.layer_norm_eps,
             )  # [batch, C, d]
-            updated = self.long_term_memory.update(long_term, chunk, generator)
-            if not bool(rows.all()):  # rows in another phase keep their memory
-                updated = LongTermState(
-                    coefficients=torch.where(
-                        rows[:, None, None], updated.coefficients, long_term.coefficients
-                    ),
-                    attention_mass=torch.where(
-                        rows[:, None], updated.attention_mass, long_term.attention_mass
-                    ),
-                    empty=torch.where(rows, updated.empty, long_term.empty),
-                )
-            long_term = updated
-        observed = torch.where(count > 0, torch.zeros_like(observed), observed)
-        return long_term, observed
-
-    def _observe(
-        self, long_term: LongTermState, observed: torch.Tensor, read: LongTermAttentionOutput
-    ) -> tuple[LongTermState, torch.Tensor]:
-        """Sticky memories: the histogram of where this block's queries attended, averaged over
-        every call since the last update (weighted by the number of queries), so that one call
-        of C queries and C calls of one query give about the same histogram."""
-        assert self.long_term_memory is not None
-        if not self.long_term_memory.config.sticky:
-            return long_term, observed
-        hist = self.long_term_memory.attention_histogram(read.mu, read.sigma_sq)  # [batch, bins]
-        hist = hist.to(long_term.attention_mass.dtype)
-        queries = read.mu.shape[-1]
-        seen = observed[:, None]  # [batch, 1]
-        mass = (seen * long_term.attention_mass + queries * hist) / (seen + queries)
-        filled = ~long_term.empty  # [batch]
-        long_term = replace(
-            long_term,
-            attention_mass=torch.where(filled[:, None], mass, long_term.attention_mass),
-        )
-        return long_term, torch.where(filled, observed + queries, observed)
+            updated = self.long_term_memory.update(long_term, chunk, generator, check=False)
+            # rows in another phase keep their memory
+            long_term = updated if bool(rows.all()) else updated.select(rows, long_term)
+        return long_term
 
 
 __all__ = ["BlockOutput", "MemoryBlock"]

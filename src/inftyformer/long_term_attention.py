@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._checks import check_finite, check_tensor
+from ._init import init_projection
 from .basis import GaussianBasis
 from .continuous_softmax import continuous_softmax, variance_kl
 from .long_term_memory import LongTermConfig, LongTermState
@@ -46,11 +47,20 @@ class LongTermAttention(nn.Module):
     # (benchmarks/bench_core.py). None: one block (the whole [B, H, Q, N] at once).
     query_block_elements: int | None = 3 << 21
 
-    def __init__(self, config: LongTermConfig) -> None:
+    def __init__(self, config: LongTermConfig, basis: GaussianBasis | None = None) -> None:
+        """`basis`: the ψ of the memory this attention reads (a layer's memory and attention
+        share one); a new one from `config` when not given."""
         super().__init__()
         self.config = config
         e, N = config.dim, config.num_basis
-        self.basis = GaussianBasis(N, config.widths)
+        if basis is None:
+            basis = GaussianBasis(N, config.widths)
+        elif basis.num_basis != N or basis.width_values != config.widths:
+            raise ValueError(
+                f"basis (N={basis.num_basis}, widths={basis.width_values}) does not match the "
+                f"config (N={N}, widths={config.widths})"
+            )
+        self.basis = basis
         self.query = nn.Linear(e, e) if config.query_projection else None
         self.key = nn.Linear(e, e, bias=False)  # W^K
         self.value = nn.Linear(e, e, bias=False)  # W^V
@@ -58,16 +68,28 @@ class LongTermAttention(nn.Module):
         self.sigma_head = nn.Linear(N, 1)  # w_σ
         self.out = nn.Linear(e, config.out_dim or e)
 
-    def forward(self, query: torch.Tensor, state: LongTermState) -> LongTermAttentionOutput:
-        """query [batch, Q, e] (already projected unless `config.query_projection`)."""
+    def reset_projections(self, std: float) -> None:
+        """The projections (W^Q when present, W^K, W^V, the output) ~ N(0, std²), so that the
+        read starts at the scale of the backbone it is added to. The density heads w_μ, w_σ keep
+        PyTorch's default initialisation: they set how spread the first densities are."""
+        for projection in (self.query, self.key, self.value, self.out):
+            if projection is not None:
+                init_projection(projection, std)
+
+    def forward(
+        self, query: torch.Tensor, state: LongTermState, *, check: bool = True
+    ) -> LongTermAttentionOutput:
+        """query [batch, Q, e] (already projected unless `config.query_projection`).
+        `check=False` skips the validation of the arguments (for callers that built them)."""
         c = self.config
-        check_tensor("query", query, 3)
-        if query.shape[0] != state.batch_size or query.shape[2] != c.dim:
-            raise ValueError(
-                f"query must have shape (batch={state.batch_size}, queries, e={c.dim}), "
-                f"got {tuple(query.shape)}"
-            )
-        check_finite("query", query)
+        if check:
+            check_tensor("query", query, 3)
+            if query.shape[0] != state.batch_size or query.shape[2] != c.dim:
+                raise ValueError(
+                    f"query must have shape (batch={state.batch_size}, queries, e={c.dim}), "
+                    f"got {tuple(query.shape)}"
+                )
+            check_finite("query", query)
         batch, num_q, _ = query.shape
         H, d = c.num_heads, c.head_dim
         B = state.coefficients.to(query.dtype)  # [batch, N, e]

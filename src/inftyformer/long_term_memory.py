@@ -87,24 +87,30 @@ class LongTermState:
     """The long-term memory of a batch of parallel streams.
 
     coefficients    B [batch, N, e]      the signal x̄(t) = Bᵀ ψ(t) of each row
-    attention_mass  [batch, bins]        histogram of the last attention densities (sticky
-                                         memories); uniform when there was none
+    attention_mass  [batch, bins]        histogram of where the queries attended since the last
+                                         update (sticky memories); uniform when there was none
+    observed        [batch]              queries behind `attention_mass` (its weight when the
+                                         next call's histogram is averaged in)
     empty           bool [batch]         rows with nothing in memory (fresh stream or reset)
     """
 
     coefficients: torch.Tensor
     attention_mass: torch.Tensor
+    observed: torch.Tensor
     empty: torch.Tensor
 
     @property
     def batch_size(self) -> int:
         return self.coefficients.shape[0]
 
+    def _map(self, fn) -> LongTermState:
+        return LongTermState(*(fn(getattr(self, f.name)) for f in fields(self)))
+
     def detach(self) -> LongTermState:
-        return LongTermState(*(getattr(self, f.name).detach() for f in fields(self)))
+        return self._map(lambda t: t.detach())
 
     def to(self, device: torch.device | str) -> LongTermState:
-        return LongTermState(*(getattr(self, f.name).to(device) for f in fields(self)))
+        return self._map(lambda t: t.to(device))
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Flat dict for saving (safetensors)."""
@@ -117,20 +123,31 @@ class LongTermState:
             raise ValueError(f"long-term state is missing tensors {missing}")
         return cls(**{f.name: tensors[f.name] for f in fields(cls)})
 
+    def select(self, rows: torch.Tensor, other: LongTermState) -> LongTermState:
+        """Row-wise choice: this state where the bool mask `rows` [batch] is True, `other`
+        elsewhere."""
+
+        def pick(mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
+            return torch.where(rows.view(-1, *([1] * (mine.dim() - 1))), mine, theirs)
+
+        return LongTermState(
+            *(pick(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+        )
+
     def reset(self, rows: torch.Tensor) -> LongTermState:
         """Clear the rows flagged in the boolean mask `rows` [batch] (their document ended)."""
         check_shape("rows", rows, (self.batch_size,))
         if rows.dtype != torch.bool:
             raise TypeError(f"rows must be a bool mask, got dtype {rows.dtype}")
         rows = rows.to(self.coefficients.device)
-        keep = (~rows).to(self.coefficients.dtype)
         bins = self.attention_mass.shape[-1]
-        uniform = torch.full_like(self.attention_mass, 1.0 / bins)
-        return LongTermState(
-            coefficients=self.coefficients * keep[:, None, None],
-            attention_mass=torch.where(rows[:, None], uniform, self.attention_mass),
-            empty=self.empty | rows,
+        cleared = LongTermState(
+            coefficients=torch.zeros_like(self.coefficients),
+            attention_mass=torch.full_like(self.attention_mass, 1.0 / bins),
+            observed=torch.zeros_like(self.observed),
+            empty=torch.ones_like(self.empty),
         )
+        return cleared.select(rows, self)
 
 
 class LongTermMemory(nn.Module):
@@ -162,6 +179,7 @@ class LongTermMemory(nn.Module):
             attention_mass=torch.full(
                 (batch_size, c.sticky_bins), 1.0 / c.sticky_bins, device=device, dtype=dtype
             ),
+            observed=torch.zeros(batch_size, device=device, dtype=dtype),
             empty=torch.ones(batch_size, dtype=torch.bool, device=device),
         )
 
@@ -176,6 +194,7 @@ class LongTermMemory(nn.Module):
         check_shape("state.coefficients", state.coefficients, (None, c.num_basis, c.dim))
         batch = state.batch_size
         check_shape("state.attention_mass", state.attention_mass, (batch, c.sticky_bins))
+        check_shape("state.observed", state.observed, (batch,))
         check_shape("state.empty", state.empty, (batch,))
 
     # ---------------------------------------------------------------- design matrices
@@ -211,15 +230,20 @@ class LongTermMemory(nn.Module):
     def observe(
         self, state: LongTermState, mu: torch.Tensor, sigma_sq: torch.Tensor
     ) -> LongTermState:
-        """Record where this segment's queries attended (μ, σ² [batch, heads, queries]) for the
-        next sticky resampling. A no-op unless `config.sticky`."""
+        """Sticky memories: record where a call's queries attended (μ, σ² [batch, heads,
+        queries]) for the next resampling. The histogram is averaged over every call since the
+        last update, weighted by its number of queries, so that one call of C queries and C calls
+        of one query give about the same histogram. Rows with an empty memory read nothing and
+        record nothing. A no-op unless `config.sticky`."""
         if not self.config.sticky:
             return state
         check_shape("mu", mu, (state.batch_size, None, None))
-        mass = self.attention_histogram(mu, sigma_sq).to(state.attention_mass.dtype)
-        return replace(
-            state, attention_mass=torch.where(state.empty[:, None], state.attention_mass, mass)
-        )
+        hist = self.attention_histogram(mu, sigma_sq).to(state.attention_mass.dtype)  # [b, bins]
+        queries = mu.shape[-1]
+        seen = state.observed[:, None]  # [batch, 1]
+        mass = (seen * state.attention_mass + queries * hist) / (seen + queries)
+        observed = replace(state, attention_mass=mass, observed=state.observed + queries)
+        return observed.select(~state.empty, state)
 
     def sample_positions(
         self, state: LongTermState, generator: torch.Generator | None = None
@@ -261,25 +285,29 @@ class LongTermMemory(nn.Module):
         state: LongTermState,
         x: torch.Tensor,
         generator: torch.Generator | None = None,
+        *,
+        check: bool = True,
     ) -> LongTermState:
         """Put the new vectors x [batch, L, e] into memory and return the new state.
 
         Empty rows get the first fit; the others the unbounded update (old signal resampled,
         squeezed into [0, τ], refitted with x). B_past is detached; the returned coefficients
         carry the graph of this step only (through the CNN gate and x), so callers detach the
-        state before keeping it across segments.
+        state before keeping it across segments. `check=False` skips the validation of the
+        arguments (for callers that built them, e.g. the transformer block).
         """
-        self.check_state(state)
         c = self.config
-        check_tensor("x", x, 3)
-        if x.shape[0] != state.batch_size or x.shape[2] != c.dim:
-            raise ValueError(
-                f"x must have shape (batch={state.batch_size}, length, e={c.dim}), "
-                f"got {tuple(x.shape)}"
-            )
-        if x.shape[1] == 0:
-            raise ValueError("x must hold at least one vector (got a zero-length segment)")
-        check_finite("x", x)
+        if check:
+            self.check_state(state)
+            check_tensor("x", x, 3)
+            if x.shape[0] != state.batch_size or x.shape[2] != c.dim:
+                raise ValueError(
+                    f"x must have shape (batch={state.batch_size}, length, e={c.dim}), "
+                    f"got {tuple(x.shape)}"
+                )
+            if x.shape[1] == 0:
+                raise ValueError("x must hold at least one vector (got a zero-length segment)")
+            check_finite("x", x)
         x = self.smooth(x.to(state.coefficients.dtype))
         length = x.shape[1]
         empty = state.empty.to(x.device)
@@ -294,10 +322,10 @@ class LongTermMemory(nn.Module):
             G_inf = self.infinite_design(length, x.device, x.dtype)  # [M + L, N]
             B_upd = fit_coefficients(torch.cat([x_old, x], dim=1), G_inf)  # [batch, N, e]
             B_new = B_upd if B_new is None else torch.where(empty[:, None, None], B_new, B_upd)
-        bins = c.sticky_bins
         return LongTermState(
             coefficients=B_new,
-            attention_mass=torch.full_like(state.attention_mass, 1.0 / bins),
+            attention_mass=torch.full_like(state.attention_mass, 1.0 / c.sticky_bins),
+            observed=torch.zeros_like(state.observed),
             empty=torch.zeros_like(state.empty),
         )
 

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._checks import check_positive_int
+from ._init import init_projection
 from .block import MemoryBlock
 from .config import ModelConfig
 from .state import LayerState, MemoryState
@@ -56,25 +57,20 @@ class MemoryLM(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """N(0, 0.02) weights, zero biases, unit LayerNorms — the long-term attention's
-        projections W^K, W^V and its output included. Only the long-term memory's CNN gate and
-        the density heads w_μ, w_σ keep their own (PyTorch default) initialisation.
-
-        The long-term projections must start at the backbone's scale: left at PyTorch's default
-        (uniform ±1/√e, std ≈ 2.5× larger each) the continuous read added to every attention
-        output was large from step 0 and the ∞-former learned much more slowly than
-        Transformer-XL (pg19-mini bytes, 250 steps: valid perplexity 25 vs 10; with this
-        initialisation it trains like XL — see docs/lm.md)."""
-        for name, module in self.named_modules():
-            if "long_term_memory" in name or name.endswith(("mu_head", "sigma_head")):
-                continue
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, std=0.02)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+        """N(0, 0.02²) weights, zero biases, unit LayerNorms (`MemoryBlock.reset_parameters`
+        says which parts keep PyTorch's default initialisation). The long-term attention's
+        projections start at the backbone's scale: left at PyTorch's default (≈ 2.5× larger) the
+        continuous read dominated every attention output from step 0 and the ∞-former learned
+        much more slowly than Transformer-XL (docs/lm.md)."""
+        std = 0.02
+        init_projection(self.embedding, std)
         for block in self.blocks:
-            nn.init.normal_(block.attention.u, std=0.02)
-            nn.init.normal_(block.attention.v, std=0.02)
+            block.reset_parameters(std)
+        self.norm.reset_parameters()
+        if self.head is not None:
+            init_projection(self.head, std)
+        for block in self.blocks:  # last, as they always were: same draws for the same seed
+            block.attention.reset_position_biases(std)
 
     # ------------------------------------------------------------------ state
     @property
@@ -96,16 +92,24 @@ class MemoryLM(nn.Module):
                 f"state has {len(state.layers)} layers, the model has {len(self.blocks)}"
             )
         batch = state.batch_size if batch_size is None else batch_size
+        floats: list[torch.Tensor] = []
         for i, (block, layer) in enumerate(zip(self.blocks, state.layers, strict=True)):
             block.check_state(layer, batch, f"state.layers[{i}]")
-            for name, t in _layer_tensors(layer):
+            for name, t in layer.tensors().items():
                 if t.device != self._param.device:
                     raise ValueError(
                         f"state.layers[{i}].{name} is on {t.device}, the model on "
                         f"{self._param.device}: use state.to(device)"
                     )
-                if t.is_floating_point() and not _all_finite(t):
-                    raise ValueError(f"state.layers[{i}].{name} contains NaN or inf values")
+                if t.is_floating_point() and t.numel():
+                    floats.append(t.detach().sum().float())
+        # one reduction (one host synchronisation) for the whole state: a NaN or inf anywhere
+        # makes the total non-finite; only then is each tensor looked at, to name it
+        if floats and not bool(torch.isfinite(torch.stack(floats).sum())):
+            for i, layer in enumerate(state.layers):
+                for name, t in layer.tensors().items():
+                    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                        raise ValueError(f"state.layers[{i}].{name} contains NaN or inf values")
 
     # ------------------------------------------------------------------ inputs
     def _check_ids(self, name: str, ids: object, allow_ignore: bool) -> torch.Tensor:
@@ -220,24 +224,6 @@ class MemoryLM(nn.Module):
                 loss = loss + zero
             output.loss, output.lm_loss, output.token_loss = loss, lm_loss, token_loss
         return output
-
-
-def _all_finite(t: torch.Tensor) -> bool:
-    """One reduction instead of a full boolean mask: a NaN or inf anywhere makes the sum
-    non-finite; a finite tensor whose sum overflows is checked element by element."""
-    if t.numel() == 0 or bool(torch.isfinite(t.sum())):
-        return True
-    return bool(torch.isfinite(t).all())
-
-
-def _layer_tensors(layer: LayerState):
-    for group in ("short_term", "compressed", "long_term"):
-        sub = getattr(layer, group)
-        if sub is not None:
-            for k, v in sub.tensors().items():
-                yield f"{group}.{k}", v
-    if layer.observed is not None:
-        yield "observed", layer.observed
 
 
 __all__ = ["IGNORE_INDEX", "LMOutput", "MemoryLM"]

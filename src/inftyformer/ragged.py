@@ -70,7 +70,7 @@ class RaggedState:
             raise ValueError(
                 f"{name}.memory holds {width} states, more than the {max_width} allowed"
             )
-        if batch and (bool((self.length < 0).any()) or bool((self.length > width).any())):
+        if batch and bool(((self.length < 0) | (self.length > width)).any()):
             raise ValueError(f"{name}.length must be in [0, {width}], got {self.length.tolist()}")
 
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ragged
+from ._init import init_projection
 
 
 def sinusoidal_encoding(
@@ -58,6 +59,17 @@ class RelativeMultiHeadAttention(nn.Module):
         self.v = nn.Parameter(torch.zeros(n_heads, self.head_dim))  # global position bias
         self.out = nn.Linear(d_model, d_model, bias=False)  # W_o
         self.dropout = dropout
+
+    def reset_projections(self, std: float) -> None:
+        """W_q, W_k, W_v, W_r, W_o ~ N(0, std²); the biases u, v are drawn by
+        `reset_position_biases`."""
+        for projection in (self.query, self.key, self.value, self.position, self.out):
+            init_projection(projection, std)
+
+    def reset_position_biases(self, std: float) -> None:
+        """u, v ~ N(0, std²)."""
+        nn.init.normal_(self.u, std=std)
+        nn.init.normal_(self.v, std=std)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """[batch, T, d_model] → [batch, heads, T, head_dim]"""

@@ -3,8 +3,7 @@
     MemoryState.layers[i] = LayerState(
         short_term  ShortTermState    [batch, S, d] right-aligned + length [batch]
         compressed  CompressiveState  [batch, S_c, d] + length [batch]        ("compressive")
-        long_term   LongTermState     B [batch, N, d], attention mass, empty  ("infty")
-        observed    [batch] float     queries seen since the last long-term update (sticky)
+        long_term   LongTermState     B [batch, N, d], sticky histogram, empty ("infty")
     )
 
 Rows of the batch are parallel streams; `reset(rows)` clears the rows whose document ended.
@@ -29,7 +28,7 @@ from .long_term_memory import LongTermState
 from .short_term_memory import ShortTermState
 
 STATE_FORMAT = "inftyformer.MemoryState"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the sticky counter `observed` moved into the long-term state
 
 
 @dataclass
@@ -37,14 +36,12 @@ class LayerState:
     short_term: ShortTermState
     compressed: CompressiveState | None = None
     long_term: LongTermState | None = None
-    observed: torch.Tensor | None = None  # [batch]; present with long_term
 
     def _map(self, fn) -> LayerState:
         return LayerState(
             short_term=fn(self.short_term),
             compressed=None if self.compressed is None else fn(self.compressed),
             long_term=None if self.long_term is None else fn(self.long_term),
-            observed=None if self.observed is None else fn(self.observed),
         )
 
     def detach(self) -> LayerState:
@@ -58,9 +55,6 @@ class LayerState:
             short_term=self.short_term.reset(rows),
             compressed=None if self.compressed is None else self.compressed.reset(rows),
             long_term=None if self.long_term is None else self.long_term.reset(rows),
-            observed=None
-            if self.observed is None
-            else torch.where(rows.to(self.observed.device), 0.0, self.observed),
         )
 
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -69,8 +63,6 @@ class LayerState:
             out.update({f"compressed.{k}": v for k, v in self.compressed.tensors().items()})
         if self.long_term is not None:
             out.update({f"long_term.{k}": v for k, v in self.long_term.tensors().items()})
-        if self.observed is not None:
-            out["observed"] = self.observed
         return out
 
     @classmethod
@@ -79,13 +71,14 @@ class LayerState:
             return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
 
         short, comp, long = group("short_term."), group("compressed."), group("long_term.")
+        if long and "observed" in tensors:  # version 1 kept the sticky counter beside long_term
+            long.setdefault("observed", tensors["observed"])
         if not short:
             raise ValueError("layer state has no short_term tensors")
         return cls(
             short_term=ShortTermState.from_tensors(short),
             compressed=CompressiveState.from_tensors(comp) if comp else None,
             long_term=LongTermState.from_tensors(long) if long else None,
-            observed=tensors.get("observed"),
         )
 
 
@@ -173,7 +166,7 @@ def load_state(path: str | os.PathLike, device: torch.device | str = "cpu") -> M
     if raw is None:
         raise ValueError(f"{path} is not an inftyformer memory state (no metadata)")
     meta = json.loads(raw)
-    if meta.get("format") != STATE_FORMAT or meta.get("version") != STATE_VERSION:
+    if meta.get("format") != STATE_FORMAT or meta.get("version") not in (1, STATE_VERSION):
         raise ValueError(
             f"{path}: unsupported state format {meta.get('format')!r} "
             f"version {meta.get('version')!r}"
