@@ -1,7 +1,11 @@
-"""Shared test set-up."""
+"""Shared test set-up: one torch thread, and the one way to reach the shared data."""
+
+from pathlib import Path
 
 import pytest
 import torch
+
+from inftyformer.data import default_data_dir
 
 
 @pytest.fixture(autouse=True)
@@ -11,3 +15,13 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The shared data directory (../shared/data or $INFTYFORMER_DATA); tests that need it skip
+    when it is absent."""
+    found = default_data_dir()
+    if found is None:
+        pytest.skip("the shared data directory (../shared/data or $INFTYFORMER_DATA) is absent")
+    return found

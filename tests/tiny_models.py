@@ -1,8 +1,11 @@
-"""The tiny model configuration the model tests share."""
+"""The tiny configurations the tests share."""
 
-from inftyformer.config import ModelConfig
+from inftyformer.config import MODEL_TYPES, ModelConfig
+from inftyformer.tasks import SortingConfig
+from inftyformer.training import TrainConfig
 
-MODEL_TYPES = ("transformer", "xl", "compressive", "infty")
+__all__ = ["C", "MODEL_TYPES", "SORT", "V", "tiny", "tiny_sorting", "tiny_train"]
+
 V = 13  # vocabulary
 C = 8  # segment_len
 
@@ -26,3 +29,42 @@ def tiny(model_type: str = "xl", **overrides) -> ModelConfig:
     )
     base.update(overrides)
     return ModelConfig(**base)
+
+
+# ---- the tiny sorting run the training tests train: 1 layer of 16, segments of 32, T = 96
+SORT = SortingConfig(seq_len=96)
+
+
+def tiny_sorting(model_type: str = "infty", **overrides) -> ModelConfig:
+    settings = dict(
+        vocab_size=22,
+        d_model=16,
+        n_layers=1,
+        d_ff=32,
+        dropout=0.1,
+        segment_len=32,
+        mem_len=0 if model_type == "transformer" else 32,
+        num_basis=8,
+        num_samples=16,
+        compressed_len=8,
+    )
+    settings.update(overrides)
+    return tiny(model_type, **settings)
+
+
+def tiny_train(out_dir, **overrides) -> TrainConfig:
+    settings = dict(
+        steps=6,
+        batch_size=4,
+        warmup_steps=2,
+        eval_every=3,
+        eval_batches=1,
+        test_batches=1,
+        log_every=1,
+        progress=False,
+        tensorboard=False,
+        threads=1,
+        out_dir=str(out_dir),
+    )
+    settings.update(overrides)
+    return TrainConfig(**settings)

@@ -3,6 +3,7 @@ name the argument and what was expected, instead of an obscure error from deep i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -32,7 +33,7 @@ def check_finite(name: str, x: torch.Tensor) -> None:
 
 def check_positive_int(name: str, value: object, minimum: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
@@ -46,9 +47,10 @@ def check_range(
     low_open: bool = False,
     high_open: bool = False,
 ) -> None:
+    """A finite number in the given interval (NaN and ±inf are always refused)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    bad = value != value  # NaN
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
+    bad = not math.isfinite(value)
     if low is not None:
         bad = bad or (value <= low if low_open else value < low)
     if high is not None:
@@ -56,4 +58,4 @@ def check_range(
     if bad:
         lo = "(-inf" if low is None else f"{'(' if low_open else '['}{low}"
         hi = "inf)" if high is None else f"{high}{')' if high_open else ']'}"
-        raise ValueError(f"{name} must be in {lo}, {hi}, got {value}")
+        raise ValueError(f"{name} must be a finite number in {lo}, {hi}, got {value}")

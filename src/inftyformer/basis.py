@@ -25,6 +25,25 @@ def gaussian_density(t: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> 
     return torch.exp(-0.5 * (t - mean) ** 2 / var - 0.5 * torch.log(var) - _LOG_SQRT_2PI)
 
 
+def check_widths(widths: Sequence[float], num_basis: int | None = None) -> tuple[float, ...]:
+    """The widths as floats: at least one, each positive and finite, and (given N) N a
+    multiple of their number (every centre is paired with every width)."""
+    try:
+        widths = tuple(float(w) for w in widths)
+    except (TypeError, ValueError):
+        raise TypeError(f"widths must be a sequence of numbers, got {widths!r}") from None
+    if not widths:
+        raise ValueError("widths must hold at least one width")
+    if any(not (w > 0 and math.isfinite(w)) for w in widths):
+        raise ValueError(f"widths must be positive and finite, got {widths}")
+    if num_basis is not None and num_basis % len(widths):
+        raise ValueError(
+            f"num_basis (N={num_basis}) must be a multiple of the number of widths "
+            f"({len(widths)}: {widths})"
+        )
+    return widths
+
+
 class GaussianBasis(nn.Module):
     """N fixed, normalised Gaussian RBFs. Holds no parameters, only the constant buffers
     `centers` [N] and `widths` [N] (not saved in state dicts: they follow from the config)."""
@@ -37,16 +56,7 @@ class GaussianBasis(nn.Module):
     def __init__(self, num_basis: int, widths: Sequence[float] = (0.01, 0.05)) -> None:
         super().__init__()
         check_positive_int("num_basis", num_basis)
-        widths = tuple(float(w) for w in widths)
-        if not widths:
-            raise ValueError("widths must hold at least one width")
-        if any(not (w > 0 and math.isfinite(w)) for w in widths):
-            raise ValueError(f"widths must be positive and finite, got {widths}")
-        if num_basis % len(widths) != 0:
-            raise ValueError(
-                f"num_basis (N={num_basis}) must be a multiple of the number of widths "
-                f"({len(widths)}: {widths})"
-            )
+        widths = check_widths(widths, num_basis)
         self.num_basis = num_basis
         self.width_values = widths
         self.num_centers = num_basis // len(widths)

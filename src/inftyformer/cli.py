@@ -1,4 +1,9 @@
-"""The `inftyformer` command line: train, evaluate, generate, bench (and the memory demo)."""
+"""The `inftyformer` command line: train, evaluate, generate, bench (and the memory demo).
+
+Tasks come from the registry (`inftyformer.tasks.TASKS`): `train TASK` builds the task's own
+settings from the options that name them (`--seq-len`, `--data-dir`, `--tokenizer`, …, and
+`--set task.KEY=VALUE`), so a new task needs no change here.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ from typing import Any
 
 import typer
 
+from .config import MODEL_TYPES
+from .tasks import TASKS
 from .training.config import TrainConfig
 
 app = typer.Typer(
@@ -19,12 +26,12 @@ app = typer.Typer(
     add_completion=False,
 )
 
-MODEL_CHOICES = ("transformer", "xl", "compressive", "infty")
 DEFAULT_PRESET = "cpu-small"
 DEFAULT_MODEL = "infty"
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 _D = TrainConfig()  # defaults shown in --help
+_TASK_HELP = "; ".join(f"'{name}': {cls.summary}" for name, cls in sorted(TASKS.items()))
 
 
 @app.callback()
@@ -44,38 +51,66 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 # --------------------------------------------------------------------------- configuration
-def split_settings(items: list[str]) -> tuple[dict[str, str], dict[str, str]]:
-    """`--set key=value` items -> (model settings, train settings).
+GROUPS = ("model", "train", "task")
 
-    A key may be prefixed `model.` or `train.`; a bare key goes where it is a field (an error if
-    it is a field of both or of neither)."""
+
+def split_settings(items: list[str], task: str) -> dict[str, dict[str, str]]:
+    """`--set key=value` items → {"model": {...}, "train": {...}, "task": {...}}.
+
+    A key may be prefixed `model.`, `train.` or `task.`; a bare key goes to the one group that
+    has it (an error if several or none do)."""
     from .config import ModelConfig
-    from .training.config import TrainConfig, field_types, split_assignment
+    from .tasks import get_task
+    from .training.config import field_types, split_assignment
 
-    model_keys = set(field_types(ModelConfig))
-    train_keys = set(field_types(TrainConfig))
-    model_set: dict[str, str] = {}
-    train_set: dict[str, str] = {}
+    keys = {
+        "model": set(field_types(ModelConfig)),
+        "train": set(field_types(TrainConfig)) - {"task"},
+        "task": set(field_types(get_task(task).Config)),
+    }
+    out: dict[str, dict[str, str]] = {group: {} for group in GROUPS}
     for item in items:
         key, value = split_assignment(item)
-        if key.startswith("model."):
-            model_set[key[6:]] = value
-        elif key.startswith("train."):
-            train_set[key[6:]] = value
-        elif key in model_keys and key in train_keys:
+        group, _, name = key.partition(".")
+        if name and group in GROUPS:
+            out[group][name] = value
+            continue
+        owners = [g for g in GROUPS if key in keys[g]]
+        if len(owners) > 1:
             raise ValueError(
-                f"{key!r} is both a model and a train setting: write model.{key} or train.{key}"
+                f"{key!r} is a setting of {' and '.join(owners)}: write "
+                + " or ".join(f"{g}.{key}" for g in owners)
             )
-        elif key in model_keys:
-            model_set[key] = value
-        elif key in train_keys:
-            train_set[key] = value
-        else:
+        if not owners:
             raise ValueError(
-                f"unknown setting {key!r}; model settings: {', '.join(sorted(model_keys))}; "
-                f"train settings: {', '.join(sorted(train_keys))}"
+                f"unknown setting {key!r}; "
+                + "; ".join(f"{g} settings: {', '.join(sorted(keys[g]))}" for g in GROUPS)
             )
-    return model_set, train_set
+        out[owners[0]][key] = value
+    return out
+
+
+def task_settings(task: str, options: dict[str, Any], text: dict[str, str]) -> dict[str, Any]:
+    """Typed task settings from command-line options (None: not given) and `--set` texts; an
+    option the task has no setting for is an error naming the task's settings."""
+    from .tasks import get_task
+    from .training.config import field_types, parse_overrides
+
+    config_cls = get_task(task).Config
+    names = set(field_types(config_cls))
+    values: dict[str, Any] = {}
+    for key, value in options.items():
+        if value is None:
+            continue
+        if key not in names:
+            flag = "--" + key.replace("_", "-")
+            raise ValueError(
+                f"{flag} is not a setting of task {task!r} (its settings: "
+                f"{', '.join(sorted(names)) or 'none'})"
+            )
+        values[key] = value
+    values.update(parse_overrides(config_cls, text, f"task {task!r}"))
+    return values
 
 
 def build_configs(
@@ -85,54 +120,61 @@ def build_configs(
     preset: str | None,
     settings: list[str],
     options: dict[str, Any],
+    task_options: dict[str, Any],
     resume: bool,
-) -> tuple[Any, Any]:
-    """(TrainConfig, ModelConfig) from the task's defaults, or from the run being resumed, then
-    the explicit options and `--set` items (later wins)."""
+) -> tuple[TrainConfig, Any, Any]:
+    """(TrainConfig, task settings, ModelConfig) from the defaults, or from the run being
+    resumed, then the explicit options and `--set` items (later wins)."""
     import dataclasses
 
     from .config import ModelConfig
-    from .training import get_task, load_run_configs
-    from .training.config import TrainConfig, parse_overrides
+    from .tasks import get_task
+    from .training import read_configs
+    from .training.config import parse_overrides
 
     task_cls = get_task(task)
-    model_set, train_set = split_settings(settings)
+    text = split_settings(settings, task)
     train_values = {k: v for k, v in options.items() if v is not None}
-    train_values.update(parse_overrides(TrainConfig, train_set, "train"))
-    model_values = parse_overrides(ModelConfig, model_set, "model")
-    if model is not None and model not in MODEL_CHOICES:
-        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODEL_CHOICES)}")
+    train_values.update(parse_overrides(TrainConfig, text["train"], "train"))
+    model_values = parse_overrides(ModelConfig, text["model"], "model")
+    task_values = task_settings(task, task_options, text["task"])
+    if model is not None and model not in MODEL_TYPES:
+        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODEL_TYPES)}")
+    if "model_type" in model_values:
+        raise ValueError("choose the model with --model, not --set model_type")
 
     if resume:
         out_dir = train_values.get("out_dir") or _default_out_dir(task, model or DEFAULT_MODEL)
-        saved_train, saved_model = load_run_configs(out_dir)
+        saved_train, saved_task, saved_model = read_configs(out_dir)
         if saved_train.task != task:
             raise ValueError(f"{out_dir} holds a {saved_train.task!r} run, not {task!r}")
-        if model is not None and model != saved_model.get("model_type"):
+        if model is not None and model != saved_model.model_type:
             raise ValueError(
-                f"{out_dir} holds a {saved_model.get('model_type')!r} model, not {model!r}; "
+                f"{out_dir} holds a {saved_model.model_type!r} model, not {model!r}; "
                 "drop --model or pick the right --out-dir"
             )
         train_values["out_dir"] = str(out_dir)
         train_values.setdefault("halt_after", 0)  # a halt is for one session, not the run
         train_cfg = dataclasses.replace(saved_train, **train_values)
+        task_cfg = dataclasses.replace(saved_task, **task_values)
         if preset is not None:
-            base = ModelConfig.preset(preset, model_type=saved_model["model_type"])
-            model_cfg = base.replace(**task_cls.model_overrides(train_cfg), **model_values)
+            base = ModelConfig.preset(preset, model_type=saved_model.model_type)
+            model_cfg = base.replace(**task_cls.model_overrides(task_cfg), **model_values)
         else:
-            model_cfg = ModelConfig.from_dict(saved_model).replace(**model_values)
-        return train_cfg, model_cfg
+            model_cfg = saved_model.replace(**model_values)
+        return train_cfg, task_cfg, model_cfg
 
     model = model or DEFAULT_MODEL
     train_values.setdefault("out_dir", _default_out_dir(task, model))
-    train_cfg = TrainConfig(task=task, **{**task_cls.train_defaults(), **train_values})
+    train_cfg = TrainConfig(task=task, **train_values)
+    task_cfg = task_cls.Config(**task_values)
     model_cfg = ModelConfig.preset(
         preset or DEFAULT_PRESET,
         model_type=model,
-        **{**task_cls.model_overrides(train_cfg), **model_values},
+        **{**task_cls.model_overrides(task_cfg), **model_values},
     )
-    task_cls.check_configs(train_cfg, model_cfg)
-    return train_cfg, model_cfg
+    task_cls.check(task_cfg, model_cfg)
+    return train_cfg, task_cfg, model_cfg
 
 
 def _default_out_dir(task: str, model: str) -> str:
@@ -142,11 +184,7 @@ def _default_out_dir(task: str, model: str) -> str:
 # --------------------------------------------------------------------------- train
 @app.command()
 def train(
-    task: str = typer.Argument(
-        ...,
-        help="What to train on: 'sorting' (the paper's §4.1 task) or 'lm' (long-document "
-        "language modelling on a folder of books, §4.2).",
-    ),
+    task: str = typer.Argument(..., help=f"What to train on: {_TASK_HELP}."),
     model: str | None = typer.Option(
         None,
         "--model",
@@ -162,22 +200,22 @@ def train(
         "--set",
         "-s",
         help="Override any model or train setting, e.g. --set segment_len=64 --set sticky=true "
-        "--set warmup_steps=20 (prefix model. or train. when ambiguous). Repeatable.",
+        "--set warmup_steps=20 (prefix model., train. or task. when ambiguous). Repeatable.",
     ),
     seq_len: int | None = typer.Option(
-        None, "--seq-len", "-T", help=f"Sorting: symbols per sequence T (default: {_D.seq_len})."
+        None, "--seq-len", "-T", help="Task setting seq_len (sorting: symbols per sequence T)."
     ),
     data_dir: str | None = typer.Option(
         None,
         "--data-dir",
-        help="lm: corpus directory with train/ valid/ test/ *.txt (one file per document), or a "
-        "data root holding pg19-mini/ (default: the shared data directory).",
+        help="Task setting data_dir (lm: corpus directory with train/ valid/ test/ *.txt, one "
+        "file per document, or a data root holding pg19-mini/; default: the shared data).",
     ),
     tokenizer: str | None = typer.Option(
         None,
         "--tokenizer",
-        help=f"lm: gpt2 (GPT-2 BPE), bytes (UTF-8 bytes, vocabulary 257) or a path to a "
-        f"tokenizer.json (default: {_D.tokenizer}).",
+        help="Task setting tokenizer (lm: gpt2 for GPT-2 BPE, bytes for UTF-8 bytes, or a path "
+        "to a tokenizer.json).",
     ),
     steps: int | None = typer.Option(None, help=f"Optimiser steps (sorting default: {_D.steps})."),
     batch_size: int | None = typer.Option(
@@ -224,12 +262,9 @@ def train(
     --out-dir (plus metrics.csv and TensorBoard logs), then report test accuracy beside chance.
     Ctrl-C saves a checkpoint; --resume continues exactly. Under `torchrun --nproc_per_node=N`
     the global batch is split across N DistributedDataParallel processes."""
-    from .training import Trainer, headline, init_distributed, shutdown_distributed
+    from .training import Trainer, init_distributed, shutdown_distributed
 
     options = dict(
-        seq_len=seq_len,
-        data_dir=data_dir,
-        tokenizer=tokenizer,
         steps=steps,
         batch_size=batch_size,
         grad_accum=grad_accum,
@@ -243,19 +278,28 @@ def train(
         progress=progress,
     )
     try:
-        train_cfg, model_cfg = build_configs(
-            task, model=model, preset=preset, settings=settings, options=options, resume=resume
+        train_cfg, task_cfg, model_cfg = build_configs(
+            task,
+            model=model,
+            preset=preset,
+            settings=settings,
+            options=options,
+            task_options=dict(seq_len=seq_len, data_dir=data_dir, tokenizer=tokenizer),
+            resume=resume,
         )
         env = init_distributed(train_cfg.device)
     except _user_errors() as err:
         raise _fail(str(err)) from None
     try:
-        trainer = Trainer(train_cfg, model_cfg, resume=resume, overwrite=overwrite, env=env)
+        trainer = Trainer(
+            train_cfg, task_cfg, model_cfg, resume=resume, overwrite=overwrite, env=env
+        )
         if env.is_main:
             n_params = sum(p.numel() for p in trainer.model.parameters())
+            shown = ", ".join(f"{k}={v}" for k, v in task_cfg.to_dict().items() if v is not None)
             typer.echo(
                 f"training {model_cfg.model_type} ({n_params / 1e6:.2f}M parameters) on "
-                f"{train_cfg.task}: T={train_cfg.seq_len}, segment {model_cfg.segment_len}, "
+                f"{train_cfg.task} ({shown}): segment {model_cfg.segment_len}, "
                 f"batch {train_cfg.batch_size}, {train_cfg.steps} steps, "
                 f"{env.world_size} process(es) -> {train_cfg.out_dir}"
             )
@@ -280,7 +324,7 @@ def train(
         f"done: {result.step} steps in {minutes:.1f} min (best valid at step {result.best_step})"
     )
     if result.test is not None:
-        typer.echo(f"test {headline(trainer.task, result.test)}")
+        typer.echo(f"test {trainer.task.describe(result.test)}")
 
 
 # --------------------------------------------------------------------------- evaluate
@@ -293,128 +337,85 @@ def evaluate(
     ),
     split: str = typer.Option("test", help="Split to evaluate: train, valid or test."),
     batches: int | None = typer.Option(
-        None, help="Number of batches (default: the run's test_batches)."
+        None, help="Number of batches, for tasks that count them (default: the run's test_batches)."
     ),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
     data_dir: Path | None = typer.Option(  # noqa: B008
         None,
         "--data-dir",
-        help="lm: evaluate on this corpus directory, or a WikiText-103 directory holding "
-        "wiki.SPLIT.tokens (default: the run's training corpus).",
+        help="Task setting data_dir: evaluate on other data (lm: a corpus directory or a "
+        "WikiText-103 directory holding wiki.SPLIT.tokens; default: the run's).",
     ),
     settings: list[str] = typer.Option(  # noqa: B008
         [],
         "--set",
         "-s",
-        help="lm: memory settings of the evaluation model, e.g. --set mem_len=512 --set "
-        "num_samples=512 (weights unchanged). Repeatable.",
+        help="Memory settings of the evaluation model (weights unchanged), e.g. --set mem_len=512 "
+        "--set num_samples=512, or task settings (task.KEY=VALUE). Repeatable.",
     ),
     batch_size: int | None = typer.Option(
-        None, "--batch-size", "-b", help="lm: documents streamed in parallel."
+        None, "--batch-size", "-b", help="Rows evaluated in parallel (lm: documents)."
     ),
-    max_docs: int | None = typer.Option(None, help="lm: only the first N documents."),
+    max_docs: int | None = typer.Option(
+        None, help="Task setting max_docs (lm: only the first N documents)."
+    ),
     max_tokens: int | None = typer.Option(
-        None, help="lm: only the first N tokens of each document (a prefix)."
+        None, help="Task setting max_tokens (lm: only the first N tokens of each document)."
     ),
     json_out: Path | None = typer.Option(  # noqa: B008
-        None, "--json", help="lm: write the full result (per document, per position) here."
+        None,
+        "--json",
+        help="Write the metrics and the task's details (lm: per document and per position) here.",
     ),
 ) -> None:
     """Evaluate a saved model on a split and print its metric beside chance. Language models
     are scored over whole documents streamed with memory: perplexity, bits per byte."""
-    from .training import evaluate_checkpoint, headline
-
-    if _checkpoint_task(checkpoint) == "lm":
-        _evaluate_lm(
-            checkpoint,
-            split,
-            device,
-            data_dir,
-            settings,
-            batch_size,
-            max_docs,
-            max_tokens,
-            json_out,
-        )
-        return
-    try:
-        if batches is not None and batches < 1:
-            raise ValueError(f"--batches must be >= 1, got {batches}")
-        metrics, task = evaluate_checkpoint(checkpoint, split, batches, device)
-    except _user_errors() as err:
-        raise _fail(str(err)) from None
-    typer.echo(f"{split} {headline(task, metrics)}")
-    typer.echo("  " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-
-
-def _checkpoint_task(path: Path) -> str | None:
-    """The task a checkpoint was trained on (from its metadata), or None when unreadable."""
-    import json
-
-    from .training.checkpoint import META_SUFFIX, resolve_checkpoint
-
-    try:
-        directory, name = resolve_checkpoint(path)
-        return json.loads((directory / f"{name}{META_SUFFIX}").read_text()).get("task")
-    except Exception:  # noqa: BLE001 - the regular path reports what is wrong
-        return None
-
-
-def _evaluate_lm(
-    checkpoint: Path,
-    split: str,
-    device: str,
-    data_dir: Path | None,
-    settings: list[str],
-    batch_size: int | None,
-    max_docs: int | None,
-    max_tokens: int | None,
-    json_out: Path | None,
-) -> None:
-    import dataclasses
     import json
 
     from .config import ModelConfig
-    from .training.config import parse_overrides, split_assignment
-    from .training.lm_task import evaluate_lm_checkpoint
+    from .training import evaluate_run, read_configs
+    from .training.config import parse_overrides
 
     try:
-        for name, value in (("batch-size", batch_size), ("max-docs", max_docs)):
+        for name, value in (("batches", batches), ("batch-size", batch_size)):
             if value is not None and value < 1:
                 raise ValueError(f"--{name} must be >= 1, got {value}")
-        if max_tokens is not None and max_tokens < 1:
-            raise ValueError(f"--max-tokens must be >= 1, got {max_tokens}")
-        items = dict(split_assignment(item) for item in settings)
-        overrides = parse_overrides(ModelConfig, items, "model")
-        run = evaluate_lm_checkpoint(
+        task = read_configs(checkpoint)[0].task
+        text = split_settings(settings, task)
+        if text["train"]:
+            raise ValueError(f"train settings cannot change at evaluation: {sorted(text['train'])}")
+        memory = parse_overrides(ModelConfig, text["model"], "model")
+        options = dict(data_dir=str(data_dir) if data_dir else None, max_docs=max_docs,
+                       max_tokens=max_tokens)  # fmt: skip
+        task_values = task_settings(task, options, text["task"])
+        start = time.perf_counter()
+        metrics, evaluation, task_obj = evaluate_run(
             checkpoint,
-            data_dir=data_dir,
-            split=split,
-            overrides=overrides,
+            split,
+            batches,
+            device,
+            memory_settings=memory,
+            task_settings=task_values,
             batch_size=batch_size,
-            max_docs=max_docs,
-            max_tokens=max_tokens,
-            device=device,
         )
     except _user_errors() as err:
         raise _fail(str(err)) from None
-    r = run.result
-    typer.echo(
-        f"{split} of {run.data}: ppl {r.perplexity:.3f}, bits/byte {r.bits_per_byte:.4f}, "
-        f"loss {r.loss:.4f} nats/token over {r.num_tokens:,} tokens in {r.num_docs} documents "
-        f"({r.seconds:.1f} s)"
-    )
-    if overrides:
-        typer.echo("  evaluation memory: " + ", ".join(f"{k}={v}" for k, v in overrides.items()))
+    seconds = time.perf_counter() - start
+    typer.echo(f"{split} {task_obj.describe(metrics)} ({seconds:.1f} s)")
+    typer.echo("  " + ", ".join(f"{k} {task_obj.format_metric(k, v)}" for k, v in metrics.items()))
+    if memory:
+        typer.echo("  evaluation memory: " + ", ".join(f"{k}={v}" for k, v in memory.items()))
     if json_out is not None:
         payload = {
             "checkpoint": str(checkpoint),
-            "data": run.data,
+            "task": task,
             "split": split,
-            "tokenizer": run.tokenizer,
-            "overrides": overrides,
-            "model_config": run.model_config.to_dict(),
-            **dataclasses.asdict(r),
+            "metrics": metrics,
+            "sums": evaluation.sums,
+            "memory_settings": memory,
+            "task_config": task_obj.config.to_dict(),
+            "model_config": task_obj.model_config.to_dict(),
+            "details": evaluation.details,
         }
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(payload, indent=1))
@@ -448,8 +449,7 @@ def generate(
     and continue it."""
     import torch
 
-    from .training import get_task, model_from_checkpoint
-    from .training.distributed import DistEnv, resolve_device
+    from .training import load_run
 
     try:
         if temperature < 0:
@@ -458,9 +458,9 @@ def generate(
             raise ValueError(f"--top-k must be >= 1, got {top_k}")
         if top_p is not None and not 0 < top_p <= 1:
             raise ValueError(f"--top-p must be in (0, 1], got {top_p}")
-        dev = resolve_device(device)
-        model, model_cfg, train_cfg, _ = model_from_checkpoint(checkpoint, dev)
-        task = get_task(train_cfg.task)(train_cfg, model_cfg, DistEnv(device=dev))
+        run = load_run(checkpoint, device)
+        model, dev = run.model, run.device
+        task = run.task()
         tokens, expected = task.encode_prompt(prompt)
         n_new = max_new_tokens if max_new_tokens is not None else task.default_new_tokens()
         if n_new < 1:
@@ -503,7 +503,7 @@ def bench(
         "extra arguments after -- go to the script.",
     ),
     models: str = typer.Option(
-        ",".join(MODEL_CHOICES), help="Comma-separated model types for the built-in benchmark."
+        ",".join(MODEL_TYPES), help="Comma-separated model types for the built-in benchmark."
     ),
     preset: str = typer.Option(DEFAULT_PRESET, help="Model size preset."),
     seq_len: int = typer.Option(1024, "--seq-len", "-T", help="Sorting sequence length T."),
@@ -522,8 +522,8 @@ def bench(
     try:
         names = [m.strip() for m in models.split(",") if m.strip()]
         for name in names:
-            if name not in MODEL_CHOICES:
-                raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODEL_CHOICES)}")
+            if name not in MODEL_TYPES:
+                raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODEL_TYPES)}")
         rows = quick_benchmark(
             names,
             preset=preset,

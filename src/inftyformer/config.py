@@ -13,14 +13,31 @@ tokens one call may hold and the unit in which states leave the short-term memor
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from ._checks import check_positive_int, check_range
+from .basis import check_widths
 from .long_term_memory import LongTermConfig
 
 MODEL_TYPES = ("transformer", "xl", "compressive", "infty")
+
+# Fields a trained model may change without touching its weights' shapes: how much memory is kept
+# and how it is updated (and dropout). Everything else (sizes, vocabulary, N, widths, the model
+# type) is fixed by the weights. `segment_len` only bounds the tokens per call.
+MEMORY_SETTINGS = (
+    "segment_len",
+    "mem_len",
+    "compressed_len",
+    "num_samples",
+    "tau",
+    "ridge_lambda",
+    "sticky",
+    "sticky_bins",
+    "edge_padding",
+    "dropout",
+    "attention_dropout",
+)
 
 
 @dataclass(frozen=True)
@@ -58,7 +75,7 @@ class ModelConfig:
     edge_padding: bool = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "widths", tuple(float(w) for w in self.widths))
+        object.__setattr__(self, "widths", check_widths(self.widths))
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {self.model_type!r}")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "segment_len"):
@@ -89,8 +106,6 @@ class ModelConfig:
             )
         if self.model_type == "infty":
             self.long_term_config()  # validates N, widths, λ, τ, M, σ₀ with named errors
-        if not all(math.isfinite(w) for w in self.widths):
-            raise ValueError(f"widths must be finite, got {self.widths}")
 
     # ------------------------------------------------------------------ derived
     @property
@@ -145,6 +160,22 @@ class ModelConfig:
 
     def replace(self, **changes: Any) -> ModelConfig:
         return replace(self, **changes)
+
+    def with_memory_settings(self, overrides: dict[str, Any] | None = None) -> ModelConfig:
+        """This config with other memory settings for evaluation (e.g. ``mem_len=512``): only
+        the fields in :data:`MEMORY_SETTINGS` may change, since they leave every weight's shape
+        alone; anything else raises ValueError naming it. A "transformer" keeps mem_len = 0."""
+        if not overrides:
+            return self
+        bad = sorted(set(overrides) - set(MEMORY_SETTINGS))
+        if bad:
+            raise ValueError(
+                f"cannot change {', '.join(bad)} of a trained model (it changes the weights or "
+                f"the model); allowed: {', '.join(MEMORY_SETTINGS)}"
+            )
+        if self.model_type == "transformer" and overrides.get("mem_len", 0) != 0:
+            raise ValueError("a 'transformer' model has no short-term memory: mem_len must stay 0")
+        return self.replace(**overrides)
 
     # ------------------------------------------------------------------ presets
     @classmethod
@@ -204,4 +235,4 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
 }
 
-__all__ = ["MODEL_TYPES", "PRESETS", "ModelConfig"]
+__all__ = ["MEMORY_SETTINGS", "MODEL_TYPES", "PRESETS", "ModelConfig"]

@@ -13,7 +13,6 @@ only parameters (the CNN gate) and caches of constants (the design matrices G).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -26,7 +25,7 @@ from ._checks import (
     check_shape,
     check_tensor,
 )
-from .basis import GaussianBasis
+from .basis import GaussianBasis, check_widths
 from .ridge import RidgeRegression, evaluate_signal, fit_coefficients
 
 
@@ -55,20 +54,14 @@ class LongTermConfig:
     query_projection: bool = False  # own W^Q; otherwise queries come already projected
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "widths", tuple(float(w) for w in self.widths))
         check_positive_int("dim", self.dim)
         check_positive_int("num_heads", self.num_heads)
         if self.dim % self.num_heads:
             raise ValueError(f"dim ({self.dim}) must be divisible by num_heads ({self.num_heads})")
         check_positive_int("num_basis", self.num_basis)
-        if not self.widths or any(not (w > 0 and math.isfinite(w)) for w in self.widths):
-            raise ValueError(f"widths must be positive and finite, got {self.widths}")
-        if self.num_basis % len(self.widths):
-            raise ValueError(
-                f"num_basis (N={self.num_basis}) must be a multiple of the number of widths "
-                f"({len(self.widths)})"
-            )
-        check_range("ridge_lambda", self.ridge_lambda, 0.0)
+        object.__setattr__(self, "widths", check_widths(self.widths, self.num_basis))
+        # λ > 0: at λ = 0 the Gram matrix F Fᵀ is singular as soon as N exceeds the positions
+        check_range("ridge_lambda", self.ridge_lambda, 0.0, low_open=True)
         check_range("tau", self.tau, 0.0, 1.0, low_open=True, high_open=True)
         check_positive_int("num_samples", self.num_samples)
         check_positive_int("sticky_bins", self.sticky_bins)

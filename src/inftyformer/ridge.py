@@ -41,7 +41,7 @@ def ridge_design_matrix(
     check_tensor("positions", positions, 1)
     if positions.numel() == 0:
         raise ValueError("positions must not be empty: a segment needs at least one vector")
-    check_range("ridge_lambda", ridge_lambda, 0.0)
+    check_range("ridge_lambda", ridge_lambda, 0.0, low_open=True)
     t = positions.detach().double().cpu()
     num_real = t.numel()
     if edge_padding:
@@ -74,7 +74,7 @@ class RidgeRegression:
     """
 
     def __init__(self, basis: GaussianBasis, ridge_lambda: float, edge_padding: bool = True):
-        check_range("ridge_lambda", ridge_lambda, 0.0)
+        check_range("ridge_lambda", ridge_lambda, 0.0, low_open=True)
         self.basis = basis
         self.ridge_lambda = float(ridge_lambda)
         self.edge_padding = bool(edge_padding)

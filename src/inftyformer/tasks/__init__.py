@@ -1,63 +1,42 @@
-"""Tasks (data only): the sorting generator, long-document corpora and document-aware batching.
+"""Tasks: the contract the trainer calls (`base`), and one module per task, each holding its data
+and its implementation of the contract, registered by name:
 
-Imports nothing from models, training or the CLI.
+    sorting   the paper's sorting task (§4.1)                 `sorting.py`
+    lm        long-document language modelling (§4.2)          `lm.py` (+ `lm_eval.py`)
+
+A new task is one module here that subclasses `Task`, decorates it with `@register_task(name)`,
+and is imported below; the trainer and the command line find it in `TASKS`.
 """
 
-from .batching import DocumentStreams, StreamBatch
-from .corpus import (
-    TokenizedCorpus,
-    default_cache_dir,
-    load_corpus,
-    load_wikitext,
-    split_wikitext,
-    tokenize_documents,
+from . import lm, sorting  # noqa: F401 - registers the built-in tasks
+from .base import (
+    TASKS,
+    Evaluation,
+    Metric,
+    RunContext,
+    Shard,
+    StepOutput,
+    Task,
+    TaskConfig,
+    get_task,
+    register_task,
 )
-from .data_dir import default_data_dir, resolve_data_dir
-from .sorting import (
-    IGNORE_INDEX,
-    NUM_SYMBOLS,
-    NUM_TARGETS,
-    PAD,
-    SEP,
-    SORTING_VOCAB,
-    SortingConfig,
-    SortingDataset,
-    chance_accuracy,
-    sample_symbols,
-    segment_bounds,
-    sorting_batch,
-    sorting_example,
-    sorting_targets,
-)
-from .tokenizer import ByteTokenizer, GPT2Tokenizer, TextTokenizer, load_tokenizer
+from .lm import LanguageModelTask, LMConfig
+from .sorting import SortingConfig, SortingTask
 
 __all__ = [
-    "IGNORE_INDEX",
-    "NUM_SYMBOLS",
-    "NUM_TARGETS",
-    "PAD",
-    "SEP",
-    "SORTING_VOCAB",
-    "ByteTokenizer",
-    "DocumentStreams",
-    "GPT2Tokenizer",
+    "TASKS",
+    "Evaluation",
+    "LMConfig",
+    "LanguageModelTask",
+    "Metric",
+    "RunContext",
+    "Shard",
     "SortingConfig",
-    "SortingDataset",
-    "StreamBatch",
-    "TextTokenizer",
-    "TokenizedCorpus",
-    "chance_accuracy",
-    "default_cache_dir",
-    "default_data_dir",
-    "load_corpus",
-    "load_tokenizer",
-    "load_wikitext",
-    "resolve_data_dir",
-    "sample_symbols",
-    "segment_bounds",
-    "sorting_batch",
-    "sorting_example",
-    "sorting_targets",
-    "split_wikitext",
-    "tokenize_documents",
+    "SortingTask",
+    "StepOutput",
+    "Task",
+    "TaskConfig",
+    "get_task",
+    "register_task",
 ]

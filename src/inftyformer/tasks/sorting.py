@@ -14,27 +14,46 @@ Layout of one example, S = T + 20 positions, teacher forcing::
 
 The SEP position predicts y_1, the position of y_k predicts y_{k+1}; -100 is the ignore index, so
 loss and accuracy only see the 20 target positions (the last 20 positions of the example).
+
+As a training task (``inftyformer train sorting``): each step draws a fresh global batch (a pure
+function of seed and step), streams every segment but the last without gradients to build the
+memory (fresh state per batch), then the last segment with gradients; loss and accuracy only on the
+20 target positions, with teacher forcing.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from .._checks import check_positive_int
+from ..data import SPLITS, check_split
+from ..model import IGNORE_INDEX
+from .base import (
+    Evaluation,
+    Metric,
+    RunContext,
+    Shard,
+    StepOutput,
+    Task,
+    TaskConfig,
+    add_sums,
+    register_task,
+    scored_sums,
+)
 
 NUM_SYMBOLS = 20
 SEP = 20
 PAD = 21
 SORTING_VOCAB = 22
 NUM_TARGETS = 20
-IGNORE_INDEX = -100
-
-SPLITS = ("train", "valid", "test")
 # Split-specific entropy mixed into every batch's SeedSequence: splits draw from disjoint streams.
 _SPLIT_ENTROPY = {"train": 0x5EED_0001, "valid": 0x5EED_0002, "test": 0x5EED_0003}
 
@@ -42,27 +61,6 @@ _SPLIT_ENTROPY = {"train": 0x5EED_0001, "valid": 0x5EED_0002, "test": 0x5EED_000
 def _check_seed(name: str, value: object) -> int:
     check_positive_int(name, value, minimum=0)
     return value  # type: ignore[return-value]
-
-
-@dataclass(frozen=True)
-class SortingConfig:
-    """Sorting task size. `seq_len` is T, the number of symbols before the separator."""
-
-    seq_len: int
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_positive_int("seq_len", self.seq_len)
-        _check_seed("seed", self.seed)
-
-    @property
-    def total_len(self) -> int:
-        """S = T + 20: symbols, separator and 19 teacher-forced answer tokens."""
-        return self.seq_len + NUM_TARGETS
-
-    @property
-    def vocab_size(self) -> int:
-        return SORTING_VOCAB
 
 
 def sorting_targets(symbols: np.ndarray) -> np.ndarray:
@@ -149,10 +147,7 @@ class SortingDataset:
     def __post_init__(self) -> None:
         check_positive_int("seq_len", self.seq_len)
         check_positive_int("batch_size", self.batch_size)
-        if not isinstance(self.split, str):
-            raise TypeError(f"split must be a str, got {type(self.split).__name__}")
-        if self.split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
+        check_split(self.split)
         _check_seed("seed", self.seed)
         _check_seed("start", self.start)
 
@@ -222,3 +217,163 @@ def segment_bounds(total_len: int, segment_len: int) -> list[tuple[int, int]]:
     for start in range(first_end, total_len, segment_len):
         bounds.append((start, start + segment_len))
     return bounds
+
+
+# --------------------------------------------------------------------------- the task
+@dataclass(frozen=True)
+class SortingConfig(TaskConfig):
+    """Settings of the sorting task."""
+
+    seq_len: int = 512  # T: symbols before the separator
+
+    def __post_init__(self) -> None:
+        check_positive_int("seq_len", self.seq_len)
+
+
+@register_task("sorting")
+class SortingTask(Task):
+    """See the module docstring. Each process takes its rows of the global batch, so the data of a
+    step does not depend on the number of processes or micro-batches."""
+
+    summary = "the paper's sorting task (§4.1): sort 20 symbols by their count in a long sequence"
+    Config = SortingConfig
+    metrics = (
+        Metric("accuracy", ".4f", higher_is_better=True),
+        Metric("loss", ".4f"),
+        Metric("examples", ".0f"),
+    )
+    progress_metrics = ("accuracy",)
+
+    def __init__(self, config: SortingConfig, model_config: Any, context: RunContext) -> None:
+        super().__init__(config, model_config, context)
+        self.datasets = {
+            split: SortingDataset(
+                seq_len=config.seq_len,
+                batch_size=context.batch_size,
+                split=split,
+                seed=context.seed,
+            )
+            for split in SPLITS
+        }
+        self.bounds = segment_bounds(config.seq_len + NUM_TARGETS, model_config.segment_len)
+
+    @classmethod
+    def model_overrides(cls, config: SortingConfig) -> dict[str, Any]:
+        # Every step draws fresh sequences, so there is nothing to overfit: dropout only slows
+        # learning down (and costs ~15% of a CPU step). `--set dropout=...` still applies.
+        return {"vocab_size": SORTING_VOCAB, "dropout": 0.0}
+
+    @classmethod
+    def check(cls, config: SortingConfig, model_config: Any) -> None:
+        if model_config.vocab_size < SORTING_VOCAB:
+            raise ValueError(
+                f"the sorting task needs vocab_size >= {SORTING_VOCAB}, "
+                f"got {model_config.vocab_size}"
+            )
+        seg = model_config.segment_len
+        if seg > config.seq_len:
+            raise ValueError(
+                f"segment_len ({seg}) is longer than the sequence (seq_len T = {config.seq_len}): "
+                "nothing would be left for the memory; use a longer --seq-len or a shorter "
+                "segment (--set segment_len=...)"
+            )
+        if seg < NUM_TARGETS + 1:
+            raise ValueError(
+                f"segment_len must be >= {NUM_TARGETS + 1} so that the {NUM_TARGETS} answer "
+                f"positions fit in the last segment, got {seg}"
+            )
+
+    def _run(
+        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, with_grad: bool
+    ) -> tuple[Any, torch.Tensor]:
+        """Stream every segment but the last without gradients, then the last one."""
+        raw = getattr(model, "module", model)  # the model itself under DistributedDataParallel
+        device = self.context.device
+        inputs, targets = inputs.to(device), targets.to(device)
+        state = raw.init_state(inputs.shape[0], device)
+        *memory, (start, end) = self.bounds
+        with torch.no_grad():
+            for a, b in memory:
+                state = raw(inputs[:, a:b], state=state).state
+        last_targets = targets[:, start:end]
+        with torch.set_grad_enabled(with_grad):
+            out = model(inputs[:, start:end], state=state, targets=last_targets)
+        return out, last_targets
+
+    # ---- training
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.datasets["train"].batch(step)
+
+    def loss(self, model: nn.Module, batch: Any, rows: slice, part: int) -> StepOutput:
+        inputs, targets = batch[0][rows], batch[1][rows]
+        out, last_targets = self._run(model, inputs, targets, with_grad=True)
+        sums = scored_sums(out.logits, last_targets)
+        sums["tokens"] = float(inputs.numel())
+        return StepOutput(out.loss, sums, {k: float(v.detach()) for k, v in out.aux.items()})
+
+    def train_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        out = super().train_metrics(sums)
+        if sums.get("count"):
+            out["accuracy"] = sums["correct"] / sums["count"]
+        return out
+
+    # ---- evaluation
+    @torch.no_grad()
+    def evaluate(
+        self, model: nn.Module, split: str, num_batches: int | None, shard: Shard
+    ) -> Evaluation:
+        data = self.datasets[check_split(split)]
+        if num_batches is None or num_batches < 1:
+            raise ValueError(f"the sorting task evaluates a number of batches, got {num_batches}")
+        was_training = model.training
+        model.eval()
+        total: dict[str, float] = {}
+        try:
+            for index in range(num_batches):
+                inputs, targets = data.batch(index)
+                rows = shard.rows(inputs.shape[0])
+                out, last_targets = self._run(model, inputs[rows], targets[rows], False)
+                add_sums(total, scored_sums(out.logits, last_targets))
+        finally:
+            model.train(was_training)
+        return Evaluation(total)
+
+    def eval_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        count = max(sums.get("count", 0.0), 1.0)
+        return {
+            "loss": sums.get("nll", 0.0) / count,
+            "accuracy": sums.get("correct", 0.0) / count,
+            "examples": sums.get("count", 0.0) / NUM_TARGETS,
+        }
+
+    def chance(self) -> dict[str, float]:
+        return {
+            "uniform": chance_accuracy(),
+            "format-only": chance_accuracy(exclude_seen=True),
+        }
+
+    # ---- generation: the prompt is the symbols; the model answers after the separator
+    def encode_prompt(self, text: str) -> tuple[torch.Tensor, list[int] | None]:
+        """`text`: symbols 0–19 separated by spaces/commas, or "random" / "random:T" for a test
+        sequence of length T (default: the training T). The separator is appended."""
+        text = text.strip()
+        match = re.fullmatch(r"random(?::(\d+))?", text)
+        if match:
+            length = int(match.group(1) or self.config.seq_len)
+            data = SortingDataset(seq_len=length, batch_size=1, split="test", seed=0)
+            inputs, targets = data.batch(0)
+            return inputs[0, : length + 1], targets[0, -NUM_TARGETS:].tolist()
+        parts = [p for p in re.split(r"[\s,]+", text) if p]
+        try:
+            symbols = [int(p) for p in parts]
+        except ValueError:
+            raise ValueError(
+                f"a sorting prompt is symbols 0-{NUM_SYMBOLS - 1} separated by spaces, or "
+                f"'random[:T]'; got {text[:40]!r}"
+            ) from None
+        if not symbols or min(symbols) < 0 or max(symbols) >= NUM_SYMBOLS:
+            raise ValueError(f"sorting symbols must be in 0..{NUM_SYMBOLS - 1} (at least one)")
+        return torch.tensor(symbols + [SEP], dtype=torch.long), None
+
+    def default_new_tokens(self) -> int:
+        return NUM_TARGETS

@@ -7,10 +7,11 @@ from typing import Any
 
 import torch
 
+from ..config import ModelConfig
+from ..model import MemoryLM
+from ..tasks import RunContext, SortingConfig, SortingTask
 from .config import TrainConfig
-from .distributed import DistEnv
-from .tasks import SortingTask
-from .trainer import build_optimizer, default_model_factory, seed_everything
+from .trainer import build_optimizer, seed_everything
 
 
 def quick_benchmark(
@@ -24,8 +25,6 @@ def quick_benchmark(
     threads: int = 0,
 ) -> list[dict[str, Any]]:
     """Time `steps` training steps (after one untimed warm-up step) per model type."""
-    from ..config import ModelConfig
-
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if threads < 0:
@@ -33,28 +32,28 @@ def quick_benchmark(
     if threads:
         torch.set_num_threads(threads)
     rows = []
-    env = DistEnv()
+    task_cfg = SortingConfig(seq_len=seq_len)
+    train_cfg = TrainConfig(batch_size=batch_size, seed=seed, out_dir="-")
     for name in models:
-        train_cfg = TrainConfig(seq_len=seq_len, batch_size=batch_size, seed=seed, out_dir="-")
         model_cfg = ModelConfig.preset(
-            preset, model_type=name, **SortingTask.model_overrides(train_cfg)
+            preset, model_type=name, **SortingTask.model_overrides(task_cfg)
         )
         seed_everything(seed)
-        model = default_model_factory(model_cfg)
+        model = MemoryLM(model_cfg)
         model.train()
         optimizer = build_optimizer(model, train_cfg)
-        task = SortingTask(train_cfg, model_cfg, env)
+        task = SortingTask(task_cfg, model_cfg, RunContext(batch_size=batch_size, seed=seed))
         elapsed = 0.0
         tokens = 0.0
         for step in range(steps + 1):
             start = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
-            loss, stats = task.train_micro_batch(model, model, step, 0, 1)
-            loss.backward()
+            out = task.loss(model, task.batch(step), slice(None), 0)
+            out.loss.backward()
             optimizer.step()
             if step:  # the first step pays one-off costs (caches, allocator)
                 elapsed += time.perf_counter() - start
-                tokens += stats.tokens
+                tokens += out.sums["tokens"]
         rows.append(
             {
                 "model": name,

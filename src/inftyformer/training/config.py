@@ -8,42 +8,24 @@ Both are frozen dataclasses validated at construction, so a bad value fails befo
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import typing
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .._checks import check_positive_int, check_range
+
 DEVICES = ("cpu", "cuda", "auto")
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
-def _check_float(
-    name: str, value: object, low: float, high: float = math.inf, *, low_open: bool = False
-) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} ({value!r})")
-    ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
-    if not ok:
-        lo = f"({low}" if low_open else f"[{low}"
-        raise ValueError(f"{name} must be a finite number in {lo}, {high}], got {value}")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """How to train. `steps` counts optimiser updates; `batch_size` is the global batch (summed
-    over gradient-accumulation micro-batches and over distributed ranks)."""
+    """How to train, whatever the task. `steps` counts optimiser updates; `batch_size` is the
+    global batch (summed over gradient-accumulation micro-batches and over distributed ranks).
+    What the task itself needs (sequence length, data, tokenizer, …) lives in the task's own
+    settings (`inftyformer.tasks.Task.Config`)."""
 
     task: str = "sorting"
-    seq_len: int = 512  # sorting: T, the number of symbols before the separator
-    data_dir: str | None = None  # tasks that read files (language modelling)
-    tokenizer: str = "gpt2"  # language modelling: gpt2, bytes, or a path to a tokenizer.json
     steps: int = 600
     batch_size: int = 8
     grad_accum: int = 1  # micro-batches per optimiser step
@@ -63,8 +45,8 @@ class TrainConfig:
     seed: int = 0
     device: str = "cpu"  # cpu, cuda, cuda:N, or auto
     # torch intra-op threads; 0 = torch's default (one per core). 1 by default: the models' small
-    # kernels gain little from a second thread, and on a shared CPU (cores oversubscribed)
-    # multi-threaded torch spins and runs ~10x slower, measured on this project's 2-core machine
+    # kernels gain little from a second thread, and on a CPU whose cores are oversubscribed,
+    # multi-threaded torch spins and runs several times slower
     threads: int = 1
     out_dir: str = "runs/sorting"
     log_every: int = 10  # steps between metric rows (CSV, TensorBoard)
@@ -75,47 +57,40 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.task, str) or not self.task:
             raise ValueError(f"task must be a non-empty string, got {self.task!r}")
-        _check_int("seq_len", self.seq_len, 1)
-        if self.data_dir is not None and not isinstance(self.data_dir, str):
-            raise TypeError(f"data_dir must be a string or None, got {self.data_dir!r}")
-        if not isinstance(self.tokenizer, str) or not self.tokenizer:
-            raise ValueError(f"tokenizer must be a non-empty string, got {self.tokenizer!r}")
-        _check_int("steps", self.steps, 1)
-        _check_int("batch_size", self.batch_size, 1)
-        _check_int("grad_accum", self.grad_accum, 1)
+        check_positive_int("steps", self.steps, minimum=1)
+        check_positive_int("batch_size", self.batch_size, minimum=1)
+        check_positive_int("grad_accum", self.grad_accum, minimum=1)
         if self.batch_size % self.grad_accum:
             raise ValueError(
                 f"batch_size ({self.batch_size}) must be divisible by grad_accum "
                 f"({self.grad_accum})"
             )
-        _check_float("lr", self.lr, 0.0, low_open=True)
-        _check_float("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
-        _check_int("warmup_steps", self.warmup_steps, 0)
-        _check_float("weight_decay", self.weight_decay, 0.0)
-        _check_float("beta1", self.beta1, 0.0, 1.0)
-        _check_float("beta2", self.beta2, 0.0, 1.0)
-        if self.beta1 >= 1.0 or self.beta2 >= 1.0:
-            raise ValueError(f"beta1 and beta2 must be < 1, got {self.beta1}, {self.beta2}")
-        _check_float("adam_eps", self.adam_eps, 0.0, low_open=True)
-        _check_float("grad_clip", self.grad_clip, 0.0)
-        _check_int("eval_every", self.eval_every, 1)
-        _check_int("eval_batches", self.eval_batches, 1)
-        _check_int("test_batches", self.test_batches, 0)
-        _check_int("patience", self.patience, 0)
-        _check_int("save_every", self.save_every, 0)
-        _check_int("seed", self.seed, 0)
+        check_range("lr", self.lr, 0.0, low_open=True)
+        check_range("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        check_positive_int("warmup_steps", self.warmup_steps, minimum=0)
+        check_range("weight_decay", self.weight_decay, 0.0)
+        check_range("beta1", self.beta1, 0.0, 1.0, high_open=True)
+        check_range("beta2", self.beta2, 0.0, 1.0, high_open=True)
+        check_range("adam_eps", self.adam_eps, 0.0, low_open=True)
+        check_range("grad_clip", self.grad_clip, 0.0)
+        check_positive_int("eval_every", self.eval_every, minimum=1)
+        check_positive_int("eval_batches", self.eval_batches, minimum=1)
+        check_positive_int("test_batches", self.test_batches, minimum=0)
+        check_positive_int("patience", self.patience, minimum=0)
+        check_positive_int("save_every", self.save_every, minimum=0)
+        check_positive_int("seed", self.seed, minimum=0)
         if not isinstance(self.device, str) or not (
             self.device in DEVICES or self.device.startswith("cuda:")
         ):
             raise ValueError(f"device must be one of {DEVICES} or cuda:N, got {self.device!r}")
-        _check_int("threads", self.threads, 0)
+        check_positive_int("threads", self.threads, minimum=0)
         if not isinstance(self.out_dir, str) or not self.out_dir:
             raise ValueError(f"out_dir must be a non-empty path, got {self.out_dir!r}")
-        _check_int("log_every", self.log_every, 1)
+        check_positive_int("log_every", self.log_every, minimum=1)
         for flag in ("tensorboard", "progress"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
-        _check_int("halt_after", self.halt_after, 0)
+        check_positive_int("halt_after", self.halt_after, minimum=0)
 
     @property
     def checkpoint_every(self) -> int:

@@ -106,6 +106,12 @@ def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:
     return t.tolist()
 
 
+def reduce_sums(values: dict[str, float], env: DistEnv) -> dict[str, float]:
+    """Each value summed over ranks (every rank must hold the same keys)."""
+    keys = sorted(values)
+    return dict(zip(keys, all_reduce_sum([values[k] for k in keys], env), strict=True))
+
+
 def all_gather_object(obj: Any, env: DistEnv) -> list[Any]:
     """`obj` from every rank, in rank order (a one-item list without distribution)."""
     if not env.distributed:
@@ -113,15 +119,6 @@ def all_gather_object(obj: Any, env: DistEnv) -> list[Any]:
     out: list[Any] = [None] * env.world_size
     dist.all_gather_object(out, obj)
     return out
-
-
-def broadcast_object(obj: Any, env: DistEnv) -> Any:
-    """Rank 0's `obj` on every rank."""
-    if not env.distributed:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def barrier(env: DistEnv) -> None:
@@ -151,9 +148,9 @@ __all__ = [
     "all_gather_object",
     "all_reduce_sum",
     "barrier",
-    "broadcast_object",
     "env_world_size",
     "init_distributed",
+    "reduce_sums",
     "resolve_device",
     "shard_rows",
     "shutdown_distributed",

@@ -27,6 +27,10 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from ..config import ModelConfig
+from ..model import MemoryLM
+from ..tasks import RunContext, Shard, Task, TaskConfig, get_task
+from ..tasks.base import add_sums
 from .checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -44,11 +48,12 @@ from .distributed import (
     all_gather_object,
     all_reduce_sum,
     barrier,
+    reduce_sums,
     resolve_device,
+    shard_rows,
     wrap_model,
 )
 from .logger import CSV_NAME, MetricsLogger
-from .tasks import StepStats, Task, get_task, headline
 
 SCHEDULE_KIND = "linear-warmup-cosine"
 RUN_FILES = ("best", "last")
@@ -65,31 +70,19 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Decay for weight matrices; none for biases, norms and embeddings. A model may define
-    `optimizer_groups(weight_decay)` (groups may carry an `lr_scale`) to choose for itself."""
-    custom = getattr(model, "optimizer_groups", None)
-    if callable(custom):
-        groups = [dict(g) for g in custom(weight_decay)]
-    else:
-        embedding = {
-            id(p)
-            for m in model.modules()
-            if isinstance(m, nn.Embedding)
-            for p in m.parameters(recurse=False)
-        }
-        decay, no_decay = [], []
-        for _, p in model.named_parameters():
-            if not p.requires_grad:
-                continue
+    """Decay for weight matrices; none for biases, norms and embeddings."""
+    embedding = {
+        id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
+    }
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
             (no_decay if p.ndim < 2 or id(p) in embedding else decay).append(p)
-        groups = [
-            {"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
-    groups = [g for g in groups if g["params"]]
-    for g in groups:
-        g.setdefault("lr_scale", 1.0)
-    return groups
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
@@ -100,12 +93,6 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
         eps=cfg.adam_eps,
         weight_decay=cfg.weight_decay,
     )
-
-
-def default_model_factory(model_cfg: Any) -> nn.Module:
-    from ..model import MemoryLM
-
-    return MemoryLM(model_cfg)
 
 
 def seed_everything(seed: int) -> None:
@@ -166,26 +153,33 @@ class _StopRequest:
 
 # --------------------------------------------------------------------------- trainer
 class Trainer:
-    """Train `model_cfg`'s model on `train_cfg.task`; see the module docstring."""
+    """Train `model_cfg`'s model on task `train_cfg.task` with settings `task_cfg`; see the module
+    docstring."""
 
     def __init__(
         self,
         train_cfg: TrainConfig,
-        model_cfg: Any,
+        task_cfg: TaskConfig,
+        model_cfg: ModelConfig,
         *,
         resume: bool = False,
         overwrite: bool = False,
         env: DistEnv | None = None,
-        model_factory: Callable[[Any], nn.Module] | None = None,
         echo: Callable[[str], None] | None = None,
     ) -> None:
         self.cfg = train_cfg
+        self.task_cfg = task_cfg
         self.model_cfg = model_cfg
         self.env = env or DistEnv(device=resolve_device(train_cfg.device))
         self._echo = echo or print
         self.out_dir = Path(train_cfg.out_dir)
         task_cls = get_task(train_cfg.task)
-        task_cls.check_configs(train_cfg, model_cfg)
+        if not isinstance(task_cfg, task_cls.Config):
+            raise TypeError(
+                f"task {train_cfg.task!r} needs a {task_cls.Config.__name__}, "
+                f"got {type(task_cfg).__name__}"
+            )
+        task_cls.check(task_cfg, model_cfg)
 
         checkpoint: Checkpoint | None = None
         if resume:
@@ -210,13 +204,18 @@ class Trainer:
         if train_cfg.threads:
             torch.set_num_threads(train_cfg.threads)
         seed_everything(train_cfg.seed)
-        factory = model_factory or default_model_factory
-        self.model = factory(model_cfg).to(self.env.device)
+        self.model = MemoryLM(model_cfg).to(self.env.device)
         self.model.train()
         self.optimizer = build_optimizer(self.model, train_cfg)
         if self.env.rank:
             seed_everything(rank_seed(train_cfg.seed, self.env.rank))
-        self.task: Task = task_cls(train_cfg, model_cfg, self.env)
+        context = RunContext(
+            batch_size=train_cfg.batch_size,
+            seed=train_cfg.seed,
+            device=self.env.device,
+            progress=train_cfg.progress and self.env.is_main,
+        )
+        self.task: Task = task_cls(task_cfg, model_cfg, context)
 
         self.step = 0
         self.best_metric: float | None = None
@@ -264,6 +263,11 @@ class Trainer:
                 f"{ckpt.path}: the checkpoint was trained on task {meta.get('task')!r}, "
                 f"not {self.cfg.task!r}"
             )
+        diff = config_diff(meta.get("task_config", {}), self.task_cfg.to_dict())
+        if diff:
+            raise CheckpointError(
+                f"{ckpt.path}: the task settings differ from the checkpoint's: " + "; ".join(diff)
+            )
 
     # ------------------------------------------------------------------ checkpoints
     def _rank_state(self, rng: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -296,6 +300,7 @@ class Trainer:
             "model_type": self.model_cfg.model_type,
             "model_config": self.model_cfg.to_dict(),
             "train_config": self.cfg.to_dict(),
+            "task_config": self.task_cfg.to_dict(),
             "scheduler": {
                 "kind": SCHEDULE_KIND,
                 "step": self.step,
@@ -307,7 +312,7 @@ class Trainer:
                 "best_step": self.best_step,
                 "evals_since_best": self.evals_since_best,
                 "tokens_seen": self.tokens_seen,
-                "metric": self.task.metric,
+                "metric": self.task.headline().name,
             },
             "world_size": self.env.world_size,
             "ranks": rank_meta,
@@ -349,7 +354,7 @@ class Trainer:
     def _set_lr(self, step: int) -> float:
         factor = lr_factor(step, self.cfg)
         for g in self.optimizer.param_groups:
-            g["lr"] = self.cfg.lr * g.get("lr_scale", 1.0) * factor
+            g["lr"] = self.cfg.lr * factor
         return self.cfg.lr * factor
 
     def train_step(self) -> dict[str, float]:
@@ -357,22 +362,25 @@ class Trainer:
         lr = self._set_lr(self.step)
         self.optimizer.zero_grad(set_to_none=True)
         num_micro = self.cfg.grad_accum
-        stats = StepStats()
+        chunks = num_micro * self.env.world_size
+        sums: dict[str, float] = {}
+        means: dict[str, float] = {"loss": 0.0}
         start = time.perf_counter()
+        batch = self.task.batch(self.step)
         for micro in range(num_micro):
+            rows = shard_rows(self.cfg.batch_size, self.env, micro, num_micro)
             sync = micro == num_micro - 1 or not self.env.distributed
-            ctx = contextlib.nullcontext() if sync else self.ddp_model.no_sync()
-            with ctx:
-                loss, micro_stats = self.task.train_micro_batch(
-                    self.ddp_model, self.model, self.step, micro, num_micro
-                )
-                if not torch.isfinite(loss.detach()):
+            with contextlib.nullcontext() if sync else self.ddp_model.no_sync():
+                out = self.task.loss(self.ddp_model, batch, rows, micro)
+                loss = out.loss.detach()
+                if not torch.isfinite(loss):
                     raise FloatingPointError(
                         f"the loss became {float(loss)} at step {self.step + 1}; "
                         "try a lower learning rate (--lr) or more warm-up"
                     )
-                loss.backward()
-            stats.add(micro_stats)
+                (out.loss / num_micro).backward()  # DDP averages over processes
+            add_sums(sums, out.sums)
+            add_sums(means, {"loss": float(loss), **out.means}, weight=1.0 / chunks)
         grad_norm = math.nan
         self._in_update = True
         if self.cfg.grad_clip > 0:
@@ -380,26 +388,33 @@ class Trainer:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
             )
         self.optimizer.step()
+        self.task.end_step(self.step)
         self.step += 1
         self._in_update = False
         elapsed = time.perf_counter() - start
-        stats = stats.reduce(self.env)
-        self.tokens_seen += stats.tokens
-        metrics = self.task.train_metrics(stats)
+        sums = reduce_sums(sums, self.env)
+        means = reduce_sums(means, self.env)
+        self.tokens_seen += sums.get("tokens", 0.0)
+        metrics = {"loss": means.pop("loss")}
+        metrics.update(self.task.train_metrics(sums))
+        metrics.update({f"aux/{k}": v for k, v in means.items()})
         metrics["lr"] = lr
         if not math.isnan(grad_norm):
             metrics["grad_norm"] = grad_norm
-        metrics["tokens_per_s"] = stats.tokens / max(elapsed, 1e-9)
+        metrics["tokens_per_s"] = sums.get("tokens", 0.0) / max(elapsed, 1e-9)
         return metrics
 
     def evaluate(self, split: str = "valid", num_batches: int | None = None) -> dict[str, float]:
+        """The task's metrics on `split`, over every process's share."""
         n = self.cfg.eval_batches if num_batches is None else num_batches
-        return self.task.evaluate(self.model, split, n)
+        shard = Shard(self.env.rank, self.env.world_size)
+        sums = self.task.evaluate(self.model, split, n, shard).sums
+        return self.task.eval_metrics(reduce_sums(sums, self.env))
 
     def _improved(self, value: float) -> bool:
         if self.best_metric is None or math.isnan(self.best_metric):
             return not math.isnan(value)
-        if self.task.higher_is_better:
+        if self.task.headline().higher_is_better:
             return value > self.best_metric
         return value < self.best_metric
 
@@ -485,10 +500,9 @@ class Trainer:
 
     def _postfix(self, metrics: dict[str, float]) -> dict[str, str]:
         post = {"loss": f"{metrics['loss']:.3f}"}
-        if "accuracy" in metrics:
-            post["acc"] = f"{metrics['accuracy']:.3f}"
-        elif "lm_loss" in metrics:
-            post["ppl"] = f"{math.exp(min(metrics['lm_loss'], 50)):.1f}"
+        for name in self.task.progress_metrics:
+            if name in metrics:
+                post[name] = self.task.format_metric(name, metrics[name])
         post["tok/s"] = f"{metrics['tokens_per_s']:.0f}"
         return post
 
@@ -496,7 +510,7 @@ class Trainer:
         """Evaluate on valid, keep the best checkpoint; True when early stopping triggers."""
         metrics = self.evaluate("valid")
         logger.log(self.step, "valid", metrics)
-        value = metrics[self.task.metric]
+        value = metrics[self.task.headline().name]
         if self._improved(value):
             self.best_metric, self.best_step = value, self.step
             self.evals_since_best = 0
@@ -505,7 +519,7 @@ class Trainer:
         else:
             self.evals_since_best += 1
             mark = ""
-        self.echo(f"step {self.step}: valid {headline(self.task, metrics)}{mark}")
+        self.echo(f"step {self.step}: valid {self.task.describe(metrics)}{mark}")
         return bool(self.cfg.patience) and self.evals_since_best >= self.cfg.patience
 
     def _final_test(self, logger: MetricsLogger) -> dict[str, float] | None:
@@ -514,7 +528,7 @@ class Trainer:
         if checkpoint_exists(self.out_dir, "best"):
             best = load_checkpoint(self.out_dir / "best")
             self.model.load_state_dict(best.section("model"), strict=True)
-        metrics = self.task.evaluate(self.model, "test", self.cfg.test_batches)
+        metrics = self.evaluate("test", self.cfg.test_batches)
         logger.log(self.step, "test", metrics)
         if self.env.is_main:
             import json
@@ -525,73 +539,16 @@ class Trainer:
                 "best_valid": self.best_metric,
                 "test": metrics,
                 "chance": self.task.chance(),
-                "metric": self.task.metric,
+                "metric": self.task.headline().name,
             }
             (self.out_dir / "results.json").write_text(json.dumps(summary, indent=1))
         return metrics
-
-
-# --------------------------------------------------------------------------- helpers for users
-def load_run_configs(out_dir: str | Path) -> tuple[TrainConfig, dict[str, Any]]:
-    """(train config, model config dict) stored in the run's `last` checkpoint."""
-    ckpt = load_checkpoint(Path(out_dir) / "last")
-    return TrainConfig.from_dict(ckpt.meta["train_config"]), ckpt.meta["model_config"]
-
-
-def model_from_checkpoint(
-    path: str | Path,
-    device: str | torch.device = "cpu",
-    model_factory: Callable[[Any], nn.Module] | None = None,
-    config_factory: Callable[[dict[str, Any]], Any] | None = None,
-) -> tuple[nn.Module, Any, TrainConfig, Checkpoint]:
-    """Rebuild the model saved in a checkpoint (weights only, eval mode)."""
-    ckpt = load_checkpoint(path)
-    meta = ckpt.meta
-    if "model_config" not in meta or "train_config" not in meta:
-        raise CheckpointError(f"{ckpt.path}: metadata lacks the model or train configuration")
-    if config_factory is None:
-        from ..config import ModelConfig
-
-        config_factory = ModelConfig.from_dict
-    try:
-        model_cfg = config_factory(meta["model_config"])
-        train_cfg = TrainConfig.from_dict(meta["train_config"])
-    except (TypeError, ValueError) as err:
-        raise CheckpointError(f"{ckpt.path}: invalid configuration in checkpoint: {err}") from None
-    model = (model_factory or default_model_factory)(model_cfg)
-    try:
-        model.load_state_dict(ckpt.section("model"), strict=True)
-    except RuntimeError as err:
-        raise CheckpointError(f"{ckpt.path}: weights do not fit the model: {err}") from None
-    model.to(device).eval()
-    return model, model_cfg, train_cfg, ckpt
-
-
-def evaluate_checkpoint(
-    path: str | Path,
-    split: str = "test",
-    num_batches: int | None = None,
-    device: str = "cpu",
-    model_factory: Callable[[Any], nn.Module] | None = None,
-    config_factory: Callable[[dict[str, Any]], Any] | None = None,
-) -> tuple[dict[str, float], Task]:
-    """Metrics of a saved model on `split` (default batch count: the run's test_batches)."""
-    env = DistEnv(device=resolve_device(device))
-    model, model_cfg, train_cfg, _ = model_from_checkpoint(
-        path, env.device, model_factory, config_factory
-    )
-    task = get_task(train_cfg.task)(train_cfg, model_cfg, env)
-    n = num_batches if num_batches is not None else max(1, train_cfg.test_batches)
-    return task.evaluate(model, split, n), task
 
 
 __all__ = [
     "TrainResult",
     "Trainer",
     "build_optimizer",
-    "evaluate_checkpoint",
-    "load_run_configs",
     "lr_factor",
-    "model_from_checkpoint",
     "param_groups",
 ]

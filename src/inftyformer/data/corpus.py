@@ -25,15 +25,17 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from .paths import check_split, resolve_data_dir
 from .tokenizer import TextTokenizer
 
 CACHE_ENV_VAR = "INFTYFORMER_CACHE"
 CACHE_FORMAT_VERSION = 1
-CORPUS_SPLITS = ("train", "valid", "test")
+CORPUS_SUBDIR = "pg19-mini"  # the default corpus, inside the data directory
 
 # WikiText top-level heading: " = Title = " (sub-headings look like " = = Sub = = ").
 _WIKITEXT_TITLE = re.compile(r"^ = ([^=].*) = $")
@@ -134,6 +136,17 @@ class TokenizedCorpus:
         start, end = int(self.doc_offsets[index]), int(self.doc_offsets[index + 1])
         return np.asarray(self.tokens[start:end], dtype=np.int64)
 
+    def subset(self, indices: Sequence[int]) -> TokenizedCorpus:
+        """The documents `indices`, in that order (an in-memory copy)."""
+        return TokenizedCorpus.from_documents(
+            [self.document(i) for i in indices],
+            vocab_size=self.vocab_size,
+            eos_id=self.eos_id,
+            names=[self.doc_names[i] for i in indices],
+            doc_bytes=[int(self.doc_bytes[i]) for i in indices],
+            tokenizer_name=self.tokenizer_name,
+        )
+
     def __len__(self) -> int:
         return self.num_docs
 
@@ -148,14 +161,6 @@ def _check_tokenizer(tokenizer: object) -> TextTokenizer:
             f"got {type(tokenizer).__name__}"
         )
     return tokenizer
-
-
-def _check_split(split: object) -> str:
-    if not isinstance(split, str):
-        raise TypeError(f"split must be a str, got {type(split).__name__}")
-    if split not in CORPUS_SPLITS:
-        raise ValueError(f"split must be one of {CORPUS_SPLITS}, got {split!r}")
-    return split
 
 
 def _decode(raw: bytes, source: Path) -> str:
@@ -328,7 +333,7 @@ def load_corpus(
     Raises FileNotFoundError for a missing root or split folder, ValueError for a split without
     .txt files or a file that is not UTF-8 (naming the file).
     """
-    split = _check_split(split)
+    split = check_split(split)
     _check_tokenizer(tokenizer)
     files = _split_files(root, split)
     sources = [(p.name, p.read_bytes()) for p in files]
@@ -370,7 +375,7 @@ def load_wikitext(
 
     The text is used as is (no detokenisation; ``<unk>`` stays a literal string).
     """
-    split = _check_split(split)
+    split = check_split(split)
     _check_tokenizer(tokenizer)
     root = Path(root).expanduser()
     if not root.is_dir():
@@ -390,3 +395,113 @@ def load_wikitext(
         return tokenize_documents(texts, titles, tokenizer, progress, desc=f"tokenizing {split}")
 
     return _cached("wikitext", split, tokenizer, sources, build, cache_dir, use_cache)
+
+
+# --------------------------------------------------------------------------- transformations
+def with_bos(corpus: TokenizedCorpus) -> TokenizedCorpus:
+    """`corpus` with a beginning-of-document token (``corpus.eos_id``) before every non-empty
+    document. Streaming the result scores every original token exactly once (as the target of the
+    position before it); ``doc_bytes`` and names are unchanged."""
+    offsets = np.asarray(corpus.doc_offsets, dtype=np.int64)  # [D + 1]
+    lengths = np.diff(offsets)  # [D]
+    nonempty = lengths > 0
+    tokens = np.insert(np.asarray(corpus.tokens), offsets[:-1][nonempty], corpus.eos_id)
+    new_offsets = np.concatenate([[0], np.cumsum(lengths + nonempty)]).astype(np.int64)
+    return TokenizedCorpus(
+        tokens=tokens.astype(corpus.tokens.dtype, copy=False),
+        doc_offsets=new_offsets,
+        doc_bytes=np.asarray(corpus.doc_bytes, dtype=np.int64),
+        doc_names=corpus.doc_names,
+        vocab_size=corpus.vocab_size,
+        eos_id=corpus.eos_id,
+        tokenizer_name=corpus.tokenizer_name,
+    )
+
+
+def truncate_documents(
+    corpus: TokenizedCorpus,
+    max_tokens: int | None = None,
+    max_docs: int | None = None,
+    token_bytes: np.ndarray | None = None,
+) -> TokenizedCorpus:
+    """The first `max_docs` documents, each cut to its first `max_tokens` tokens (a prefix: it
+    still starts at the document's beginning). ``doc_bytes`` of a cut document is recomputed
+    exactly from `token_bytes` ([vocab] UTF-8 bytes per token id, see
+    :func:`token_byte_lengths`), which is required whenever a document is actually cut."""
+    docs = corpus.num_docs if max_docs is None else min(int(max_docs), corpus.num_docs)
+    if docs < 1:
+        raise ValueError(f"max_docs must be >= 1, got {max_docs}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    arrays, nbytes = [], []
+    for i in range(docs):
+        doc = corpus.document(i)
+        if max_tokens is not None and doc.size > max_tokens:
+            if token_bytes is None:
+                raise ValueError("token_bytes is needed to count the bytes of a cut document")
+            doc = doc[:max_tokens]
+            nbytes.append(int(np.asarray(token_bytes)[doc].sum()))
+        else:
+            nbytes.append(int(corpus.doc_bytes[i]))
+        arrays.append(doc)
+    return TokenizedCorpus.from_documents(
+        arrays,
+        vocab_size=corpus.vocab_size,
+        eos_id=corpus.eos_id,
+        names=corpus.doc_names[:docs],
+        doc_bytes=nbytes,
+        tokenizer_name=corpus.tokenizer_name,
+    )
+
+
+def token_byte_lengths(tokenizer: Any) -> np.ndarray:
+    """[vocab] int64: UTF-8 bytes that each token id stands for (0 for special tokens).
+
+    Byte tokenizer: 1 for ids 0..255. GPT-2 byte-level BPE: each character of a token's string is
+    one byte (the byte-to-unicode map), so the length of the string is the byte count.
+    """
+    vocab = int(tokenizer.vocab_size)
+    out = np.zeros(vocab, dtype=np.int64)
+    if getattr(tokenizer, "name", "") == "bytes":
+        out[: min(256, vocab)] = 1
+        return out
+    inner = getattr(tokenizer, "_tok", None)
+    if inner is None:
+        raise TypeError(f"cannot count bytes per token for {tokenizer!r}")
+    special = {int(i) for i in [tokenizer.eos_id]}
+    for i in range(vocab):
+        piece = inner.id_to_token(i)
+        if piece is not None and i not in special:
+            out[i] = len(piece)
+    return out
+
+
+# --------------------------------------------------------------------------- finding corpora
+def resolve_corpus_dir(data_dir: str | Path | None) -> Path:
+    """The corpus directory (with ``train/``) designated by `data_dir`: the directory itself, or
+    its ``pg19-mini/`` subfolder; None means the default data directory."""
+    root = resolve_data_dir(data_dir)
+    for candidate in (root, root / CORPUS_SUBDIR):
+        if (candidate / "train").is_dir():
+            return candidate
+    raise FileNotFoundError(
+        f"{root} is not a corpus directory: expected {root}/train/*.txt (with valid/ and test/) "
+        f"or a data root with {CORPUS_SUBDIR}/"
+    )
+
+
+def is_wikitext_dir(path: Path) -> bool:
+    return any(Path(path).glob("wiki.*.tokens"))
+
+
+def load_split(
+    path: str | Path, split: str, tokenizer: TextTokenizer, progress: bool = False
+) -> TokenizedCorpus:
+    """A split of a corpus directory (``<path>/<split>/*.txt``, or the corpus inside a data
+    root) or of WikiText-103 (``<path>/wiki.<split>.tokens``, one article per document)."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"data directory not found: {path}")
+    if is_wikitext_dir(path):
+        return load_wikitext(path, split, tokenizer, progress=progress)
+    return load_corpus(resolve_corpus_dir(path), split, tokenizer, progress=progress)

@@ -12,9 +12,8 @@ import re
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from .data_dir import resolve_data_dir
+from .paths import default_data_dir
 
-TOKENIZER_KINDS = ("gpt2", "bytes")
 GPT2_SUBDIR = "gpt2-tokenizer"
 GPT2_EOS = "<|endoftext|>"
 
@@ -129,13 +128,37 @@ class GPT2Tokenizer(TextTokenizer):
         return self._identity
 
 
-def load_tokenizer(kind: str, data_dir: str | Path | None = None) -> TextTokenizer:
-    """``"gpt2"``: ``<data_dir>/gpt2-tokenizer/tokenizer.json`` (default data dir if None);
-    ``"bytes"``: the byte tokenizer (`data_dir` unused)."""
-    if not isinstance(kind, str):
-        raise TypeError(f"kind must be a str, got {type(kind).__name__}")
-    if kind == "bytes":
+def load_tokenizer(spec: str, near: str | Path | None = None) -> TextTokenizer:
+    """The one tokenizer loader. `spec`:
+
+    - ``"bytes"``: UTF-8 bytes (vocabulary 257: 256 bytes and an end-of-text id);
+    - ``"gpt2"``: the shared GPT-2 BPE, ``gpt2-tokenizer/tokenizer.json`` looked for in `near`,
+      its parent, then the default data directory;
+    - a path to a GPT-2-style ``tokenizer.json``.
+    """
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"tokenizer must be 'bytes', 'gpt2' or a path, got {spec!r}")
+    if spec == "bytes":
         return ByteTokenizer()
-    if kind == "gpt2":
-        return GPT2Tokenizer(resolve_data_dir(data_dir) / GPT2_SUBDIR / "tokenizer.json")
-    raise ValueError(f"kind must be one of {TOKENIZER_KINDS}, got {kind!r}")
+    if spec == "gpt2":
+        roots: list[Path] = []
+        if near is not None:
+            roots += [Path(near), Path(near).parent]
+        shared = default_data_dir()
+        if shared is not None:
+            roots.append(shared)
+        tried = [root / GPT2_SUBDIR / "tokenizer.json" for root in roots]
+        for path in tried:
+            if path.is_file():
+                return GPT2Tokenizer(path)
+        raise FileNotFoundError(
+            "GPT-2 tokenizer file not found (tried "
+            + (", ".join(str(p) for p in tried) or "no data directory")
+            + "); pass --tokenizer PATH/tokenizer.json or --tokenizer bytes"
+        )
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"tokenizer {spec!r} is neither 'bytes', 'gpt2' nor an existing tokenizer.json file"
+        )
+    return GPT2Tokenizer(path)

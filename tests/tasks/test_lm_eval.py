@@ -8,15 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from inftyformer.tasks import ByteTokenizer, TokenizedCorpus, tokenize_documents
-from inftyformer.training.lm_eval import (
-    LMEvalConfig,
-    eval_model_config,
-    evaluate_lm,
-    token_byte_lengths,
-    truncate_documents,
-    with_bos,
-)
+from inftyformer.config import ModelConfig
+from inftyformer.data import ByteTokenizer, TokenizedCorpus, load_tokenizer, tokenize_documents
+from inftyformer.data.corpus import token_byte_lengths, truncate_documents, with_bos
+from inftyformer.tasks.lm_eval import LMEvalConfig, evaluate_lm
 
 
 class PositionBigram(nn.Module):
@@ -201,14 +196,8 @@ def test_truncate_documents_keeps_prefixes_and_counts_bytes_exactly():
         truncate_documents(corpus, max_tokens=4)
 
 
-@pytest.mark.data
-def test_gpt2_token_byte_lengths_add_up_to_the_text_bytes():
-    from inftyformer.tasks import default_data_dir, load_tokenizer
-
-    data = default_data_dir()
-    if data is None or not (data / "gpt2-tokenizer" / "tokenizer.json").is_file():
-        pytest.skip("shared data not available")
-    tok = load_tokenizer("gpt2", data)
+def test_gpt2_token_byte_lengths_add_up_to_the_text_bytes(shared_data):
+    tok = load_tokenizer("gpt2", shared_data)
     lengths = token_byte_lengths(tok)
     text = "Naïve café — “quoted” ∞-former, 12345 tokens.\n\n  Indented line."
     ids = tok.encode(text)
@@ -216,14 +205,12 @@ def test_gpt2_token_byte_lengths_add_up_to_the_text_bytes():
     assert lengths[tok.eos_id] == 0
 
 
-def test_eval_model_config_allows_memory_settings_only():
-    from inftyformer.config import ModelConfig
-
+def test_memory_settings_only_change_what_leaves_the_weights_alone():
     cfg = ModelConfig.preset("cpu-small", model_type="infty", vocab_size=257)
-    longer = eval_model_config(cfg, {"mem_len": 512, "num_samples": 256})
+    longer = cfg.with_memory_settings({"mem_len": 512, "num_samples": 256})
     assert longer.mem_len == 512 and longer.num_samples == 256 and longer.d_model == cfg.d_model
-    assert eval_model_config(cfg, None) is cfg
+    assert cfg.with_memory_settings(None) is cfg
     with pytest.raises(ValueError, match="num_basis"):
-        eval_model_config(cfg, {"num_basis": 256})
+        cfg.with_memory_settings({"num_basis": 256})
     with pytest.raises(ValueError, match="mem_len"):
-        eval_model_config(cfg.replace(model_type="transformer", mem_len=0), {"mem_len": 64})
+        cfg.replace(model_type="transformer", mem_len=0).with_memory_settings({"mem_len": 64})

@@ -37,124 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..config import ModelConfig
-from ..tasks import DocumentStreams, TokenizedCorpus
-
-IGNORE_INDEX = -100
-
-# ModelConfig fields an evaluation may change without touching the weights' shapes: how much
-# memory is kept and how it is updated. Everything else (sizes, vocabulary, N, widths, the model
-# type) is fixed by the checkpoint. `segment_len` is allowed: it only bounds tokens per call.
-EVAL_OVERRIDABLE = (
-    "segment_len",
-    "mem_len",
-    "compressed_len",
-    "num_samples",
-    "tau",
-    "ridge_lambda",
-    "sticky",
-    "sticky_bins",
-    "edge_padding",
-    "dropout",
-    "attention_dropout",
-)
-
-
-def eval_model_config(cfg: ModelConfig, overrides: dict[str, Any] | None = None) -> ModelConfig:
-    """The training config `cfg` with evaluation-time `overrides` (e.g. ``mem_len=512``).
-
-    Only the settings in :data:`EVAL_OVERRIDABLE` may change (they leave every weight's shape
-    alone); anything else raises ValueError naming it. A "transformer" keeps ``mem_len = 0``.
-    """
-    if not overrides:
-        return cfg
-    bad = sorted(set(overrides) - set(EVAL_OVERRIDABLE))
-    if bad:
-        raise ValueError(
-            f"cannot change {', '.join(bad)} at evaluation (it changes the weights or the model); "
-            f"allowed: {', '.join(EVAL_OVERRIDABLE)}"
-        )
-    if cfg.model_type == "transformer" and overrides.get("mem_len", 0) != 0:
-        raise ValueError("a 'transformer' model has no short-term memory: mem_len must stay 0")
-    return cfg.replace(**overrides)
-
-
-def with_bos(corpus: TokenizedCorpus) -> TokenizedCorpus:
-    """`corpus` with a beginning-of-document token (``corpus.eos_id``) before every non-empty
-    document. Streaming the result scores every original token exactly once (as the target of the
-    position before it); ``doc_bytes`` and names are unchanged."""
-    offsets = np.asarray(corpus.doc_offsets, dtype=np.int64)  # [D + 1]
-    lengths = np.diff(offsets)  # [D]
-    nonempty = lengths > 0
-    tokens = np.insert(np.asarray(corpus.tokens), offsets[:-1][nonempty], corpus.eos_id)
-    new_offsets = np.concatenate([[0], np.cumsum(lengths + nonempty)]).astype(np.int64)
-    return TokenizedCorpus(
-        tokens=tokens.astype(corpus.tokens.dtype, copy=False),
-        doc_offsets=new_offsets,
-        doc_bytes=np.asarray(corpus.doc_bytes, dtype=np.int64),
-        doc_names=corpus.doc_names,
-        vocab_size=corpus.vocab_size,
-        eos_id=corpus.eos_id,
-        tokenizer_name=corpus.tokenizer_name,
-    )
-
-
-def truncate_documents(
-    corpus: TokenizedCorpus,
-    max_tokens: int | None = None,
-    max_docs: int | None = None,
-    token_bytes: np.ndarray | None = None,
-) -> TokenizedCorpus:
-    """The first `max_docs` documents, each cut to its first `max_tokens` tokens (a prefix: it
-    still starts at the document's beginning). ``doc_bytes`` of a cut document is recomputed
-    exactly from `token_bytes` ([vocab] UTF-8 bytes per token id, see
-    :func:`token_byte_lengths`), which is required whenever a document is actually cut."""
-    docs = corpus.num_docs if max_docs is None else min(int(max_docs), corpus.num_docs)
-    if docs < 1:
-        raise ValueError(f"max_docs must be >= 1, got {max_docs}")
-    if max_tokens is not None and max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    arrays, nbytes = [], []
-    for i in range(docs):
-        doc = corpus.document(i)
-        if max_tokens is not None and doc.size > max_tokens:
-            if token_bytes is None:
-                raise ValueError("token_bytes is needed to count the bytes of a cut document")
-            doc = doc[:max_tokens]
-            nbytes.append(int(np.asarray(token_bytes)[doc].sum()))
-        else:
-            nbytes.append(int(corpus.doc_bytes[i]))
-        arrays.append(doc)
-    return TokenizedCorpus.from_documents(
-        arrays,
-        vocab_size=corpus.vocab_size,
-        eos_id=corpus.eos_id,
-        names=corpus.doc_names[:docs],
-        doc_bytes=nbytes,
-        tokenizer_name=corpus.tokenizer_name,
-    )
-
-
-def token_byte_lengths(tokenizer: Any) -> np.ndarray:
-    """[vocab] int64: UTF-8 bytes that each token id stands for (0 for special tokens).
-
-    Byte tokenizer: 1 for ids 0..255. GPT-2 byte-level BPE: each character of a token's string is
-    one byte (the byte-to-unicode map), so the length of the string is the byte count.
-    """
-    vocab = int(tokenizer.vocab_size)
-    out = np.zeros(vocab, dtype=np.int64)
-    if getattr(tokenizer, "name", "") == "bytes":
-        out[: min(256, vocab)] = 1
-        return out
-    inner = getattr(tokenizer, "_tok", None)
-    if inner is None:
-        raise TypeError(f"cannot count bytes per token for {tokenizer!r}")
-    special = {int(i) for i in [tokenizer.eos_id]}
-    for i in range(vocab):
-        piece = inner.id_to_token(i)
-        if piece is not None and i not in special:
-            out[i] = len(piece)
-    return out
+from ..data import DocumentStreams, TokenizedCorpus
+from ..data.corpus import with_bos
+from ..model import IGNORE_INDEX
 
 
 @dataclass(frozen=True)
@@ -367,14 +252,4 @@ def evaluate_lm(
     )
 
 
-__all__ = [
-    "EVAL_OVERRIDABLE",
-    "LMEvalConfig",
-    "LMEvalResult",
-    "PositionLoss",
-    "eval_model_config",
-    "evaluate_lm",
-    "token_byte_lengths",
-    "truncate_documents",
-    "with_bos",
-]
+__all__ = ["LMEvalConfig", "LMEvalResult", "PositionLoss", "evaluate_lm"]

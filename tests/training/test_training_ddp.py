@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import torch
-from test_training_trainer import tiny_model, tiny_train
+from tiny_models import SORT, tiny_sorting, tiny_train
 
 from inftyformer.training import Trainer, load_checkpoint, read_metrics
 
@@ -27,7 +27,8 @@ def test_two_process_ddp_matches_single_process(tmp_path):
     steps, batch = 3, 4
     single = Trainer(
         tiny_train(tmp_path / "single", steps=steps, batch_size=batch, eval_every=steps),
-        tiny_model(**MODEL_SETTINGS),
+        SORT,
+        tiny_sorting(**MODEL_SETTINGS),
         echo=lambda s: None,
     )
     single.fit()

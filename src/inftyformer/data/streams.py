@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from .._checks import check_positive_int
+from ..model import IGNORE_INDEX
 from .corpus import TokenizedCorpus
 
-IGNORE_INDEX = -100
 _STATE_VERSION = 1
 
 

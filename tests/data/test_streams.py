@@ -10,15 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from inftyformer.tasks import (
-    IGNORE_INDEX,
+from inftyformer.data import (
     DocumentStreams,
     StreamBatch,
     TokenizedCorpus,
-    default_data_dir,
     load_corpus,
     load_tokenizer,
 )
+from inftyformer.model import IGNORE_INDEX
 
 EOS = 99  # documents only use ids < EOS, so padding is recognisable in the inputs
 
@@ -204,13 +203,13 @@ def test_validation() -> None:
         DocumentStreams(corpus, 2, 8).total_steps()
 
 
-@pytest.mark.data
-def test_pg19_valid_eval_pass(tmp_path: Path) -> None:
-    data = default_data_dir()
-    if data is None or not (data / "pg19-mini").is_dir():
-        pytest.skip("shared data directory not found")
+def test_pg19_valid_eval_pass(shared_data: Path, tmp_path: Path) -> None:
     corpus = load_corpus(
-        data / "pg19-mini", "valid", load_tokenizer("bytes"), cache_dir=tmp_path, progress=False
+        shared_data / "pg19-mini",
+        "valid",
+        load_tokenizer("bytes"),
+        cache_dir=tmp_path,
+        progress=False,
     )
     stream = DocumentStreams(corpus, 2, 8192, seed=0, shuffle=False, loop=False)
     total, steps = 0, 0

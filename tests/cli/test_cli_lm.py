@@ -9,6 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from inftyformer.cli import app
+from inftyformer.config import ModelConfig
+from inftyformer.tasks import LanguageModelTask, LMConfig, RunContext
 from inftyformer.training import read_metrics
 
 runner = CliRunner()
@@ -72,12 +74,13 @@ def test_train_lm_then_resume_matches_an_uninterrupted_run(corpus, tmp_path):
 
     code, out = run("evaluate", full, "--json", tmp_path / "eval.json")
     assert code == 0, out
-    assert "bits/byte" in out
+    assert "bpb" in out
     saved = json.loads((tmp_path / "eval.json").read_text())
-    assert saved["num_tokens"] == test_bytes
-    assert saved["perplexity"] == pytest.approx(math.exp(saved["loss"]))
-    assert saved["perplexity"] == pytest.approx(results["test"]["ppl"], rel=1e-6)
-    assert sum(saved["position"]["count"]) == test_bytes
+    details = saved["details"]
+    assert details["num_tokens"] == saved["metrics"]["tokens"] == test_bytes
+    assert details["perplexity"] == pytest.approx(math.exp(details["loss"]))
+    assert saved["metrics"]["ppl"] == pytest.approx(results["test"]["ppl"], rel=1e-6)
+    assert sum(details["position"]["count"]) == test_bytes
 
     # a longer evaluation memory: same weights, more context
     code, out = run("evaluate", full, "--set", "mem_len=48", "--set", "num_samples=32")
@@ -116,7 +119,7 @@ def test_non_utf8_file_is_a_clear_error(corpus, tmp_path):
 def test_missing_tokenizer_file_is_a_clear_error(corpus, tmp_path):
     args = [a if a != "bytes" else str(tmp_path / "missing.json") for a in TINY]
     code, out = run("train", "lm", "--data-dir", corpus, "-o", tmp_path / "r", *args)
-    assert code != 0 and "tokenizer file not found" in out
+    assert code != 0 and "missing.json" in out and "tokenizer.json file" in out
 
 
 def test_gpt2_tokenizer_not_found_names_the_places_tried(corpus, tmp_path, monkeypatch):
@@ -138,20 +141,16 @@ def test_evaluate_on_a_wikitext_directory(corpus, tmp_path):
     (wiki / "wiki.test.tokens").write_text(text, encoding="utf-8")
     code, out = run("evaluate", out_dir, "--data-dir", wiki, "--json", tmp_path / "w.json")
     assert code == 0, out
-    saved = json.loads((tmp_path / "w.json").read_text())
-    assert saved["num_docs"] == 2
-    assert saved["num_bytes"] == saved["num_tokens"] == len(text.encode("utf-8"))
+    details = json.loads((tmp_path / "w.json").read_text())["details"]
+    assert details["num_docs"] == 2
+    assert details["num_bytes"] == details["num_tokens"] == len(text.encode("utf-8"))
 
 
-@pytest.mark.data
-def test_pg19_mini_loads_with_the_shared_tokenizer():
-    from inftyformer.tasks import default_data_dir
-    from inftyformer.training.lm_task import LMData
-
-    data = default_data_dir()
-    if data is None or not (data / "pg19-mini").is_dir():
-        pytest.skip("shared data not available")
-    lm = LMData.load(str(data), "gpt2")
-    assert lm.tokenizer.vocab_size == 50257
-    assert lm.splits["test"].num_docs == 3
-    assert lm.splits["test"].total_bytes == 1_283_952
+def test_pg19_mini_loads_with_the_shared_tokenizer(shared_data):
+    config = LMConfig(data_dir=str(shared_data), tokenizer="gpt2")
+    assert LanguageModelTask.model_overrides(config) == {"vocab_size": 50257}
+    model_cfg = ModelConfig.preset("cpu-small", vocab_size=50257)
+    task = LanguageModelTask(config, model_cfg, RunContext(batch_size=2, seed=0))
+    assert task.tokenizer.vocab_size == 50257
+    assert task.split("test").num_docs == 3
+    assert task.split("test").total_bytes == 1_283_952

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inftyformer.tasks import (
+from inftyformer.data import (
     ByteTokenizer,
     TokenizedCorpus,
     default_data_dir,
@@ -19,7 +19,7 @@ from inftyformer.tasks import (
     resolve_data_dir,
     split_wikitext,
 )
-from inftyformer.tasks.tokenizer import split_for_encoding
+from inftyformer.data.tokenizer import split_for_encoding
 
 BOOKS = {
     "b.txt": "Second book.\n\nIt has two paragraphs.\n",
@@ -72,9 +72,12 @@ def test_byte_tokenizer_round_trip() -> None:
     assert tok.encode_long(text) == ids
 
 
-def test_load_tokenizer_errors(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="kind"):
+def test_load_tokenizer_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(FileNotFoundError, match="neither 'bytes', 'gpt2' nor"):
         load_tokenizer("sentencepiece")
+    with pytest.raises(ValueError, match="tokenizer must be"):
+        load_tokenizer("")
+    monkeypatch.setenv("INFTYFORMER_DATA", str(tmp_path / "no-shared-data"))
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):
         load_tokenizer("gpt2", tmp_path)
 
@@ -232,15 +235,11 @@ def test_load_wikitext(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- the shared data
 
 
-@pytest.fixture(scope="module")
-def data_dir() -> Path:
-    found = default_data_dir()
-    if found is None or not (found / "gpt2-tokenizer" / "tokenizer.json").is_file():
-        pytest.skip("shared data directory not found")
-    return found
+@pytest.fixture
+def data_dir(shared_data: Path) -> Path:
+    return shared_data
 
 
-@pytest.mark.data
 def test_gpt2_tokenizer(data_dir: Path) -> None:
     tok = load_tokenizer("gpt2", data_dir)
     assert tok.encode("Hello world") == [15496, 995]
@@ -251,7 +250,6 @@ def test_gpt2_tokenizer(data_dir: Path) -> None:
     assert tok.decode(tok.encode(tricky)) == tricky
 
 
-@pytest.mark.data
 def test_pg19_valid_loads(data_dir: Path, tmp_path: Path) -> None:
     tok = load_tokenizer("gpt2", data_dir)
     corpus = load_corpus(data_dir / "pg19-mini", "valid", tok, cache_dir=tmp_path, progress=False)
@@ -264,7 +262,6 @@ def test_pg19_valid_loads(data_dir: Path, tmp_path: Path) -> None:
     assert again.from_cache and again.num_tokens == corpus.num_tokens
 
 
-@pytest.mark.data
 def test_wikitext_valid_articles(data_dir: Path, tmp_path: Path) -> None:
     corpus = load_wikitext(
         data_dir / "wikitext103-eval", "valid", ByteTokenizer(), cache_dir=tmp_path, progress=False

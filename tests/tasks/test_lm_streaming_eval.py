@@ -7,10 +7,10 @@ import pytest
 import torch
 from tiny_models import tiny
 
+from inftyformer.data import TokenizedCorpus
 from inftyformer.model import MemoryLM
 from inftyformer.streaming import stream_loss
-from inftyformer.tasks import TokenizedCorpus
-from inftyformer.training.lm_eval import LMEvalConfig, eval_model_config, evaluate_lm
+from inftyformer.tasks.lm_eval import LMEvalConfig, evaluate_lm
 
 VOCAB = 13
 
@@ -92,7 +92,7 @@ def test_row_count_does_not_change_the_result():
 def test_eval_overrides_keep_the_weights_and_change_the_memory():
     corpus = corpus_of([70, 40])
     model = tiny_model("xl")
-    cfg = eval_model_config(model.config, {"mem_len": 32})
+    cfg = model.config.with_memory_settings({"mem_len": 32})
     longer = MemoryLM(cfg).eval()
     longer.load_state_dict(model.state_dict(), strict=True)
     base = evaluate_lm(model, corpus, LMEvalConfig(batch_size=2))

@@ -1,4 +1,5 @@
-"""Where the shared, read-only data lives (``../shared/data`` next to the repository).
+"""Where the shared, read-only data lives (``../shared/data`` next to the repository), and the
+split names every data set uses.
 
 The data is never copied into the project: every loader takes a directory, and these helpers find
 the default one. Order of precedence:
@@ -15,8 +16,9 @@ import os
 from pathlib import Path
 
 DATA_ENV_VAR = "INFTYFORMER_DATA"
+SPLITS = ("train", "valid", "test")  # the split names of every data set here
 
-# src/inftyformer/tasks/data_dir.py -> parents[3] is the repository root.
+# src/inftyformer/data/paths.py -> parents[3] is the repository root.
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -54,3 +56,12 @@ def resolve_data_dir(path: str | Path | None = None) -> Path:
             f"no data directory found (tried {tried}); pass a path or set ${DATA_ENV_VAR}"
         )
     return found
+
+
+def check_split(split: object) -> str:
+    """`split` if it is one of :data:`SPLITS`, else a TypeError/ValueError naming it."""
+    if not isinstance(split, str):
+        raise TypeError(f"split must be a str, got {type(split).__name__}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    return split

@@ -1,0 +1,292 @@
+"""Long-document language modelling (``inftyformer train lm``; paper §4.2).
+
+Data: a corpus directory with ``train/``, ``valid/``, ``test/`` folders of UTF-8 ``.txt`` files
+(one file = one document; the shared ``pg19-mini`` books), tokenised once and cached
+(:func:`inftyformer.data.load_corpus`); for evaluation also a WikiText-103 directory
+(``wiki.<split>.tokens``). ``data_dir`` is that directory, or a data root holding ``pg19-mini/``
+(default: the shared data directory). ``tokenizer`` is ``bytes``, ``gpt2`` or a path to a
+``tokenizer.json`` (:func:`inftyformer.data.load_tokenizer`).
+
+Training: the batch's B rows are parallel document streams (:class:`DocumentStreams`, shuffled per
+epoch with the run's seed). Each step is one segment of ``segment_len`` tokens per row; the memory
+of each row is carried from step to step (detached: truncated back-propagation over one segment)
+and cleared when the row starts a new document. Every document is prefixed with the end-of-text id
+as a beginning-of-document token, so its first token is a target too (the evaluation does the
+same). The stream cursor and the carried memory are committed at the end of each step and saved in
+the checkpoint, so a resumed run continues exactly.
+
+Evaluation: whole documents streamed with memory (:func:`lm_eval.evaluate_lm`), optionally only
+the first ``max_docs`` documents and a prefix of ``max_tokens`` tokens of each. On ``valid`` (the
+periodic check during training) ``num_batches`` segments per row from the start of each document;
+the test split is always scored whole. Metrics: ``loss`` (nats/token), ``ppl``, ``bpb`` (bits per
+UTF-8 byte) and ``tokens``; the headline is perplexity (lower is better).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._checks import check_positive_int
+from ..data import (
+    DocumentStreams,
+    TextTokenizer,
+    TokenizedCorpus,
+    check_split,
+    is_wikitext_dir,
+    load_split,
+    load_tokenizer,
+    resolve_corpus_dir,
+    resolve_data_dir,
+)
+from ..data.corpus import token_byte_lengths, truncate_documents, with_bos
+from ..state import MemoryState
+from .base import (
+    Evaluation,
+    Metric,
+    RunContext,
+    Shard,
+    StepOutput,
+    Task,
+    TaskConfig,
+    register_task,
+    scored_sums,
+)
+from .lm_eval import LMEvalConfig, evaluate_lm
+
+
+@dataclass(frozen=True)
+class LMConfig(TaskConfig):
+    """Settings of the language-modelling task."""
+
+    data_dir: str | None = None  # corpus directory, data root, or WikiText directory (evaluation)
+    tokenizer: str = "gpt2"  # bytes, gpt2, or a path to a tokenizer.json
+    max_docs: int | None = None  # evaluation: only the first N documents of a split
+    max_tokens: int | None = None  # evaluation: only the first N tokens of each document
+
+    def __post_init__(self) -> None:
+        if self.data_dir is not None and not isinstance(self.data_dir, str):
+            raise TypeError(f"data_dir must be a string or None, got {self.data_dir!r}")
+        if not isinstance(self.tokenizer, str) or not self.tokenizer:
+            raise ValueError(f"tokenizer must be a non-empty string, got {self.tokenizer!r}")
+        for name in ("max_docs", "max_tokens"):
+            if getattr(self, name) is not None:
+                check_positive_int(name, getattr(self, name))
+
+
+def _data_root(config: LMConfig) -> Path:
+    """The directory the settings designate: a WikiText directory as it is, else the corpus."""
+    root = resolve_data_dir(config.data_dir)
+    return root if is_wikitext_dir(root) else resolve_corpus_dir(root)
+
+
+def _tokenizer(config: LMConfig) -> TextTokenizer:
+    try:
+        near = _data_root(config)
+    except FileNotFoundError:
+        near = None
+    return load_tokenizer(config.tokenizer, near)
+
+
+@register_task("lm")
+class LanguageModelTask(Task):
+    """See the module docstring."""
+
+    summary = "long-document language modelling on a folder of books (§4.2)"
+    Config = LMConfig
+    metrics = (
+        Metric("ppl", ".3f", higher_is_better=False),
+        Metric("loss", ".4f"),
+        Metric("bpb", ".4f"),
+        Metric("tokens", ".0f"),
+    )
+    progress_metrics = ("ppl",)
+
+    def __init__(self, config: LMConfig, model_config: Any, context: RunContext) -> None:
+        super().__init__(config, model_config, context)
+        self.root = _data_root(config)
+        self.tokenizer = load_tokenizer(config.tokenizer, self.root)
+        if self.tokenizer.vocab_size > model_config.vocab_size:
+            raise ValueError(
+                f"the tokenizer has {self.tokenizer.vocab_size} ids, the model's vocabulary "
+                f"only {model_config.vocab_size}"
+            )
+        self.token_bytes = token_byte_lengths(self.tokenizer)
+        self._splits: dict[str, TokenizedCorpus] = {}
+        self._streams: DocumentStreams | None = None
+        # committed position: the stream cursor before update `_step` and the memory carried
+        # into it, one per micro-batch part
+        self._step = 0
+        self._cursor: dict[str, Any] | None = None
+        self._memory: dict[int, MemoryState] = {}
+        # the update in flight (committed by `end_step`)
+        self._next_cursor: dict[str, Any] | None = None
+        self._next_memory: dict[int, MemoryState] = {}
+        self._parts: list[int] = []  # parts whose memory a checkpoint holds (while resuming)
+
+    # ------------------------------------------------------------------ model side
+    @classmethod
+    def model_overrides(cls, config: LMConfig) -> dict[str, Any]:
+        return {"vocab_size": _tokenizer(config).vocab_size}
+
+    @classmethod
+    def check(cls, config: LMConfig, model_config: Any) -> None:
+        """Cheap checks before any work: the data exists, the vocabulary fits."""
+        _data_root(config)
+        if model_config.vocab_size < 2:
+            raise ValueError(f"vocab_size must be >= 2, got {model_config.vocab_size}")
+
+    # ------------------------------------------------------------------ data
+    def split(self, name: str) -> TokenizedCorpus:
+        """The tokenised split `name` (loaded once)."""
+        if name not in self._splits:
+            corpus = load_split(
+                self.root, check_split(name), self.tokenizer, progress=self.context.progress
+            )
+            if corpus.num_tokens == 0:
+                raise ValueError(f"the {name} split of {self.root} holds no text")
+            self._splits[name] = corpus
+        return self._splits[name]
+
+    @property
+    def streams(self) -> DocumentStreams:
+        if self._streams is None:
+            self._streams = DocumentStreams(
+                with_bos(self.split("train")),
+                batch_size=self.context.batch_size,
+                segment_len=self.model_config.segment_len,
+                seed=self.context.seed,
+                shuffle=True,
+                loop=True,
+            )
+            if self._cursor is None:
+                self._cursor = self._streams.state_dict()
+        return self._streams
+
+    # ------------------------------------------------------------------ training
+    def batch(self, step: int) -> Any:
+        if step != self._step:
+            raise RuntimeError(
+                f"the language-model stream is positioned before step {self._step}, "
+                f"but step {step} was requested"
+            )
+        streams = self.streams
+        streams.load_state_dict(self._cursor)  # a step that was cut short is drawn again
+        batch = next(streams)
+        self._next_cursor = streams.state_dict()
+        self._next_memory = {}
+        return batch
+
+    def loss(self, model: nn.Module, batch: Any, rows: slice, part: int) -> StepOutput:
+        device = self.context.device
+        inputs = batch.inputs[rows].to(device)
+        targets = batch.targets[rows].to(device)
+        reset = batch.reset[rows].to(device)
+        out = model(inputs, state=self._memory.get(part), targets=targets, reset=reset)
+        self._next_memory[part] = out.state.detach()
+        sums = scored_sums(out.logits, targets)
+        sums["tokens"] = float(inputs.numel())
+        return StepOutput(out.loss, sums, {k: float(v.detach()) for k, v in out.aux.items()})
+
+    def end_step(self, step: int) -> None:
+        self._step = step + 1
+        self._cursor = self._next_cursor
+        self._memory = self._next_memory
+
+    def train_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        out = super().train_metrics(sums)
+        if "lm_loss" in out:
+            out["ppl"] = math.exp(min(out["lm_loss"], 50.0))
+        return out
+
+    # ------------------------------------------------------------------ resumable state
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self._step, "stream": self._cursor, "parts": sorted(self._memory)}
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return {
+            f"memory.{part}.{k}": v.detach().cpu()
+            for part, state in self._memory.items()
+            for k, v in state.tensors().items()
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:
+            return
+        self._step = int(state["step"])
+        self._cursor = state["stream"]
+        self.streams.load_state_dict(self._cursor)  # validates it against this corpus
+        self._parts = [int(p) for p in state.get("parts", [])]
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        memory = {}
+        for part in self._parts:
+            prefix = f"memory.{part}."
+            mine = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+            if not mine:
+                raise ValueError(f"the checkpoint lacks the carried memory of part {part}")
+            state = MemoryState.from_tensors(mine, self.model_config.n_layers)
+            memory[part] = state.to(self.context.device)
+        self._memory = memory
+
+    # ------------------------------------------------------------------ evaluation
+    def eval_corpus(self, split: str) -> TokenizedCorpus:
+        """`split` as evaluated: the first `max_docs` documents, each cut to `max_tokens`."""
+        corpus = self.split(split)
+        c = self.config
+        if c.max_docs is None and c.max_tokens is None:
+            return corpus
+        return truncate_documents(corpus, c.max_tokens, c.max_docs, self.token_bytes)
+
+    @torch.no_grad()
+    def evaluate(
+        self, model: nn.Module, split: str, num_batches: int | None, shard: Shard
+    ) -> Evaluation:
+        corpus = self.eval_corpus(split)
+        mine = list(shard.items(corpus.num_docs))
+        if not mine:
+            return Evaluation({"nll": 0.0, "tokens": 0.0, "bytes": 0.0})
+        if shard.count > 1:
+            corpus = corpus.subset(mine)
+        docs = int((corpus.doc_lengths > 0).sum())
+        cfg = LMEvalConfig(
+            batch_size=max(1, min(self.context.batch_size, docs)),
+            max_steps=0 if split == "test" or num_batches is None else num_batches,
+            progress=self.context.progress,
+        )
+        result = evaluate_lm(model, corpus, cfg, token_bytes=self.token_bytes)
+        sums = {
+            "nll": result.nll_sum,
+            "tokens": float(result.num_tokens),
+            "bytes": float(result.num_bytes),
+        }
+        return Evaluation(sums, details=result.to_dict())
+
+    def eval_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        nll, tokens, nbytes = sums.get("nll", 0.0), sums.get("tokens", 0.0), sums.get("bytes", 0.0)
+        loss = nll / max(tokens, 1.0)
+        return {
+            "loss": loss,
+            "ppl": math.exp(min(loss, 700.0)),
+            "bpb": nll / (math.log(2) * nbytes) if nbytes else math.nan,
+            "tokens": tokens,
+        }
+
+    # ------------------------------------------------------------------ generation
+    def encode_prompt(self, text: str) -> tuple[torch.Tensor, list[int] | None]:
+        ids = [self.tokenizer.eos_id] + self.tokenizer.encode(text)
+        return torch.tensor(ids, dtype=torch.long), None
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens)
+
+    def default_new_tokens(self) -> int:
+        return 200
+
+
+__all__ = ["LMConfig", "LanguageModelTask"]

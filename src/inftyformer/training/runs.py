@@ -1,0 +1,124 @@
+"""Saved runs: rebuild a trained model and its task from a checkpoint, and evaluate it.
+
+A run directory holds the checkpoints `best` and `last` (see `checkpoint.py`); each records the
+model, train and task settings beside the weights. `load_run` rebuilds the model (weights only,
+evaluation mode), optionally with other memory settings (`ModelConfig.with_memory_settings`, e.g.
+a longer short-term memory at evaluation), and `SavedRun.task` builds the task, optionally with
+other task settings (e.g. another data directory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig
+from ..model import MemoryLM
+from ..tasks import Evaluation, RunContext, Shard, Task, TaskConfig, get_task
+from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from .config import TrainConfig
+from .distributed import resolve_device
+
+
+@dataclass
+class SavedRun:
+    """A trained model and the settings it was trained with."""
+
+    model: MemoryLM
+    model_config: ModelConfig
+    train_config: TrainConfig
+    task_config: TaskConfig
+    checkpoint: Checkpoint
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def task(
+        self,
+        overrides: dict[str, Any] | None = None,
+        batch_size: int | None = None,
+        progress: bool = False,
+    ) -> Task:
+        """The run's task, with task settings `overrides` and another batch size if given."""
+        task_cls = get_task(self.train_config.task)
+        config = self.task_config
+        if overrides:
+            config = dataclasses.replace(config, **overrides)
+        context = RunContext(
+            batch_size=batch_size or self.train_config.batch_size,
+            seed=self.train_config.seed,
+            device=self.device,
+            progress=progress,
+        )
+        return task_cls(config, self.model_config, context)
+
+
+def read_configs(path: str | Path) -> tuple[TrainConfig, TaskConfig, ModelConfig]:
+    """(train, task, model) settings stored in a checkpoint (a run directory reads `last`)."""
+    return _configs(load_checkpoint(_default_name(path, "last")))
+
+
+def _default_name(path: str | Path, name: str) -> Path:
+    path = Path(path)
+    return path / name if path.is_dir() else path
+
+
+def _configs(ckpt: Checkpoint) -> tuple[TrainConfig, TaskConfig, ModelConfig]:
+    meta = ckpt.meta
+    missing = [k for k in ("model_config", "train_config", "task_config") if k not in meta]
+    if missing:
+        raise CheckpointError(f"{ckpt.path}: the metadata lacks {', '.join(missing)}")
+    try:
+        train_cfg = TrainConfig.from_dict(meta["train_config"])
+        task_cfg = get_task(train_cfg.task).Config.from_dict(meta["task_config"])
+        model_cfg = ModelConfig.from_dict(meta["model_config"])
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{ckpt.path}: invalid settings in the checkpoint: {err}") from None
+    return train_cfg, task_cfg, model_cfg
+
+
+def load_run(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    memory_settings: dict[str, Any] | None = None,
+) -> SavedRun:
+    """The model saved at `path` (a run directory: its best checkpoint, else its last), in
+    evaluation mode, with other `memory_settings` if given (the weights are the checkpoint's)."""
+    ckpt = load_checkpoint(path)
+    train_cfg, task_cfg, model_cfg = _configs(ckpt)
+    model_cfg = model_cfg.with_memory_settings(memory_settings)
+    model = MemoryLM(model_cfg)
+    try:
+        model.load_state_dict(ckpt.section("model"), strict=True)
+    except RuntimeError as err:
+        raise CheckpointError(f"{ckpt.path}: weights do not fit the model: {err}") from None
+    dev = resolve_device(device) if isinstance(device, str) else device
+    model.to(dev).eval()
+    return SavedRun(model, model_cfg, train_cfg, task_cfg, ckpt)
+
+
+def evaluate_run(
+    path: str | Path,
+    split: str = "test",
+    num_batches: int | None = None,
+    device: str = "cpu",
+    memory_settings: dict[str, Any] | None = None,
+    task_settings: dict[str, Any] | None = None,
+    batch_size: int | None = None,
+    progress: bool = False,
+) -> tuple[dict[str, float], Evaluation, Task]:
+    """The metrics of a saved model on `split` (default number of batches: the run's
+    `test_batches`), the raw evaluation (sums and details) and the task that measured them."""
+    run = load_run(path, device, memory_settings)
+    task = run.task(task_settings, batch_size=batch_size, progress=progress)
+    n = num_batches if num_batches is not None else max(1, run.train_config.test_batches)
+    evaluation = task.evaluate(run.model, split, n, Shard())
+    return task.eval_metrics(evaluation.sums), evaluation, task
+
+
+__all__ = ["SavedRun", "evaluate_run", "load_run", "read_configs"]
