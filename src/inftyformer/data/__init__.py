@@ -1,0 +1,1 @@
+"""Data readers, tokenizers and streams (no task logic)."""
