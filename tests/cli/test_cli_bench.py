@@ -1,5 +1,6 @@
 """`inftyformer bench`: the built-in timing table and the script runner."""
 
+import pytest
 from typer.testing import CliRunner
 
 from inftyformer.cli import app
@@ -7,6 +8,7 @@ from inftyformer.cli import app
 runner = CliRunner()
 
 
+@pytest.mark.slow
 def test_builtin_benchmark_prints_a_row_per_model():
     args = ["bench", "--models", "xl,infty", "-T", "128", "--batch-size", "2", "--steps", "1"]
     args += ["--threads", "1"]

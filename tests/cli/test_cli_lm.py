@@ -55,6 +55,7 @@ def train_rows(out: Path) -> list[tuple[int, str, float]]:
     ]
 
 
+@pytest.mark.slow
 def test_train_lm_then_resume_matches_an_uninterrupted_run(corpus, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     code, out = run("train", "lm", "--data-dir", corpus, "-o", full, *TINY)
@@ -129,6 +130,7 @@ def test_gpt2_tokenizer_not_found_names_the_places_tried(corpus, tmp_path, monke
     assert code != 0 and "GPT-2 tokenizer file not found" in out
 
 
+@pytest.mark.slow
 def test_evaluate_on_a_wikitext_directory(corpus, tmp_path):
     out_dir = tmp_path / "run"
     code, out = run(

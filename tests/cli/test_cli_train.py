@@ -53,6 +53,7 @@ def test_train_help_explains_every_option():
         assert option in text, option
 
 
+@pytest.mark.slow
 def test_train_evaluate_generate_resume(tmp_path):
     out = tmp_path / "run"
     result = run("train", "sorting", *TINY, "--steps", 2, "--eval-every", 2, "--out-dir", out)
@@ -120,6 +121,7 @@ def test_bad_checkpoints_fail_clearly(tmp_path):
     assert result.exit_code != 0 and "manifest not found" in result.output
 
 
+@pytest.mark.slow
 def test_kill_9_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path):
     """SIGKILL leaves no chance to clean up: the run must resume from its last checkpoint and
     log the same losses as a run that was never interrupted."""

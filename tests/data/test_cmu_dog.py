@@ -39,7 +39,6 @@ def documents(cmu_dog_dir):
 # ------------------------------------------------------------------------------ the real data
 
 
-@pytest.mark.data
 def test_counts_match_the_readme(splits):
     assert {split: len(conversations) for split, conversations in splits.items()} == {
         "train": 3373,
@@ -50,7 +49,6 @@ def test_counts_match_the_readme(splits):
         assert len({c.conversation_id for c in conversations}) == len(conversations)
 
 
-@pytest.mark.data
 def test_conversations_shared_between_splits(splits):
     # ... but 110 conversations occur in two splits, identical: 63 in train and test, 45 in
     # train and valid, 2 in valid and test (4111 distinct of 4221)
@@ -71,7 +69,6 @@ def test_conversations_shared_between_splits(splits):
     }
 
 
-@pytest.mark.data
 def test_sections_speakers_and_documents(splits, documents):
     assert sorted(documents) == list(range(30))
     for document in documents.values():
@@ -83,7 +80,6 @@ def test_sections_speakers_and_documents(splits, documents):
         assert {c.doc_id for c in conversations} == set(documents)
 
 
-@pytest.mark.data
 def test_hand_checked_conversation(splits, documents):
     conversation = splits["train"][0]
     assert conversation.conversation_id == FIRST_TRAIN_ID
@@ -126,7 +122,6 @@ def test_hand_checked_conversation(splits, documents):
     )
 
 
-@pytest.mark.data
 def test_merging_makes_speakers_alternate(splits):
     conversation = merge_consecutive_turns(splits["train"][0])
     assert len(conversation.turns) == 25
@@ -142,7 +137,6 @@ def test_merging_makes_speakers_alternate(splits):
         assert all(a != b for a, b in zip(speakers, speakers[1:], strict=False))
 
 
-@pytest.mark.data
 def test_data_quirks(splits, documents):
     # 155 test conversations store status as JSON false: read as 0
     assert splits["test"][1].conversation_id == "00b9693c240d4a200b23b0e5424fe0b7767a40bd"

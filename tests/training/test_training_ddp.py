@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from tiny_models import SORT, tiny_sorting, tiny_train
 
@@ -23,6 +24,7 @@ MODEL_SETTINGS = dict(
 )
 
 
+@pytest.mark.slow
 def test_two_process_ddp_matches_single_process(tmp_path):
     steps, batch = 3, 4
     single = Trainer(
