@@ -15,10 +15,6 @@ def small_config(**overrides) -> LongTermConfig:
     return LongTermConfig(**base)
 
 
-def test_public_api_imports():
-    from inftyformer import GaussianBasis, continuous_softmax  # noqa: F401
-
-
 @pytest.mark.parametrize(
     "overrides, match",
     [

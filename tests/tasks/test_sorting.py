@@ -15,7 +15,6 @@ from inftyformer.tasks.sorting import (
     NUM_SYMBOLS,
     NUM_TARGETS,
     SEP,
-    SORTING_VOCAB,
     SortingConfig,
     SortingDataset,
     chance_accuracy,
@@ -29,10 +28,6 @@ from inftyformer.tasks.sorting import (
 
 def _absent_ascending(present: list[int]) -> list[int]:
     return [s for s in range(NUM_SYMBOLS) if s not in present]
-
-
-def test_constants() -> None:
-    assert (NUM_SYMBOLS, SEP, SORTING_VOCAB, NUM_TARGETS) == (20, 20, 22, 20)
 
 
 def test_target_ties_by_first_occurrence_and_absent_last() -> None:
