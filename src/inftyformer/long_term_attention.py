@@ -43,8 +43,8 @@ class LongTermAttention(nn.Module):
     # but blocks this size stay under glibc's 32 MiB ceiling for mmap'ed allocations, so most are
     # recycled from the heap instead of being mapped, page-faulted and unmapped every step (~100 MB
     # tensors at batch 8, N = 512, 1024 queries). Smaller blocks fault even less but multiply the
-    # kernel launches, which costs more than it saves on a loaded 2-core machine
-    # (benchmarks/bench_core.py). None: one block (the whole [B, H, Q, N] at once).
+    # kernel launches, which cost more than they save on a busy CPU (benchmarks/bench_core.py).
+    # None: one block (the whole [B, H, Q, N] at once).
     query_block_elements: int | None = 3 << 21
 
     def __init__(self, config: LongTermConfig, basis: GaussianBasis | None = None) -> None:

@@ -25,8 +25,8 @@ class PositionBigram(nn.Module):
         self.config = SimpleNamespace(segment_len=segment_len, vocab_size=vocab)
         self.calls = 0
 
-    def init_state(self, batch: int) -> torch.Tensor:
-        return torch.zeros(batch, dtype=torch.long)
+    def init_state(self, batch: int, device: torch.device) -> torch.Tensor:
+        return torch.zeros(batch, dtype=torch.long, device=device)
 
     def forward(self, tokens, state=None, reset=None):
         self.calls += 1
@@ -141,7 +141,7 @@ def test_bits_per_byte_by_hand_on_a_tiny_text_corpus():
             self.w = nn.Parameter(torch.zeros(()))
             self.config = SimpleNamespace(segment_len=4, vocab_size=257)
 
-        def init_state(self, batch):
+        def init_state(self, batch, device):
             return None
 
         def forward(self, tokens, state=None, reset=None):
@@ -164,7 +164,7 @@ def test_bits_per_byte_with_multibyte_tokens():
             self.w = nn.Parameter(torch.zeros(()))
             self.config = SimpleNamespace(segment_len=8, vocab_size=4)
 
-        def init_state(self, batch):
+        def init_state(self, batch, device):
             return None
 
         def forward(self, tokens, state=None, reset=None):

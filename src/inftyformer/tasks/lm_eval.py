@@ -128,16 +128,6 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _init_state(model: nn.Module, batch_size: int, device: torch.device) -> Any:
-    try:
-        state = model.init_state(batch_size, device)
-    except TypeError:  # a model whose init_state takes no device
-        state = model.init_state(batch_size)
-    if state is not None and hasattr(state, "to"):
-        state = state.to(device)
-    return state
-
-
 @torch.no_grad()
 def evaluate_lm(
     model: nn.Module,
@@ -147,8 +137,9 @@ def evaluate_lm(
 ) -> LMEvalResult:
     """Stream every document of `corpus` through `model` with memory; see the module docstring.
 
-    `model` follows the ``MemoryLM`` contract: ``init_state(B)`` and
-    ``model(inputs, state=, reset=)`` returning ``.logits`` [B, L, V] and ``.state``.
+    `model` follows the ``MemoryLM`` contract: ``config.segment_len``, ``config.vocab_size``,
+    ``init_state(B, device)`` and ``model(inputs, state=, reset=)`` returning ``.logits``
+    [B, L, V] and ``.state``.
     Bits per byte divides by the documents' UTF-8 bytes after a complete pass; after a partial
     one (``max_steps``) by the bytes of the scored tokens, which needs `token_bytes` ([vocab]
     bytes per id, :func:`token_byte_lengths`; NaN without it).
@@ -156,12 +147,9 @@ def evaluate_lm(
     cfg = config or LMEvalConfig()
     if not isinstance(corpus, TokenizedCorpus):
         raise TypeError(f"corpus must be a TokenizedCorpus, got {type(corpus).__name__}")
-    model_cfg = getattr(model, "config", None) or getattr(model, "cfg", None)
-    segment_len = cfg.segment_len or getattr(model_cfg, "segment_len", None)
-    if segment_len is None:
-        raise ValueError("segment_len is required when the model has no config")
-    vocab = getattr(model_cfg, "vocab_size", None)
-    if vocab is not None and corpus.vocab_size > vocab:
+    segment_len = cfg.segment_len or model.config.segment_len
+    vocab = model.config.vocab_size
+    if corpus.vocab_size > vocab:
         raise ValueError(
             f"corpus vocabulary ({corpus.vocab_size}) is larger than the model's ({vocab})"
         )
@@ -188,7 +176,7 @@ def evaluate_lm(
     columns = torch.arange(segment_len)  # [L]
     byte_table = None if token_bytes is None else torch.as_tensor(np.asarray(token_bytes))
     scored_bytes = 0
-    state = _init_state(model, rows, device)
+    state = model.init_state(rows, device)
     try:
         for _ in tqdm(range(steps), desc="evaluating", disable=not cfg.progress, leave=False):
             batch = next(streams)
