@@ -90,9 +90,12 @@ def split_settings(items: list[str], task: str) -> dict[str, dict[str, str]]:
     return out
 
 
-def task_settings(task: str, options: dict[str, Any], text: dict[str, str]) -> dict[str, Any]:
-    """Typed task settings from command-line options (None: not given) and `--set` texts; an
-    option the task has no setting for is an error naming the task's settings."""
+def task_settings(
+    task: str, options: dict[str, Any], text: dict[str, str], flags: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Typed task settings from command-line options (setting name → value, None: not given)
+    and `--set` texts; an option the task has no setting for is an error naming the task's
+    settings. `flags` names the option of a setting when it is not `--setting-name`."""
     from .tasks import get_task
     from .training.config import field_types, parse_overrides
 
@@ -103,7 +106,7 @@ def task_settings(task: str, options: dict[str, Any], text: dict[str, str]) -> d
         if value is None:
             continue
         if key not in names:
-            flag = "--" + key.replace("_", "-")
+            flag = (flags or {}).get(key, "--" + key.replace("_", "-"))
             raise ValueError(
                 f"{flag} is not a setting of task {task!r} (its settings: "
                 f"{', '.join(sorted(names)) or 'none'})"
@@ -340,11 +343,12 @@ def evaluate(
         None, help="Number of batches, for tasks that count them (default: the run's test_batches)."
     ),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
-    data_dir: Path | None = typer.Option(  # noqa: B008
+    data_dir: str | None = typer.Option(
         None,
         "--data-dir",
-        help="Task setting data_dir: evaluate on other data (lm: a corpus directory or a "
-        "WikiText-103 directory holding wiki.SPLIT.tokens; default: the run's).",
+        help="Evaluate on other text (task setting eval_data). lm: a corpus directory (only the "
+        "SPLIT/ folder is needed), a WikiText-103 directory, a flat folder of .txt files (one "
+        "document each), a single .txt file, or - for standard input. Default: the run's data.",
     ),
     settings: list[str] = typer.Option(  # noqa: B008
         [],
@@ -385,9 +389,8 @@ def evaluate(
         if text["train"]:
             raise ValueError(f"train settings cannot change at evaluation: {sorted(text['train'])}")
         memory = parse_overrides(ModelConfig, text["model"], "model")
-        options = dict(data_dir=str(data_dir) if data_dir else None, max_docs=max_docs,
-                       max_tokens=max_tokens)  # fmt: skip
-        task_values = task_settings(task, options, text["task"])
+        options = dict(eval_data=data_dir, max_docs=max_docs, max_tokens=max_tokens)
+        task_values = task_settings(task, options, text["task"], {"eval_data": "--data-dir"})
         start = time.perf_counter()
         metrics, evaluation, task_obj = evaluate_run(
             checkpoint,
@@ -432,7 +435,13 @@ def generate(
         "random",
         "--prompt",
         help="Sorting: symbols 0-19 separated by spaces (the separator is appended), or "
-        "'random' / 'random:T' for a test sequence whose true answer is shown too.",
+        "'random' / 'random:T' for a test sequence whose true answer is shown too. lm: text.",
+    ),
+    prompt_file: Path | None = typer.Option(  # noqa: B008
+        None,
+        "--prompt-file",
+        help="Read the prompt from this UTF-8 file (before --prompt's text, if both are given): "
+        "however long, it is streamed into the memory segment by segment first.",
     ),
     max_new_tokens: int | None = typer.Option(
         None, help="Tokens to generate (default: 20 for sorting)."
@@ -458,6 +467,14 @@ def generate(
             raise ValueError(f"--top-k must be >= 1, got {top_k}")
         if top_p is not None and not 0 < top_p <= 1:
             raise ValueError(f"--top-p must be in (0, 1], got {top_p}")
+        if prompt_file is not None:
+            try:
+                text = prompt_file.read_bytes().decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{prompt_file} is not UTF-8 text (byte {err.start})") from None
+            if not text.strip():
+                raise ValueError(f"{prompt_file} holds no text")
+            prompt = text if prompt == "random" else text + prompt
         run = load_run(checkpoint, device)
         model, dev = run.model, run.device
         task = run.task()
@@ -468,6 +485,7 @@ def generate(
         from .streaming import generate as stream_generate
 
         gen = torch.Generator(device=dev).manual_seed(seed)
+        start = time.perf_counter()
         out = stream_generate(
             model,
             tokens[None].to(dev),
@@ -479,13 +497,34 @@ def generate(
         )
     except _user_errors() as err:
         raise _fail(str(err)) from None
+    seconds = time.perf_counter() - start
     new_tokens = _new_tokens(out)
-    typer.echo(f"prompt: {tokens.numel()} tokens")
+    segment = run.model_config.segment_len
+    typer.echo(
+        f"prompt: {tokens.numel():,} tokens, streamed in {-(-tokens.numel() // segment):,} "
+        f"segments of {segment} ({seconds:.1f} s with generation)"
+    )
+    typer.echo(f"memory: {_memory_summary(out[1])}")
     typer.echo(f"output:   {task.decode(new_tokens)}")
     if expected:
         typer.echo(f"expected: {task.decode(expected)}")
         hits = sum(a == b for a, b in zip(new_tokens, expected, strict=False))
         typer.echo(f"{hits}/{len(expected)} positions right (free-running, no teacher forcing)")
+
+
+def _memory_summary(state: Any) -> str:
+    """What a MemoryState holds, by kind, in numbers and KiB (batch row 0's share)."""
+    kinds: dict[str, int] = {}
+    for layer in state.layers:
+        for name, tensor in layer.tensors().items():
+            if tensor.is_floating_point():
+                kind = name.split(".")[0]
+                kinds[kind] = kinds.get(kind, 0) + tensor[0].numel()
+    total = sum(kinds.values())
+    parts = ", ".join(f"{k} {v:,}" for k, v in kinds.items())
+    return (
+        f"{total:,} numbers ({total * 4 / 1024:,.0f} KiB) over {len(state.layers)} layers: {parts}"
+    )
 
 
 def _new_tokens(out: Any) -> list[int]:
