@@ -208,3 +208,21 @@ def test_bad_inputs_give_clear_errors():
         add_long_term_memory(tiny_base("gpt2"), segment_len=65)
     with pytest.raises(ValueError, match="num_basis"):
         add_long_term_memory(tiny_base("gpt2"), num_basis=15)
+
+
+@torch.no_grad()
+def test_a_base_wrapped_twice_reads_once():
+    base = tiny_base("gpt2")
+    first = add_long_term_memory(base, num_basis=16, num_samples=16, segment_len=L)
+    second = tiny_memory_model("gpt2")  # same seed: the same base weights, active reads
+    twice = add_long_term_memory(first.unwrap(), num_basis=16, num_samples=16, segment_len=L)
+    twice.load_state_dict(second.state_dict())
+    ids = tokens(2, L)
+    memory = second(ids).memory
+    assert torch.equal(twice(ids, memory=memory).logits, second(ids, memory=memory).logits)
+    with pytest.raises(RuntimeError, match="unwrapped"):
+        first(ids)
+    # wrapping without unwrapping: only the calling model's hooks act
+    again = add_long_term_memory(twice.base, num_basis=16, num_samples=16, segment_len=L)
+    again.load_state_dict(second.state_dict())
+    assert torch.equal(again(ids, memory=memory).logits, second(ids, memory=memory).logits)

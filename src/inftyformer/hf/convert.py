@@ -14,6 +14,7 @@ The directory is written atomically: into a temporary sibling directory, then re
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.metadata
 import os
 import shutil
@@ -57,7 +58,11 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Pa
     try:
         folder, name = str(gguf_path.parent), gguf_path.name
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-        config = loaded.config
+        config = copy.deepcopy(loaded.config)
+        # a plain float32 model from now on: without this, loading the directory would attach
+        # the GGUF quantizer again (and saving a model built from it would be refused)
+        if hasattr(config, "quantization_config"):
+            delattr(config, "quantization_config")
         fresh = type(loaded)(config)  # a normal model: save_pretrained refuses GGUF-loaded ones
         missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
         missing = [k for k in missing if k not in fresh.all_tied_weights_keys]
@@ -67,6 +72,11 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Pa
         fresh.generation_config = loaded.generation_config
         fresh.save_pretrained(tmp, safe_serialization=True)
         AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp made it private
+        for f in tmp.iterdir():
+            os.chmod(f, 0o666 & ~umask)
         os.replace(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextvars
 import copy
 import functools
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -122,6 +123,7 @@ class InftyformerOutput(ModelOutput):
 # ---------------------------------------------------------------------- call-scoped hook context
 @dataclass
 class _Call:
+    owner: int  # the model whose hooks act in this call
     norms: list[nn.Module]  # per block: the module whose output is h_i
     outputs: list[nn.Module]  # per block: the attention output projection
     layers: nn.ModuleList  # per block: LayerMemory
@@ -130,21 +132,22 @@ class _Call:
     reads: list[LongTermAttentionOutput | None]
 
 
+_OWNERS = itertools.count()
 _ACTIVE: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
     "inftyformer_hf_call", default=None
 )
 
 
-def _record_attention_input(index: int, module: nn.Module, args, output):
+def _record_attention_input(owner: int, index: int, module: nn.Module, args, output):
     call = _ACTIVE.get()
-    if call is not None and call.norms[index] is module:
+    if call is not None and call.owner == owner and call.norms[index] is module:
         call.normed[index] = output  # h_i = norm_i(x)  [batch, T, d]
     return None
 
 
-def _add_long_term_read(index: int, module: nn.Module, args, output):
+def _add_long_term_read(owner: int, index: int, module: nn.Module, args, output):
     call = _ACTIVE.get()
-    if call is None or call.outputs[index] is not module:
+    if call is None or call.owner != owner or call.outputs[index] is not module:
         return None
     h = call.normed[index]
     if h is None:
@@ -176,6 +179,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         n_layers = len(self.adapter.block_list(base_model))
         lt_config = config.long_term_config()
         self.long_term = nn.ModuleList(LayerMemory(lt_config) for _ in range(n_layers))
+        self._owner = next(_OWNERS)  # a base wrapped twice: only the calling model's hooks act
         self._hooks = []
         for i, (norm, out) in enumerate(
             zip(
@@ -185,9 +189,13 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             )
         ):
             self._hooks.append(
-                norm.register_forward_hook(functools.partial(_record_attention_input, i))
+                norm.register_forward_hook(
+                    functools.partial(_record_attention_input, self._owner, i)
+                )
             )
-            self._hooks.append(out.register_forward_hook(functools.partial(_add_long_term_read, i)))
+            self._hooks.append(
+                out.register_forward_hook(functools.partial(_add_long_term_read, self._owner, i))
+            )
         if getattr(base_model, "generation_config", None) is not None:
             self.generation_config = copy.deepcopy(base_model.generation_config)
         self.post_init()
@@ -226,6 +234,14 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                 roles[id(memory.gate)] = "default"
             roles[id(memory.basis)] = "basis"
         return roles
+
+    def unwrap(self) -> PreTrainedModel:
+        """Remove the hooks from the base model and return it (as it was before wrapping; this
+        model must not be called afterwards)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        return self.base
 
     # ------------------------------------------------------------------ parameter groups
     def memory_parameters(self) -> Iterator[nn.Parameter]:
@@ -444,6 +460,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                 "gradient checkpointing is not supported with the long-term memory "
                 "(the recomputed blocks would run without it)"
             )
+        if not self._hooks:
+            raise RuntimeError("this model was unwrapped: its hooks are gone")
         ids = self._check_ids("input_ids", input_ids, allow_ignore=False)
         batch, length = ids.shape
         if labels is not None:
@@ -461,6 +479,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
 
         # 2. the base model, with the reads added by the hooks
         call = _Call(
+            owner=self._owner,
             norms=self.adapter.attention_inputs(self.base),
             outputs=self.adapter.attention_outputs(self.base),
             layers=self.long_term,
