@@ -43,8 +43,11 @@ DEFAULT_MODEL = Path(os.environ.get("INFTYFORMER_PRETRAINED", "/work/models/smol
 OUT = ROOT / "docs" / "benchmarks"
 
 
-def data_dir() -> Path:
-    return Path(os.environ.get("INFTYFORMER_DATA", ROOT.parent / "shared" / "data"))
+def data_dir() -> Path | None:
+    """$INFTYFORMER_DATA, or ../shared/data beside the repository (or its parent folder)."""
+    env = os.environ.get("INFTYFORMER_DATA")
+    candidates = [Path(env)] if env else [p / "shared" / "data" for p in ROOT.parents[:2]]
+    return next((p for p in candidates if p.is_dir()), None)
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -78,7 +81,8 @@ def random_gpt2(tiny: bool):
 def book_ids(tokenizer, vocab: int, rows: int, length: int) -> tuple[torch.Tensor, str]:
     """[rows, length] ids: consecutive text of pg19-mini test books when the tokenizer and the
     data are there, else seeded random ids."""
-    books = sorted((data_dir() / "pg19-mini" / "test").glob("*.txt"))
+    root = data_dir()
+    books = sorted((root / "pg19-mini" / "test").glob("*.txt")) if root else []
     if tokenizer is not None and books:
         text = books[0].read_text(encoding="utf-8")[: 12 * rows * length]
         ids = tokenizer(text, return_tensors="pt").input_ids[0]

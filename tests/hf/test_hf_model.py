@@ -4,10 +4,17 @@ what the memory carries, resets, padding, labels, gradients, save/load."""
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_hf import L, V, tiny_base, tiny_memory_model
-from transformers import AutoConfig, AutoModelForCausalLM, OPTConfig, OPTForCausalLM
+from tiny_hf import MEMORY, L, V, tiny_base, tiny_memory_model
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    OPTConfig,
+    OPTForCausalLM,
+)
 
-from inftyformer import load_state, save_state
+from inftyformer import MemoryState, load_state, save_state
 from inftyformer.hf import (
     InftyformerConfig,
     InftyformerForCausalLM,
@@ -176,6 +183,8 @@ def test_unsupported_architecture_is_refused_with_the_supported_list():
     )
     with pytest.raises(ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM"):
         add_long_term_memory(opt)
+    with pytest.raises(ValueError, match="supported architectures"):
+        InftyformerConfig(text_config=opt.config)
     assert supported_architectures() == ("GPT2LMHeadModel", "LlamaForCausalLM")
 
 
@@ -197,11 +206,13 @@ def test_bad_inputs_give_clear_errors():
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
             model(**kwargs)
-    other = tiny_memory_model("llama")  # same width, other layer count? same: drop a layer
-    from inftyformer import MemoryState
-
     with pytest.raises(ValueError, match="memory has 1 layers, the model has 2"):
-        other(ids, memory=MemoryState(memory.layers[:1]))
+        model(ids, memory=MemoryState(memory.layers[:1]))
+    wider = add_long_term_memory(
+        GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=16, n_layer=2, n_head=2)), **MEMORY
+    )
+    with pytest.raises(ValueError, match="short_term.memory must have shape"):
+        wider(ids, memory=memory)
     with pytest.raises(ValueError, match="unknown long-term memory settings"):
         add_long_term_memory(tiny_base("gpt2"), dim=8)
     with pytest.raises(ValueError, match="segment_len must be in"):
