@@ -54,17 +54,20 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 GROUPS = ("model", "train", "task")
 
 
-def split_settings(items: list[str], task: str) -> dict[str, dict[str, str]]:
+def split_settings(
+    items: list[str], task: str, model_cls: type | None = None
+) -> dict[str, dict[str, str]]:
     """`--set key=value` items → {"model": {...}, "train": {...}, "task": {...}}.
 
     A key may be prefixed `model.`, `train.` or `task.`; a bare key goes to the one group that
-    has it (an error if several or none do)."""
+    has it (an error if several or none do). `model_cls`: the model settings' class (default:
+    the native `ModelConfig`)."""
     from .config import ModelConfig
     from .tasks import get_task
     from .training.config import field_types, split_assignment
 
     keys = {
-        "model": set(field_types(ModelConfig)),
+        "model": set(field_types(model_cls or ModelConfig)),
         "train": set(field_types(TrainConfig)) - {"task"},
         "task": set(field_types(get_task(task).Config)),
     }
@@ -125,26 +128,44 @@ def build_configs(
     options: dict[str, Any],
     task_options: dict[str, Any],
     resume: bool,
+    base_model: str | None = None,
+    freeze_base: bool = False,
 ) -> tuple[TrainConfig, Any, Any]:
-    """(TrainConfig, task settings, ModelConfig) from the defaults, or from the run being
-    resumed, then the explicit options and `--set` items (later wins)."""
+    """(TrainConfig, task settings, model settings) from the defaults, or from the run being
+    resumed, then the explicit options and `--set` items (later wins). With `base_model` the
+    model is that pretrained causal LM plus long-term memory (`PretrainedMemoryConfig`), and a
+    task with a `tokenizer` setting takes the model's own tokenizer unless told otherwise."""
     import dataclasses
 
     from .config import ModelConfig
+    from .models import PretrainedMemoryConfig
     from .tasks import get_task
     from .training import read_configs
-    from .training.config import parse_overrides
+    from .training.config import field_types, parse_overrides
 
     task_cls = get_task(task)
-    text = split_settings(settings, task)
+    if base_model is not None:
+        if preset is not None or model not in (None, "infty"):
+            raise ValueError("--base-model brings its own model: drop --preset and --model")
+    elif freeze_base:
+        raise ValueError("--freeze-base needs --base-model")
+    model_cls = PretrainedMemoryConfig if base_model is not None else ModelConfig
+    if resume and base_model is None:
+        out_dir = options.get("out_dir") or _default_out_dir(task, model or DEFAULT_MODEL)
+        model_cls = type(read_configs(out_dir)[2])
+    text = split_settings(settings, task, model_cls)
     train_values = {k: v for k, v in options.items() if v is not None}
     train_values.update(parse_overrides(TrainConfig, text["train"], "train"))
-    model_values = parse_overrides(ModelConfig, text["model"], "model")
+    model_values = parse_overrides(model_cls, text["model"], "model")
     task_values = task_settings(task, task_options, text["task"])
     if model is not None and model not in MODEL_TYPES:
         raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODEL_TYPES)}")
     if "model_type" in model_values:
         raise ValueError("choose the model with --model, not --set model_type")
+    if base_model is not None:
+        if "tokenizer" in field_types(task_cls.Config):
+            task_values.setdefault("tokenizer", base_model)
+        model_values.update(base_model=base_model, freeze_base=freeze_base)
 
     if resume:
         out_dir = train_values.get("out_dir") or _default_out_dir(task, model or DEFAULT_MODEL)
@@ -168,9 +189,15 @@ def build_configs(
         return train_cfg, task_cfg, model_cfg
 
     model = model or DEFAULT_MODEL
-    train_values.setdefault("out_dir", _default_out_dir(task, model))
+    train_values.setdefault(
+        "out_dir", _default_out_dir(task, Path(base_model).name if base_model else model)
+    )
     train_cfg = TrainConfig(task=task, **train_values)
     task_cfg = task_cls.Config(**task_values)
+    if base_model is not None:
+        model_cfg = PretrainedMemoryConfig(**model_values)
+        task_cls.check(task_cfg, model_cfg)
+        return train_cfg, task_cfg, model_cfg
     model_cfg = ModelConfig.preset(
         preset or DEFAULT_PRESET,
         model_type=model,
@@ -251,6 +278,15 @@ def train(
     out_dir: str | None = typer.Option(
         None, "--out-dir", "-o", help="Run directory (default: runs/TASK-MODEL)."
     ),
+    base_model: str | None = typer.Option(
+        None,
+        "--base-model",
+        help="Add the long-term memory to this pretrained Hugging Face causal LM (a directory: "
+        "GPT-2 or Llama family; its tokenizer is used) instead of training a model from scratch.",
+    ),
+    freeze_base: bool = typer.Option(
+        False, "--freeze-base", help="With --base-model: train only the memory."
+    ),
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in --out-dir from its last checkpoint."
     ),
@@ -289,6 +325,8 @@ def train(
             options=options,
             task_options=dict(seq_len=seq_len, data_dir=data_dir, tokenizer=tokenizer),
             resume=resume,
+            base_model=base_model,
+            freeze_base=freeze_base,
         )
         env = init_distributed(train_cfg.device)
     except _user_errors() as err:
@@ -376,7 +414,6 @@ def evaluate(
     are scored over whole documents streamed with memory: perplexity, bits per byte."""
     import json
 
-    from .config import ModelConfig
     from .training import evaluate_run, read_configs
     from .training.config import parse_overrides
 
@@ -384,11 +421,12 @@ def evaluate(
         for name, value in (("batches", batches), ("batch-size", batch_size)):
             if value is not None and value < 1:
                 raise ValueError(f"--{name} must be >= 1, got {value}")
-        task = read_configs(checkpoint)[0].task
-        text = split_settings(settings, task)
+        saved_train, _, saved_model = read_configs(checkpoint)
+        task = saved_train.task
+        text = split_settings(settings, task, type(saved_model))
         if text["train"]:
             raise ValueError(f"train settings cannot change at evaluation: {sorted(text['train'])}")
-        memory = parse_overrides(ModelConfig, text["model"], "model")
+        memory = parse_overrides(type(saved_model), text["model"], "model")
         options = dict(eval_data=data_dir, max_docs=max_docs, max_tokens=max_tokens)
         task_values = task_settings(task, options, text["task"], {"eval_data": "--data-dir"})
         start = time.perf_counter()
@@ -482,11 +520,12 @@ def generate(
         n_new = max_new_tokens if max_new_tokens is not None else task.default_new_tokens()
         if n_new < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {n_new}")
-        from .streaming import generate as stream_generate
+        from .models import generate as generate_text
 
+        torch.manual_seed(seed)  # pretrained models sample from torch's global generator
         gen = torch.Generator(device=dev).manual_seed(seed)
         start = time.perf_counter()
-        out = stream_generate(
+        out = generate_text(
             model,
             tokens[None].to(dev),
             max_new_tokens=n_new,

@@ -122,7 +122,13 @@ class MemoryState:
         }
 
     @classmethod
-    def from_tensors(cls, tensors: dict[str, torch.Tensor], num_layers: int) -> MemoryState:
+    def from_tensors(
+        cls, tensors: dict[str, torch.Tensor], num_layers: int | None = None
+    ) -> MemoryState:
+        """The inverse of `tensors()`; `num_layers` defaults to the layers the keys name."""
+        if num_layers is None:
+            indices = {int(k.split(".")[1]) for k in tensors if k.startswith("layers.")}
+            num_layers = max(indices) + 1 if indices else 0
         layers = []
         for i in range(num_layers):
             prefix = f"layers.{i}."

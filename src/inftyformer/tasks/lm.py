@@ -240,7 +240,7 @@ class LanguageModelTask(Task):
             mine = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
             if not mine:
                 raise ValueError(f"the checkpoint lacks the carried memory of part {part}")
-            state = MemoryState.from_tensors(mine, self.model_config.n_layers)
+            state = MemoryState.from_tensors(mine)
             memory[part] = state.to(self.context.device)
         self._memory = memory
 

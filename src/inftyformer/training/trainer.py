@@ -27,8 +27,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ..config import ModelConfig
-from ..model import MemoryLM
+from ..models import build_model, model_kind
 from ..tasks import RunContext, Shard, Task, TaskConfig, get_task
 from ..tasks.base import add_sums
 from .checkpoint import (
@@ -69,8 +68,16 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Decay for weight matrices; none for biases, norms and embeddings."""
+def param_groups(model: nn.Module, lr: float, weight_decay: float) -> list[dict[str, Any]]:
+    """Decay for weight matrices; none for biases, norms and embeddings. A model with parameter
+    groups of its own (`param_groups(lr, weight_decay)`, e.g. a pretrained model whose memory
+    learns faster) chooses for itself. Each group records its peak rate as `base_lr`."""
+    own = getattr(model, "param_groups", None)
+    if callable(own):
+        groups = own(lr, weight_decay)
+        for group in groups:
+            group["base_lr"] = group["lr"]
+        return groups
     embedding = {
         id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
     }
@@ -79,15 +86,15 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
         if p.requires_grad:
             (no_decay if p.ndim < 2 or id(p) in embedding else decay).append(p)
     groups = [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": decay, "weight_decay": weight_decay, "lr": lr, "base_lr": lr},
+        {"params": no_decay, "weight_decay": 0.0, "lr": lr, "base_lr": lr},
     ]
     return [g for g in groups if g["params"]]
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay),
+        param_groups(model, cfg.lr, cfg.weight_decay),
         lr=cfg.lr,
         betas=(cfg.beta1, cfg.beta2),
         eps=cfg.adam_eps,
@@ -160,7 +167,7 @@ class Trainer:
         self,
         train_cfg: TrainConfig,
         task_cfg: TaskConfig,
-        model_cfg: ModelConfig,
+        model_cfg: Any,
         *,
         resume: bool = False,
         overwrite: bool = False,
@@ -204,7 +211,7 @@ class Trainer:
         if train_cfg.threads:
             torch.set_num_threads(train_cfg.threads)
         seed_everything(train_cfg.seed)
-        self.model = MemoryLM(model_cfg).to(self.env.device)
+        self.model = build_model(model_cfg).to(self.env.device)
         self.model.train()
         self.optimizer = build_optimizer(self.model, train_cfg)
         if self.env.rank:
@@ -247,10 +254,15 @@ class Trainer:
     def _check_resumable(self, ckpt: Checkpoint) -> None:
         meta = ckpt.meta
         saved_model = meta.get("model_config", {})
-        if saved_model.get("model_type") != getattr(self.model_cfg, "model_type", None):
+        if meta.get("model_kind", "native") != model_kind(self.model_cfg):
             raise CheckpointError(
-                f"{ckpt.path}: the checkpoint holds a {saved_model.get('model_type')!r} model, "
-                f"not a {getattr(self.model_cfg, 'model_type', None)!r} one"
+                f"{ckpt.path}: the checkpoint holds a {meta.get('model_kind', 'native')} model, "
+                f"not a {model_kind(self.model_cfg)} one"
+            )
+        if meta.get("model_type") != self.model_cfg.model_type:
+            raise CheckpointError(
+                f"{ckpt.path}: the checkpoint holds a {meta.get('model_type')!r} model, "
+                f"not a {self.model_cfg.model_type!r} one"
             )
         diff = config_diff(saved_model, self.model_cfg.to_dict())
         if diff:
@@ -298,6 +310,7 @@ class Trainer:
             "step": self.step,
             "task": self.cfg.task,
             "model_type": self.model_cfg.model_type,
+            "model_kind": model_kind(self.model_cfg),
             "model_config": self.model_cfg.to_dict(),
             "train_config": self.cfg.to_dict(),
             "task_config": self.task_cfg.to_dict(),
@@ -354,7 +367,7 @@ class Trainer:
     def _set_lr(self, step: int) -> float:
         factor = lr_factor(step, self.cfg)
         for g in self.optimizer.param_groups:
-            g["lr"] = self.cfg.lr * factor
+            g["lr"] = g["base_lr"] * factor
         return self.cfg.lr * factor
 
     def train_step(self) -> dict[str, float]:
