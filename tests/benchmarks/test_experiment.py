@@ -1,11 +1,17 @@
 """The pure parts of benchmarks/experiment.py: the memory-budget rule, the parameter matcher, the
-resumable results store and mean ± std."""
+resumable results store, mean ± std, and that the committed reports render from their JSON."""
 
 import json
 import math
+import shutil
+from pathlib import Path
 
+import compare_lm
+import compare_sorting
 import experiment as ex
 import pytest
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 # --------------------------------------------------------------------------- memory budget
@@ -131,3 +137,24 @@ def test_job_fingerprint_ignores_where_the_run_goes(tmp_path):
     c = ex.make_job(("xl", 1, 1), spec, tmp_path / "a", "xl")
     assert a.fingerprint == b.fingerprint != c.fingerprint
     assert a.spec["train"]["out_dir"] == str(tmp_path / "a" / f"xl-{a.fingerprint}")
+
+
+# --------------------------------------------------------------------------- committed reports
+@pytest.mark.parametrize(
+    ("module", "report"),
+    [
+        (compare_sorting, DOCS / "sorting.json"),
+        (compare_sorting, DOCS / "sorting_long" / "sorting.json"),
+        (compare_lm, DOCS / "lm.json"),
+    ],
+)
+def test_committed_reports_render_from_their_json(module, report, tmp_path):
+    """docs/X.md is what rendering docs/X.json (+ docs/X.notes.md) gives: no number in the
+    report comes from anywhere else."""
+    notes = report.with_suffix(".notes.md")
+    shutil.copy(notes, tmp_path / notes.name)
+    module.render(ex.load_report(report), tmp_path)
+    md = report.with_suffix(".md").name
+    assert (tmp_path / md).read_text(encoding="utf-8") == (report.parent / md).read_text(
+        encoding="utf-8"
+    )
