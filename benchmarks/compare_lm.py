@@ -159,8 +159,9 @@ def render(data: dict[str, Any], out: Path) -> None:
         return per_variant(data, lambda r: r["evals"][name]["metrics"][key])
 
     def position(name: str, lo: float, hi: float) -> dict[str, list[float]]:
-        get = lambda r: bucket_mean(r["evals"][name]["details"]["position"], lo, hi) / LN2  # noqa: E731
-        return per_variant(data, get)
+        """Bits per token of the positions in [lo, hi), per seed."""
+        profile = lambda r: r["evals"][name]["details"]["position"]  # noqa: E731
+        return per_variant(data, lambda r: bucket_mean(profile(r), lo, hi) / LN2)
 
     minutes = per_variant(data, lambda r: r["train_seconds"] / 60)
     headers, columns = ["model", "params", "d_ff", "train min"], []

@@ -171,12 +171,8 @@ class Recipe:
         names = ("steps", "batch_size", "lr", "warmup_steps", "eval_every", "eval_batches")
         fixed = dict(test_batches=0, threads=1, progress=False, tensorboard=False, out_dir="")
         log_every = max(1, self.steps // 25)
-        return {
-            "task": task,
-            "seed": seed,
-            "log_every": log_every,
-            **fixed,
-            **{k: getattr(self, k) for k in names},
+        return dict(task=task, seed=seed, log_every=log_every, **fixed) | {
+            k: getattr(self, k) for k in names
         }
 
 
@@ -275,11 +271,8 @@ def train_and_evaluate(spec: dict[str, Any]) -> dict[str, Any]:
         metrics, evaluation, _ = evaluate_run(
             train.out_dir, ev["split"], ev.get("num_batches"), task_settings=ev.get("task_settings")
         )
-        evals[name] = {
-            "metrics": metrics,
-            "details": evaluation.details,
-            "seconds": time.perf_counter() - start,
-        }
+        seconds = time.perf_counter() - start
+        evals[name] = {"metrics": metrics, "details": evaluation.details, "seconds": seconds}
     rows = read_metrics(train.out_dir)
     headline = task_cls.headline().name
 
@@ -309,7 +302,7 @@ def _worker(fn: Callable, todo: Any, done: Any) -> None:
         wall, cpu, started = time.perf_counter(), time.process_time(), time.time()
         try:
             result = fn(spec)
-        except Exception:  # noqa: BLE001 - reported by the parent
+        except Exception:  # reported by the parent, which carries on with the other jobs
             done.put((index, traceback.format_exc(), None))
             continue
         result.update(
@@ -365,7 +358,7 @@ def run_jobs(
                         break
                     except queue.Empty:
                         if not any(p.is_alive() for p in procs):
-                            raise RuntimeError("every worker process died") from None
+                            raise RuntimeError("the workers died with jobs unfinished") from None
                 key = jobs[i].key
                 if error is not None:
                     failed.append(key)
@@ -442,8 +435,8 @@ def report(
     """The report JSON: everything the Markdown and the plots are rendered from."""
     command = command_line().replace(str(ROOT) + "/", "")
     meta = dict(command=command, machine=machine_info(), workers=workers, elapsed_seconds=elapsed)
-    return dict(format=FORMAT, experiment=name, setup=setup, variants=variants, data=data,
-                meta=meta, runs=runs)  # fmt: skip
+    head = dict(format=FORMAT, experiment=name, setup=setup, variants=variants, data=data)
+    return head | {"meta": meta, "runs": runs}
 
 
 def load_report(path: Path) -> dict[str, Any]:
