@@ -422,7 +422,8 @@ def directories(args: argparse.Namespace, name: str) -> tuple[Path, Path]:
     """(report directory, runs directory) for this invocation."""
     import tempfile
 
-    tmp = Path(tempfile.mkdtemp(prefix=f"compare_{name}_")) if args.quick else None
+    needed = args.quick and (args.out is None or args.runs_dir is None)
+    tmp = Path(tempfile.mkdtemp(prefix=f"compare_{name}_")) if needed else None
     out = args.out or (tmp / "docs" if tmp else ROOT / "docs")
     runs = args.runs_dir or (tmp / "runs" if tmp else ROOT / "runs" / f"compare_{name}")
     return out, runs

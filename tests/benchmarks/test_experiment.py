@@ -1,8 +1,10 @@
 """The pure parts of benchmarks/experiment.py: the memory-budget rule, the parameter matcher, the
-resumable results store, mean ± std, and that the committed reports render from their JSON."""
+resumable results store and the worker pool, mean ± std, and that the committed reports render
+from their JSON."""
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -137,6 +139,28 @@ def test_job_fingerprint_ignores_where_the_run_goes(tmp_path):
     c = ex.make_job(("xl", 1, 1), spec, tmp_path / "a", "xl")
     assert a.fingerprint == b.fingerprint != c.fingerprint
     assert a.spec["train"]["out_dir"] == str(tmp_path / "a" / f"xl-{a.fingerprint}")
+
+
+def square(spec):
+    """A stand-in for train_and_evaluate (runs in a worker process)."""
+    if spec["x"] < 0:
+        raise ValueError("negative")
+    return {"square": spec["x"] ** 2, "pid": os.getpid()}
+
+
+def test_pool_runs_what_the_store_lacks(tmp_path):
+    store = ex.ResultStore(tmp_path / "results.jsonl")
+    jobs = [ex.make_job(("v", x, 0), {"x": x, "train": {}}, tmp_path, f"x{x}") for x in (1, 2, -1)]
+    records, failed, _ = ex.run_jobs(jobs[:2], store, workers=2, fn=square, echo=lambda _: None)
+    assert [r["square"] for r in records] == [1, 4]
+    assert all(r["pid"] != os.getpid() and r["cpu_seconds"] >= 0 for r in records)
+    assert failed == []
+
+    later = ex.ResultStore(tmp_path / "results.jsonl")  # another invocation, one worker
+    records, failed, _ = ex.run_jobs(jobs, later, workers=1, fn=square, echo=lambda _: None)
+    assert [(r["setting"], r["square"]) for r in records] == [(1, 1), (2, 4)]  # reused
+    assert failed == [("v", -1, 0)]
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2
 
 
 # --------------------------------------------------------------------------- committed reports
