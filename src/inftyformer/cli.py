@@ -145,8 +145,11 @@ def build_configs(
 
     task_cls = get_task(task)
     if base_model is not None:
-        if preset is not None or model not in (None, "infty"):
-            raise ValueError("--base-model brings its own model: drop --preset and --model")
+        if preset is not None or model not in (None, "infty", "transformer"):
+            raise ValueError(
+                "--base-model brings its own model: drop --preset; --model is infty (with "
+                "long-term memory, the default) or transformer (the base alone)"
+            )
     elif freeze_base:
         raise ValueError("--freeze-base needs --base-model")
     model_cls = PretrainedMemoryConfig if base_model is not None else ModelConfig
@@ -165,7 +168,9 @@ def build_configs(
     if base_model is not None:
         if "tokenizer" in field_types(task_cls.Config):
             task_values.setdefault("tokenizer", base_model)
-        model_values.update(base_model=base_model, freeze_base=freeze_base)
+        model_values.update(
+            base_model=base_model, freeze_base=freeze_base, memory=model != "transformer"
+        )
 
     if resume:
         out_dir = train_values.get("out_dir") or _default_out_dir(task, model or DEFAULT_MODEL)
@@ -282,7 +287,8 @@ def train(
         None,
         "--base-model",
         help="Add the long-term memory to this pretrained Hugging Face causal LM (a directory: "
-        "GPT-2 or Llama family; its tokenizer is used) instead of training a model from scratch.",
+        "GPT-2 or Llama family; its tokenizer is used) instead of training a model from scratch "
+        "(--model transformer: fine-tune the base alone, for comparison).",
     ),
     freeze_base: bool = typer.Option(
         False, "--freeze-base", help="With --base-model: train only the memory."

@@ -33,6 +33,7 @@ class PretrainedMemoryConfig:
     weight decay, the base at the run's `lr` (paper: 5e-5)."""
 
     base_model: str  # directory of a Hugging Face causal LM (config.json, weights, tokenizer)
+    memory: bool = True  # False: the base alone, for comparison (attends within its segment)
     freeze_base: bool = False  # train the memory only (an adapter on a frozen model)
     memory_lr: float = 2.5e-4
     segment_len: int = 256  # L: tokens per call when a document is streamed
@@ -58,7 +59,7 @@ class PretrainedMemoryConfig:
                 f"base_model {self.base_model} is not a Hugging Face model directory (no "
                 "config.json); convert a GGUF file with `inftyformer convert-gguf`"
             )
-        for name in ("freeze_base", "sticky", "conv_gate", "edge_padding"):
+        for name in ("memory", "freeze_base", "sticky", "conv_gate", "edge_padding"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         check_range("memory_lr", self.memory_lr, 0.0, low_open=True)
@@ -73,11 +74,11 @@ class PretrainedMemoryConfig:
 
     @property
     def model_type(self) -> str:
-        return "infty"  # the memory it adds
+        return "infty" if self.memory else "transformer"  # the memory it adds, or none
 
     def memory_settings(self) -> dict[str, Any]:
         """The `inftyformer.hf.add_long_term_memory` settings."""
-        skip = {"base_model", "freeze_base", "memory_lr", "vocab_size"}
+        skip = {"base_model", "memory", "freeze_base", "memory_lr", "vocab_size"}
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 
     def to_dict(self) -> dict[str, Any]:

@@ -34,12 +34,19 @@ class PretrainedMemoryLM(nn.Module):
             raise TypeError(f"config must be a PretrainedMemoryConfig, got {type(config)}")
         self.config = config
         base = AutoModelForCausalLM.from_pretrained(config.base_model, dtype=torch.float32)
-        self.lm = add_long_term_memory(base, **config.memory_settings())
-        if config.freeze_base:
-            self.lm.freeze_base()
+        if config.memory:
+            self.lm = add_long_term_memory(base, **config.memory_settings())
+            if config.freeze_base:
+                self.lm.freeze_base()
+        else:  # the base alone: no state, each segment on its own
+            if config.freeze_base:
+                raise ValueError("freeze_base without memory would leave nothing to train")
+            self.lm = base
 
-    def init_state(self, batch_size: int, device: torch.device | str | None = None) -> MemoryState:
-        return self.lm.init_memory(batch_size, device)
+    def init_state(
+        self, batch_size: int, device: torch.device | str | None = None
+    ) -> MemoryState | None:
+        return self.lm.init_memory(batch_size, device) if self.config.memory else None
 
     def forward(
         self,
@@ -50,23 +57,28 @@ class PretrainedMemoryLM(nn.Module):
         generator: torch.Generator | None = None,
     ) -> LMOutput:
         """tokens [batch, L] (one segment), targets [batch, L] aligned with tokens."""
-        out = self.lm(tokens, memory=state, reset=reset, generator=generator)
-        output = LMOutput(logits=out.logits, state=out.memory, aux={"kl": out.kl})
+        if self.config.memory:
+            out = self.lm(tokens, memory=state, reset=reset, generator=generator)
+            output = LMOutput(logits=out.logits, state=out.memory, aux={"kl": out.kl})
+            memory_loss = out.memory_loss
+        else:
+            output = LMOutput(logits=self.lm(input_ids=tokens).logits, state=None)
+            memory_loss = 0.0
         if targets is not None:
             if not isinstance(targets, torch.Tensor) or targets.shape != tokens.shape:
                 raise ValueError(
                     f"targets must be a tensor of the shape of tokens {tuple(tokens.shape)}"
                 )
             batch, length = targets.shape
-            targets = targets.to(out.logits.device)
+            targets = targets.to(output.logits.device)
             token_loss = F.cross_entropy(
-                out.logits.reshape(batch * length, -1).float(),
+                output.logits.reshape(batch * length, -1).float(),
                 targets.reshape(-1),
                 ignore_index=IGNORE_INDEX,
                 reduction="none",
             ).view(batch, length)  # [batch, L], 0 where ignored
             lm_loss = token_loss.sum() / (targets != IGNORE_INDEX).sum().clamp(min=1)
-            output.loss = lm_loss + out.memory_loss
+            output.loss = lm_loss + memory_loss
             output.lm_loss, output.token_loss = lm_loss, token_loss
         return output
 
@@ -75,6 +87,8 @@ class PretrainedMemoryLM(nn.Module):
         """Stream tokens [batch, T] into the memory in segments of `segment_len`."""
         L = self.config.segment_len
         state = self.init_state(tokens.shape[0], tokens.device) if state is None else state
+        if not self.config.memory:
+            return None
         for start in range(0, tokens.shape[1], L):
             state = self(tokens[:, start : start + L], state=state).state
         return state
@@ -104,22 +118,25 @@ class PretrainedMemoryLM(nn.Module):
             options.update(temperature=float(temperature), top_k=top_k or 0, top_p=top_p or 1.0)
         if eos_id is not None:
             options.update(eos_token_id=eos_id, pad_token_id=eos_id)
-        out = self.lm.generate(context, memory=state, **options)
+        if self.config.memory:
+            options["memory"] = state
+        out = self.lm.generate(context, **options)
         new = out[:, context.shape[1] :]
         return new, self.push(out, state)
 
     def param_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]:
         """The paper's split: the memory at `memory_lr`, no weight decay; the base (if it
         trains) at `lr`, with weight decay on its matrices other than embeddings."""
-        groups = [
-            {"params": list(self.lm.memory_parameters()), "lr": self.config.memory_lr,
-             "weight_decay": 0.0},
-        ]  # fmt: skip
-        base = [p for p in self.lm.base_parameters() if p.requires_grad]
+        if self.config.memory:
+            memory, base_model = list(self.lm.memory_parameters()), self.lm.base
+        else:
+            memory, base_model = [], self.lm
+        groups = [{"params": memory, "lr": self.config.memory_lr, "weight_decay": 0.0}]
+        base = [p for p in base_model.parameters() if p.requires_grad]
         if base:
             embeddings = {
                 id(p)
-                for m in self.lm.base.modules()
+                for m in base_model.modules()
                 if isinstance(m, nn.Embedding)
                 for p in m.parameters()
             }

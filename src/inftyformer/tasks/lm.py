@@ -76,6 +76,8 @@ class LMConfig(TaskConfig):
     eval_data: str | None = None  # evaluate on this text instead of data_dir's valid/test
     max_docs: int | None = None  # evaluation: only the first N documents of a split
     max_tokens: int | None = None  # evaluation: only the first N tokens of each document
+    # evaluation: also report the loss over the positions [0, 256), [256, 2048), [2048, ∞)
+    position_edges: tuple[int, ...] = (256, 2048)
 
     def __post_init__(self) -> None:
         for name in ("data_dir", "eval_data"):
@@ -198,7 +200,8 @@ class LanguageModelTask(Task):
         targets = batch.targets[rows].to(device)
         reset = batch.reset[rows].to(device)
         out = model(inputs, state=self._memory.get(part), targets=targets, reset=reset)
-        self._next_memory[part] = out.state.detach()
+        if out.state is not None:  # a model without memory carries nothing
+            self._next_memory[part] = out.state.detach()
         sums = scored_sums(out.logits, targets)
         sums["tokens"] = float(inputs.numel())
         return StepOutput(out.loss, sums, {k: float(v.detach()) for k, v in out.aux.items()})
@@ -266,6 +269,7 @@ class LanguageModelTask(Task):
         docs = int((corpus.doc_lengths > 0).sum())
         cfg = LMEvalConfig(
             batch_size=max(1, min(self.context.batch_size, docs)),
+            position_edges=tuple(self.config.position_edges),
             max_steps=0 if split == "test" or num_batches is None else num_batches,
             progress=self.context.progress,
         )
