@@ -244,19 +244,20 @@ def make_job(key: tuple, spec: dict[str, Any], runs_dir: Path, stem: str) -> Job
 
 
 def train_and_evaluate(spec: dict[str, Any]) -> dict[str, Any]:
-    """Train spec["model"] on spec["task"] with spec["train"] (the library's Trainer), then
-    evaluate its best checkpoint with `evaluate_run` for each of spec["evaluations"]
-    ({name: {"split", "num_batches", "task_settings"}}). JSON-able results."""
+    """Train spec["model"] (of kind spec.get("model_kind", "native"): `inftyformer.models`) on
+    spec["task"] with spec["train"] (the library's Trainer), then evaluate its best checkpoint
+    with `evaluate_run` for each of spec["evaluations"] ({name: {"split", "num_batches",
+    "task_settings"}}). JSON-able results."""
     import torch
 
-    from inftyformer import ModelConfig
+    from inftyformer.models import config_from_dict
     from inftyformer.tasks import get_task
     from inftyformer.training import TrainConfig, Trainer, evaluate_run, read_metrics
 
     torch.set_num_threads(1)
     train = TrainConfig.from_dict(spec["train"])
     task_cls = get_task(train.task)
-    model = ModelConfig.from_dict(spec["model"])
+    model = config_from_dict(spec.get("model_kind", "native"), spec["model"])
     start = time.perf_counter()
     trainer = Trainer(
         train, task_cls.Config.from_dict(spec["task"]), model, overwrite=True, echo=lambda _: None
