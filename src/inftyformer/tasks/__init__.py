@@ -3,12 +3,13 @@ and its implementation of the contract, registered by name:
 
     sorting   the paper's sorting task (§4.1)                 `sorting.py`
     lm        long-document language modelling (§4.2)          `lm.py` (+ `lm_eval.py`)
+    dialogue  document-grounded dialogue on CMU-DoG (§4.3)     `dialogue.py`
 
 A new task is one module here that subclasses `Task`, decorates it with `@register_task(name)`,
 and is imported below; the trainer and the command line find it in `TASKS`.
 """
 
-from . import lm, sorting  # noqa: F401 - registers the built-in tasks
+from . import dialogue, lm, sorting  # noqa: F401 - registers the built-in tasks
 from .base import (
     TASKS,
     Evaluation,
@@ -21,11 +22,14 @@ from .base import (
     get_task,
     register_task,
 )
+from .dialogue import DialogueConfig, DialogueTask
 from .lm import LanguageModelTask, LMConfig
 from .sorting import SortingConfig, SortingTask
 
 __all__ = [
     "TASKS",
+    "DialogueConfig",
+    "DialogueTask",
     "Evaluation",
     "LMConfig",
     "LanguageModelTask",

@@ -1,0 +1,888 @@
+"""Document-grounded dialogue on CMU-DoG (``inftyformer train dialogue``; paper §4.3).
+
+A conversation about a movie; the movie's Wikipedia document is given and the model generates the
+next reply. The paper fine-tuned GPT-2 small with a continuous long-term memory, wrote the whole
+document into the memory before the dialogue, and scored generated replies from the fourth
+utterance on (F1 9.01, ROUGE-1 15.37, ROUGE-L 12.56, METEOR 7.55 with sticky memories; its ROUGE
+is a recall: :mod:`inftyformer.metrics`). Data: :mod:`inftyformer.data.cmu_dog` (``data_dir``: the
+``cmu-dog`` folder or a data root holding it).
+
+Examples. One example per turn with at least ``min_history`` earlier turns (3: from the fourth
+utterance on, as the authors scored) and a non-blank text; the document is all four sections
+(``grounding="full"``, what the paper kept in memory) or the section on screen when the reply was
+written (``"section"``, CMU-DoG's own setting). Training uses the train conversations that do not
+also occur in valid or test (CMU-DoG repeats 108 of them); valid and test are used as they are.
+``merge_turns`` joins consecutive turns of one speaker first (off by default: every utterance is
+one example, as the authors scored them).
+
+Speakers. The speaker who writes the reply is always the one the model speaks for:
+
+- a tokenizer with a chat template (a Hugging Face model directory with ``chat_template.jinja``
+  or a ``chat_template`` in ``tokenizer_config.json``, e.g. SmolLM2's ChatML): the reply's
+  speaker is ``assistant``, the other ``user``; the window opens with a system message holding
+  ``instruction``; the end of a turn is the tokenizer's ``eos_token`` (``<|im_end|>``);
+- otherwise (GPT-2 BPE, bytes): every turn is ``"A: text"`` (the other speaker) or ``"B: text"``
+  (the reply's speaker) followed by the end-of-text id, which ends a turn.
+
+``speaker_format`` forces one of them ("chat" / "marks"; default "auto").
+
+The window (one call of at most ``segment_len`` tokens)::
+
+    [prefix] [history: whole turns, newest kept, <= max_context tokens] [reply prompt] [reply] [eot]
+
+The loss covers the reply's tokens and its end-of-turn token only (targets −100 elsewhere; the
+reply is cut to ``max_reply`` tokens, rarely needed: 99% of replies are shorter than 60 tokens).
+The room kept for the reply is always ``max_reply`` tokens, so the prompt of an example is the
+same whether its reply is scored (teacher forcing) or generated. ``placement`` puts the document
+
+- ``"memory"``: into the long-term memory first: the document (a system message ``Document:
+  ...`` in the chat format, ``Document: ...`` + end-of-text otherwise) is streamed through the
+  model in segments of ``segment_len`` (no gradient: the memory is detached between calls
+  anyway; the last segment waits and enters the memory at the start of the window's call, inside
+  its graph, so the CNN gate learns), then the window, whose prefix is the instruction's system
+  message (chat) or nothing;
+- ``"context"``: into the window, as much of it as fits: the prefix is a system message holding
+  the instruction and then ``Document:`` with the document's first tokens, cut so that prefix +
+  history + reply room = ``segment_len``;
+- ``"none"``: nowhere (the window as for "memory", with an empty memory).
+
+``other_document`` (a control) gives each conversation the document of another movie (the next
+document id, cyclically) instead of its own.
+
+Batches. All conversations are about 30 documents, so a training batch is drawn from one
+document: one example of the training set drawn uniformly (the step's rng), then the batch's other
+rows from the examples about the same document (sections: the same section). The document then
+streams through the model once, at batch 1, and its memory is repeated for the rows; the windows
+of different lengths are right-padded (the pad is never attended to by real tokens, and its
+targets are −100). A batch is a pure function of (seed, step): resuming needs no data cursor.
+
+Evaluation (``evaluate(model, split, num_batches, shard)``): a fixed subset of the split's
+examples, ``eval_examples`` of them drawn with ``seed`` (None: all); on ``valid`` (the periodic
+check while training) only the first ``num_batches × batch_size`` of them. Per document the memory
+is built once; each example's reply is scored by teacher forcing (loss, perplexity) and generated
+as the authors did: nucleus sampling ``top_p`` 0.9, ``temperature`` 1, at most ``max_new_tokens``
+50 new tokens, one example at a time with its own seed (from ``seed``, the conversation and the
+turn: the same reply whatever the sharding), cut at the end-of-turn token. The generated replies
+are scored with :func:`inftyformer.metrics.dialogue_scores` (percent): ``f1`` (the headline),
+``rouge1``, ``rougeL``, ``meteor``, ``rouge1_authors``, ``rougeL_authors`` as sums of the
+per-example scores, and corpus ``bleu`` from sacreBLEU's sufficient statistics (matching and total
+n-grams, hypothesis and reference lengths), which add up over shards. ``generate=False`` scores by
+teacher forcing only (the generation metrics are then NaN). Predictions, references and
+per-example scores go into ``Evaluation.details``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import zlib
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .._checks import check_positive_int, check_range
+from ..data import TextTokenizer, check_split, load_tokenizer
+from ..data.cmu_dog import (
+    DialogueExample,
+    dialogue_examples,
+    load_cmu_dog,
+    load_documents,
+    merge_consecutive_turns,
+    resolve_cmu_dog_dir,
+)
+from ..model import IGNORE_INDEX
+from ..state import MemoryState
+from .base import (
+    Evaluation,
+    Metric,
+    RunContext,
+    Shard,
+    StepOutput,
+    Task,
+    TaskConfig,
+    add_sums,
+    register_task,
+    scored_sums,
+)
+
+PLACEMENTS = ("memory", "context", "none")
+GROUNDINGS = ("full", "section")
+SPEAKER_FORMATS = ("auto", "chat", "marks")
+DEFAULT_INSTRUCTION = (
+    "You are chatting with another person about a movie. Reply with one short message."
+)
+DOCUMENT_HEADER = "Document:\n"
+SECTION_SEPARATOR = "\n\n"
+MARKS = {"user": "A", "assistant": "B"}  # speaker marks: the other speaker, the reply's speaker
+GENERATION_METRICS = ("f1", "rouge1", "rougeL", "meteor", "rouge1_authors", "rougeL_authors")
+BLEU_ORDER = 4
+
+
+# --------------------------------------------------------------------------- settings
+@dataclass(frozen=True)
+class DialogueConfig(TaskConfig):
+    """Settings of the dialogue task (module docstring)."""
+
+    data_dir: str | None = None  # the cmu-dog folder or a data root holding it
+    tokenizer: str = "gpt2"  # bytes, gpt2, a tokenizer.json, or a model directory
+    grounding: str = "full"  # the whole document, or the section in view
+    placement: str = "memory"  # where the document goes: memory, context, none
+    other_document: bool = False  # control: another movie's document instead
+    speaker_format: str = "auto"  # chat template when the tokenizer has one, else marks
+    instruction: str | None = None  # system message (chat); None: DEFAULT_INSTRUCTION (chat)
+    min_history: int = 3  # earlier turns an example needs (3: from the fourth utterance)
+    merge_turns: bool = False  # join consecutive turns of one speaker
+    max_context: int = 256  # history tokens kept in the window
+    max_reply: int = 64  # reply tokens (end of turn included) scored; room kept in the window
+    eval_examples: int | None = 64  # fixed subset of the evaluation split; None: all
+    generate: bool = True  # evaluation generates replies (else teacher forcing only)
+    top_p: float = 0.9
+    temperature: float = 1.0  # 0: greedy
+    max_new_tokens: int = 50
+    seed: int = 0  # the evaluation subset and the sampling
+
+    def __post_init__(self) -> None:
+        if self.data_dir is not None and (not isinstance(self.data_dir, str) or not self.data_dir):
+            raise TypeError(f"data_dir must be a non-empty string or None, got {self.data_dir!r}")
+        if not isinstance(self.tokenizer, str) or not self.tokenizer:
+            raise ValueError(f"tokenizer must be a non-empty string, got {self.tokenizer!r}")
+        for name, allowed in (
+            ("grounding", GROUNDINGS),
+            ("placement", PLACEMENTS),
+            ("speaker_format", SPEAKER_FORMATS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+                )
+        if self.instruction is not None and not isinstance(self.instruction, str):
+            raise TypeError(f"instruction must be a str or None, got {self.instruction!r}")
+        for name in ("other_document", "merge_turns", "generate"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        check_positive_int("min_history", self.min_history)
+        check_positive_int("max_context", self.max_context)
+        check_positive_int("max_reply", self.max_reply, minimum=2)
+        check_positive_int("max_new_tokens", self.max_new_tokens)
+        check_positive_int("seed", self.seed, minimum=0)
+        if self.eval_examples is not None:
+            check_positive_int("eval_examples", self.eval_examples)
+        check_range("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        check_range("temperature", self.temperature, 0.0)
+        if self.max_new_tokens > self.max_reply:
+            raise ValueError(
+                f"max_new_tokens ({self.max_new_tokens}) must be <= max_reply "
+                f"({self.max_reply}), the room the window keeps for the reply"
+            )
+
+
+# --------------------------------------------------------------------------- speaker formats
+def _model_directory(spec: str) -> Path | None:
+    """The directory a tokenizer spec points into (a model directory or a tokenizer.json's)."""
+    if spec in ("bytes", "gpt2"):
+        return None
+    path = Path(spec).expanduser()
+    return path if path.is_dir() else path.parent
+
+
+def _tokenizer_config(directory: Path | None) -> dict[str, Any]:
+    path = None if directory is None else directory / "tokenizer_config.json"
+    if path is None or not path.is_file():
+        return {}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token of tokenizer_config.json: a string or {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
+
+
+def find_chat_template(directory: Path | None) -> str | None:
+    """The chat template of a Hugging Face model directory: ``chat_template.jinja``, else the
+    ``chat_template`` of ``tokenizer_config.json`` (a string, or the one named "default")."""
+    if directory is None:
+        return None
+    path = directory / "chat_template.jinja"
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    template = _tokenizer_config(directory).get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) and template else None
+
+
+class SpeakerMarks:
+    """``"A: text"`` / ``"B: text"`` turns, each followed by the end-of-text id (`eot`)."""
+
+    name = "marks"
+
+    def __init__(self, tokenizer: TextTokenizer, instruction: str) -> None:
+        self.tokenizer = tokenizer
+        self.eot = tokenizer.eos_id
+        self.instruction = instruction
+
+    def system(self, content: str) -> list[int]:
+        """A free-standing text: its tokens and the end of text (nothing when empty)."""
+        return self.tokenizer.encode(content) + [self.eot] if content else []
+
+    def system_parts(self, head: str) -> tuple[list[int], list[int]]:
+        """(tokens before, tokens after) a truncatable text that follows `head`."""
+        return self.tokenizer.encode(head), [self.eot]
+
+    def dialogue(
+        self, history: Sequence[tuple[str, str]], reply: str
+    ) -> tuple[list[list[int]], list[int], list[int]]:
+        """(tokens of each history turn, the reply prompt, the reply's tokens without its end
+        of turn) for history [(role, text)] and the reply's text."""
+        encode = self.tokenizer.encode
+        turns = [encode(f"{MARKS[role]}: {text}") + [self.eot] for role, text in history]
+        return turns, encode(f"{MARKS['assistant']}:"), encode(" " + reply)
+
+
+class ChatFormat:
+    """A tokenizer's chat template (Jinja, rendered as Hugging Face renders it). Each message's
+    tokens are the difference between the rendering of the conversation up to it and up to the
+    one before (the template must render conversations prefix by prefix: checked)."""
+
+    name = "chat"
+
+    def __init__(self, tokenizer: TextTokenizer, template: str, config: dict, instruction: str):
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        self.template = env.from_string(template)
+        self.special = {
+            k: t for k in ("bos_token", "eos_token") if (t := _token_text(config.get(k)))
+        }
+        eot = self.special.get("eos_token")
+        if eot is None:
+            raise ValueError("a chat template needs an eos_token in tokenizer_config.json")
+        ids = tokenizer.encode(eot)
+        if len(ids) != 1:
+            raise ValueError(f"the end-of-turn token {eot!r} is not one token: {ids}")
+        self.tokenizer, self.eot, self.eot_text = tokenizer, ids[0], eot
+        self.instruction = instruction
+
+    def render(self, messages: list[dict[str, str]], generation_prompt: bool = False) -> str:
+        return self.template.render(
+            messages=messages, add_generation_prompt=generation_prompt, **self.special
+        )
+
+    def _suffix(self, longer: str, shorter: str, what: str) -> str:
+        if not longer.startswith(shorter):
+            raise ValueError(
+                f"the chat template does not render conversations prefix by prefix ({what})"
+            )
+        return longer[len(shorter) :]
+
+    def system(self, content: str) -> list[int]:
+        return self.tokenizer.encode(self.render([{"role": "system", "content": content}]))
+
+    def system_parts(self, head: str) -> tuple[list[int], list[int]]:
+        marker = "\x00DOCUMENT\x00"
+        text = self.render([{"role": "system", "content": head + marker}])
+        before, found, after = text.partition(marker)
+        if not found:
+            raise ValueError("the chat template does not keep a system message's text as is")
+        return self.tokenizer.encode(before), self.tokenizer.encode(after)
+
+    def dialogue(
+        self, history: Sequence[tuple[str, str]], reply: str
+    ) -> tuple[list[list[int]], list[int], list[int]]:
+        messages = [{"role": "system", "content": self.instruction}]
+        previous = self.render(messages)
+        turns = []
+        for role, text in history:
+            messages.append({"role": role, "content": text})
+            rendered = self.render(messages)
+            turns.append(self.tokenizer.encode(self._suffix(rendered, previous, "a turn")))
+            previous = rendered
+        prompt = self._suffix(self.render(messages, True), previous, "the generation prompt")
+        full = self.render([*messages, {"role": "assistant", "content": reply}])
+        rest = self._suffix(self._suffix(full, previous, "the reply"), prompt, "the reply")
+        if not rest.startswith(reply) or not rest[len(reply) :].startswith(self.eot_text):
+            raise ValueError(
+                f"the chat template does not render a reply as its text then {self.eot_text!r}"
+            )
+        return turns, self.tokenizer.encode(prompt), self.tokenizer.encode(reply)
+
+
+def speaker_format(
+    tokenizer: TextTokenizer, spec: str, choice: str = "auto", instruction: str | None = None
+) -> SpeakerMarks | ChatFormat:
+    """The chat template of the tokenizer's model directory when it has one (or `choice` is
+    "chat"), else speaker marks. `instruction` None: the default system message (chat) or
+    none (marks)."""
+    directory = _model_directory(spec)
+    template = find_chat_template(directory)
+    if choice == "chat" and template is None:
+        raise ValueError(f"speaker_format 'chat': the tokenizer {spec!r} has no chat template")
+    if template is not None and choice != "marks":
+        text = DEFAULT_INSTRUCTION if instruction is None else instruction
+        return ChatFormat(tokenizer, template, _tokenizer_config(directory), text)
+    return SpeakerMarks(tokenizer, instruction or "")
+
+
+# --------------------------------------------------------------------------- examples
+@dataclass(frozen=True)
+class EncodedExample:
+    """One example laid out for the model (module docstring).
+
+    tokens      the window: prefix, history, reply prompt, reply, end of turn
+    prompt_len  tokens[:prompt_len] is what generation continues (the reply starts there)
+    memory      the document's tokens for the long-term memory (empty unless placement memory)
+    """
+
+    key: tuple  # the document the example is about (batches share one)
+    tokens: tuple[int, ...]
+    prompt_len: int
+    memory: tuple[int, ...]
+    reference: str
+    conversation_id: str
+    reply_index: int
+    doc_id: int
+    previous: str  # the last history turn, for reports
+
+    @property
+    def inputs(self) -> list[int]:
+        return list(self.tokens[:-1])
+
+    @property
+    def targets(self) -> list[int]:
+        """Aligned with inputs: position t predicts tokens[t + 1], scored on the reply only."""
+        start = self.prompt_len - 1
+        return [IGNORE_INDEX] * start + list(self.tokens[self.prompt_len :])
+
+
+def document_key(example: DialogueExample) -> tuple:
+    """Examples with equal keys have the same document (and, with sections, the same section)."""
+    section = example.reply.section if len(example.document) == 1 else -1
+    return (example.doc_id, section)
+
+
+def pad_batch(rows: Sequence[EncodedExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs [B, T], targets [B, T]) right-padded with `pad_id` and −100."""
+    length = max(len(r.tokens) - 1 for r in rows)
+    inputs = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    targets = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.long)
+    for i, row in enumerate(rows):
+        n = len(row.tokens) - 1
+        inputs[i, :n] = torch.tensor(row.inputs)
+        targets[i, :n] = torch.tensor(row.targets)
+    return inputs, targets
+
+
+def repeat_state(state: MemoryState | None, rows: int) -> MemoryState | None:
+    """A batch-1 memory repeated for `rows` rows."""
+    if state is None or rows == 1:
+        return state
+    tensors = {k: v.repeat_interleave(rows, dim=0) for k, v in state.tensors().items()}
+    return MemoryState.from_tensors(tensors, len(state.layers))
+
+
+# --------------------------------------------------------------------------- BLEU statistics
+def _sacrebleu():
+    try:
+        from sacrebleu.metrics import BLEU
+    except ImportError as error:
+        from ..metrics import SETUP_COMMAND
+
+        raise ImportError(
+            f"the dialogue metrics need sacrebleu: `pip install -e '.[dialogue]'` or "
+            f"`{SETUP_COMMAND}`"
+        ) from error
+    return BLEU
+
+
+def bleu_statistics(predictions: list[str], references: list[str]) -> dict[str, float]:
+    """sacreBLEU's sufficient statistics of a corpus (its defaults: 13a tokens, 4-grams): matching
+    and total n-grams per order, hypothesis and reference lengths. They add up over corpora."""
+    score = _sacrebleu()().corpus_score(list(predictions), [list(references)])
+    stats = {"bleu_sys_len": float(score.sys_len), "bleu_ref_len": float(score.ref_len)}
+    for n in range(BLEU_ORDER):
+        stats[f"bleu_correct_{n + 1}"] = float(score.counts[n])
+        stats[f"bleu_total_{n + 1}"] = float(score.totals[n])
+    return stats
+
+
+def bleu_from_statistics(sums: dict[str, float]) -> float:
+    """Corpus BLEU (percent; exponential smoothing, as `sacrebleu.corpus_bleu`) from summed
+    statistics; NaN when nothing was generated."""
+    if not sums.get("bleu_ref_len"):
+        return math.nan
+    return float(
+        _sacrebleu()
+        .compute_bleu(
+            correct=[int(sums[f"bleu_correct_{n + 1}"]) for n in range(BLEU_ORDER)],
+            total=[int(sums[f"bleu_total_{n + 1}"]) for n in range(BLEU_ORDER)],
+            sys_len=int(sums["bleu_sys_len"]),
+            ref_len=int(sums["bleu_ref_len"]),
+            smooth_method="exp",
+        )
+        .score
+    )
+
+
+# --------------------------------------------------------------------------- model helpers
+def _raw(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model)  # the model itself under DistributedDataParallel
+
+
+def _has_memory(model_config: Any) -> bool:
+    memory = getattr(model_config, "memory", None)
+    if memory is not None:  # a pretrained model: with or without long-term memory
+        return bool(memory)
+    return model_config.model_type != "transformer"
+
+
+@torch.no_grad()
+def push_document(model: nn.Module, tokens: Sequence[int], device: torch.device) -> Any:
+    """The memory (batch 1) after streaming `tokens` through the model; None when empty."""
+    if not tokens:
+        return None
+    ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)
+    if hasattr(model, "lm"):  # a pretrained model (PretrainedMemoryLM)
+        return model.push(ids)
+    from ..streaming import push
+
+    return push(model, ids)[1]
+
+
+@torch.no_grad()
+def generate_reply(
+    model: nn.Module,
+    prompt: Sequence[int],
+    state: Any,
+    end_ids: Sequence[int],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+) -> list[int]:
+    """New tokens after `prompt` (batch 1), reading `state`, cut before the first of `end_ids`.
+    Sampling is seeded with `seed` (torch's global generator is restored afterwards)."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if hasattr(model, "lm"):  # Hugging Face's generate, reading the memory (read-only)
+            options: dict[str, Any] = dict(
+                max_new_tokens=max_new_tokens,
+                do_sample=temperature > 0,
+                eos_token_id=list(end_ids),
+                pad_token_id=end_ids[0],
+                attention_mask=torch.ones_like(ids),
+            )
+            if temperature > 0:
+                options.update(temperature=float(temperature), top_p=float(top_p), top_k=0)
+            if model.config.memory:
+                options["memory"] = state
+            new = model.lm.generate(ids, **options)[0, ids.shape[1] :].tolist()
+        else:
+            from ..streaming import generate
+
+            generator = torch.Generator(device=device).manual_seed(seed)
+            out, _ = generate(
+                model, ids, max_new_tokens, temperature, None, top_p, state, generator
+            )
+            new = out[0].tolist()
+    ends = set(end_ids)
+    for i, token in enumerate(new):
+        if token in ends:
+            return new[:i]
+    return new
+
+
+def example_seed(seed: int, conversation_id: str, reply_index: int) -> int:
+    """The sampling seed of one example (independent of sharding and order)."""
+    return zlib.crc32(f"{seed}:{conversation_id}:{reply_index}".encode())
+
+
+# --------------------------------------------------------------------------- the task
+@dataclass
+class DialogueBatch:
+    examples: list[EncodedExample]  # all about one document
+    memory: tuple[int, ...] = field(default_factory=tuple)
+
+
+@register_task("dialogue")
+class DialogueTask(Task):
+    """See the module docstring."""
+
+    summary = "document-grounded dialogue on CMU-DoG, the document in long-term memory (§4.3)"
+    Config = DialogueConfig
+    metrics = (
+        Metric("f1", ".2f", higher_is_better=True),
+        Metric("rouge1", ".2f"),
+        Metric("rougeL", ".2f"),
+        Metric("meteor", ".2f"),
+        Metric("bleu", ".2f"),
+        Metric("rouge1_authors", ".2f"),
+        Metric("rougeL_authors", ".2f"),
+        Metric("loss", ".4f"),
+        Metric("ppl", ".2f"),
+        Metric("examples", ".0f"),
+        Metric("generated", ".0f"),
+        Metric("reply_tokens", ".1f"),
+    )
+    progress_metrics = ("ppl",)
+
+    def __init__(self, config: DialogueConfig, model_config: Any, context: RunContext) -> None:
+        super().__init__(config, model_config, context)
+        self.tokenizer = _tokenizer(config)
+        if self.tokenizer.vocab_size > model_config.vocab_size:
+            raise ValueError(
+                f"the tokenizer has {self.tokenizer.vocab_size} ids, the model's vocabulary "
+                f"only {model_config.vocab_size}"
+            )
+        self.format = speaker_format(
+            self.tokenizer, config.tokenizer, config.speaker_format, config.instruction
+        )
+        self.end_ids = sorted({self.format.eot, self.tokenizer.eos_id})
+        self._documents: dict | None = None
+        self._examples: dict[str, list[DialogueExample]] = {}
+        self._pools: dict[tuple, list[int]] | None = None
+        self._doc_cache: dict[tuple, tuple[list[int], tuple[int, ...]]] = {}
+
+    # ------------------------------------------------------------------ model side
+    @classmethod
+    def model_overrides(cls, config: DialogueConfig) -> dict[str, Any]:
+        return {"vocab_size": _tokenizer(config).vocab_size}
+
+    @classmethod
+    def check(cls, config: DialogueConfig, model_config: Any) -> None:
+        resolve_cmu_dog_dir(config.data_dir)
+        if config.placement == "memory" and not _has_memory(model_config):
+            raise ValueError(
+                "placement 'memory' needs a model with memory; this one has none "
+                "(choose placement context or none)"
+            )
+        if model_config.segment_len <= config.max_reply + 1:
+            raise ValueError(
+                f"segment_len ({model_config.segment_len}) leaves no room before the reply "
+                f"(max_reply {config.max_reply}): raise segment_len or lower max_reply"
+            )
+
+    # ------------------------------------------------------------------ data
+    @property
+    def documents(self) -> dict:
+        if self._documents is None:
+            self._documents = load_documents(self.config.data_dir)
+        return self._documents
+
+    def examples(self, split: str) -> list[DialogueExample]:
+        """The examples of `split` (train: without the conversations valid or test also hold)."""
+        check_split(split)
+        if split not in self._examples:
+            c = self.config
+            conversations = load_cmu_dog(c.data_dir, split)
+            if split == "train":
+                held_out = {
+                    conv.conversation_id
+                    for other in ("valid", "test")
+                    for conv in load_cmu_dog(c.data_dir, other)
+                }
+                conversations = [v for v in conversations if v.conversation_id not in held_out]
+            documents = self.documents
+            if c.other_document:  # each movie's conversations get the next movie's document
+                ids = sorted(documents)
+                documents = {a: documents[b] for a, b in zip(ids, ids[1:] + ids[:1], strict=True)}
+            out = []
+            for conv in conversations:
+                if c.merge_turns:
+                    conv = merge_consecutive_turns(conv)
+                out += dialogue_examples(
+                    conv, documents, grounding=c.grounding, min_history=c.min_history
+                )
+            if not out:
+                raise ValueError(f"the {split} split of CMU-DoG gives no examples")
+            self._examples[split] = out
+        return self._examples[split]
+
+    def _document(self, example: DialogueExample) -> tuple[list[int], tuple[int, ...]]:
+        """(the document's tokens, its tokens for the memory), cached per document."""
+        key = document_key(example)
+        if key not in self._doc_cache:
+            text = SECTION_SEPARATOR.join(example.document)
+            memory = ()
+            if self.config.placement == "memory":
+                memory = tuple(self.format.system(DOCUMENT_HEADER + text))
+            self._doc_cache[key] = (self.tokenizer.encode(text), memory)
+        return self._doc_cache[key]
+
+    def encode(self, example: DialogueExample) -> EncodedExample:
+        """Lay `example` out for the model (module docstring)."""
+        c, fmt = self.config, self.format
+        reply = example.reply
+        history = [
+            ("assistant" if t.speaker == reply.speaker else "user", t.text.strip())
+            for t in example.history
+        ]
+        turns, prompt, content = fmt.dialogue(history, reply.text.strip())
+        answer = content[: c.max_reply - 1] + [fmt.eot]
+        document, memory = self._document(example)
+        if c.placement == "context":
+            instruction = fmt.instruction + SECTION_SEPARATOR if fmt.instruction else ""
+            head, tail = fmt.system_parts(instruction + DOCUMENT_HEADER)
+            fixed = len(head) + len(tail)
+        else:
+            prefix = fmt.system(fmt.instruction)
+            fixed = len(prefix)
+        room = self.model_config.segment_len - len(prompt) - c.max_reply - fixed
+        budget = min(c.max_context, room)
+        if budget < 1:
+            raise ValueError(
+                f"segment_len {self.model_config.segment_len} leaves no room for the history "
+                f"(prefix {fixed}, reply prompt {len(prompt)}, max_reply {c.max_reply} tokens)"
+            )
+        kept: list[int] = []
+        for turn in reversed(turns):  # newest first, whole turns
+            if len(kept) + len(turn) > budget:
+                if not kept:  # not even the last turn fits: its end
+                    kept = turn[-budget:]
+                break
+            kept = turn + kept
+        if c.placement == "context":
+            prefix = head + document[: max(0, room - len(kept))] + tail
+        tokens = prefix + kept + prompt + answer
+        return EncodedExample(
+            key=document_key(example),
+            tokens=tuple(tokens),
+            prompt_len=len(prefix) + len(kept) + len(prompt),
+            memory=memory,
+            reference=reply.text.strip(),
+            conversation_id=example.conversation_id,
+            reply_index=example.reply_index,
+            doc_id=example.doc_id,
+            previous=example.history[-1].text.strip() if example.history else "",
+        )
+
+    # ------------------------------------------------------------------ training
+    def batch(self, step: int) -> DialogueBatch:
+        examples = self.examples("train")
+        if self._pools is None:
+            pools: dict[tuple, list[int]] = defaultdict(list)
+            for i, example in enumerate(examples):
+                pools[document_key(example)].append(i)
+            self._pools = dict(pools)
+        rng = np.random.default_rng([self.context.seed, step, 0xD1A])
+        pool = self._pools[document_key(examples[int(rng.integers(len(examples)))])]
+        size = self.context.batch_size
+        chosen = rng.choice(len(pool), size=size, replace=len(pool) < size)
+        rows = [self.encode(examples[pool[int(i)]]) for i in chosen]
+        return DialogueBatch(rows, rows[0].memory)
+
+    def _state(self, model: nn.Module, memory: Sequence[int], rows: int) -> Any:
+        state = push_document(_raw(model), memory, self.context.device)
+        return repeat_state(state, rows)
+
+    def loss(self, model: nn.Module, batch: DialogueBatch, rows: slice, part: int) -> StepOutput:
+        mine = batch.examples[rows]
+        state = self._state(model, batch.memory, len(mine))
+        inputs, targets = pad_batch(mine, self.format.eot)
+        inputs, targets = inputs.to(self.context.device), targets.to(self.context.device)
+        out = model(inputs, state=state, targets=targets)
+        sums = scored_sums(out.logits, targets)
+        sums["examples"] = float(len(mine))
+        sums["tokens"] = float(sum(len(r.tokens) - 1 for r in mine) + len(batch.memory))
+        return StepOutput(out.loss, sums, {k: float(v.detach()) for k, v in out.aux.items()})
+
+    def train_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        out = super().train_metrics(sums)
+        if "lm_loss" in out:
+            out["ppl"] = math.exp(min(out["lm_loss"], 50.0))
+        return out
+
+    # ------------------------------------------------------------------ evaluation
+    def eval_subset(self, split: str, num_batches: int | None) -> list[DialogueExample]:
+        """The evaluated examples: `eval_examples` drawn with `seed` (the same for every model),
+        on valid only the first num_batches × batch_size of them; in the split's order."""
+        examples = self.examples(split)
+        order = np.random.default_rng([self.config.seed, 0xE7A1]).permutation(len(examples))
+        count = len(examples) if self.config.eval_examples is None else self.config.eval_examples
+        if split == "valid" and num_batches is not None:
+            count = min(count, num_batches * self.context.batch_size)
+        return [examples[int(i)] for i in sorted(order[:count].tolist())]
+
+    @torch.no_grad()
+    def evaluate(
+        self, model: nn.Module, split: str, num_batches: int | None, shard: Shard
+    ) -> Evaluation:
+        subset = self.eval_subset(split, num_batches)
+        encoded = [self.encode(subset[i]) for i in shard.items(len(subset))]
+        groups: dict[tuple, list[EncodedExample]] = defaultdict(list)
+        for example in encoded:
+            groups[example.key].append(example)
+        raw = _raw(model)
+        was_training = raw.training
+        raw.eval()
+        sums: dict[str, float] = {"nll": 0.0, "count": 0.0, "examples": 0.0}
+        details: list[dict[str, Any]] = []
+        try:
+            for rows in groups.values():
+                memory = push_document(raw, rows[0].memory, self.context.device)
+                for start in range(0, len(rows), self.context.batch_size):
+                    chunk = rows[start : start + self.context.batch_size]
+                    details += self._score(raw, chunk, repeat_state(memory, len(chunk)), sums)
+                if self.config.generate:
+                    for row, detail in zip(rows, details[-len(rows) :], strict=True):
+                        detail.update(self._generate(raw, row, memory))
+        finally:
+            raw.train(was_training)
+        if self.config.generate and details:
+            add_sums(sums, self._generation_sums(details))
+        c = self.config
+        info = {
+            "split": split,
+            "placement": c.placement,
+            "other_document": c.other_document,
+            "speaker_format": self.format.name,
+            "generation": {
+                "top_p": c.top_p,
+                "temperature": c.temperature,
+                "max_new_tokens": c.max_new_tokens,
+                "seed": c.seed,
+            },
+            "examples": details,
+        }
+        return Evaluation(sums, info)
+
+    def _score(
+        self, model: nn.Module, rows: list[EncodedExample], state: Any, sums: dict[str, float]
+    ) -> list[dict[str, Any]]:
+        """Teacher-forced reply loss of `rows` (one call); adds to `sums`, returns details."""
+        inputs, targets = pad_batch(rows, self.format.eot)
+        inputs, targets = inputs.to(self.context.device), targets.to(self.context.device)
+        out = model(inputs, state=state, targets=targets)
+        add_sums(sums, scored_sums(out.logits, targets))
+        sums["examples"] += len(rows)
+        scored = (targets != IGNORE_INDEX).sum(1)  # [B]
+        nll = out.token_loss.detach().float().sum(1)  # [B]
+        return [
+            {
+                "conversation_id": r.conversation_id,
+                "reply_index": r.reply_index,
+                "doc_id": r.doc_id,
+                "previous": r.previous,
+                "reference": r.reference,
+                "prompt_tokens": r.prompt_len,
+                "memory_tokens": len(r.memory),
+                "nll": float(nll[i]),
+                "reply_tokens": int(scored[i]),
+            }
+            for i, r in enumerate(rows)
+        ]
+
+    def _generate(self, model: nn.Module, row: EncodedExample, memory: Any) -> dict[str, Any]:
+        c = self.config
+        start = time.perf_counter()
+        new = generate_reply(
+            model,
+            row.tokens[: row.prompt_len],
+            memory,
+            self.end_ids,
+            max_new_tokens=c.max_new_tokens,
+            temperature=c.temperature,
+            top_p=c.top_p,
+            seed=example_seed(c.seed, row.conversation_id, row.reply_index),
+        )
+        prediction = self.tokenizer.decode(new).strip()
+        return {
+            "prediction": prediction,
+            "new_tokens": len(new),
+            "seconds": time.perf_counter() - start,
+        }
+
+    def _generation_sums(self, details: list[dict[str, Any]]) -> dict[str, float]:
+        """Per-example scores (into `details`) and their sums, plus the BLEU statistics."""
+        from ..metrics import dialogue_scores
+
+        sums = {name: 0.0 for name in GENERATION_METRICS}
+        for detail in details:
+            scores = dialogue_scores([detail["prediction"]], [detail["reference"]])
+            for name in GENERATION_METRICS:
+                detail[name] = scores[name]
+                sums[name] += scores[name]
+        predictions = [d["prediction"] for d in details]
+        sums.update(bleu_statistics(predictions, [d["reference"] for d in details]))
+        sums["generated"] = float(len(details))
+        sums["new_tokens"] = float(sum(d["new_tokens"] for d in details))
+        return sums
+
+    def eval_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        count = sums.get("count", 0.0)
+        loss = sums.get("nll", 0.0) / count if count else math.nan
+        out = {"loss": loss, "ppl": math.exp(min(loss, 700.0)) if count else math.nan}
+        generated = sums.get("generated", 0.0)
+        for name in GENERATION_METRICS:
+            out[name] = sums[name] / generated if generated else math.nan
+        out["bleu"] = bleu_from_statistics(sums) if generated else math.nan
+        out["examples"] = sums.get("examples", 0.0)
+        out["generated"] = generated
+        out["reply_tokens"] = sums["new_tokens"] / generated if generated else math.nan
+        return out
+
+    # ------------------------------------------------------------------ generation
+    def encode_prompt(self, text: str) -> tuple[torch.Tensor, list[int] | None]:
+        """`text`: the dialogue so far, one turn a line, speakers alternating; the reply is the
+        next speaker's (no document: placement none)."""
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if not lines:
+            raise ValueError("a dialogue prompt needs at least one turn (one per line)")
+        n = len(lines)
+        history = [("user" if (n - i) % 2 else "assistant", t) for i, t in enumerate(lines)]
+        turns, prompt, _ = self.format.dialogue(history, "")
+        ids = self.format.system(self.format.instruction) + sum(turns, []) + prompt
+        return torch.tensor(ids, dtype=torch.long), None
+
+    def decode(self, tokens: list[int]) -> str:
+        ends = set(self.end_ids)
+        cut = next((i for i, t in enumerate(tokens) if t in ends), len(tokens))
+        return self.tokenizer.decode(tokens[:cut]).strip()
+
+    def default_new_tokens(self) -> int:
+        return self.config.max_new_tokens
+
+
+def _tokenizer(config: DialogueConfig) -> TextTokenizer:
+    """`config.tokenizer`; "gpt2" is looked for beside the data first."""
+    try:
+        near = resolve_cmu_dog_dir(config.data_dir)
+    except FileNotFoundError:
+        near = None
+    return load_tokenizer(config.tokenizer, near)
+
+
+__all__ = [
+    "DEFAULT_INSTRUCTION",
+    "ChatFormat",
+    "DialogueBatch",
+    "DialogueConfig",
+    "DialogueTask",
+    "EncodedExample",
+    "SpeakerMarks",
+    "bleu_from_statistics",
+    "bleu_statistics",
+    "find_chat_template",
+    "generate_reply",
+    "pad_batch",
+    "push_document",
+    "repeat_state",
+    "speaker_format",
+]
