@@ -85,6 +85,10 @@ class Setup:
     seed: int = 0  # training data order and the memory's initialisation
     segment_len: int = 512  # the window (the paper's GPT-2 chunks: 512)
     batch_size: int = 4  # rows of one document per step
+    # micro-batches of one reply: the memory's reads keep [rows, heads, T, N] tensors for the
+    # backward pass (~2 GB per reply at N = 512, T ~ 300); each reply then weighs the same in the
+    # step's loss (instead of each reply token)
+    grad_accum: int = 4
     steps: int = 30
     lr: float = 5e-5  # the base's (unused: it is frozen)
     memory_lr: float = 1e-3  # the paper's 2.5e-4 is for far longer training
@@ -110,9 +114,9 @@ class Setup:
 
     @classmethod
     def quick(cls, base_model: str) -> Setup:
-        return cls(base_model=base_model, segment_len=192, batch_size=2, steps=2, warmup_steps=1,
-                   num_basis=8, num_samples=8, max_context=32, max_reply=16, valid_examples=2,
-                   eval_examples=3, max_new_tokens=8)  # fmt: skip
+        return cls(base_model=base_model, segment_len=192, batch_size=2, grad_accum=2, steps=2,
+                   warmup_steps=1, num_basis=8, num_samples=8, max_context=32, max_reply=16,
+                   valid_examples=2, eval_examples=3, max_new_tokens=8)  # fmt: skip
 
 
 def model_settings(setup: Setup, row: str) -> dict[str, Any]:
@@ -141,7 +145,8 @@ def task_settings(setup: Setup, row: str, data_dir: Path) -> dict[str, Any]:
 def job(setup: Setup, row: str, data_dir: Path, runs_dir: Path) -> ex.Job:
     trains = ROWS[row][3]
     train = dict(
-        task=NAME, steps=setup.steps if trains else 0, batch_size=setup.batch_size, lr=setup.lr,
+        task=NAME, steps=setup.steps if trains else 0, batch_size=setup.batch_size,
+        grad_accum=setup.grad_accum, lr=setup.lr,
         warmup_steps=setup.warmup_steps, weight_decay=setup.weight_decay, eval_every=setup.steps,
         eval_batches=max(1, setup.valid_examples // setup.batch_size), test_batches=0,
         log_every=1, seed=setup.seed, progress=False, tensorboard=False, threads=1,
@@ -225,7 +230,8 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
         + (" (the paper's GPT-2 settings)" if setup["num_basis"] == 512 else "")
         + f"; trained "
         f"{setup['steps']} steps of {setup['batch_size']} replies about one document each "
-        f"({setup['steps'] * setup['batch_size']} replies), memory lr {setup['memory_lr']:g} "
+        f"({setup['steps'] * setup['batch_size']} replies; micro-batches of "
+        f"{setup['batch_size'] // setup['grad_accum']}), memory lr {setup['memory_lr']:g} "
         f"without weight decay, warm-up {setup['warmup_steps']} then cosine, seed "
         f"{setup['seed']}.",
         "",

@@ -284,6 +284,13 @@ def test_the_document_in_memory_changes_the_reply_scores(data):
     batch = t_mem.batch(3)
     assert len({r.key for r in batch.examples}) == 1 and batch.memory == batch.examples[0].memory
     assert t_none.batch(3).memory == () and t_mem.batch(3) == t_mem.batch(3)  # seed and step only
+    # micro-batches of a step stream the document once, into the memory a fresh push gives
+    for rows in (slice(0, 1), slice(1, 2)):
+        t_mem.loss(model, batch, rows, rows.start)
+        cached = batch.document_state
+    fresh = t_mem._state(model, batch.memory, 1)
+    assert cached is batch.document_state
+    assert all(torch.equal(v, fresh.tensors()[k]) for k, v in cached.tensors().items())
 
 
 def test_pad_batch_and_repeat_state(data):

@@ -52,7 +52,8 @@ document id, cyclically) instead of its own.
 Batches. All conversations are about 30 documents, so a training batch is drawn from one
 document: one example of the training set drawn uniformly (the step's rng), then the batch's other
 rows from the examples about the same document (sections: the same section). The document then
-streams through the model once, at batch 1, and its memory is repeated for the rows; the windows
+streams through the model once per step, at batch 1 (micro-batches of a step reuse it: the weights
+do not change within a step), and its memory is repeated for the rows; the windows
 of different lengths are right-padded (the pad is never attended to by real tokens, and its
 targets are −100). A batch is a pure function of (seed, step): resuming needs no data cursor.
 
@@ -519,6 +520,9 @@ def example_seed(seed: int, conversation_id: str, reply_index: int) -> int:
 class DialogueBatch:
     examples: list[EncodedExample]  # all about one document
     memory: tuple[int, ...] = field(default_factory=tuple)
+    # the memory after the document (batch 1), made by the step's first micro-batch: the weights
+    # do not change before the step's last one, so the others reuse it
+    document_state: Any = field(default=None, compare=False, repr=False)
 
 
 @register_task("dialogue")
@@ -694,7 +698,9 @@ class DialogueTask(Task):
 
     def loss(self, model: nn.Module, batch: DialogueBatch, rows: slice, part: int) -> StepOutput:
         mine = batch.examples[rows]
-        state = self._state(model, batch.memory, len(mine))
+        if batch.document_state is None and batch.memory:
+            batch.document_state = push_document(_raw(model), batch.memory, self.context.device)
+        state = repeat_state(batch.document_state, len(mine))
         inputs, targets = pad_batch(mine, self.format.eot)
         inputs, targets = inputs.to(self.context.device), targets.to(self.context.device)
         out = model(inputs, state=state, targets=targets)
