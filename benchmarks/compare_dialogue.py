@@ -168,9 +168,44 @@ def job(setup: Setup, row: str, data_dir: Path, runs_dir: Path) -> ex.Job:
 
 
 # --------------------------------------------------------------------------- one row (a worker)
+def train_row(spec: dict[str, Any]) -> dict[str, Any]:
+    """Train with the library's Trainer; the trainer (model, optimiser, their memory) is gone
+    when this returns, before the evaluation model is loaded."""
+    from inftyformer.models import config_from_dict
+    from inftyformer.tasks import get_task
+    from inftyformer.training import TrainConfig, Trainer, read_metrics
+
+    train = TrainConfig.from_dict(spec["train"])
+    task_cls = get_task(train.task)
+    start = time.perf_counter()
+    trainer = Trainer(
+        train,
+        task_cls.Config.from_dict(spec["task"]),
+        config_from_dict("pretrained", spec["model"]),
+        overwrite=True,
+        echo=lambda _: None,
+    )
+    result = trainer.fit()
+    if not result.finished:
+        raise RuntimeError(f"training in {train.out_dir} stopped at step {result.step}")
+    rows = read_metrics(train.out_dir)
+
+    def curve(split: str, metric: str) -> dict[str, list]:
+        mine = [r for r in rows if r["split"] == split and r["metric"] == metric]
+        return {"step": [r["step"] for r in mine], "value": [r["value"] for r in mine]}
+
+    return {
+        "train_seconds": time.perf_counter() - start,
+        "train_loss": curve("train", "lm_loss"),  # nats per reply token, as logged
+        "valid_loss": curve("valid", "loss"),
+    }
+
+
 def run_row(spec: dict[str, Any]) -> dict[str, Any]:
     """Train (memory rows) and evaluate one row; a row that does not train is the base model
-    evaluated as it is."""
+    evaluated as it is. One model in memory at a time, every evaluation on it."""
+    import gc
+
     import torch
 
     from inftyformer.models import build_model, config_from_dict
@@ -178,27 +213,28 @@ def run_row(spec: dict[str, Any]) -> dict[str, Any]:
     from inftyformer.training import load_run
 
     torch.set_num_threads(1)
+    config = config_from_dict("pretrained", spec["model"])
+    result: dict[str, Any] = {"train_seconds": 0.0}
     if spec["train"]["steps"]:
-        result = ex.train_and_evaluate(spec)
+        result.update(train_row(spec))
+        gc.collect()
         model = load_run(spec["train"]["out_dir"]).model
     else:
-        config = config_from_dict("pretrained", spec["model"])
         model = build_model(config).eval()
-        context = RunContext(batch_size=spec["train"]["batch_size"], seed=spec["train"]["seed"])
-        evals = {}
-        for name, ev in spec["evaluations"].items():
-            start = time.perf_counter()
-            task = DialogueTask(
-                DialogueConfig(**{**spec["task"], **ev["task_settings"]}), config, context
-            )
-            evaluation = task.evaluate(model, ev["split"], None, Shard())
-            evals[name] = {
-                "metrics": task.eval_metrics(evaluation.sums),
-                "details": evaluation.details,
-                "seconds": time.perf_counter() - start,
-            }
-        result = {"train_seconds": 0.0, "evals": evals}
-    result["trainable_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    context = RunContext(batch_size=spec["train"]["batch_size"], seed=spec["train"]["seed"])
+    result["evals"] = {}
+    for name, ev in spec["evaluations"].items():
+        start = time.perf_counter()
+        settings = {**spec["task"], **ev["task_settings"]}
+        task = DialogueTask(DialogueConfig(**settings), config, context)
+        evaluation = task.evaluate(model, ev["split"], None, Shard())
+        result["evals"][name] = {
+            "metrics": task.eval_metrics(evaluation.sums),
+            "details": evaluation.details,
+            "seconds": time.perf_counter() - start,
+        }
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    result["trained_params"] = trainable if spec["train"]["steps"] else 0
     result["params"] = sum(p.numel() for p in model.parameters())
     return result
 
@@ -256,7 +292,7 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
         table.append([
             ROWS[name][0], *(_fmt(m[k]) for k, _ in COLUMNS), _fmt(m["ppl"]),
             _fmt(_words(predictions), 1),
-            f"{r['trainable_params'] / 1e6:.1f}M of {r['params'] / 1e6:.1f}M",
+            f"{r['trained_params'] / 1e6:.1f}M of {r['params'] / 1e6:.1f}M",
             _fmt(r["train_seconds"] / 60, 1), _fmt(test["seconds"] / 60, 1),
             _fmt(r["cpu_seconds"] / 60, 1),
         ])  # fmt: skip
