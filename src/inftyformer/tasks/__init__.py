@@ -2,13 +2,14 @@
 and its implementation of the contract, registered by name:
 
     sorting   the paper's sorting task (§4.1)                 `sorting.py`
+    recall    associative recall across a chosen distance      `recall.py`
     lm        long-document language modelling (§4.2)          `lm.py` (+ `lm_eval.py`)
 
 A new task is one module here that subclasses `Task`, decorates it with `@register_task(name)`,
 and is imported below; the trainer and the command line find it in `TASKS`.
 """
 
-from . import lm, sorting  # noqa: F401 - registers the built-in tasks
+from . import lm, recall, sorting  # noqa: F401 - registers the built-in tasks
 from .base import (
     TASKS,
     Evaluation,
@@ -22,6 +23,7 @@ from .base import (
     register_task,
 )
 from .lm import LanguageModelTask, LMConfig
+from .recall import RecallConfig, RecallTask
 from .sorting import SortingConfig, SortingTask
 
 __all__ = [
@@ -30,6 +32,8 @@ __all__ = [
     "LMConfig",
     "LanguageModelTask",
     "Metric",
+    "RecallConfig",
+    "RecallTask",
     "RunContext",
     "Shard",
     "SortingConfig",
