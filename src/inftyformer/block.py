@@ -28,7 +28,7 @@ nothing to do this call are added as 0·Σp), so DistributedDataParallel needs n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -39,10 +39,34 @@ from ._init import init_projection
 from .compressive_memory import CompressiveMemory
 from .config import ModelConfig
 from .long_term_attention import LongTermAttention
-from .long_term_memory import LongTermMemory, LongTermState
+from .long_term_memory import LongTermMemory, LongTermState, LongTermUpdate
 from .relative_attention import RelativeMultiHeadAttention
 from .short_term_memory import ShortTermMemory
 from .state import LayerState
+
+
+@dataclass
+class LayerTrace:
+    """What a layer's memories did during one call, for inspection (`inftyformer.inspection`);
+    returned only when asked (`MemoryLM.forward(..., return_trace=True)`), detached.
+
+    mu, sigma_sq     [batch, H, L]   the long-term reads' densities 𝒩(μ, σ²) (∞-former)
+    read_empty       bool [batch]    rows whose long-term memory was empty when read (their
+                                     read is exactly 0, whatever μ, σ² say)
+    updates          long-term updates of the call, in order: (record, rows) with rows the bool
+                     [batch] mask of the rows it applied to (`LongTermUpdate`)
+    compressed_from  [batch, F, d]   states compressed this call, left-aligned (compressive)
+    compressed_count [batch]         how many of them are valid per row
+    compressed       [batch, F/c, d] the slots made from them, left-aligned
+    """
+
+    mu: torch.Tensor | None = None
+    sigma_sq: torch.Tensor | None = None
+    read_empty: torch.Tensor | None = None
+    updates: list[tuple[LongTermUpdate, torch.Tensor]] = field(default_factory=list)
+    compressed_from: torch.Tensor | None = None
+    compressed_count: torch.Tensor | None = None
+    compressed: torch.Tensor | None = None
 
 
 @dataclass
@@ -52,6 +76,7 @@ class BlockOutput:
     kl: torch.Tensor | None  # scalar (∞-former)
     reconstruction: torch.Tensor | None  # scalar (compressive)
     unused: torch.Tensor | None  # 0·Σp over parameters that had nothing to do (DDP)
+    trace: LayerTrace | None = None  # with `return_trace=True`
 
 
 class MemoryBlock(nn.Module):
@@ -137,10 +162,16 @@ class MemoryBlock(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(
-        self, x: torch.Tensor, state: LayerState, generator: torch.Generator | None = None
+        self,
+        x: torch.Tensor,
+        state: LayerState,
+        generator: torch.Generator | None = None,
+        return_trace: bool = False,
     ) -> BlockOutput:
-        """x [batch, L, d] → BlockOutput (hidden [batch, L, d] and the new layer state)."""
+        """x [batch, L, d] → BlockOutput (hidden [batch, L, d] and the new layer state; with
+        `return_trace`, also what the memories did: `LayerTrace`)."""
         unused: list[nn.Parameter] = []
+        trace = LayerTrace() if return_trace else None
 
         # 1. ∞-former: the states that left the short-term memory enter the long-term memory
         # at the start of the call, inside this step's graph
@@ -148,7 +179,7 @@ class MemoryBlock(nn.Module):
         if self.long_term_memory is not None:
             short, leaving, count = self.short_term.flush(short)  # [batch, F, d], [batch]
             if bool((count > 0).any()):
-                long_term = self._update_long_term(long_term, leaving, count, generator)
+                long_term = self._update_long_term(long_term, leaving, count, generator, trace)
             else:
                 unused += list(self.long_term_memory.parameters())
 
@@ -171,6 +202,9 @@ class MemoryBlock(nn.Module):
             kl = read.kl
             # sticky memories: where these queries attended steers the next resampling
             long_term = self.long_term_memory.observe(long_term, read.mu, read.sigma_sq)
+            if trace is not None:
+                trace.mu, trace.sigma_sq = read.mu.detach(), read.sigma_sq.detach()
+                trace.read_empty = long_term.empty
         hidden = x + self.dropout(attended)
         ff = self.ff_out(self.dropout(F.gelu(self.ff_in(self.norm_ff(hidden)))))
         hidden = hidden + self.dropout(ff)
@@ -189,6 +223,9 @@ class MemoryBlock(nn.Module):
                         self._content_attention_detached, x, leaving, count, slots, slot_count
                     )
                     compressed = self.compressive.append(compressed, slots, slot_count)
+                    if trace is not None:
+                        trace.compressed_from, trace.compressed_count = leaving.detach(), count
+                        trace.compressed = slots.detach()
                 else:
                     reconstruction = x.new_zeros(())
                     unused += list(self.compressive.parameters())
@@ -201,6 +238,7 @@ class MemoryBlock(nn.Module):
             kl=kl,
             reconstruction=reconstruction,
             unused=zero,
+            trace=trace,
         )
 
     # ------------------------------------------------------------------ helpers
@@ -222,8 +260,10 @@ class MemoryBlock(nn.Module):
         leaving: torch.Tensor,
         count: torch.Tensor,
         generator: torch.Generator | None,
+        trace: LayerTrace | None = None,
     ) -> LongTermState:
-        """Fit the leaving states, block by block of C, into the rows that have them."""
+        """Fit the leaving states, block by block of C, into the rows that have them (and
+        record each update in `trace` when given)."""
         assert self.long_term_memory is not None
         C = self.short_term.block_len
         for j in range(leaving.shape[1] // C):  # at most a couple of blocks
@@ -235,10 +275,14 @@ class MemoryBlock(nn.Module):
                 (self.config.d_model,),
                 eps=self.config.layer_norm_eps,
             )  # [batch, C, d]
-            updated = self.long_term_memory.update(long_term, chunk, generator, check=False)
+            updated, record = self.long_term_memory.update_traced(
+                long_term, chunk, generator, check=False
+            )
+            if trace is not None:
+                trace.updates.append((record.detach(), rows))
             # rows in another phase keep their memory
             long_term = updated if bool(rows.all()) else updated.select(rows, long_term)
         return long_term
 
 
-__all__ = ["BlockOutput", "MemoryBlock"]
+__all__ = ["BlockOutput", "LayerTrace", "MemoryBlock"]

@@ -143,6 +143,29 @@ class LongTermState:
         return cleared.select(rows, self)
 
 
+@dataclass
+class LongTermUpdate:
+    """What one `LongTermMemory.update` did, for inspection (`inftyformer.inspection`).
+
+    stored     [batch, L, e]        the vectors fitted (after the CNN gate), placed at
+                                    (i + ½)/L by a first fit, else at τ + (1 − τ)(i + ½)/L
+    samples    [M] or [batch, M]    where the old signal was read before it was squeezed to
+                                    τ·i/M, i = 1..M (None when every row got a first fit)
+    first_fit  bool [batch]         rows whose memory was empty (first fit, nothing squeezed)
+    """
+
+    stored: torch.Tensor
+    samples: torch.Tensor | None
+    first_fit: torch.Tensor
+
+    def detach(self) -> LongTermUpdate:
+        return LongTermUpdate(
+            self.stored.detach(),
+            None if self.samples is None else self.samples.detach(),
+            self.first_fit,
+        )
+
+
 class LongTermMemory(nn.Module):
     """Fits, updates and resamples the continuous long-term memory. Holds no stream state."""
 
@@ -289,6 +312,19 @@ class LongTermMemory(nn.Module):
         state before keeping it across segments. `check=False` skips the validation of the
         arguments (for callers that built them, e.g. the transformer block).
         """
+        return self.update_traced(state, x, generator, check=check)[0]
+
+    def update_traced(
+        self,
+        state: LongTermState,
+        x: torch.Tensor,
+        generator: torch.Generator | None = None,
+        *,
+        check: bool = True,
+    ) -> tuple[LongTermState, LongTermUpdate]:
+        """`update`, and what it did (`LongTermUpdate`: the vectors fitted after the gate, where
+        the old signal was read before the squeeze, which rows got a first fit): the same
+        computation, the record only keeps references to tensors it made anyway."""
         c = self.config
         if check:
             self.check_state(state)
@@ -305,7 +341,7 @@ class LongTermMemory(nn.Module):
         length = x.shape[1]
         empty = state.empty.to(x.device)
         B_past = state.coefficients.detach()  # no backprop through time
-        B_new = None
+        B_new, u = None, None
         if bool(empty.any()):
             # first fit: B = G_Lᵀ X                                        [batch, N, e]
             B_new = fit_coefficients(x, self.ridge.segment(length, x.device, x.dtype))
@@ -315,16 +351,17 @@ class LongTermMemory(nn.Module):
             G_inf = self.infinite_design(length, x.device, x.dtype)  # [M + L, N]
             B_upd = fit_coefficients(torch.cat([x_old, x], dim=1), G_inf)  # [batch, N, e]
             B_new = B_upd if B_new is None else torch.where(empty[:, None, None], B_new, B_upd)
-        return LongTermState(
+        new_state = LongTermState(
             coefficients=B_new,
             attention_mass=torch.full_like(state.attention_mass, 1.0 / c.sticky_bins),
             observed=torch.zeros_like(state.observed),
             empty=torch.zeros_like(state.empty),
         )
+        return new_state, LongTermUpdate(stored=x, samples=u, first_fit=empty)
 
     def signal(self, state: LongTermState, t: torch.Tensor) -> torch.Tensor:
         """Read the stored signal x̄(t) back at positions t [T] → [batch, T, e]."""
         return evaluate_signal(state.coefficients, self.basis, t)
 
 
-__all__ = ["LongTermConfig", "LongTermMemory", "LongTermState"]
+__all__ = ["LongTermConfig", "LongTermMemory", "LongTermState", "LongTermUpdate"]

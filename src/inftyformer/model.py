@@ -22,7 +22,7 @@ from torch import nn
 
 from ._checks import check_positive_int
 from ._init import init_projection
-from .block import MemoryBlock
+from .block import LayerTrace, MemoryBlock
 from .config import ModelConfig
 from .state import LayerState, MemoryState
 
@@ -37,6 +37,7 @@ class LMOutput:
     lm_loss: torch.Tensor | None = None  # scalar: mean NLL over targets ≠ −100
     token_loss: torch.Tensor | None = None  # [batch, L]: NLL per token, 0 where ignored
     aux: dict[str, torch.Tensor] = field(default_factory=dict)  # unweighted "kl", "reconstruction"
+    trace: tuple[LayerTrace, ...] | None = None  # per layer, with `return_trace=True`
 
 
 class MemoryLM(nn.Module):
@@ -163,9 +164,12 @@ class MemoryLM(nn.Module):
         targets: torch.Tensor | None = None,
         reset: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        return_trace: bool = False,
     ) -> LMOutput:
         """tokens [batch, L] (L ≤ segment_len), targets [batch, L] with −100 ignored.
-        `generator` seeds the sticky-memory sampling in training mode."""
+        `generator` seeds the sticky-memory sampling in training mode. `return_trace`: also
+        return what each layer's memories did (`LMOutput.trace`, for `inftyformer.inspection`:
+        the long-term reads' μ, σ², the long-term updates, the compressed slots)."""
         c = self.config
         tokens = self._check_ids("tokens", tokens, allow_ignore=False)
         batch, length = tokens.shape
@@ -185,11 +189,12 @@ class MemoryLM(nn.Module):
 
         x = self.dropout(self.embedding(tokens))  # [batch, L, d]
         layers: list[LayerState] = []
-        kl, reconstruction, unused = [], [], []
+        kl, reconstruction, unused, traces = [], [], [], []
         for block, layer_state in zip(self.blocks, state.layers, strict=True):
-            out = block(x, layer_state, generator)
+            out = block(x, layer_state, generator, return_trace)
             x = out.hidden
             layers.append(out.state)
+            traces.append(out.trace)
             if out.kl is not None:
                 kl.append(out.kl)
             if out.reconstruction is not None:
@@ -206,6 +211,8 @@ class MemoryLM(nn.Module):
         if reconstruction:
             aux["reconstruction"] = torch.stack(reconstruction).mean()
         output = LMOutput(logits=logits, state=MemoryState(tuple(layers)).detach(), aux=aux)
+        if return_trace:
+            output.trace = tuple(traces)
         if targets is not None:
             token_loss = F.cross_entropy(
                 logits.reshape(-1, c.vocab_size).float(),
