@@ -494,6 +494,64 @@ def _new_tokens(out: Any) -> list[int]:
     return [int(t) for t in tokens[0].tolist()]
 
 
+# --------------------------------------------------------------------------- inspect
+@app.command("inspect")
+def inspect_run(
+    checkpoint: Path = typer.Argument(  # noqa: B008
+        ..., help="A checkpoint (see `inftyformer evaluate`)."
+    ),
+    text: Path | None = typer.Option(  # noqa: B008
+        None, "--text", help="Inspect this text file (the task's prompt encoding) instead."
+    ),
+    split: str = typer.Option("test", help="Otherwise, a stream of this split."),
+    segments: int = typer.Option(128, help="Length of the stream, in segments of the model."),
+    out: Path | None = typer.Option(  # noqa: B008
+        None, "--out", help="Directory for the PNGs and summary.json (default: RUN_DIR/inspect)."
+    ),
+    device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
+) -> None:
+    """Stream real input through a saved model and draw what its memory holds and where its
+    reads go: long-term read densities mapped back to the stream, σ against σ₀, sticky
+    resampling points, fidelity of stored vectors by age (PNGs + summary.json)."""
+    import json
+
+    from .inspection import inspect_stream
+    from .inspection_plots import draw_all
+    from .training import load_run
+
+    try:
+        if segments < 1:
+            raise ValueError(f"--segments must be >= 1, got {segments}")
+        run = load_run(checkpoint, device)
+        task = run.task(batch_size=1)
+        length = segments * run.model_config.segment_len
+        if text is not None:
+            tokens = task.encode_prompt(text.read_text(encoding="utf-8"))[0][:length]
+        else:
+            tokens = task.inspection_stream(split, length)
+        start = time.perf_counter()
+        result = inspect_stream(run.model, tokens[None].to(run.device))
+    except _user_errors() as err:
+        raise _fail(str(err)) from None
+    out_dir = out or (checkpoint if checkpoint.is_dir() else checkpoint.parent) / "inspect"
+    summary = result.summary()
+    summary["source"] = str(text) if text is not None else f"{split} split"
+    paths = draw_all(result, out_dir)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    typer.echo(f"{len(tokens):,} tokens in {time.perf_counter() - start:.1f} s -> {out_dir}")
+    for layer in summary["layers"]:
+        parts = [f"layer {layer['layer']}"]
+        if "sigma" in layer:
+            parts.append(f"median sigma {layer['sigma']['median']:.3g}")
+        for key in ("fidelity", "compressed_fidelity"):
+            for age in ("1", "10", "100"):
+                if age in layer.get(key, {}):
+                    parts.append(f"{key} cos k={age} {layer[key][age]['cosine']:.3f}")
+        typer.echo("  " + ", ".join(parts))
+    for path in paths:
+        typer.echo(f"  wrote {path}")
+
+
 # --------------------------------------------------------------------------- bench
 @app.command()
 def bench(

@@ -42,6 +42,7 @@ there) and the others are squeezed harder.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -356,36 +357,86 @@ def sample_history(
 class Fidelity:
     """Per age k (in updates = segments): how well what went in comes back.
 
-    ages       [K]
-    cosine     [K]   mean cosine (NaN where no vector of that age was seen / kept)
-    rel_error  [K]   mean ‖read − x‖/‖x‖
-    count      [K]   vectors measured at that age
-    present    [K]   fraction of them still held (1 for the ∞-former; compressive: slots kept)
+    ages            [K]
+    cosine          [K]  mean cosine between the read-back and the stored vector (NaN where no
+                         vector of that age was seen or kept)
+    centred_cosine  [K]  the same after subtracting the row's mean stored vector from both: what
+                         is specific to the vector (0 for a memory that returns only the mean)
+    rel_error       [K]  mean ‖read − x‖/‖x‖
+    count           [K]  vectors measured at that age
+    present         [K]  fraction of them still held (1 for the ∞-former; compressive: slots kept)
+    baseline_cosine, baseline_rel_error: the same scores for a memory that returns the row's mean
+                         stored vector whatever is asked (a cosine below it keeps nothing specific)
     """
 
     ages: list[int]
     cosine: list[float]
+    centred_cosine: list[float]
     rel_error: list[float]
     count: list[int]
     present: list[float]
+    baseline_cosine: float = math.nan
+    baseline_rel_error: float = math.nan
 
     def at(self, age: int) -> dict[str, float]:
         i = self.ages.index(age)
         return {
             "cosine": self.cosine[i],
+            "centred_cosine": self.centred_cosine[i],
             "rel_error": self.rel_error[i],
             "count": self.count[i],
             "present": self.present[i],
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "ages": self.ages,
-            "cosine": self.cosine,
-            "rel_error": self.rel_error,
-            "count": self.count,
-            "present": self.present,
-        }
+        return dataclasses.asdict(self)
+
+
+class _Tally:
+    """Sums of the fidelity scores per age."""
+
+    def __init__(self, ages: Sequence[int]) -> None:
+        self.ages = sorted({int(a) for a in ages})
+        if any(a < 0 for a in self.ages):
+            raise ValueError(f"ages must be >= 0, got {self.ages}")
+        self.sums = {a: [0.0, 0.0, 0.0, 0] for a in self.ages}  # cos, centred cos, rel, n
+        self.seen = {a: 0 for a in self.ages}
+        self.base = [0.0, 0.0, 0]
+
+    def add(self, age: int, read: torch.Tensor, x: torch.Tensor, mean: torch.Tensor) -> None:
+        """read, x [batch, n, e]; mean [batch, 1, e] (the row's mean stored vector)."""
+        cos, rel = _agreement(read, x)
+        centred, _ = _agreement(read - mean, x - mean)
+        entry = self.sums[age]
+        entry[0] += float(cos.sum())
+        entry[1] += float(centred.sum())
+        entry[2] += float(rel.sum())
+        entry[3] += cos.numel()
+
+    def add_baseline(self, x: torch.Tensor, mean: torch.Tensor) -> None:
+        cos, rel = _agreement(mean.expand_as(x), x)
+        self.base[0] += float(cos.sum())
+        self.base[1] += float(rel.sum())
+        self.base[2] += cos.numel()
+
+    def result(self, present: dict[int, float] | None = None) -> Fidelity:
+        def mean(a: int, k: int) -> float:
+            n = self.sums[a][3]
+            return self.sums[a][k] / n if n else math.nan
+
+        n_base = max(self.base[2], 1)
+        return Fidelity(
+            ages=self.ages,
+            cosine=[mean(a, 0) for a in self.ages],
+            centred_cosine=[mean(a, 1) for a in self.ages],
+            rel_error=[mean(a, 2) for a in self.ages],
+            count=[self.sums[a][3] for a in self.ages],
+            present=[
+                (present or {}).get(a, 1.0 if self.sums[a][3] else math.nan) for a in self.ages
+            ],
+            baseline_cosine=self.base[0] / n_base if self.base[2] else math.nan,
+            baseline_rel_error=self.base[1] / n_base if self.base[2] else math.nan,
+        )
 
 
 def _pick(length: int, per_block: int | None) -> torch.Tensor:
@@ -421,37 +472,24 @@ def signal_fidelity(
             f"stored ({len(stored)}), coefficients ({len(coefficients)}) and history "
             f"({len(history)}) must have one entry per update"
         )
-    ages = sorted({int(a) for a in ages})
-    if any(a < 0 for a in ages):
-        raise ValueError(f"ages must be >= 0, got {ages}")
-    cos_sum = {a: 0.0 for a in ages}
-    rel_sum = {a: 0.0 for a in ages}
-    count = {a: 0 for a in ages}
-    offset = 0
-    offsets = []
-    for block in stored:
-        offsets.append(offset)
-        offset += block.shape[1]
+    tally = _Tally(ages)
+    if not stored:
+        return tally.result()
+    mean = torch.cat(list(stored), dim=1).double().mean(1, keepdim=True)  # [batch, 1, e]
+    offsets = [0]
+    for block in stored[:-1]:
+        offsets.append(offsets[-1] + block.shape[1])
     for j, block in enumerate(stored):
         idx = _pick(block.shape[1], per_block)
-        x = block[:, idx]  # [batch, n, e]
-        for a in ages:
+        x = block[:, idx].double()  # [batch, n, e]
+        tally.add_baseline(x, mean)
+        for a in tally.ages:
             if j + a >= len(stored):
                 continue
             t = history[j + a][:, offsets[j] + idx]  # [batch, n]
-            B = coefficients[j + a].double()
-            read = evaluate_signal(B, basis, t)  # [batch, n, e] (float64)
-            cos, rel = _agreement(read, x)
-            cos_sum[a] += float(cos.sum())
-            rel_sum[a] += float(rel.sum())
-            count[a] += cos.numel()
-    return Fidelity(
-        ages=ages,
-        cosine=[cos_sum[a] / count[a] if count[a] else math.nan for a in ages],
-        rel_error=[rel_sum[a] / count[a] if count[a] else math.nan for a in ages],
-        count=[count[a] for a in ages],
-        present=[1.0 if count[a] else math.nan for a in ages],
-    )
+            read = evaluate_signal(coefficients[j + a].double(), basis, t)  # [batch, n, e]
+            tally.add(a, read, x, mean)
+    return tally.result()
 
 
 def memory_fidelity(
@@ -488,56 +526,52 @@ def compressed_fidelity(
     rec = record.layers[layer]
     if not rec.compressions:
         raise ValueError(f"layer {layer} compressed nothing")
-    ages = sorted({int(a) for a in ages})
+    tally = _Tally(ages)
     num_calls = math.ceil(record.num_tokens / record.segment_len)
-    made = torch.zeros(num_calls, dtype=torch.long)  # slots made per call (row 0: same phase)
-    groups = []  # (call, first global slot index, cos [batch, slots, c], rel)
+    made = torch.zeros(num_calls, dtype=torch.long)  # slots made per call
+    pooled_sum, pooled_n = 0.0, 0
+    groups = []  # (call, first global slot index, slots [b, n, 1, d], states [b, n, c, d])
     total = 0
-    ref_sum, ref_count = 0.0, 0
     for call, source, count, slots in rec.compressions:
         n = int(count[0]) // rate
         if n == 0:
             continue
         if not bool((count == count[0]).all()):
             raise RuntimeError("rows of one stream compressed different numbers of states")
-        src = F.layer_norm(source[:, : n * rate].double(), (source.shape[-1],))
-        src = src.view(src.shape[0], n, rate, -1)  # [batch, n, c, d]
-        slot = F.layer_norm(slots[:, :n].double(), (slots.shape[-1],))[:, :, None]  # [b, n, 1, d]
-        cos, rel = _agreement(slot.expand_as(src), src)  # [batch, n, c]
-        pooled = F.layer_norm(source[:, : n * rate].double().view_as(src).mean(2, keepdim=True),
-                              (source.shape[-1],))  # fmt: skip
-        ref_cos, _ = _agreement(pooled.expand_as(src), src)
-        ref_sum += float(ref_cos.sum())
-        ref_count += ref_cos.numel()
-        groups.append((call, total, cos, rel))
+        d = source.shape[-1]
+        raw = source[:, : n * rate].double().view(source.shape[0], n, rate, d)  # [b, n, c, d]
+        states = F.layer_norm(raw, (d,))
+        slot = F.layer_norm(slots[:, :n].double(), (d,))[:, :, None]  # [batch, n, 1, d]
+        pooled = F.layer_norm(raw.mean(2, keepdim=True), (d,))  # an average pool instead
+        pooled_cos, _ = _agreement(pooled.expand_as(states), states)
+        pooled_sum += float(pooled_cos.sum())
+        pooled_n += pooled_cos.numel()
+        groups.append((call, total, slot, states))
         made[call] += n
         total += n
+    if not groups:
+        raise ValueError(f"layer {layer} compressed nothing")
+    d = groups[0][3].shape[-1]
+    mean = torch.cat([g[3].reshape(g[3].shape[0], -1, d) for g in groups], 1).mean(1, True)
     made_by = torch.cumsum(made, 0)  # slots made up to and including each call
-    cos_sum = {a: 0.0 for a in ages}
-    rel_sum = {a: 0.0 for a in ages}
-    kept = {a: 0 for a in ages}
-    seen = {a: 0 for a in ages}
-    for call, first, cos, rel in groups:
-        n = cos.shape[1]
+    seen = {a: 0 for a in tally.ages}
+    kept = {a: 0 for a in tally.ages}
+    for call, first, slot, states in groups:
+        batch, n, c, _ = states.shape
+        flat = states.reshape(batch, n * c, d)
+        tally.add_baseline(flat, mean)
         index = first + torch.arange(n)  # global slot indices
-        for a in ages:
+        for a in tally.ages:
             if call + a >= num_calls:
                 continue
-            newest = int(made_by[call + a])
-            alive = index >= newest - capacity  # [n]
-            seen[a] += n * cos.shape[0] * cos.shape[2]
+            alive = index >= int(made_by[call + a]) - capacity  # [n]
+            seen[a] += batch * n * c
+            kept[a] += batch * int(alive.sum()) * c
             if bool(alive.any()):
-                kept[a] += int(alive.sum()) * cos.shape[0] * cos.shape[2]
-                cos_sum[a] += float(cos[:, alive].sum())
-                rel_sum[a] += float(rel[:, alive].sum())
-    fidelity = Fidelity(
-        ages=ages,
-        cosine=[cos_sum[a] / kept[a] if kept[a] else math.nan for a in ages],
-        rel_error=[rel_sum[a] / kept[a] if kept[a] else math.nan for a in ages],
-        count=[kept[a] for a in ages],
-        present=[kept[a] / seen[a] if seen[a] else math.nan for a in ages],
-    )
-    return fidelity, ref_sum / max(ref_count, 1)
+                read = slot[:, alive].expand(-1, -1, c, -1).reshape(batch, -1, d)
+                tally.add(a, read, states[:, alive].reshape(batch, -1, d), mean)
+    present = {a: kept[a] / seen[a] for a in tally.ages if seen[a]}
+    return tally.result(present), pooled_sum / max(pooled_n, 1)
 
 
 # --------------------------------------------------------------------------- all of it
@@ -592,11 +626,10 @@ class Inspection:
                 ("compressed_fidelity", self.compressed[i]),
             ):
                 if fid is not None:
-                    entry[name] = {
-                        str(a): {"cosine": c, "rel_error": e, "present": p}
-                        for a, c, e, p in zip(
-                            fid.ages, fid.cosine, fid.rel_error, fid.present, strict=True
-                        )
+                    entry[name] = {str(a): fid.at(a) for a in fid.ages}
+                    entry[name + "_mean_baseline"] = {
+                        "cosine": fid.baseline_cosine,
+                        "rel_error": fid.baseline_rel_error,
                     }
             if self.pooled_reference[i] is not None:
                 entry["compressed_pooled_reference_cosine"] = self.pooled_reference[i]

@@ -116,6 +116,8 @@ def test_fidelity_is_one_for_a_signal_the_basis_represents() -> None:
                           memory.basis, ages=[0], per_block=None)  # fmt: skip
     assert fid.count == [2 * L]
     assert fid.cosine[0] > 1 - 1e-6 and fid.rel_error[0] < 1e-3
+    assert fid.centred_cosine[0] > 1 - 1e-6  # what is specific to each vector comes back too
+    assert fid.baseline_cosine < 0.9  # the mean alone would not score that
 
 
 def test_fidelity_follows_blocks_through_squeezes() -> None:
@@ -141,7 +143,8 @@ def test_fidelity_follows_blocks_through_squeezes() -> None:
         assert bool((read.argmax(-1) == j).all())
     fid = signal_fidelity(stored, coefficients, history, memory.basis, ages=[0, 1, 2])
     assert fid.count == [3 * 32, 2 * 32, 32]
-    assert min(fid.cosine) > 0.8
+    assert min(fid.cosine) > 0.8 and min(fid.centred_cosine) > 0.8
+    assert fid.baseline_cosine == pytest.approx(1 / math.sqrt(3), abs=0.01)  # mean = (1, 1, 1)/3
     entry = [block_positions(L, tau, first=j == 0) for j in range(3)]  # never moved
     untracked = [torch.cat(entry[: j + 1])[None] for j in range(3)]
     wrong = signal_fidelity(stored, coefficients, untracked, memory.basis, ages=[2])

@@ -148,3 +148,11 @@ def test_prompt_ends_at_the_first_query() -> None:
     assert task.decode([0, 16, 40]) == "k0 v0 ."
     with pytest.raises(ValueError, match="random"):
         task.encode_prompt("3 4 5")
+
+
+def test_inspection_stream_is_one_long_example() -> None:
+    config = RecallConfig(num_pairs=(2, 3), gap=8)
+    task = RecallTask(config, tiny("xl", vocab_size=48), RunContext(batch_size=2, seed=0))
+    stream = task.inspection_stream("valid", 100)
+    assert stream.shape == (104,)  # 4·3 + 88 filler, padded to whole segments of 8
+    assert (stream[-6::2] < 16).all()  # ends with the 3 queries

@@ -296,6 +296,15 @@ class RecallTask(Task):
     def chance(self) -> dict[str, float]:
         return {"uniform": chance_accuracy(self.config)}
 
+    # ---- inspection: one example of the split, its gap stretched to the length asked
+    def inspection_stream(self, split: str, length: int) -> torch.Tensor:
+        num_pairs = max(self.config.num_pairs)
+        check_positive_int("length", length, minimum=4 * num_pairs)
+        rng = self.datasets[check_split(split)].rng(0)
+        C = self.model_config.segment_len
+        inputs, _ = recall_example(self.config, num_pairs, length - 4 * num_pairs, 1, rng, C)
+        return torch.from_numpy(inputs[0])
+
     # ---- generation: a test example up to its first query; the answer is its value
     def encode_prompt(self, text: str) -> tuple[torch.Tensor, list[int] | None]:
         """`text`: "random" or "random:G" (a test example with gap G, default: the largest of

@@ -352,6 +352,13 @@ class SortingTask(Task):
             "format-only": chance_accuracy(exclude_seen=True),
         }
 
+    # ---- inspection: one sequence of the split, its separator and answer included
+    def inspection_stream(self, split: str, length: int) -> torch.Tensor:
+        check_positive_int("length", length, minimum=NUM_TARGETS + 1)
+        seq_len = length - NUM_TARGETS
+        data = SortingDataset(seq_len, batch_size=1, split=check_split(split), seed=0)
+        return data.batch(0)[0][0]
+
     # ---- generation: the prompt is the symbols; the model answers after the separator
     def encode_prompt(self, text: str) -> tuple[torch.Tensor, list[int] | None]:
         """`text`: symbols 0–19 separated by spaces/commas, or "random" / "random:T" for a test
