@@ -584,6 +584,8 @@ class Inspection:
     segment_len: int
     sigma_0: float | None
     sticky: bool
+    tau: float | None  # τ and M of the long-term memory (∞-former)
+    num_samples: int | None
     reads: list[ReadMap | None]
     sigmas: list[torch.Tensor | None]  # [H, n] per layer
     mus: list[torch.Tensor | None]
@@ -627,6 +629,14 @@ class Inspection:
             ):
                 if fid is not None:
                     entry[name] = {str(a): fid.at(a) for a in fid.ages}
+                    # the oldest age (of those measured) up to which every age keeps half of
+                    # what is specific to the vectors (centred cosine ≥ 0.5)
+                    horizon = None
+                    for a, c in zip(fid.ages, fid.centred_cosine, strict=True):
+                        if math.isnan(c) or c < 0.5:
+                            break
+                        horizon = a
+                    entry[name + "_horizon"] = horizon
                     entry[name + "_mean_baseline"] = {
                         "cosine": fid.baseline_cosine,
                         "rel_error": fid.baseline_rel_error,
@@ -641,6 +651,14 @@ class Inspection:
             "segments": math.ceil(self.num_tokens / self.segment_len),
             "sigma_0": self.sigma_0,
             "sticky": self.sticky,
+            "tau": self.tau,
+            "num_samples": self.num_samples,
+            # a vector entering at t ≥ τ falls below the first sample point 1/M after this many
+            # updates without sticky memories (τᵏ < 1/M); beyond it the old signal there is
+            # never sampled again
+            "first_sample_horizon": None
+            if self.tau is None
+            else math.log(self.num_samples) / math.log(1 / self.tau),
             "layers": layers,
         }
 
@@ -664,6 +682,8 @@ def inspect_stream(
         segment_len=record.segment_len,
         sigma_0=c.sigma_0 if c.has_long_term else None,
         sticky=c.has_long_term and c.sticky,
+        tau=c.tau if c.has_long_term else None,
+        num_samples=c.num_samples if c.has_long_term else None,
         reads=list(none),
         sigmas=list(none),
         mus=list(none),

@@ -272,6 +272,9 @@ def test_inspect_a_tiny_infinity_former(sticky: bool) -> None:
     assert summary["sticky"] is sticky and len(summary["layers"]) == 2
     assert 0 < summary["layers"][0]["sigma"]["median"]
     assert ("sample_entropy_vs_uniform" in summary["layers"][0]) is sticky
+    # M = 16, τ = 0.75: a new vector falls below the first sample point after ln 16 / ln(4/3)
+    assert summary["first_sample_horizon"] == pytest.approx(math.log(16) / math.log(4 / 3))
+    assert "fidelity_horizon" in summary["layers"][0]
     was = model.training
     model.train()
     inspect_stream(model, tokens[:, :40], ages=(0,))
