@@ -16,17 +16,20 @@ boundaries and there are no resets, so that holds exactly). A first fit places i
 (i + ½)/C. Every later update samples the old signal at u_1 < … < u_M and refits those values at
 τ·i/M, then places the new block at τ + (1 − τ)(i + ½)/C. So a stored vector at t moves to
 
-    φ(t) = τ · P̂(t),   P̂ the piecewise-linear map through (u_i, i/M),
+    φ(t) = τ · P̂(t),   P̂ the piecewise-linear map through (u_i, i/M).
 
-extended with slope 1 beyond the first and last sample. Without sticky memories u_i = i/M and
-φ(t) = τt exactly: after k updates a vector stored at t sits at τᵏt. With sticky memories the
-samples crowd where the queries attended, so those regions keep more of [0, τ] (P̂ is steep
-there) and the others are squeezed harder.
+Content before the first sample or after the last one is not resampled at all: it is lost, and
+φ puts it on the nearest sample (τ/M or τ), where the new signal holds that sample's value.
+Without sticky memories u_i = i/M, so φ(t) = τt for t ≥ 1/M: after k updates a vector stored at
+t sits at τᵏt, until τᵏt < 1/M, after ≈ ln M / ln(1/τ) updates for a new vector; from then on
+it has collapsed onto τ/M with everything older (the "first-sample horizon"). With sticky
+memories the samples crowd where the queries attended, so those regions keep more of [0, τ]
+(P̂ is steep there) and the others are squeezed harder or dropped.
 
+* `origin_history`: the other way round, which stream position the signal at each t holds
+  (composing the inverse maps); it also covers what no stored vector marks any more.
 * `read_map`: each query's density 𝒩(μ, σ²) over t, mapped back to absolute positions of the
-  past: token p occupies the cell of t between the midpoints to its neighbours, and the read mass
-  of a range of tokens is Φ at its right edge minus Φ at its left edge. Mass outside the stored
-  cells (beyond the edges of [0, 1], or on the padding regions of the fit) is reported apart.
+  past through the origin map. Mass outside [0, 1] reads nothing stored and is reported apart.
 * `sigma_values`: σ = √σ² of every read, per layer and head (the KL prior is σ₀).
 * `sample_history`: where each update's resampling points u went, over [0, 1] and mapped back to
   absolute positions (sticky memories).
@@ -152,8 +155,9 @@ def block_positions(length: int, tau: float, first: bool) -> torch.Tensor:
 def squeeze_positions(t: torch.Tensor, samples: torch.Tensor, tau: float) -> torch.Tensor:
     """φ(t) = τ · P̂(t): where old content at t [batch, P] sits after an update that sampled the
     old signal at `samples` u ([M] or [batch, M], ascending) and refitted the values at τ·i/M,
-    i = 1..M. P̂ interpolates (u_i, i/M) linearly, with slope 1 beyond u_1 and u_M; for
-    u_i = i/M, φ(t) = τt. float64 [batch, P]."""
+    i = 1..M. P̂ interpolates (u_i, i/M) linearly and is clamped to [1/M, 1] (content outside
+    [u_1, u_M] is not resampled: it collapses onto the nearest sample); for u_i = i/M,
+    φ(t) = τt when t ≥ 1/M. float64 [batch, P]."""
     check_tensor("t", t, 2)
     check_tensor("samples", samples)
     check_range("tau", tau, 0.0, 1.0, low_open=True, high_open=True)
@@ -167,16 +171,13 @@ def squeeze_positions(t: torch.Tensor, samples: torch.Tensor, tau: float) -> tor
         )
     M = u.shape[1]
     if M == 1:
-        return tau * (1.0 + (t - u))
+        return torch.full_like(t, tau)
     level = torch.arange(1, M + 1, dtype=torch.float64) / M  # i/M  [M]
     idx = torch.searchsorted(u.contiguous(), t.contiguous()).clamp(1, M - 1)  # [batch, P]
     u_lo, u_hi = u.gather(1, idx - 1), u.gather(1, idx)
     lo, hi = level[idx - 1], level[idx]
-    frac = ((t - u_lo) / (u_hi - u_lo).clamp(min=1e-12)).clamp(0, 1)
-    mapped = lo + frac * (hi - lo)
-    mapped = torch.where(t < u[:, :1], level[0] + (t - u[:, :1]), mapped)
-    mapped = torch.where(t > u[:, -1:], level[-1] + (t - u[:, -1:]), mapped)
-    return tau * mapped
+    frac = ((t - u_lo) / (u_hi - u_lo).clamp(min=1e-12)).clamp(0, 1)  # clamped outside [u_1, u_M]
+    return tau * (lo + frac * (hi - lo))
 
 
 def position_history(record: LayerRecord, batch_size: int, tau: float) -> list[torch.Tensor]:
@@ -195,37 +196,50 @@ def position_history(record: LayerRecord, batch_size: int, tau: float) -> list[t
     return history
 
 
-def cell_edges(positions: torch.Tensor) -> torch.Tensor:
-    """The cells of the stored vectors in t: edges between neighbours at the midpoints, the outer
-    ones half a spacing out. positions [batch, P] ascending (P ≥ 1) → [batch, P + 1]."""
-    if positions.shape[1] == 1:
-        half = torch.full_like(positions, 0.5)  # a lone vector: a cell of width 1
-        return torch.cat([positions - half, positions + half], dim=1)
-    mid = 0.5 * (positions[:, 1:] + positions[:, :-1])
-    first = positions[:, :1] - 0.5 * (positions[:, 1:2] - positions[:, :1])
-    last = positions[:, -1:] + 0.5 * (positions[:, -1:] - positions[:, -2:-1])
-    return torch.cat([first, mid, last], dim=1)
+def _lerp(x: torch.Tensor, xp: torch.Tensor, fp: torch.Tensor) -> torch.Tensor:
+    """Piecewise-linear interpolation through (xp, fp), clamped to the end values: x [batch, P],
+    xp and fp [batch, K] (xp ascending, K ≥ 2) → [batch, P]."""
+    K = xp.shape[1]
+    idx = torch.searchsorted(xp.contiguous(), x.contiguous()).clamp(1, K - 1)
+    x_lo, x_hi = xp.gather(1, idx - 1), xp.gather(1, idx)
+    f_lo, f_hi = fp.gather(1, idx - 1), fp.gather(1, idx)
+    frac = ((x - x_lo) / (x_hi - x_lo).clamp(min=1e-300)).clamp(0, 1)
+    return f_lo + frac * (f_hi - f_lo)
 
 
-def _edges_at(edges: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-    """The t of absolute positions `where` [B] (tokens, clamped to [0, P]) through the cell
-    edges [batch, P + 1], interpolating linearly inside cells. → [batch, B]."""
-    P = edges.shape[1] - 1
-    a = where.double().clamp(0, P)
-    lo = a.floor().long().clamp(max=max(P - 1, 0))
-    frac = (a - lo).unsqueeze(0)
-    return edges[:, lo] + frac * (edges[:, lo + 1] - edges[:, lo])
+def origin_history(
+    record: LayerRecord, batch_size: int, tau: float, grid: int = 4096
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Where the signal at each point of [0, 1] came from in the stream, after each update.
 
-
-def _absolute_of(edges: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """Inverse of `_edges_at`: absolute positions (tokens) of t [batch, K] (clamped to the
-    stored cells). → float64 [batch, K]."""
-    P = edges.shape[1] - 1
-    t = t.double().clamp(edges[:, :1], edges[:, -1:])
-    idx = torch.searchsorted(edges.contiguous(), t.contiguous()).clamp(1, P)
-    lo, hi = edges.gather(1, idx - 1), edges.gather(1, idx)
-    frac = ((t - lo) / (hi - lo).clamp(min=1e-300)).clamp(0, 1)
-    return (idx - 1).double() + frac
+    Returns the grid t_g = (g + ½)/G [G] and, per update j, O_j [batch, G]: the stream position
+    (in tokens, fractional: token p covers [p, p + 1)) whose content the signal at t_g holds. A
+    first fit of block 0 holds token t·C at t; block j enters (τ, 1] as jC + C(t − τ)/(1 − τ);
+    the squeezed part [0, τ] holds what the old signal held at P̂⁻¹(t/τ) (the inverse of
+    `squeeze_positions`' map; below the first sample, the first sample's content). This answers
+    "which part of the past does a read at t see" also where no stored vector sits any more,
+    e.g. a region sticky memories keep stretching (its content comes from an ever thinner slice
+    of the past, held at the resolution of the basis)."""
+    check_positive_int("grid", grid, minimum=2)
+    t = (torch.arange(grid, dtype=torch.float64) + 0.5) / grid  # [G]
+    tb = t.expand(batch_size, -1)
+    out: list[torch.Tensor] = []
+    origin = None
+    for j, (_, stored, samples) in enumerate(record.updates):
+        C = stored.shape[1]
+        if samples is None:  # first fit (a fresh memory)
+            origin = (tb * C).clone()
+        else:
+            u = samples.double()
+            u = u.expand(batch_size, -1) if u.dim() == 1 else u  # [batch, M]
+            M = u.shape[1]
+            level = (torch.arange(1, M + 1, dtype=torch.float64) / M).expand(batch_size, -1)
+            old_t = _lerp(tb / tau, level, u) if M > 1 else u.expand_as(tb)  # P̂⁻¹(t/τ)
+            squeezed = _lerp(old_t, tb, origin)  # what the old signal held there
+            new = j * C + C * (tb - tau) / (1 - tau)
+            origin = torch.where(tb <= tau, squeezed, new)
+        out.append(origin)
+    return t, out
 
 
 # --------------------------------------------------------------------------- reads
@@ -237,9 +251,10 @@ class ReadMap:
     calls      [S]              the calls (segments) whose queries read the memory
     bin_edges  [B + 1]          absolute token positions of the bins
     mass       [S, H, B]        read mass per bin, averaged over the call's queries and rows
-    outside    [S, H]           mass outside every stored cell (edges of [0, 1], padding)
+    outside    [S, H]           mass of the densities outside [0, 1] (reads nothing stored)
     mean_distance [S, H]        mass-weighted mean distance in tokens from the call's first
-                                query to the tokens read (over the mass inside the cells)
+                                query back to what is read (over the mass inside [0, 1])
+    first_segment [S, H]        mass on the stream's first segment (tokens 0 .. C − 1)
     """
 
     calls: torch.Tensor
@@ -247,45 +262,48 @@ class ReadMap:
     mass: torch.Tensor
     outside: torch.Tensor
     mean_distance: torch.Tensor
+    first_segment: torch.Tensor
 
 
-def read_map(record: StreamRecord, layer: int, tau: float, bins: int = 256) -> ReadMap:
-    """The read densities of layer `layer` mapped back to absolute positions (module docstring).
-    `bins` equal bins over the stream [0, T)."""
+def read_map(
+    record: StreamRecord, layer: int, tau: float, bins: int = 256, grid: int = 4096
+) -> ReadMap:
+    """The read densities of layer `layer` mapped back to absolute positions through
+    `origin_history`: the mass of 𝒩(μ, σ²) on each of `grid` cells of [0, 1] goes to the stream
+    position the cell holds. `bins` equal bins over the stream [0, T)."""
     check_positive_int("bins", bins)
     rec = record.layers[layer]
     if not rec.reads:
         raise ValueError(f"layer {layer} has no long-term reads (no ∞-former memory, or empty)")
-    history = position_history(rec, record.batch_size, tau)
+    _, origins = origin_history(rec, record.batch_size, tau, grid)
     update_call = [call for call, *_ in rec.updates]
     C = record.segment_len
     edges_abs = torch.linspace(0, record.num_tokens, bins + 1, dtype=torch.float64)
-    centres = 0.5 * (edges_abs[1:] + edges_abs[:-1])
-    calls, masses, outsides, distances = [], [], [], []
+    t_edges = torch.linspace(0, 1, grid + 1, dtype=torch.float64)  # the grid's cells
+    calls, masses, outsides, distances, firsts = [], [], [], [], []
     for call, mu, sigma_sq in rec.reads:
         done = sum(1 for u in update_call if u <= call)  # updates made before these reads
-        positions = history[done - 1]  # [batch, P]
-        cells = cell_edges(positions)  # [batch, P + 1]
-        t_edges = _edges_at(cells, edges_abs)  # [batch, B + 1]
-        mu64, sigma = mu.double(), sigma_sq.double().sqrt()  # [batch, H, Q]
-        z = (t_edges[:, None, None, :] - mu64[..., None]) / sigma[..., None]  # [b, H, Q, B+1]
-        cdf = torch.special.ndtr(z)
-        mass = (cdf[..., 1:] - cdf[..., :-1]).clamp(min=0)  # [batch, H, Q, B]
-        inside = mass.sum(-1)  # [batch, H, Q]
-        outside = 1.0 - inside
-        query_pos = call * C
-        dist = (query_pos - centres).clamp(min=0)  # [B]
-        mean_dist = (mass * dist).sum(-1) / inside.clamp(min=1e-12)  # [batch, H, Q]
+        origin = origins[done - 1]  # [batch, G]
+        sigma = sigma_sq.double().sqrt()  # [batch, H, Q]
+        cdf = torch.special.ndtr((t_edges - mu.double()[..., None]) / sigma[..., None])
+        cell = (cdf[..., 1:] - cdf[..., :-1]).mean(2)  # mean over queries  [batch, H, G]
+        inside = cell.sum(-1)  # [batch, H]
+        where = torch.bucketize(origin, edges_abs[1:-1])  # bin of each cell  [batch, G]
+        mass = torch.zeros(*cell.shape[:2], bins, dtype=torch.float64)
+        mass.scatter_add_(2, where[:, None].expand_as(cell), cell)  # [batch, H, B]
+        distance = (call * C - origin).clamp(min=0)[:, None]  # [batch, 1, G]
         calls.append(call)
-        masses.append(mass.mean(dim=(0, 2)))  # [H, B]
-        outsides.append(outside.mean(dim=(0, 2)))
-        distances.append(mean_dist.mean(dim=(0, 2)))
+        masses.append(mass.mean(0))  # [H, B]
+        outsides.append((1.0 - inside).mean(0))
+        distances.append(((cell * distance).sum(-1) / inside.clamp(min=1e-12)).mean(0))
+        firsts.append((cell * (origin < C)[:, None]).sum(-1).mean(0))
     return ReadMap(
         calls=torch.tensor(calls),
         bin_edges=edges_abs,
         mass=torch.stack(masses),
         outside=torch.stack(outsides),
         mean_distance=torch.stack(distances),
+        first_segment=torch.stack(firsts),
     )
 
 
@@ -315,30 +333,36 @@ class SampleHistory:
     t_hist      [U, Bt]      fraction of the M samples in each of Bt equal bins of [0, 1]
     abs_edges   [Ba + 1]     absolute token positions of the bins of `abs_hist`
     abs_hist    [U, Ba]      the same samples mapped back to the stream positions they read
+    first_segment [U]        fraction of them reading the stream's first segment
     """
 
     calls: torch.Tensor
     t_hist: torch.Tensor
     abs_edges: torch.Tensor
     abs_hist: torch.Tensor
+    first_segment: torch.Tensor
 
 
 def sample_history(
-    record: StreamRecord, layer: int, tau: float, t_bins: int = 64, abs_bins: int = 128
+    record: StreamRecord, layer: int, tau: float, t_bins: int | None = None, abs_bins: int = 128
 ) -> SampleHistory:
-    """The resampling points of layer `layer`'s updates (uniform i/M without sticky memories)."""
+    """The resampling points of layer `layer`'s updates (uniform i/M without sticky memories),
+    in `t_bins` bins of [0, 1] (default M: one sample per bin when they are uniform)."""
     rec = record.layers[layer]
-    history = position_history(rec, record.batch_size, tau)
+    grid, origins = origin_history(rec, record.batch_size, tau)
     abs_edges = torch.linspace(0, record.num_tokens, abs_bins + 1, dtype=torch.float64)
-    calls, t_rows, abs_rows = [], [], []
+    calls, t_rows, abs_rows, firsts = [], [], [], []
     for j, (call, _, samples) in enumerate(rec.updates):
         if samples is None:
             continue
         u = samples.double()
         u = u.expand(record.batch_size, -1) if u.dim() == 1 else u  # [batch, M]
+        t_bins = t_bins or u.shape[1]
         t_rows.append(torch.histogram(u.flatten().clamp(0, 1), t_bins, range=(0.0, 1.0))[0])
-        where = _absolute_of(cell_edges(history[j - 1]), u)  # positions before the update
+        # what the old signal held where it was sampled (before this update)
+        where = _lerp(u, grid.expand_as(origins[j - 1]), origins[j - 1])
         abs_rows.append(torch.histogram(where.flatten(), abs_edges)[0])
+        firsts.append(float((where < record.segment_len).double().mean()))
         calls.append(call)
     if not calls:
         raise ValueError(f"layer {layer} made no update that resampled an old signal")
@@ -349,6 +373,7 @@ def sample_history(
         t_hist=t_hist / t_hist.sum(-1, keepdim=True),
         abs_edges=abs_edges,
         abs_hist=abs_hist / abs_hist.sum(-1, keepdim=True),
+        first_segment=torch.tensor(firsts, dtype=torch.float64),
     )
 
 
@@ -619,10 +644,12 @@ class Inspection:
                 r = self.reads[i]
                 entry["read_mass_outside_cells"] = float(r.outside.mean())
                 entry["read_mean_distance_tokens"] = float(r.mean_distance.mean())
+                entry["read_mass_first_segment"] = float(r.first_segment.mean())
             if self.samples[i] is not None and self.sticky:
                 h = self.samples[i].t_hist.double().clamp(min=1e-12)
                 entropy = -(h * h.log()).sum(-1) / math.log(h.shape[-1])
                 entry["sample_entropy_vs_uniform"] = float(entropy.mean())
+                entry["samples_on_first_segment"] = float(self.samples[i].first_segment.mean())
             for name, fid in (
                 ("fidelity", self.fidelity[i]),
                 ("compressed_fidelity", self.compressed[i]),
@@ -719,7 +746,7 @@ __all__ = [
     "SampleHistory",
     "StreamRecord",
     "block_positions",
-    "cell_edges",
+    "origin_history",
     "compressed_fidelity",
     "inspect_stream",
     "memory_fidelity",

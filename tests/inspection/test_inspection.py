@@ -15,9 +15,9 @@ from inftyformer.inspection import (
     LayerRecord,
     StreamRecord,
     block_positions,
-    cell_edges,
     compressed_fidelity,
     inspect_stream,
+    origin_history,
     position_history,
     read_map,
     record_stream,
@@ -46,9 +46,13 @@ def test_block_positions_first_fit_and_update() -> None:
 
 
 def test_uniform_samples_squeeze_by_tau() -> None:
-    t = torch.tensor([[0.0, 0.01, 0.3, 0.999, 1.0]], dtype=torch.float64)
-    out = squeeze_positions(t, _uniform(8), 0.75)
-    torch.testing.assert_close(out, 0.75 * t)
+    t = torch.tensor([[0.125, 0.3, 0.999, 1.0]], dtype=torch.float64)
+    torch.testing.assert_close(squeeze_positions(t, _uniform(8), 0.75), 0.75 * t)
+    # below the first sample 1/8 nothing is resampled: it collapses onto τ/8
+    low = torch.tensor([[0.0, 0.01, 0.1]], dtype=torch.float64)
+    torch.testing.assert_close(
+        squeeze_positions(low, _uniform(8), 0.75), torch.full_like(low, 0.75 / 8)
+    )
 
 
 def test_sticky_samples_map_by_hand() -> None:
@@ -59,14 +63,14 @@ def test_sticky_samples_map_by_hand() -> None:
     expected = [
         tau * (0.50 + 0.5 * 0.25),  # halfway between u_2 and u_3
         tau * (0.75 + 0.5 * 0.25),  # halfway between u_3 and u_4
-        tau * (0.25 - 0.05),  # slope 1 before the first sample
-        tau * (1.00 + 0.05),  # slope 1 after the last sample
+        tau * 0.25,  # before the first sample: collapses onto it
+        tau * 1.00,  # after the last sample: collapses onto it
     ]
     torch.testing.assert_close(squeeze_positions(t, u, tau)[0], torch.tensor(expected).double())
 
 
 def test_position_history_after_k_squeezes_by_hand() -> None:
-    C, tau, M = 4, 0.5, 8
+    C, tau, M = 4, 0.5, 1000  # every position stays above the first sample 1/M
     updates = [(0, torch.zeros(1, C, 2), None)]
     updates += [(k, torch.zeros(1, C, 2), _uniform(M)) for k in range(1, 4)]
     history = position_history(_record(updates).layers[0], 1, tau)
@@ -79,6 +83,11 @@ def test_position_history_after_k_squeezes_by_hand() -> None:
             last[C * j : C * (j + 1)], tau ** (3 - j) * (tau + (1 - tau) * cells)
         )
     assert bool((last[1:] > last[:-1]).all())  # stream order = order in [0, 1]
+    # with M = 8 block 0 falls below 1/8 after its first squeeze (τ·(i + ½)/4 < 1/8 for i = 0)
+    # and block 0's first vector collapses onto τ/8 for good
+    coarse = [(j, s, None if u is None else _uniform(8)) for j, s, u in updates]
+    last = position_history(_record(coarse).layers[0], 1, tau)[-1][0]
+    assert last[0] == tau / 8 and bool((last[1:] >= last[:-1]).all())
 
 
 def test_position_history_per_row_sticky_samples() -> None:
@@ -87,14 +96,38 @@ def test_position_history_per_row_sticky_samples() -> None:
     updates = [(0, torch.zeros(2, C, 1), None), (1, torch.zeros(2, C, 1), u)]
     last = position_history(_record(updates, batch=2).layers[0], 2, tau)[-1]
     # row 0 is uniform: τ·t. Row 1 sampled [0.1, 0.4] at levels 1/4 .. 1: t = 0.25 lies halfway
-    # between u_2 and u_3 (level 0.625); t = 0.75 beyond u_4, slope 1 (level 1 + 0.35)
+    # between u_2 and u_3 (level 0.625); t = 0.75 beyond u_4 is not resampled (onto level 1)
     torch.testing.assert_close(last[0, :2], tau * torch.tensor([0.25, 0.75]).double())
-    torch.testing.assert_close(last[1, :2], tau * torch.tensor([0.625, 1.35]).double())
+    torch.testing.assert_close(last[1, :2], tau * torch.tensor([0.625, 1.0]).double())
 
 
-def test_cell_edges_are_midpoints() -> None:
-    edges = cell_edges(torch.tensor([[0.1, 0.2, 0.4]], dtype=torch.float64))
-    torch.testing.assert_close(edges[0], torch.tensor([0.05, 0.15, 0.3, 0.5]).double())
+def test_origin_history_by_hand() -> None:
+    """Which stream position the signal at t holds: block 0 first fitted over [0, 1], blocks 1
+    and 2 entered (τ, 1] = (0.5, 1] and squeezed by τ (M = 1000: P̂ is the identity)."""
+    C, tau = 4, 0.5
+    updates = [(0, torch.zeros(1, C, 2), None)]
+    updates += [(k, torch.zeros(1, C, 2), _uniform(1000)) for k in (1, 2)]
+    t, origins = origin_history(_record(updates).layers[0], 1, tau, grid=20)
+    assert t[2] == 0.125 and len(origins) == 3
+    torch.testing.assert_close(origins[0][0], t * C)  # token t·C at t
+    o = origins[2][0]
+    assert float(o[2]) == pytest.approx(2.0)  # 0.125 → 0.25 → 0.5 in block 0: token 2
+    assert float(o[6]) == pytest.approx(5.2)  # 0.325 → 0.65 in block 1: 4 + 4·0.3
+    assert float(o[15]) == pytest.approx(10.2)  # 0.775 in block 2: 8 + 4·0.55
+
+
+def test_origin_history_follows_sticky_samples() -> None:
+    """Sticky samples in [0.6, 0.9] of a first fit are stretched over [τ/M, τ]: the squeezed half
+    holds tokens 2.4-3.6 of block 0, nothing of the rest; below the first sample, its value."""
+    C, tau = 4, 0.5
+    u = torch.tensor([0.6, 0.7, 0.8, 0.9], dtype=torch.float64)  # levels 1/4 .. 1
+    updates = [(0, torch.zeros(1, C, 2), None), (1, torch.zeros(1, C, 2), u)]
+    t, origins = origin_history(_record(updates).layers[0], 1, tau, grid=8)
+    o = origins[1][0]  # t = 1/16, 3/16, ...
+    assert float(o[0]) == pytest.approx(0.6 * C)  # t/τ = 1/8 < 1/4: the first sample
+    assert float(o[2]) == pytest.approx(0.75 * C)  # t/τ = 5/8: halfway between u_2 and u_3
+    assert float(o[3]) == pytest.approx(0.85 * C)  # t/τ = 7/8: halfway between u_3 and u_4
+    assert float(o[4]) == pytest.approx(C + C * (9 / 16 - 0.5) / 0.5)  # block 1
 
 
 # --------------------------------------------------------------------------- fidelity
@@ -197,6 +230,7 @@ def test_read_map_lands_on_the_block_read() -> None:
     assert rm.outside[0, 0] == pytest.approx(0.0, abs=1e-6)
     # mean distance from the call's first query (position 8): block 0 ≈ 6, block 2 ≈ 0
     assert 2.5 < float(rm.mean_distance[0, 0]) < 3.5
+    assert float(rm.first_segment[0, 0]) == pytest.approx(0.5, abs=1e-6)  # block 0 = tokens 0-3
 
 
 def test_read_map_reports_mass_outside_the_cells() -> None:
@@ -218,11 +252,13 @@ def test_sample_history_maps_samples_back_to_the_stream() -> None:
     record = _record(updates, C=C)
     record.num_tokens = 4 * C
     hist = sample_history(record, 0, tau, t_bins=4, abs_bins=4)
+    assert sample_history(record, 0, tau).t_hist.shape == (2, 8)  # default: M bins
     assert hist.calls.tolist() == [1, 2]
     # i/8 in 4 bins of [0, 1] (the last bin holds its right edge): 1, 2, 2, 3 of the 8
     expected = torch.tensor([1, 2, 2, 3], dtype=hist.t_hist.dtype) / 8
     torch.testing.assert_close(hist.t_hist[0], expected)
     assert float(hist.abs_hist[1, 1]) == pytest.approx(1.0)  # all of them read block 1
+    assert hist.first_segment.tolist() == [1.0, 0.0]  # update 1 samples a memory of block 0
     assert float(hist.abs_hist[0, :2].sum()) == pytest.approx(1.0)  # uniform: blocks 0 and 1
 
 
@@ -267,7 +303,7 @@ def test_inspect_a_tiny_infinity_former(sticky: bool) -> None:
     fid = result.fidelity[0]
     assert fid.count == [12 * 2 * 8, 11 * 2 * 8, 7 * 2 * 8, 1 * 2 * 8, 0]
     assert math.isnan(fid.cosine[-1])
-    assert result.samples[0].t_hist.shape == (11, 64)
+    assert result.samples[0].t_hist.shape == (11, 16)  # M = 16 bins
     summary = result.summary()
     assert summary["sticky"] is sticky and len(summary["layers"]) == 2
     assert 0 < summary["layers"][0]["sigma"]["median"]
