@@ -34,12 +34,13 @@ def inspect(name: str, run: Path, out: Path, segments: int) -> dict[str, Any]:
     subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     end = os.times()
     summary = json.loads((target / "summary.json").read_text())
+    (target / "summary.json").unlink()  # it goes into memory.json
     from inftyformer.training import read_configs
 
     train, task, model = read_configs(run)
     return {
         "name": name,
-        "run": str(run),
+        "run": run.name,  # the directory's name (where it lives is the machine's business)
         "task": train.task,
         "steps": train.steps,
         "task_config": task.to_dict(),
@@ -75,7 +76,7 @@ def render(data: dict[str, Any], out: Path) -> None:
         lines += [
             f"## {entry['name']}: {kind} on {entry['task']}",
             "",
-            f"Run `{entry['run']}`: {entry['steps']} training steps; {m['n_layers']} layers, "
+            f"Run `RUNS/{entry['run']}`: {entry['steps']} training steps; {m['n_layers']} layers, "
             f"d_model {m['d_model']}, {m['n_heads']} heads, segment {m['segment_len']}, "
             f"short-term memory {m['mem_len']}"
             + (
@@ -93,7 +94,8 @@ def render(data: dict[str, Any], out: Path) -> None:
         if s.get("first_sample_horizon") is not None:
             lines += [
                 f"First-sample horizon ln M / ln(1/τ) = {s['first_sample_horizon']:.1f} "
-                "segments (module docstring of `inftyformer.inspection`).",
+                "segments: without sticky memories a vector falls below the first resampling "
+                "point 1/M after that many updates and is dropped.",
                 "",
             ]
         head = ["layer"]
@@ -101,11 +103,14 @@ def render(data: dict[str, Any], out: Path) -> None:
         infty = m["model_type"] == "infty"
         key = "fidelity" if infty else "compressed_fidelity"
         if infty:
-            head += ["median σ (p10–p90)", "σ < 2σ₀", "read mass outside", "mean read distance"]
-        head += [f"cos k={a}" for a in AGES] + [f"centred cos k={a}" for a in AGES]
-        head += ["mean-vector cos", "horizon (centred cos ≥ 0.5)"]
+            head += ["median σ (p10–p90)", "σ < 2σ₀", "read mass outside [0, 1]",
+                     "mean read distance", "reads on segment 0"]  # fmt: skip
+            if m.get("sticky"):
+                head.append("samples on segment 0")
+        head += ["cosine k = 1 / 10 / 100", "centred cosine k = 1 / 10 / 100",
+                 "mean-vector cosine", "horizon"]  # fmt: skip
         if not infty:
-            head += [f"slots kept k={a}" for a in AGES]
+            head += ["slots kept k = 1 / 10 / 100", "average-pool cosine"]
         for layer in s["layers"]:
             row = [str(layer["layer"])]
             if infty:
@@ -113,16 +118,22 @@ def render(data: dict[str, Any], out: Path) -> None:
                 row += [
                     f"{_f(sig.get('median'))} ({_f(sig.get('p10'))}–{_f(sig.get('p90'))})",
                     _f(layer.get("fraction_sigma_below_2_sigma0"), 2),
-                    _f(layer.get("read_mass_outside_cells"), 2),
+                    _f(layer.get("read_mass_outside"), 2),
                     f"{_f(layer.get('read_mean_distance_tokens'), 4)} tokens",
+                    _f(layer.get("read_mass_first_segment"), 2),
                 ]
+                if m.get("sticky"):
+                    row.append(_f(layer.get("samples_on_first_segment"), 2))
             fid = layer.get(key, {})
-            row += [_f(fid.get(a, {}).get("cosine")) for a in AGES]
-            row += [_f(fid.get(a, {}).get("centred_cosine")) for a in AGES]
-            row += [_f(layer.get(key + "_mean_baseline", {}).get("cosine")),
+
+            def three(field: str, digits: int = 2, fid=fid) -> str:
+                return " / ".join(_f(fid.get(a, {}).get(field), digits) for a in AGES)
+
+            row += [three("cosine"), three("centred_cosine"),
+                    _f(layer.get(key + "_mean_baseline", {}).get("cosine"), 2),
                     _f(layer.get(key + "_horizon"))]  # fmt: skip
             if not infty:
-                row += [_f(fid.get(a, {}).get("present"), 2) for a in AGES]
+                row += [three("present"), _f(layer.get("compressed_pooled_reference_cosine"), 2)]
             rows.append(row)
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]

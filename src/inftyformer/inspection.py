@@ -642,7 +642,7 @@ class Inspection:
                     )
             if self.reads[i] is not None:
                 r = self.reads[i]
-                entry["read_mass_outside_cells"] = float(r.outside.mean())
+                entry["read_mass_outside"] = float(r.outside.mean())
                 entry["read_mean_distance_tokens"] = float(r.mean_distance.mean())
                 entry["read_mass_first_segment"] = float(r.first_segment.mean())
             if self.samples[i] is not None and self.sticky:
