@@ -31,6 +31,33 @@ def check_finite(name: str, x: torch.Tensor) -> None:
         raise ValueError(f"{name} contains NaN or inf values")
 
 
+def check_token_ids(
+    name: str,
+    ids: object,
+    vocab_size: int,
+    device: torch.device,
+    ignore_index: int | None = None,
+) -> torch.Tensor:
+    """Token ids [batch, length] (non-empty, integers in [0, vocab_size), or `ignore_index`
+    where given) as int64 on `device`; a ValueError naming `name` and the bad values otherwise."""
+    if not isinstance(ids, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must have shape [batch, length], got {tuple(ids.shape)}")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer ids (torch.long), got dtype {ids.dtype}")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise ValueError(f"{name} must not be empty, got shape {tuple(ids.shape)}")
+    ids = ids.to(device=device, dtype=torch.long)
+    bad = (ids < 0) | (ids >= vocab_size)
+    if ignore_index is not None:
+        bad &= ids != ignore_index
+    if bool(bad.any()):
+        allowed = f"[0, {vocab_size})" + (f" or {ignore_index}" if ignore_index is not None else "")
+        raise ValueError(f"{name} must be in {allowed}; found {ids[bad].unique()[:5].tolist()}")
+    return ids
+
+
 def check_positive_int(name: str, value: object, minimum: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")

@@ -127,19 +127,10 @@ class ModelConfig:
         return self.mem_len + 2 * self.segment_len + self.compression_rate
 
     def long_term_config(self) -> LongTermConfig:
-        return LongTermConfig(
+        return LongTermConfig.from_settings(
+            self,
             dim=self.d_model,
             num_heads=self.n_heads,
-            num_basis=self.num_basis,
-            widths=self.widths,
-            ridge_lambda=self.ridge_lambda,
-            tau=self.tau,
-            num_samples=self.num_samples,
-            edge_padding=self.edge_padding,
-            conv_gate=self.conv_gate,
-            sticky=self.sticky,
-            sticky_bins=self.sticky_bins,
-            sigma_0=self.sigma_0,
             out_dim=self.d_model,
             query_projection=False,  # queries come from the layer's own W_q
         )

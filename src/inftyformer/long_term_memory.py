@@ -74,6 +74,15 @@ class LongTermConfig:
     def head_dim(self) -> int:
         return self.dim // self.num_heads
 
+    @classmethod
+    def from_settings(cls, settings: object, **fixed: object) -> LongTermConfig:
+        """The fields of this config that `settings` (a model's config) holds under the same
+        names, with `fixed` on top (what the model decides: dim, out_dim, …)."""
+        values = {
+            f.name: getattr(settings, f.name) for f in fields(cls) if hasattr(settings, f.name)
+        }
+        return cls(**{**values, **fixed})
+
 
 @dataclass
 class LongTermState:

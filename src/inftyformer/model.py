@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_positive_int
+from ._checks import check_positive_int, check_token_ids
 from ._init import init_projection
 from .block import MemoryBlock
 from .config import ModelConfig
@@ -37,6 +37,21 @@ class LMOutput:
     lm_loss: torch.Tensor | None = None  # scalar: mean NLL over targets ≠ −100
     token_loss: torch.Tensor | None = None  # [batch, L]: NLL per token, 0 where ignored
     aux: dict[str, torch.Tensor] = field(default_factory=dict)  # unweighted "kl", "reconstruction"
+
+
+def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token_loss [batch, L]: the NLL of each target, 0 where it is −100; lm_loss: their mean
+    over the targets that count) for logits [batch, L, V] and targets [batch, L] aligned with
+    them (position t predicts targets[t])."""
+    batch, length = targets.shape
+    token_loss = F.cross_entropy(
+        logits.reshape(batch * length, -1).float(),
+        targets.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="none",
+    ).view(batch, length)
+    lm_loss = token_loss.sum() / (targets != IGNORE_INDEX).sum().clamp(min=1)
+    return token_loss, lm_loss
 
 
 class MemoryLM(nn.Module):
@@ -113,24 +128,8 @@ class MemoryLM(nn.Module):
 
     # ------------------------------------------------------------------ inputs
     def _check_ids(self, name: str, ids: object, allow_ignore: bool) -> torch.Tensor:
-        if not isinstance(ids, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
-        if ids.dim() != 2:
-            raise ValueError(f"{name} must have shape [batch, length], got {tuple(ids.shape)}")
-        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-            raise ValueError(f"{name} must hold integer ids (torch.long), got dtype {ids.dtype}")
-        if ids.shape[0] == 0 or ids.shape[1] == 0:
-            raise ValueError(f"{name} must not be empty, got shape {tuple(ids.shape)}")
-        ids = ids.to(device=self._param.device, dtype=torch.long)
-        V = self.config.vocab_size
-        bad = (ids < 0) | (ids >= V)
-        if allow_ignore:
-            bad &= ids != IGNORE_INDEX
-        if bool(bad.any()):
-            bad_values = ids[bad].unique()[:5].tolist()
-            allowed = f"[0, {V})" + (f" or {IGNORE_INDEX}" if allow_ignore else "")
-            raise ValueError(f"{name} must be in {allowed}; found {bad_values}")
-        return ids
+        ignore = IGNORE_INDEX if allow_ignore else None
+        return check_token_ids(name, ids, self.config.vocab_size, self._param.device, ignore)
 
     def _prepare_state(
         self, state: MemoryState | None, batch: int, reset: torch.Tensor | None
@@ -207,14 +206,7 @@ class MemoryLM(nn.Module):
             aux["reconstruction"] = torch.stack(reconstruction).mean()
         output = LMOutput(logits=logits, state=MemoryState(tuple(layers)).detach(), aux=aux)
         if targets is not None:
-            token_loss = F.cross_entropy(
-                logits.reshape(-1, c.vocab_size).float(),
-                targets.reshape(-1),
-                ignore_index=IGNORE_INDEX,
-                reduction="none",
-            ).view(batch, length)  # [batch, L], 0 where ignored
-            counted = (targets != IGNORE_INDEX).sum()
-            lm_loss = token_loss.sum() / counted.clamp(min=1)
+            token_loss, lm_loss = token_losses(logits, targets)
             loss = lm_loss
             if "kl" in aux:
                 loss = loss + c.kl_weight * aux["kl"]

@@ -67,6 +67,7 @@ from transformers import (
 )
 from transformers.utils import ModelOutput
 
+from .._checks import check_token_ids
 from .._init import init_projection
 from ..basis import GaussianBasis
 from ..long_term_attention import LongTermAttention, LongTermAttentionOutput
@@ -398,23 +399,9 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
 
     # ------------------------------------------------------------------ inputs
     def _check_ids(self, name: str, ids: object, allow_ignore: bool) -> torch.Tensor:
-        if not isinstance(ids, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
-        if ids.dim() != 2:
-            raise ValueError(f"{name} must have shape [batch, length], got {tuple(ids.shape)}")
-        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-            raise ValueError(f"{name} must hold integer ids (torch.long), got dtype {ids.dtype}")
-        if ids.shape[0] == 0 or ids.shape[1] == 0:
-            raise ValueError(f"{name} must not be empty, got shape {tuple(ids.shape)}")
-        ids = ids.to(device=self._param().device, dtype=torch.long)
-        V = self.config.text_config.vocab_size
-        bad = (ids < 0) | (ids >= V)
-        if allow_ignore:
-            bad &= ids != IGNORE_INDEX
-        if bool(bad.any()):
-            allowed = f"[0, {V})" + (f" or {IGNORE_INDEX}" if allow_ignore else "")
-            raise ValueError(f"{name} must be in {allowed}; found {ids[bad].unique()[:5].tolist()}")
-        return ids
+        vocab = self.config.text_config.vocab_size
+        ignore = IGNORE_INDEX if allow_ignore else None
+        return check_token_ids(name, ids, vocab, self._param().device, ignore)
 
     def _check_mask(self, attention_mask: object, batch: int, length: int) -> torch.Tensor | None:
         """The [batch, T] validity of this call's tokens, or None when all are valid."""
