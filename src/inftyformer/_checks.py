@@ -26,6 +26,19 @@ def check_shape(name: str, x: torch.Tensor, expected: Sequence[int | None]) -> N
             raise ValueError(f"{name} must have shape {shown}, got {tuple(x.shape)}")
 
 
+def check_floating(name: str, x: torch.Tensor) -> None:
+    """A floating-point tensor (integer or bool values would be cast silently and give wrong
+    results, e.g. an integer μ rounds the basis)."""
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+
+
+def check_dtype(name: str, x: torch.Tensor, *allowed: torch.dtype) -> None:
+    if x.dtype not in allowed:
+        want = " or ".join(str(d) for d in allowed)
+        raise TypeError(f"{name} must have dtype {want}, got {x.dtype}")
+
+
 def check_finite(name: str, x: torch.Tensor) -> None:
     if x.is_floating_point() and not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} contains NaN or inf values")
@@ -59,3 +72,37 @@ def check_range(
         lo = "(-inf" if low is None else f"{'(' if low_open else '['}{low}"
         hi = "inf)" if high is None else f"{high}{')' if high_open else ']'}"
         raise ValueError(f"{name} must be a finite number in {lo}, {hi}, got {value}")
+
+
+class ValueChecks:
+    """Conditions on tensor values, read with ONE host synchronisation.
+
+    Each `require` queues a reduction (a kernel, no synchronisation); `run` reads all of them at
+    once and, only when one fails, looks again to raise the first failing condition's message.
+    Validating a whole memory state therefore costs one synchronisation, however many tensors
+    and layers it has.
+    """
+
+    def __init__(self) -> None:
+        self._failed: list[torch.Tensor] = []
+        self._messages: list[str] = []
+
+    def require(self, ok: torch.Tensor, message: str) -> None:
+        """`ok` (bool, any shape) must be True everywhere; else ValueError(message)."""
+        if ok.numel():
+            self._failed.append(~ok.all())
+            self._messages.append(message)
+
+    def finite(self, name: str, x: torch.Tensor) -> None:
+        if x.is_floating_point():
+            self.require(torch.isfinite(x.detach()), f"{name} contains NaN or inf values")
+
+    def run(self) -> None:
+        if not self._failed:
+            return
+        device = self._failed[0].device
+        failed = torch.stack([f.to(device) for f in self._failed])
+        self._failed, messages = [], self._messages
+        self._messages = []
+        if bool(failed.any()):
+            raise ValueError(messages[int(failed.nonzero()[0, 0])])

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ._checks import check_positive_int, check_tensor
+from ._checks import check_finite, check_floating, check_positive_int, check_tensor
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -75,15 +75,20 @@ class GaussianBasis(nn.Module):
         centers = torch.linspace(0.0, 1.0, self.num_centers, dtype=torch.float64)
         return centers, torch.tensor(self.width_values, dtype=torch.float64)
 
-    def forward(self, t: torch.Tensor) -> torch.Tensor:
-        """ψ(t): t [...] → [..., N], in t's dtype."""
+    def forward(self, t: torch.Tensor, *, check: bool = True) -> torch.Tensor:
+        """ψ(t): t [...] → [..., N], in t's dtype (floating point; finite unless `check=False`,
+        which skips that host synchronisation for callers that built t)."""
         check_tensor("t", t)
+        check_floating("t", t)
+        if check:
+            check_finite("t", t)
         c = self.centers.to(device=t.device, dtype=t.dtype)
         w = self.widths.to(device=t.device, dtype=t.dtype)
         return gaussian_density(t.unsqueeze(-1), c, w * w)
 
     def float64(self, t: torch.Tensor) -> torch.Tensor:
         """ψ(t) in float64 (for building the design matrices)."""
+        check_tensor("t", t)
         c, w = self._grid()
         c, w = c.repeat(len(w)), w.repeat_interleave(self.num_centers)
         return gaussian_density(t.double().unsqueeze(-1), c, w * w)

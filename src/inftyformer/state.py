@@ -87,9 +87,24 @@ class MemoryState:
     layers: tuple[LayerState, ...]
 
     def __post_init__(self) -> None:
+        if not isinstance(self.layers, (tuple, list)):
+            raise TypeError(
+                "MemoryState.layers must be a tuple of LayerState, got "
+                f"{type(self.layers).__name__}"
+            )
         self.layers = tuple(self.layers)
         if not self.layers:
             raise ValueError("MemoryState needs at least one layer")
+        for i, layer in enumerate(self.layers):
+            if not isinstance(layer, LayerState):
+                raise TypeError(
+                    f"MemoryState.layers[{i}] must be a LayerState, got {type(layer).__name__}"
+                )
+            if not isinstance(layer.short_term, ShortTermState):
+                raise TypeError(
+                    f"MemoryState.layers[{i}].short_term must be a ShortTermState, got "
+                    f"{type(layer.short_term).__name__}"
+                )
 
     @property
     def batch_size(self) -> int:
