@@ -129,28 +129,29 @@ class MemoryBlock(nn.Module):
                 raise TypeError(
                     f"{name}.{part} must be a {cls.__name__}, got {type(value).__name__}"
                 )
-        own = values is None
-        values = ValueChecks() if own else values
-        state.short_term.check(f"{name}.short_term", batch, d, c.max_short_term_len, dtypes, values)
+        # what the state holds must be what this model type keeps (provenance) ...
         if (state.compressed is None) != (self.compressive is None):
             raise ValueError(
                 f"{name}.compressed must be {'absent' if self.compressive is None else 'present'}"
                 f" for model_type {c.model_type!r}"
             )
-        if state.compressed is not None:
-            state.compressed.check(f"{name}.compressed", batch, d, c.compressed_len, dtypes, values)
         if (state.long_term is None) != (self.long_term_memory is None):
             raise ValueError(
                 f"{name}.long_term must be "
                 f"{'absent' if self.long_term_memory is None else 'present'} for model_type "
                 f"{c.model_type!r}" + ("" if c.use_long_term else " with use_long_term=False")
             )
-        if self.long_term_memory is not None:
-            if not isinstance(state.long_term, LongTermState):
-                raise TypeError(
-                    f"{name}.long_term must be a LongTermState, got "
-                    f"{type(state.long_term).__name__}"
-                )
+        if self.long_term_memory is not None and not isinstance(state.long_term, LongTermState):
+            raise TypeError(
+                f"{name}.long_term must be a LongTermState, got {type(state.long_term).__name__}"
+            )
+        # ... and no more of it than this model keeps (e.g. no XL memory in a transformer)
+        own = values is None
+        values = ValueChecks() if own else values
+        state.short_term.check(f"{name}.short_term", batch, d, c.max_short_term_len, dtypes, values)
+        if state.compressed is not None:
+            state.compressed.check(f"{name}.compressed", batch, d, c.compressed_len, dtypes, values)
+        if state.long_term is not None:
             if state.long_term.batch_size != batch:
                 raise ValueError(
                     f"{name}.long_term has batch size {state.long_term.batch_size}, "

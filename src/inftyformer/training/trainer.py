@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from .._progress import progress
 from ..config import ModelConfig
 from ..model import MemoryLM
 from ..tasks import RunContext, Shard, Task, TaskConfig, get_task
@@ -430,15 +431,15 @@ class Trainer:
             tensorboard=cfg.tensorboard,
             resume_step=resumed_at,
         )
-        bar = tqdm(
+        bar = progress(
             total=cfg.steps,
             initial=self.step,
-            disable=not (cfg.progress and self.env.is_main),
+            enabled=cfg.progress and self.env.is_main,
             dynamic_ncols=True,
             desc=f"{cfg.task}/{self.model_cfg.model_type}",
         )
         echo_before = self._echo
-        if not bar.disable:
+        if isinstance(bar, tqdm) and not bar.disable:
             self._echo = tqdm.write
         if resumed_at is not None:
             self.echo(f"resumed from {self.out_dir / 'last'} at step {self.step}")
