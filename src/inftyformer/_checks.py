@@ -39,9 +39,14 @@ def check_dtype(name: str, x: torch.Tensor, *allowed: torch.dtype) -> None:
         raise TypeError(f"{name} must have dtype {want}, got {x.dtype}")
 
 
+class NonFiniteError(ValueError):
+    """A tensor holds NaN or inf values (raised by the finiteness checks, so that a training loop
+    can tell a diverging model from other bad input)."""
+
+
 def check_finite(name: str, x: torch.Tensor) -> None:
     if x.is_floating_point() and not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} contains NaN or inf values")
+        raise NonFiniteError(f"{name} contains NaN or inf values")
 
 
 def check_positive_int(name: str, value: object, minimum: int = 1) -> None:
@@ -85,24 +90,27 @@ class ValueChecks:
 
     def __init__(self) -> None:
         self._failed: list[torch.Tensor] = []
-        self._messages: list[str] = []
+        self._errors: list[tuple[type[ValueError], str]] = []
 
-    def require(self, ok: torch.Tensor, message: str) -> None:
-        """`ok` (bool, any shape) must be True everywhere; else ValueError(message)."""
+    def require(self, ok: torch.Tensor, message: str, error: type[ValueError] = ValueError) -> None:
+        """`ok` (bool, any shape) must be True everywhere; else `error(message)`."""
         if ok.numel():
             self._failed.append(~ok.all())
-            self._messages.append(message)
+            self._errors.append((error, message))
 
     def finite(self, name: str, x: torch.Tensor) -> None:
         if x.is_floating_point():
-            self.require(torch.isfinite(x.detach()), f"{name} contains NaN or inf values")
+            self.require(
+                torch.isfinite(x.detach()), f"{name} contains NaN or inf values", NonFiniteError
+            )
 
     def run(self) -> None:
         if not self._failed:
             return
         device = self._failed[0].device
         failed = torch.stack([f.to(device) for f in self._failed])
-        self._failed, messages = [], self._messages
-        self._messages = []
+        errors = self._errors
+        self._failed, self._errors = [], []
         if bool(failed.any()):
-            raise ValueError(messages[int(failed.nonzero()[0, 0])])
+            error, message = errors[int(failed.nonzero()[0, 0])]
+            raise error(message)

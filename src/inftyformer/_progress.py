@@ -52,7 +52,7 @@ class LineProgress:
         self.closed = False
 
     def _amount(self, value: float) -> str:
-        return tqdm.format_sizeof(value) if self.unit_scale else f"{value:g}"
+        return tqdm.format_sizeof(value) if self.unit_scale else f"{value:.4g}"
 
     def line(self) -> str:
         elapsed = time.perf_counter() - self.start

@@ -99,7 +99,14 @@ class GPT2Tokenizer(TextTokenizer):
             raise FileNotFoundError(f"GPT-2 tokenizer file not found: {path}")
         self.path = path
         self._identity = "gpt2-bpe:" + hashlib.sha256(path.read_bytes()).hexdigest()
-        self._tok = Tokenizer.from_file(str(path))
+        try:
+            self._tok = Tokenizer.from_file(str(path))
+        except Exception as err:  # noqa: BLE001 - the tokenizers library raises plain Exception
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ValueError(
+                f"{path} is not a tokenizer file the tokenizers library can read ({first}); "
+                "pass --tokenizer bytes, gpt2, or a path to a tokenizer.json"
+            ) from None
         eos = self._tok.token_to_id(GPT2_EOS)
         if eos is None:
             raise ValueError(f"{path} has no {GPT2_EOS} token; is it a GPT-2 tokenizer?")
