@@ -26,9 +26,9 @@ def continuous_softmax(
 ) -> torch.Tensor:
     """E_p[ψ(t)] for p = 𝒩(μ, σ²): mu, sigma_sq [...] → [..., N].
 
-    mu and sigma_sq must be floating-point tensors that broadcast together (the result has mu's
-    dtype); mu must be finite and sigma_sq positive and finite. `check=False` skips the value
-    checks (one host synchronisation) for callers that built the arguments.
+    mu and sigma_sq must be floating-point tensors that broadcast together (the result has their
+    promoted dtype); mu must be finite and sigma_sq positive and finite. `check=False` skips the
+    value checks (one host synchronisation) for callers that built the arguments.
     """
     check_tensor("mu", mu)
     check_tensor("sigma_sq", sigma_sq)
@@ -85,4 +85,7 @@ def variance_kl(sigma_sq: torch.Tensor, sigma_0: float, *, check: bool = True) -
         )
         values.run()
     ratio = sigma_sq / (sigma_0 * sigma_0)
-    return 0.5 * (ratio - torch.log(ratio) - 1.0)
+    # log(σ²/σ₀²) from the logarithms, not from the ratio: in a narrow dtype the ratio may
+    # overflow to inf (or underflow to 0), and inf − log(inf) would be NaN where the KL is inf
+    log_ratio = torch.log(sigma_sq) - 2.0 * math.log(sigma_0)
+    return 0.5 * (ratio - log_ratio - 1.0)

@@ -64,7 +64,15 @@ def ridge_design_matrix(
     F = basis.float64(t).T  # [N, P_padded]
     gram = F @ F.T + ridge_lambda * torch.eye(basis.num_basis, dtype=torch.float64)  # [N, N]
     # G = Fᵀ (F Fᵀ + λI)⁻¹  ⇔  (F Fᵀ + λI) Gᵀ = F   (the Gram matrix is symmetric)
-    G = torch.linalg.solve(gram, F).T  # [P_padded, N]
+    try:
+        G = torch.linalg.solve(gram, F).T  # [P_padded, N]
+    except torch.linalg.LinAlgError:
+        G = None
+    if G is None or not bool(torch.isfinite(G).all()):
+        raise ValueError(
+            f"ridge_lambda={ridge_lambda:g} is too small for {num_real} position(s) and "
+            f"N={basis.num_basis}: F Fᵀ + λI is numerically singular; use a larger ridge_lambda"
+        )
     start = num_real // 2 if edge_padding else 0
     return G[start : start + num_real].contiguous()
 
@@ -93,7 +101,7 @@ def evaluate_signal(
     B: torch.Tensor, basis: GaussianBasis, t: torch.Tensor, *, check: bool = True
 ) -> torch.Tensor:
     """x̄(t) = Bᵀ ψ(t): B [batch, N, e], t [T] or [batch, T] → [batch, T, e]. B and t floating
-    point; `check=False` skips the finiteness check of t (a host synchronisation)."""
+    point; `check=False` skips their finiteness check (a host synchronisation)."""
     _check_basis(basis)
     check_shape("B", B, (None, basis.num_basis, None))
     check_floating("B", B)
@@ -101,7 +109,12 @@ def evaluate_signal(
     check_floating("t", t)
     if t.dim() not in (1, 2) or (t.dim() == 2 and t.shape[0] != B.shape[0]):
         raise ValueError(f"t must have shape [T] or [batch={B.shape[0]}, T], got {tuple(t.shape)}")
-    psi = basis(t.to(dtype=B.dtype, device=B.device), check=check)  # [T, N] or [batch, T, N]
+    if check:
+        values = ValueChecks()
+        values.finite("B", B)
+        values.finite("t", t)
+        values.run()
+    psi = basis(t.to(dtype=B.dtype, device=B.device), check=False)  # [T, N] or [batch, T, N]
     return torch.matmul(psi, B)
 
 
