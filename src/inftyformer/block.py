@@ -152,12 +152,12 @@ class MemoryBlock(nn.Module):
         if state.compressed is not None:
             state.compressed.check(f"{name}.compressed", batch, d, c.compressed_len, dtypes, values)
         if state.long_term is not None:
+            state.long_term.check(self.long_term_memory.config, f"{name}.long_term", dtypes, values)
             if state.long_term.batch_size != batch:
                 raise ValueError(
                     f"{name}.long_term has batch size {state.long_term.batch_size}, "
                     f"expected {batch}"
                 )
-            state.long_term.check(self.long_term_memory.config, f"{name}.long_term", dtypes, values)
         if own:
             values.run()
 

@@ -94,6 +94,14 @@ class LongTermState:
     observed: torch.Tensor
     empty: torch.Tensor
 
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"LongTermState.{f.name} must be a torch.Tensor, got {type(value).__name__}"
+                )
+
     @property
     def batch_size(self) -> int:
         return self.coefficients.shape[0]
@@ -132,6 +140,13 @@ class LongTermState:
         c = config
         check_shape(f"{name}.coefficients", self.coefficients, (None, c.num_basis, c.dim))
         batch = self.batch_size
+        for field in ("attention_mass", "observed", "empty"):
+            t = getattr(self, field)
+            if t.dim() and t.shape[0] != batch:
+                raise ValueError(
+                    f"{name}.{field} has {t.shape[0]} rows, {name}.coefficients {batch}: the "
+                    "fields of a state hold the same rows"
+                )
         check_shape(f"{name}.attention_mass", self.attention_mass, (batch, c.sticky_bins))
         check_shape(f"{name}.observed", self.observed, (batch,))
         check_shape(f"{name}.empty", self.empty, (batch,))
@@ -139,8 +154,12 @@ class LongTermState:
         dtype = self.coefficients.dtype
         if dtypes is not None:
             check_dtype(f"{name}.coefficients", self.coefficients, *dtypes)
-        check_dtype(f"{name}.attention_mass", self.attention_mass, dtype)
-        check_dtype(f"{name}.observed", self.observed, dtype)
+        for field in ("attention_mass", "observed"):
+            if getattr(self, field).dtype != dtype:
+                raise TypeError(
+                    f"{name}.{field} must have the dtype of {name}.coefficients ({dtype}), "
+                    f"got {getattr(self, field).dtype}"
+                )
         check_dtype(f"{name}.empty", self.empty, torch.bool)
         device = self.coefficients.device
         for f in fields(self):
@@ -266,9 +285,11 @@ class LongTermMemory(nn.Module):
         """p_b ∝ Σ_{h,q} [Φ((b₊ − μ)/σ) − Φ((b₋ − μ)/σ)] over equal bins of [0, 1], normalised
         per row. mu, sigma_sq [batch, ...] → [batch, bins]."""
         bins = self.config.sticky_bins
-        edges = torch.linspace(0, 1, bins + 1, device=mu.device, dtype=mu.dtype)  # [bins + 1]
-        mu = mu.detach().flatten(1).unsqueeze(-1)  # [batch, H·Q, 1]
-        sigma = sigma_sq.detach().flatten(1).sqrt().unsqueeze(-1)
+        # at least float32: in float16/bfloat16 the normalised histogram is off by ~1e-2
+        dtype = torch.promote_types(torch.promote_types(mu.dtype, sigma_sq.dtype), torch.float32)
+        edges = torch.linspace(0, 1, bins + 1, device=mu.device, dtype=dtype)  # [bins + 1]
+        mu = mu.detach().to(dtype).flatten(1).unsqueeze(-1)  # [batch, H·Q, 1]
+        sigma = sigma_sq.detach().to(dtype).flatten(1).sqrt().unsqueeze(-1)
         cdf = torch.special.ndtr((edges - mu) / sigma)  # [batch, H·Q, bins + 1]
         mass = (cdf[..., 1:] - cdf[..., :-1]).sum(1)  # [batch, bins]
         # a little uniform mass keeps every bin reachable and the histogram defined when all
@@ -303,7 +324,7 @@ class LongTermMemory(nn.Module):
                 "sigma_sq must be positive and finite everywhere",
             )
             values.run()
-        if not self.config.sticky:
+        if not self.config.sticky or mu.shape[-1] == 0:  # nothing attended, nothing recorded
             return state
         hist = self.attention_histogram(mu, sigma_sq).to(state.attention_mass.dtype)  # [b, bins]
         queries = mu.shape[-1]

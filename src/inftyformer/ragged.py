@@ -27,6 +27,15 @@ class RaggedState:
     memory: torch.Tensor
     length: torch.Tensor
 
+    def __post_init__(self) -> None:
+        for name in ("memory", "length"):
+            value = getattr(self, name)
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"{type(self).__name__}.{name} must be a torch.Tensor, got "
+                    f"{type(value).__name__}"
+                )
+
     @property
     def batch_size(self) -> int:
         return self.memory.shape[0]

@@ -113,6 +113,7 @@ class MemoryState:
 
     @property
     def batch_size(self) -> int:
+        check_tensor("state.layers[0].short_term.memory", self.layers[0].short_term.memory, 3)
         return self.layers[0].short_term.batch_size
 
     @property

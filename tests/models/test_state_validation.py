@@ -133,8 +133,12 @@ def long_term(sticky: bool = True, **overrides):
         ("empty", lambda s: s.empty.to(torch.uint8), "empty must have dtype torch.bool"),
         ("coefficients", lambda s: s.coefficients.double(), "coefficients must have dtype"),
         ("coefficients", lambda s: s.coefficients.long(), "coefficients must be a floating"),
-        ("attention_mass", lambda s: s.attention_mass.double(), "attention_mass must have dtype"),
-        ("observed", lambda s: s.observed.long(), "observed must have dtype"),
+        (
+            "attention_mass",
+            lambda s: s.attention_mass.double(),
+            "attention_mass must have the dtype",
+        ),
+        ("observed", lambda s: s.observed.long(), "observed must have the dtype"),
     ],
 )
 def test_long_term_state_of_the_wrong_dtype_is_refused(field, value, match):
