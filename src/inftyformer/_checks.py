@@ -79,6 +79,13 @@ def check_range(
         raise ValueError(f"{name} must be a finite number in {lo}, {hi}, got {value}")
 
 
+# The largest magnitude a state's memories may hold. A model's states hold layer inputs (of order
+# 1–1e3) or coefficients fitted to normalised vectors; beyond this, the LayerNorm over a stored
+# state squares values past float32's range (d·x² > 3.4e38 for x ≳ 1.8e19/√d) and the model
+# returns NaN. So larger values (e.g. a corrupted file) are refused like NaN.
+STATE_MAGNITUDE = 1e15
+
+
 class ValueChecks:
     """Conditions on tensor values, read with ONE host synchronisation.
 
@@ -102,6 +109,15 @@ class ValueChecks:
         if x.is_floating_point():
             self.require(
                 torch.isfinite(x.detach()), f"{name} contains NaN or inf values", NonFiniteError
+            )
+
+    def bounded(self, name: str, x: torch.Tensor, bound: float) -> None:
+        """Finite and |x| <= bound (one kernel: NaN and ±inf fail the comparison too)."""
+        if x.is_floating_point():
+            self.require(
+                x.detach().abs() <= bound,
+                f"{name} contains NaN, inf or values beyond ±{bound:g}",
+                NonFiniteError,
             )
 
     def run(self) -> None:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ._checks import (
+    STATE_MAGNITUDE,
     ValueChecks,
     check_dtype,
     check_floating,
@@ -171,7 +172,7 @@ class LongTermState:
                 )
         own = values is None
         values = ValueChecks() if own else values
-        values.finite(f"{name}.coefficients", self.coefficients)
+        values.bounded(f"{name}.coefficients", self.coefficients, STATE_MAGNITUDE)
         mass = self.attention_mass.detach()
         values.require(
             (mass >= 0).all(-1) & ((mass.sum(-1) - 1).abs() <= 1e-3),

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._checks import ValueChecks, check_dtype, check_floating, check_shape
+from ._checks import STATE_MAGNITUDE, ValueChecks, check_dtype, check_floating, check_shape
 
 
 @dataclass
@@ -104,7 +104,7 @@ class RaggedState:
             (self.length >= 0) & (self.length <= width),
             f"{name}.length must be in [0, {width}] (the memory's width)",
         )
-        values.finite(f"{name}.memory", self.memory)
+        values.bounded(f"{name}.memory", self.memory, STATE_MAGNITUDE)
         if own:
             values.run()
 

@@ -302,8 +302,9 @@ def check_fit(args):
         return
     B = fit_coefficients(x, G)
     assert B.shape == (x.shape[0], G.shape[1], x.shape[2]) and B.dtype == x.dtype
-    if x.dtype in (torch.float32, torch.float64):
-        ref = torch.einsum("pn,bpe->bne", G.double().to(x.dtype).double(), x.double())
+    ref = torch.einsum("pn,bpe->bne", G.double().to(x.dtype).double(), x.double())
+    # finite inputs may overflow (1e30 · 1e30 in float32): compare where the result fits
+    if x.dtype in (torch.float32, torch.float64) and peak(ref) < torch.finfo(x.dtype).max / 1e3:
         assert torch.allclose(B.double(), ref, rtol=1e-4, atol=1e-4 * peak(ref))
 
 

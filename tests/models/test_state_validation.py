@@ -224,6 +224,8 @@ def with_field(state: MemoryState, layer: int, part: str, field: str, value) -> 
         ("compressive", "compressed", "memory", lambda t: t.half(), TypeError, "torch.float32"),
         ("infty", "long_term", "attention_mass", lambda t: t * 0, ValueError, "histogram"),
         ("infty", "short_term", "memory", lambda t: t * math.nan, ValueError, "NaN"),
+        ("compressive", "short_term", "memory", lambda t: t + 1e30, ValueError, "beyond"),
+        ("infty", "long_term", "coefficients", lambda t: t - 1e20, ValueError, "beyond"),
     ],
 )
 def test_memory_lm_refuses_state_fields_of_the_wrong_dtype_or_range(
