@@ -98,7 +98,12 @@ def check_output_file(path: Path, option: str) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write a whole file or nothing (temporary file, then os.replace)."""
+    """Write a whole file or nothing (temporary file, then os.replace). Something that exists
+    and is not a regular file (/dev/stdout, a pipe) is written to directly, never replaced."""
+    if path.exists() and not path.is_file():
+        with open(path, "w") as f:
+            f.write(text)
+        return
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         tmp.write_text(text)
@@ -112,7 +117,8 @@ def _os_message(err: OSError, where: str) -> str:
     """One line for an operating-system error: what failed on which file, and the fix."""
     target = f" {err.filename}" if err.filename else ""
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"no space left on the device to write{target}: free some space or {where}"
+        place = f" to write{target}" if target else ""
+        return f"no space left on the device{place}: free some space or {where}"
     if err.errno == errno.EROFS:
         return f"cannot write{target}: the file system is read-only; {where}"
     if err.errno in (errno.EACCES, errno.EPERM):

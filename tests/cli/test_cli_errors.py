@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 
 import pytest
 from typer.testing import CliRunner
@@ -132,6 +133,16 @@ def test_evaluate_json_write_failure_keeps_the_result_on_stdout(run_dir, tmp_pat
     assert json.loads(document)["metrics"]["accuracy"] >= 0
     result = run("evaluate", run_dir, "--json", "-", "--batches", 1)
     assert result.exit_code == 0 and '"metrics"' in result.stdout
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_evaluate_json_to_a_full_device(run_dir):
+    """/dev/full answers every write with ENOSPC: a real full disk, end to end (and the device
+    is written to, never replaced by a temporary file)."""
+    result = run("evaluate", run_dir, "--json", "/dev/full", "--batches", 1)
+    assert_one_line_error(result, EXIT_USAGE, "no space left on the device: free some space")
+    assert json.loads(result.stdout[result.stdout.index("{") :])["split"] == "test"
+    assert not os.path.isfile("/dev/full")
 
 
 @pytest.mark.parametrize(

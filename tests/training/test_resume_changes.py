@@ -125,3 +125,18 @@ def test_restore_errors_name_the_checkpoint(finished, damage):
     save_checkpoint(path.parent, "last", ckpt.tensors, meta)
     with pytest.raises(CheckpointError, match=r"last\.manifest\.json: cannot restore"):
         Trainer(finished, SORT, tiny_sorting(), resume=True, echo=quiet)
+
+
+def test_a_checkpoint_with_non_finite_weights_is_refused_by_name(finished):
+    from pathlib import Path
+
+    from inftyformer.training import load_run, save_checkpoint
+
+    path = Path(finished.out_dir) / "best"
+    ckpt = load_checkpoint(path)
+    tensors = dict(ckpt.tensors)
+    name = next(k for k in tensors if k.startswith("model/") and tensors[k].is_floating_point())
+    tensors[name] = tensors[name] * float("nan")
+    save_checkpoint(path.parent, "best", tensors, ckpt.meta)
+    with pytest.raises(CheckpointError, match=r"best\.manifest\.json: the weights hold NaN"):
+        load_run(path)
