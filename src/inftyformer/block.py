@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ragged
-from ._checks import ValueChecks
+from ._checks import STATE_MAGNITUDE, ValueChecks
 from ._init import init_projection
 from .compressive_memory import CompressiveMemory, CompressiveState
 from .config import ModelConfig
@@ -152,7 +152,9 @@ class MemoryBlock(nn.Module):
         if state.compressed is not None:
             state.compressed.check(f"{name}.compressed", batch, d, c.compressed_len, dtypes, values)
         if state.long_term is not None:
-            state.long_term.check(self.long_term_memory.config, f"{name}.long_term", dtypes, values)
+            state.long_term.check(
+                self.long_term_memory.config, f"{name}.long_term", dtypes, values, STATE_MAGNITUDE
+            )
             if state.long_term.batch_size != batch:
                 raise ValueError(
                     f"{name}.long_term has batch size {state.long_term.batch_size}, "

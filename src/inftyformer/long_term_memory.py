@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from ._checks import (
-    STATE_MAGNITUDE,
     ValueChecks,
     check_dtype,
     check_floating,
@@ -133,11 +132,13 @@ class LongTermState:
         name: str = "state",
         dtypes: tuple[torch.dtype, ...] | None = None,
         values: ValueChecks | None = None,
+        magnitude: float | None = None,
     ) -> None:
         """Validate this state for a memory of `config`: shapes, dtypes (the float fields share
         one floating dtype, one of `dtypes` when given; `empty` is bool), one device; then, in
-        `values` (read by the caller with one synchronisation) or here, the values: finite,
-        `attention_mass` a histogram (≥ 0, rows summing to 1), `observed` ≥ 0."""
+        `values` (read by the caller with one synchronisation) or here, the values: finite
+        coefficients (and within ±`magnitude` when given: a model's memory fits normalised
+        vectors), `attention_mass` a histogram (≥ 0, rows summing to 1), `observed` ≥ 0."""
         c = config
         check_shape(f"{name}.coefficients", self.coefficients, (None, c.num_basis, c.dim))
         batch = self.batch_size
@@ -172,7 +173,10 @@ class LongTermState:
                 )
         own = values is None
         values = ValueChecks() if own else values
-        values.bounded(f"{name}.coefficients", self.coefficients, STATE_MAGNITUDE)
+        if magnitude is None:
+            values.finite(f"{name}.coefficients", self.coefficients)
+        else:
+            values.bounded(f"{name}.coefficients", self.coefficients, magnitude)
         mass = self.attention_mass.detach()
         values.require(
             (mass >= 0).all(-1) & ((mass.sum(-1) - 1).abs() <= 1e-3),
