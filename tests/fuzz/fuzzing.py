@@ -17,7 +17,7 @@ import re
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 
 FAST_EXAMPLES = 25
@@ -86,8 +86,14 @@ def expect_error(call, *names: str):
     when none are given; "a|b" stands for either); returns the error."""
     with pytest.raises((TypeError, ValueError)) as info:
         call()
+    event(f"refused ({type(info.value).__name__})")
     if names:
         message = str(info.value)
         options = [n for name in names for n in name.split("|")]
         assert any(re.search(re.escape(n), message) for n in options), (names, message)
     return info.value
+
+
+def accepted() -> None:
+    """Count a valid input in the statistics (pytest --hypothesis-show-statistics)."""
+    event("accepted")

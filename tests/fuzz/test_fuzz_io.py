@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from fuzzing import FAST, MANY, finite
-from hypothesis import given
+from fuzzing import FAST, MANY, accepted, finite
+from hypothesis import event, given
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 from tiny_models import MODEL_TYPES, V, tiny
@@ -93,8 +93,10 @@ def check_corrupted(args, tmp_dir: Path):
     try:
         state = load_state(path)
     except (ValueError, TypeError) as err:
+        event(f"refused ({type(err).__name__})")
         assert str(path) in str(err), err  # names the file
         return
+    accepted()
     # whatever loads is a consistent state: it passes the layout check, and the model either
     # takes it or refuses it by name (e.g. a flipped length byte), never fails inside torch
     state.check_layout()
@@ -149,8 +151,10 @@ def check_set_items(items):
         train, task, model = build_configs("sorting", model=None, preset=None, settings=items,
                                            options={}, task_options={}, resume=False)  # fmt: skip
     except (TypeError, ValueError) as err:
+        event(f"refused ({type(err).__name__})")
         assert str(err)
         return
+    accepted()
     assert isinstance(train, TrainConfig) and isinstance(model, ModelConfig)
     assert task.seq_len >= 1
 

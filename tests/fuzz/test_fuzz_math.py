@@ -8,7 +8,7 @@ import numbers
 
 import pytest
 import torch
-from fuzzing import FAST, FLOATS, MANY, expect_error, finite, is_floating, tensors
+from fuzzing import FAST, FLOATS, MANY, accepted, expect_error, finite, is_floating, tensors
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -53,6 +53,7 @@ def check_basis_constructor(num_basis, widths):
         and all(real_number(w) and 1e-6 <= w <= 1e3 for w in widths)
     )
     if valid_n and valid_w and num_basis % len(widths) == 0:
+        accepted()
         basis = GaussianBasis(num_basis, widths)
         assert basis.centers.shape == (num_basis,) and bool((basis.widths > 0).all())
     else:
@@ -86,6 +87,7 @@ def check_basis_forward(basis, t):
     if not (is_floating(t) and finite(t)):
         expect_error(lambda: basis(t), "t")
         return
+    accepted()
     psi = basis(t)
     assert psi.shape == (*t.shape, basis.num_basis) and psi.dtype == t.dtype
     assert finite(psi) and bool((psi >= 0).all())
@@ -156,6 +158,7 @@ def check_continuous_softmax(basis, args):
     if not valid:
         expect_error(lambda: continuous_softmax(mu, sigma_sq, basis), "mu", "sigma_sq")
         return
+    accepted()
     r = continuous_softmax(mu, sigma_sq, basis)
     shape = torch.broadcast_shapes(mu.shape, sigma_sq.shape)
     assert r.shape == (*shape, basis.num_basis)
@@ -193,6 +196,7 @@ def check_variance_kl(sigma_sq, sigma_0):
     if not valid:
         expect_error(lambda: variance_kl(sigma_sq, sigma_0), "sigma_sq", "sigma_0")
         return
+    accepted()
     kl = variance_kl(sigma_sq, sigma_0)
     assert kl.shape == sigma_sq.shape
     assert not bool(torch.isnan(kl).any()), "NaN for a valid input"
@@ -240,6 +244,7 @@ def check_design_matrix(basis, positions, ridge_lambda, edge_padding):
     if not valid:
         expect_error(call, "positions", "ridge_lambda", "edge_padding")
         return
+    accepted()
     try:
         G = call()
     except ValueError as err:  # refused as numerically singular: must say so
@@ -300,6 +305,7 @@ def check_fit(args):
     if not valid:
         expect_error(lambda: fit_coefficients(x, G), "x", "G")
         return
+    accepted()
     B = fit_coefficients(x, G)
     assert B.shape == (x.shape[0], G.shape[1], x.shape[2]) and B.dtype == x.dtype
     ref = torch.einsum("pn,bpe->bne", G.double().to(x.dtype).double(), x.double())
@@ -346,6 +352,7 @@ def check_signal(args):
     if not valid:
         expect_error(lambda: evaluate_signal(B, basis, t), "B", "t")
         return
+    accepted()
     out = evaluate_signal(B, basis, t)
     assert out.shape == (B.shape[0], t.shape[-1], B.shape[2])
 
@@ -365,6 +372,7 @@ def test_fuzz_evaluate_signal_many(args):
 
 def check_positions(length, count):
     if isinstance(length, int) and not isinstance(length, bool) and length >= 1:
+        accepted()
         t = segment_positions(length)
         assert t.shape == (length,) and bool(((t > 0) & (t < 1)).all())
     else:

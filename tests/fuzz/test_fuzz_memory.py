@@ -9,7 +9,7 @@ import functools
 
 import pytest
 import torch
-from fuzzing import ALL_DTYPES, FAST, MANY, expect_error, finite, is_floating, tensors
+from fuzzing import ALL_DTYPES, FAST, MANY, accepted, expect_error, finite, is_floating, tensors
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -110,6 +110,7 @@ def check_call(call, state, problems):
     if problems:
         expect_error(call, *problems)
         return False
+    accepted()
     return True
 
 

@@ -9,7 +9,7 @@ import functools
 
 import pytest
 import torch
-from fuzzing import ALL_DTYPES, FAST, INTEGERS, MANY, expect_error, finite, tensors
+from fuzzing import ALL_DTYPES, FAST, INTEGERS, MANY, accepted, expect_error, finite, tensors
 from hypothesis import given
 from hypothesis import strategies as st
 from tiny_models import MODEL_TYPES, C, V, tiny
@@ -99,6 +99,7 @@ def check_call(args):
     if problems:
         expect_error(call, *problems)
         return
+    accepted()
     out = call()
     assert out.logits.shape == (*tokens.shape, V) and finite(out.logits)
     model.check_state(out.state)
@@ -209,6 +210,7 @@ def check_state_fuzz(args):
         err = expect_error(call, where, "state has batch size", "state.layers[0].short_term")
         assert "state" in str(err)
         return
+    accepted()
     out = call()
     assert finite(out.logits) and finite(out.loss)
     model.check_state(out.state)
@@ -250,6 +252,7 @@ def stream_model(model_type: str, rate: int, mem_len: int) -> MemoryLM:
 def check_stream(args):
     model_type, rate, mem_len, calls, seed = args
     model = stream_model(model_type, rate, mem_len)
+    accepted()
     g = torch.Generator().manual_seed(seed)
     state = None
     with torch.no_grad():
