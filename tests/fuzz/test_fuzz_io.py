@@ -131,8 +131,20 @@ VALUES = ["0", "1", "-1", "2", "8", "64", "0.5", "1e-3", "nan", "inf", "-inf", "
           "cuda:0", "1,2,3"]  # fmt: skip
 
 
+GOOD = {
+    "d_model": ["16", "32", "64"], "n_heads": ["1", "2", "4"], "segment_len": ["32", "64"],
+    "mem_len": ["0", "16", "32"], "sticky": ["true", "false"], "dropout": ["0", "0.1"],
+    "num_basis": ["8", "16"], "widths": ["0.05", "0.01,0.05"], "lr": ["1e-3", "0.01"],
+    "warmup_steps": ["0", "10"], "grad_clip": ["0", "1"], "task.seq_len": ["64", "128"],
+    "kl_weight": ["0", "1e-6"], "tau": ["0.5", "0.75"], "batch_size": ["2", "4"],
+}  # fmt: skip
+
+
 @st.composite
 def set_items(draw):
+    if draw(st.booleans()):  # half of the draws: well-formed settings, mostly valid together
+        keys = draw(st.lists(st.sampled_from(sorted(GOOD)), min_size=1, max_size=4, unique=True))
+        return [f"{k}={draw(st.sampled_from(GOOD[k]))}" for k in keys]
     items = []
     for _ in range(draw(st.integers(1, 4))):
         group = draw(st.sampled_from(["", "model.", "train.", "task.", "nope.", "model.train."]))

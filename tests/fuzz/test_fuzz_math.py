@@ -61,13 +61,15 @@ def check_basis_constructor(num_basis, widths):
 
 
 constructor_args = dict(
-    num_basis=st.one_of(st.integers(-2, 24), st.booleans(), st.floats(0, 10), st.none()),
+    num_basis=st.one_of(st.integers(1, 24), st.integers(-2, 24), st.booleans(), st.floats(0, 10),
+                        st.none()),
     widths=st.one_of(
+        st.lists(st.floats(1e-6, 1e3), min_size=1, max_size=3),  # mostly valid
         st.lists(st.one_of(st.floats(-1, 1), st.floats(allow_nan=True), numbers_any), max_size=3),
         st.none(),
         st.text(max_size=3),
     ),
-)
+)  # fmt: skip
 
 
 @FAST
@@ -260,7 +262,8 @@ design_args = dict(
         tensors(low=-0.5, high=1.5, max_side=12, max_dims=2),
         st.integers(1, 12).flatmap(lambda n: tensors(shape=(n,), low=-0.5, high=1.5)),
     ),
-    ridge_lambda=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(
+    ridge_lambda=st.one_of(st.floats(1e-3, 10), st.floats(allow_nan=True, allow_infinity=True),
+                           st.sampled_from(
         [1.0, 0.5, 1e-3, 1e-12, 1e-300, 5e-324, 1e300]), st.integers(-1, 3), st.booleans()),
     edge_padding=st.one_of(st.booleans(), st.integers(0, 1)),
 )  # fmt: skip

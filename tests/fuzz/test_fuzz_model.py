@@ -45,6 +45,17 @@ def call_args(draw):
     model_type, training = draw(models)
     model, state = model_and_state(model_type, training)
     batch = draw(st.sampled_from([BATCH, BATCH, 1, 2]))
+    if draw(st.booleans()):  # half of the draws: a valid call
+        g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+        tokens = torch.randint(0, V, (BATCH, draw(st.integers(1, C))), generator=g)
+        targets = draw(st.sampled_from([None, "targets"]))
+        if targets is not None:
+            targets = torch.randint(-1, V, tokens.shape, generator=g)
+            targets[targets < 0] = IGNORE_INDEX
+        reset = None
+        if draw(st.booleans()):
+            reset = torch.rand(BATCH, generator=g) < 0.5
+        return model, state if draw(st.booleans()) else None, tokens, targets, reset
     length = draw(st.integers(0, C + 2))
     regular = draw(st.integers(0, 4))
     shape = (batch, length) if regular else None
