@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_finite, check_tensor
+from ._checks import ValueChecks, check_dtype, check_tensor
 from ._init import init_projection
 from .basis import GaussianBasis
 from .continuous_softmax import continuous_softmax, variance_kl
-from .long_term_memory import LongTermConfig, LongTermState
+from .long_term_memory import LongTermConfig, LongTermState, allowed_dtypes
 
 
 @dataclass
@@ -83,13 +83,26 @@ class LongTermAttention(nn.Module):
         `check=False` skips the validation of the arguments (for callers that built them)."""
         c = self.config
         if check:
+            if not isinstance(state, LongTermState):
+                raise TypeError(f"state must be a LongTermState, got {type(state).__name__}")
+            values = ValueChecks()
+            state.check(c, "state", values=values)
             check_tensor("query", query, 3)
             if query.shape[0] != state.batch_size or query.shape[2] != c.dim:
                 raise ValueError(
                     f"query must have shape (batch={state.batch_size}, queries, e={c.dim}), "
                     f"got {tuple(query.shape)}"
                 )
-            check_finite("query", query)
+            if query.shape[1] == 0:
+                raise ValueError("query must hold at least one query vector (got 0 queries)")
+            check_dtype("query", query, *allowed_dtypes(self.key.weight))
+            for name, t in (("query", query), ("state.coefficients", state.coefficients)):
+                if t.device != self.key.weight.device:
+                    raise ValueError(
+                        f"{name} is on {t.device}, the attention on {self.key.weight.device}"
+                    )
+            values.finite("query", query)
+            values.run()
         batch, num_q, _ = query.shape
         H, d = c.num_heads, c.head_dim
         B = state.coefficients.to(query.dtype)  # [batch, N, e]
@@ -112,7 +125,7 @@ class LongTermAttention(nn.Module):
 
         filled = (~state.empty).to(device=query.device, dtype=query.dtype)  # [batch]
         context = self.out(z) * filled[:, None, None]  # [batch, Q, out_dim]
-        kl_rows = variance_kl(sigma_sq, c.sigma_0).mean(dim=(1, 2))  # [batch]
+        kl_rows = variance_kl(sigma_sq, c.sigma_0, check=False).mean(dim=(1, 2))  # [batch]
         kl = (kl_rows * filled).sum() / filled.sum().clamp(min=1.0)
         return LongTermAttentionOutput(context=context, kl=kl, mu=mu, sigma_sq=sigma_sq)
 

@@ -20,10 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_positive_int, check_token_ids
+from ._checks import ValueChecks, check_positive_int, check_token_ids
 from ._init import init_projection
 from .block import MemoryBlock
 from .config import ModelConfig
+from .long_term_memory import allowed_dtypes
 from .state import LayerState, MemoryState
 
 IGNORE_INDEX = -100
@@ -100,31 +101,30 @@ class MemoryLM(nn.Module):
         return MemoryState(tuple(b.init_state(batch_size, device, dtype) for b in self.blocks))
 
     def check_state(self, state: MemoryState, batch_size: int | None = None) -> None:
+        """Validate a state for this model before any computation: one layer state per block,
+        each matching the model type (provenance), shapes, dtypes (the model's floating dtype,
+        under autocast also the autocast dtype; lengths int64, `empty` bool), the model's
+        device, and the values (finite, lengths in range, sticky histograms), the values read
+        with one host synchronisation for the whole state."""
         if not isinstance(state, MemoryState):
-            raise ValueError(f"state must be a MemoryState, got {type(state).__name__}")
+            raise TypeError(f"state must be a MemoryState, got {type(state).__name__}")
         if len(state.layers) != len(self.blocks):
             raise ValueError(
                 f"state has {len(state.layers)} layers, the model has {len(self.blocks)}"
             )
         batch = state.batch_size if batch_size is None else batch_size
-        floats: list[torch.Tensor] = []
+        device = self._param.device
+        dtypes = allowed_dtypes(self._param)
+        values = ValueChecks()
         for i, (block, layer) in enumerate(zip(self.blocks, state.layers, strict=True)):
-            block.check_state(layer, batch, f"state.layers[{i}]")
+            block.check_state(layer, batch, f"state.layers[{i}]", dtypes, values)
             for name, t in layer.tensors().items():
-                if t.device != self._param.device:
+                if t.device != device:
                     raise ValueError(
                         f"state.layers[{i}].{name} is on {t.device}, the model on "
-                        f"{self._param.device}: use state.to(device)"
+                        f"{device}: use state.to(device)"
                     )
-                if t.is_floating_point() and t.numel():
-                    floats.append(t.detach().sum().float())
-        # one reduction (one host synchronisation) for the whole state: a NaN or inf anywhere
-        # makes the total non-finite; only then is each tensor looked at, to name it
-        if floats and not bool(torch.isfinite(torch.stack(floats).sum())):
-            for i, layer in enumerate(state.layers):
-                for name, t in layer.tensors().items():
-                    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                        raise ValueError(f"state.layers[{i}].{name} contains NaN or inf values")
+        values.run()
 
     # ------------------------------------------------------------------ inputs
     def _check_ids(self, name: str, ids: object, allow_ignore: bool) -> torch.Tensor:
