@@ -24,7 +24,8 @@ from torch import nn
 
 from ._checks import check_finite, check_tensor
 from .basis import GaussianBasis
-from .continuous_softmax import continuous_softmax, variance_kl
+from .continuous_softmax import variance_kl
+from .fused_attention import expected_values
 from .long_term_memory import LongTermConfig, LongTermState
 
 
@@ -98,18 +99,5 @@ class LongTermAttention(nn.Module):
         self, mu: torch.Tensor, sigma_sq: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         """z = E_p[ψ]ᵀ V per head and query: mu, sigma_sq [batch, H, Q], v [batch, H, N, d]
-        → [batch, H, Q, d], in blocks of queries (see `query_block_elements`)."""
-        batch, heads, num_q = mu.shape
-        block = num_q
-        if self.query_block_elements is not None:
-            block = max(1, self.query_block_elements // max(1, batch * heads * v.shape[-2]))
-            block = -(-num_q // -(-num_q // block))  # even blocks: no small remainder block
-        if block >= num_q:
-            return torch.matmul(continuous_softmax(mu, sigma_sq, self.basis), v)
-        return torch.cat(
-            [
-                torch.matmul(continuous_softmax(m, s, self.basis), v)  # r = E_p[ψ]  [.., block, N]
-                for m, s in zip(mu.split(block, -1), sigma_sq.split(block, -1), strict=True)
-            ],
-            dim=-2,
-        )
+        → [batch, H, Q, d], fused in blocks of queries (see `query_block_elements`)."""
+        return expected_values(mu, sigma_sq, v, self.basis, self.query_block_elements)
