@@ -29,6 +29,7 @@ import math
 import torch
 
 from .basis import GaussianBasis
+from .precision import full_precision, wide_dtype
 
 _LOG2_E = 1.0 / math.log(2.0)  # log₂ e
 
@@ -122,7 +123,7 @@ class _ExpectedValues(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_z):
         mu, sigma_sq, values_t, centers, widths_sq = ctx.saved_tensors
-        with torch.autocast(mu.device.type, enabled=False):  # backward may run under autocast
+        with full_precision(mu):  # the backward may run under autocast too
             grads = _backward(
                 grad_z.to(mu.dtype).contiguous(),
                 mu,
@@ -196,8 +197,8 @@ def expected_values(
             f"got {tuple(values.shape)}"
         )
     num_q, dim = mu.shape[-1], values.shape[-1]
-    with torch.autocast(mu.device.type, enabled=False):
-        dtype = torch.promote_types(torch.promote_types(mu.dtype, values.dtype), torch.float32)
+    with full_precision(mu):
+        dtype = torch.promote_types(wide_dtype(mu.dtype), wide_dtype(values.dtype))
         mu2 = mu.reshape(-1, num_q).to(dtype)
         sigma2 = sigma_sq.reshape(-1, num_q).to(dtype)
         # Vᵀ [G, d, N] contiguous: both products with it run in their fast orientation

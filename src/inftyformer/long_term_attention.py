@@ -27,6 +27,7 @@ from .basis import GaussianBasis
 from .continuous_softmax import variance_kl
 from .fused_attention import expected_values
 from .long_term_memory import LongTermConfig, LongTermState
+from .precision import at_least_float32, full_precision, wide_dtype
 
 
 @dataclass
@@ -71,7 +72,7 @@ class LongTermAttention(nn.Module):
         check_finite("query", query)
         batch, num_q, _ = query.shape
         H, d = c.num_heads, c.head_dim
-        B = state.coefficients.to(query.dtype)  # [batch, N, e]
+        B = state.coefficients.to(wide_dtype(query.dtype))  # [batch, N, e]
         q = self.query(query) if self.query is not None else query
         q = q.view(batch, num_q, H, d).transpose(1, 2)  # [batch, H, Q, d]
         v = self.value(B).view(batch, -1, H, d).transpose(1, 2)  # V = B W^V  [batch, H, N, d]
@@ -79,12 +80,13 @@ class LongTermAttention(nn.Module):
         # The scores s = K q / √d [batch, H, Q, N], K = B W^K, only ever enter through w_μᵀ s and
         # w_σᵀ s, and w_μᵀ s = qᵀ (Kᵀ w_μ) / √d = qᵀ W^Kᵀ (Bᵀ w_μ) / √d (W^K has no bias): fold
         # the two heads into B first, so that neither s nor K [batch, N, e] is ever built.
-        w = torch.cat([self.mu_head.weight, self.sigma_head.weight])  # [2, N]
-        k_folded = self.key(torch.matmul(w, B))  # (wᵀ B) W^K  [batch, 2, e]
-        k_heads = k_folded.view(batch, 2, H, d).permute(0, 2, 3, 1) / math.sqrt(d)  # [b, H, d, 2]
-        logits = torch.matmul(q, k_heads)  # [w_μᵀ s, w_σᵀ s]  [batch, H, Q, 2]
-        mu = torch.sigmoid(logits[..., 0] + self.mu_head.bias)  # μ ∈ (0, 1)  [batch, H, Q]
-        sigma_sq = F.softplus(logits[..., 1] + self.sigma_head.bias).clamp(min=c.min_sigma_sq)
+        with full_precision(query):  # μ, σ² in float32 also under autocast (precision.py)
+            w = torch.cat([self.mu_head.weight, self.sigma_head.weight])  # [2, N]
+            k_folded = self.key(torch.matmul(w, B))  # (wᵀ B) W^K  [batch, 2, e]
+            k_heads = k_folded.view(batch, 2, H, d).permute(0, 2, 3, 1) / math.sqrt(d)
+            logits = torch.matmul(at_least_float32(q), k_heads)  # [w_μᵀ s, w_σᵀ s]  [b, H, Q, 2]
+            mu = torch.sigmoid(logits[..., 0] + self.mu_head.bias)  # μ ∈ (0, 1)  [batch, H, Q]
+            sigma_sq = F.softplus(logits[..., 1] + self.sigma_head.bias).clamp(min=c.min_sigma_sq)
 
         z = self._expected_values(mu, sigma_sq, v)  # E_p[v(t)]  [batch, H, Q, d]
         z = z.transpose(1, 2).reshape(batch, num_q, H * d)  # [batch, Q, e]

@@ -20,6 +20,7 @@ import torch
 
 from ._checks import check_positive_int, check_range, check_tensor
 from .basis import GaussianBasis
+from .precision import at_least_float32, full_precision
 
 
 def segment_positions(length: int) -> torch.Tensor:
@@ -56,14 +57,20 @@ def ridge_design_matrix(
 
 
 def fit_coefficients(x: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
-    """B = Gᵀ X for a batch: x [batch, P, e], G [P, N] → B [batch, N, e]."""
-    return torch.einsum("pn,bpe->bne", G.to(dtype=x.dtype, device=x.device), x)
+    """B = Gᵀ X for a batch: x [batch, P, e], G [P, N] → B [batch, N, e]. In float32 at least,
+    also under autocast (precision.py)."""
+    with full_precision(x):
+        x = at_least_float32(x)
+        return torch.einsum("pn,bpe->bne", G.to(dtype=x.dtype, device=x.device), x)
 
 
 def evaluate_signal(B: torch.Tensor, basis: GaussianBasis, t: torch.Tensor) -> torch.Tensor:
-    """x̄(t) = Bᵀ ψ(t): B [batch, N, e], t [T] or [batch, T] → [batch, T, e]."""
-    psi = basis(t.to(dtype=B.dtype, device=B.device))  # [T, N] or [batch, T, N]
-    return torch.matmul(psi, B)
+    """x̄(t) = Bᵀ ψ(t): B [batch, N, e], t [T] or [batch, T] → [batch, T, e]. In float32 at
+    least, also under autocast (precision.py)."""
+    with full_precision(B):
+        B = at_least_float32(B)
+        psi = basis(t.to(dtype=B.dtype, device=B.device))  # [T, N] or [batch, T, N]
+        return torch.matmul(psi, B)
 
 
 class RidgeRegression:
