@@ -176,7 +176,7 @@ def expected_values(
     sigma_sq: torch.Tensor,
     values: torch.Tensor,
     basis: GaussianBasis,
-    block_elements: int | None = 1 << 20,
+    block_elements: int | None = 1 << 18,
 ) -> torch.Tensor:
     """z = E_p[ψ]ᵀ V for p = 𝒩(μ, σ²): mu, sigma_sq [..., Q], values [..., N, d] → [..., Q, d].
 

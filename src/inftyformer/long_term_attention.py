@@ -39,14 +39,11 @@ class LongTermAttentionOutput:
 
 
 class LongTermAttention(nn.Module):
-    # Queries are processed in blocks so that each [batch, H, block, N] tensor of the continuous
-    # softmax and of its backward holds at most this many elements (24 MiB in float32). Same math,
-    # but blocks this size stay under glibc's 32 MiB ceiling for mmap'ed allocations, so most are
-    # recycled from the heap instead of being mapped, page-faulted and unmapped every step (~100 MB
-    # tensors at batch 8, N = 512, 1024 queries). Smaller blocks fault even less but multiply the
-    # kernel launches, which costs more than it saves on a loaded 2-core machine
-    # (benchmarks/bench_core.py). None: one block (the whole [B, H, Q, N] at once).
-    query_block_elements: int | None = 3 << 21
+    # The continuous read runs in blocks of queries whose Gaussians [batch, H, block, N] hold
+    # about this many values (1 MiB in float32: in cache, and small enough that its scratch
+    # tensors are reused from the heap rather than page-faulted in every call). Measured on
+    # the paper's shapes and cpu-small (benchmarks/bench_core.py); None: one block.
+    query_block_elements: int | None = 1 << 18
 
     def __init__(self, config: LongTermConfig) -> None:
         super().__init__()
