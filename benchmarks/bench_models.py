@@ -603,6 +603,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="< 1 min: a smoke-sized run")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--max-history", type=int, default=None, help="tokens (default 1M)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 9)")
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), help="throughput sizes")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     parser.add_argument(
@@ -632,14 +633,15 @@ def main() -> None:
     quick = args.quick
     sizes = args.sizes or (["cpu-small"] if quick else list(SIZES))
     default_variants = "bf16" if quick else "compiled,bf16"
-    variants = [v for v in (args.variants or default_variants).split(",") if v]
+    variants = [v for v in (default_variants if args.variants is None else args.variants).split(",")]
+    variants = [v for v in variants if v]
     if unknown := set(variants) - set(VARIANTS[1:]):
         parser.error(f"unknown variants {sorted(unknown)}")
     max_history = args.max_history or (4096 if quick else 1 << 20)
     settings = {
         "quick": quick,
         "threads": args.threads,
-        "repeats": 3 if quick else 9,
+        "repeats": args.repeats or (3 if quick else 9),
         "warmup": 4,  # the 3rd and 4th calls build the long-term design matrices
         "rss_steps": 1 if quick else 3,
         "window": 4 if quick else 16,
