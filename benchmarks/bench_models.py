@@ -632,9 +632,8 @@ def main() -> None:
         return
     quick = args.quick
     sizes = args.sizes or (["cpu-small"] if quick else list(SIZES))
-    default_variants = "bf16" if quick else "compiled,bf16"
-    variants = [v for v in (default_variants if args.variants is None else args.variants).split(",")]
-    variants = [v for v in variants if v]
+    chosen = args.variants if args.variants is not None else "bf16" if quick else "compiled,bf16"
+    variants = [v for v in chosen.split(",") if v]
     if unknown := set(variants) - set(VARIANTS[1:]):
         parser.error(f"unknown variants {sorted(unknown)}")
     max_history = args.max_history or (4096 if quick else 1 << 20)
