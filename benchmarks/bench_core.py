@@ -19,7 +19,7 @@ paper    `LongTermMemory.update` (CNN gate included) + `LongTermAttention`, forw
          whole [B, H, Q, N], the previous implementation); both under torch.compile; the library
          under bf16 autocast; and a 1024³ sgemm, whose rate turns the step's matrix-multiply
          FLOPs (counted by torch's FlopCounterMode) into the floor the step is compared with.
-         Also a profile of the library step by operator.
+profile  Where the library step's time goes at B = 8: torch.profiler, self time by operator.
 history  Per-segment time and RSS while one stream grows from 1K to 1M tokens (B = 4, L = 512,
          N = 256, e = 300): every segment streamed, the state detached between segments as a
          model does. Each timed segment is paired with a reference segment (the same step on
@@ -195,32 +195,48 @@ def worker_paper(args: dict[str, Any]) -> dict[str, Any]:
                 file=sys.stderr,
                 flush=True,
             )
-    if args["profile"]:
-        out["profile"] = _profile(pkg, max(args["batches"]))
     out["machine"] = common.machine_info()
     return out
 
 
-def _profile(pkg, batch: int, rows: int = 14) -> dict[str, Any]:
-    """Self CPU time of the library step by operator (torch.profiler), largest first."""
+def worker_profile(args: dict[str, Any]) -> dict[str, Any]:
+    """Self CPU time of the library step by operator and input shapes (torch.profiler, the
+    median step of a few), largest first."""
     from torch.profiler import profile
 
-    mem, att, state, x, q = _problem(pkg, batch, narrow=False)
+    pkg = _load_package(None)
+    mem, att, state, x, q = _problem(pkg, args["batch"], narrow=False)
 
     def step():
         o = att(q, mem.update(state, x))
         (o.context.sum() + o.kl).backward()
+        for module in (mem, att):
+            module.zero_grad(set_to_none=True)
+        q.grad = None
 
     step()
-    with profile() as prof:
-        step()
-    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
-    total = sum(e.self_cpu_time_total for e in events)
-    top = [
-        {"op": e.key, "calls": e.count, "self_ms": e.self_cpu_time_total / 1000}
-        for e in events[:rows]
-    ]
-    return {"batch": batch, "total_ms": total / 1000, "ops": top}
+    runs = []
+    for _ in range(args["repeats"]):
+        with profile(record_shapes=True) as prof:
+            step()
+        events = prof.key_averages(group_by_input_shape=True)
+        runs.append((sum(e.self_cpu_time_total for e in events), events))
+    total, events = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[: args["rows"]]
+    return {
+        "batch": args["batch"],
+        "total_ms": total / 1000,
+        "ops": [
+            {
+                "op": e.key,
+                "shapes": [list(s) for s in e.input_shapes if s],
+                "calls": e.count,
+                "self_ms": e.self_cpu_time_total / 1000,
+            }
+            for e in top
+        ],
+        "machine": common.machine_info(),
+    }
 
 
 def worker_history(args: dict[str, Any]) -> dict[str, Any]:
@@ -289,7 +305,7 @@ def worker_history(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-WORKERS = {"paper": worker_paper, "history": worker_history}
+WORKERS = {"paper": worker_paper, "profile": worker_profile, "history": worker_history}
 
 
 # =============================================================================== report
@@ -355,28 +371,32 @@ def render(res: dict[str, Any], notes: str) -> str:
             )
         heads = ["B", "densities", "variant", "median ms", "quartiles ms", "÷ library", "÷ floor"]
         lines += [common.markdown_table(heads, rows), ""]
-        if "profile" in p:
-            pr = p["profile"]
-            lines += [
-                f"### Where the time goes: library step, B = {pr['batch']}, wide densities",
-                "",
-                f"torch.profiler, self CPU time by operator (total {fm(pr['total_ms'])} ms, "
-                "profiler overhead included):",
-                "",
-                common.markdown_table(
-                    ["operator", "calls", "self ms", "share"],
+    if "profile" in res:
+        pr = res["profile"]
+        lines += [
+            f"### Where the time goes: library step, B = {pr['batch']}, wide densities",
+            "",
+            _provenance(pr),
+            "",
+            "torch.profiler, self CPU time by operator and input shapes (the median of "
+            f"{res['profile']['provenance'].get('repeats', 3)} profiled steps: "
+            f"{fm(pr['total_ms'])} ms with the profiler's overhead):",
+            "",
+            common.markdown_table(
+                ["operator", "input shapes", "calls", "self ms", "share"],
+                [
                     [
-                        [
-                            f"`{o['op']}`",
-                            o["calls"],
-                            fm(o["self_ms"]),
-                            f"{100 * o['self_ms'] / pr['total_ms']:.0f}%",
-                        ]
-                        for o in pr["ops"]
-                    ],
-                ),
-                "",
-            ]
+                        f"`{o['op']}`",
+                        " × ".join(str(s).replace(" ", "") for s in o["shapes"]),
+                        o["calls"],
+                        fm(o["self_ms"]),
+                        f"{100 * o['self_ms'] / pr['total_ms']:.0f}%",
+                    ]
+                    for o in pr["ops"]
+                ],
+            ),
+            "",
+        ]
     if "history" in res:
         h = res["history"]
         c = h["config"]
@@ -451,7 +471,7 @@ def plot_history(h: dict[str, Any], path: Path) -> None:
     ax1.scatter(tokens[1:], h["per_segment_ms"][1:], s=4, alpha=0.4, label="each segment")
     for m in h["milestones"]:
         ax1.errorbar(
-            (m["segments"][0] + m["segments"][1] + 2) / 2 * L,
+            m["tokens"],
             m["median_ms"],
             yerr=[[m["median_ms"] - m["q1_ms"]], [m["q3_ms"] - m["median_ms"]]],
             fmt="o",
@@ -487,7 +507,9 @@ def write_report(res: dict[str, Any], out_dir: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run (< 2 min), to a temp dir")
-    ap.add_argument("--sections", default="paper,history", help="subset of paper,history")
+    ap.add_argument(
+        "--sections", default="paper,profile,history", help="subset of paper,profile,history"
+    )
     ap.add_argument("--out-dir", type=Path, default=None, help="default: docs/benchmarks")
     ap.add_argument("--before-src", default=None, help="a `src` directory of another commit")
     ap.add_argument("--before-label", default=None, help="its name in the report")
@@ -521,9 +543,9 @@ def main(argv: list[str] | None = None) -> int:
             repeats=3 if a.quick else 7,
             warmup=1,
             compile=not a.no_compile,
-            profile=True,
             before_src=a.before_src,
         ),
+        "profile": dict(batch=2 if a.quick else 8, repeats=3, rows=16),
         "history": dict(milestones=[1000, 10000], window=4)
         if a.quick
         else dict(milestones=[1000, 10000, 100000, 1000000], window=14),
@@ -542,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": time.perf_counter() - t0,
             "load_average_1min": [load0, os.getloadavg()[0]],
         }
+        res[name]["provenance"]["repeats"] = args[name].get("repeats")
         if name == "paper" and a.before_src:
             res[name]["before_label"] = a.before_label or a.before_src
     common.write_json(out_dir / "core.json", res)
