@@ -454,11 +454,26 @@ def markdown(result: dict[str, Any], notes: str) -> str:
                             f"({r[f'{mode}_{v}_speedup']:.2f}×)"
                         )
                 rows.append(row)
+            med = {
+                (mt, v, mode): tp["models"][mt][f"{mode}_{v}_step"]["median_ms"]
+                for mt in ("infty", "xl")
+                for v in others
+                for mode in ("train", "infer")
+            }
+            rows.append(
+                ["*infty / xl*"]
+                + [
+                    f"{med['infty', v, mode] / med['xl', v, mode]:.2f}×"
+                    for v in others
+                    for mode in ("train", "infer")
+                ]
+            )
             heads = ["model"] + [f"{v} {mode}" for v in others for mode in ("train", "infer")]
             parts += [
                 "",
                 "Step time under torch.compile(model) and under bf16 autocast, and the speed-up "
-                "over the eager float32 step (median of per-round ratios):",
+                "over the eager float32 step (median of per-round ratios); last row: the "
+                "∞-former's step over Transformer-XL's in that variant (ratio of medians):",
                 "",
                 common.markdown_table(heads, rows),
             ]
