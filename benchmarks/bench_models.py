@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -103,7 +104,9 @@ def worker_throughput(args: dict[str, Any]) -> dict[str, Any]:
     tokens = torch.randint(0, VOCAB, (batch, L), generator=g)
     variants = [v for v in VARIANTS if v in ("eager", *args["variants"])]
     calls = {
-        (mt, v): torch.compile(models[mt]) if v == "compiled" else models[mt]
+        # static shapes: a stream's memory length takes only a few values (empty, filling, full),
+        # and with dynamic ones inductor's kernels over a symbolic memory length run ~2× slower
+        (mt, v): torch.compile(models[mt], dynamic=False) if v == "compiled" else models[mt]
         for mt in MODEL_TYPES
         for v in variants
     }
@@ -471,8 +474,8 @@ def markdown(result: dict[str, Any], notes: str) -> str:
             heads = ["model"] + [f"{v} {mode}" for v in others for mode in ("train", "infer")]
             parts += [
                 "",
-                "Step time under torch.compile(model) and under bf16 autocast, and the speed-up "
-                "over the eager float32 step (median of per-round ratios); last row: the "
+                "Step time under torch.compile(model, dynamic=False) and under bf16 autocast, and "
+                "the speed-up over the eager float32 step (median of per-round ratios); last row: the "
                 "∞-former's step over Transformer-XL's in that variant (ratio of medians):",
                 "",
                 common.markdown_table(heads, rows),
@@ -533,7 +536,7 @@ def markdown(result: dict[str, Any], notes: str) -> str:
     )
     if "graph_breaks" in result:
         parts += ["", *_graph_breaks_markdown(result["graph_breaks"])]
-    parts += ["", "## Summary", ""] + [f"- {line}" for line in result["summary"]]
+    parts += ["", "## Summary", ""] + [f"- {line}" for line in summary_lines(result)]
     parts += ["", "## Notes", "", notes]
     return "\n".join(parts)
 
@@ -613,14 +616,23 @@ def _log(t0: float, message: str) -> None:
     print(f"[bench_models {time.perf_counter() - t0:5.0f} s] {message}", flush=True)
 
 
+SECTIONS = ("throughput", "graph_breaks", "history", "full")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="< 1 min: a smoke-sized run")
+    parser.add_argument("--quick", action="store_true", help="< 2 min: a smoke-sized run")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--max-history", type=int, default=None, help="tokens (default 1M)")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 9)")
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), help="throughput sizes")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
+    parser.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated subset of {','.join(SECTIONS)}; the others are kept from the "
+        "previous models.json",
+    )
     parser.add_argument(
         "--variants",
         default=None,
@@ -638,14 +650,14 @@ def main() -> None:
         res = WORKERS[args.worker](json.loads(args.worker_args))
         Path(args.worker_out).write_text(json.dumps(res))
         return
-
+    out = args.out
     if args.render_only:
-        result = json.loads((args.out / "models.json").read_text())
-        common.write_text(
-            args.out / "models.md", markdown(result, common.kept_notes(args.out / "models.md"))
-        )
+        write_report(json.loads((out / "models.json").read_text()), out)
         return
     quick = args.quick
+    sections = [x for x in args.sections.split(",") if x]
+    if unknown := set(sections) - set(SECTIONS):
+        parser.error(f"unknown sections {sorted(unknown)}")
     sizes = args.sizes or (["cpu-small"] if quick else list(SIZES))
     chosen = args.variants if args.variants is not None else "bf16" if quick else "compiled,bf16"
     variants = [v for v in chosen.split(",") if v]
@@ -664,67 +676,98 @@ def main() -> None:
     }
     script = Path(__file__).resolve()
     t0 = time.perf_counter()
+    previous = out / "models.json"
+    result: dict[str, Any] = {}
+    if previous.exists() and not quick and set(sections) != set(SECTIONS):
+        result = json.loads(previous.read_text())
+        print(f"[bench_models] keeping the other sections of {previous}", flush=True)
     machine = common.machine_info()
     machine["torch_threads"] = args.threads
-    throughput = []
-    for size in sizes:
-        _log(t0, f"throughput {size}")
-        tp = common.run_worker(
+    result.update(command=common.command_line(), machine=machine)
+    result.setdefault("settings", {}).update(settings)
+
+    if "throughput" in sections:
+        throughput = []
+        for size in sizes:
+            _log(t0, f"throughput {size}")
+            tp = common.run_worker(
+                script,
+                "throughput",
+                dict(
+                    size=size,
+                    threads=args.threads,
+                    repeats=SIZES[size].get("repeats", settings["repeats"]),
+                    warmup=settings["warmup"],
+                    variants=variants,
+                ),
+            )
+            tp["config"] = make_config(size, "infty").to_dict()
+            tp["load_average"] = list(os.getloadavg())
+            for mt in ("xl", "infty") if quick else MODEL_TYPES:  # quick: the pair that matters
+                _log(t0, f"peak RSS {size} {mt}")
+                tp["models"][mt]["rss"] = common.run_worker(
+                    script,
+                    "rss",
+                    dict(
+                        size=size, model_type=mt, threads=args.threads, steps=settings["rss_steps"]
+                    ),
+                )
+            throughput.append(tp)
+        result["throughput"] = throughput
+    if "graph_breaks" in sections:
+        _log(t0, "graph breaks")
+        result["graph_breaks"] = common.run_worker(
+            script, "graph_breaks", dict(threads=args.threads)
+        )
+    if "history" in sections:
+        milestones = [n for n in (2**k for k in range(10, 21)) if n <= max_history]
+        _log(t0, f"history up to {milestones[-1]:,} tokens")
+        result["history"] = common.run_worker(
             script,
-            "throughput",
+            "history",
+            dict(threads=args.threads, milestones=milestones, window=settings["window"]),
+        )
+    if "full" in sections:
+        # (a) materialises [heads, n, n] score tensors: 8K tokens already take ~1 GiB per tensor
+        full_lengths = [2**k for k in range(7, 12 if quick else 14)]
+        cached_lengths = [2**k for k in range(7, 12 if quick else 17)]
+        _log(t0, "full-history attention")
+        full = common.run_worker(
+            script,
+            "full",
             dict(
-                size=size,
                 threads=args.threads,
-                repeats=SIZES[size].get("repeats", settings["repeats"]),
-                warmup=settings["warmup"],
-                variants=variants,
+                full_lengths=full_lengths,
+                cached_lengths=cached_lengths,
+                limit_s=settings["limit_s"],
+                repeats=3,
             ),
         )
-        tp["config"] = make_config(size, "infty").to_dict()
-        for mt in ("xl", "infty") if quick else MODEL_TYPES:  # quick: the pair that matters
-            _log(t0, f"peak RSS {size} {mt}")
-            tp["models"][mt]["rss"] = common.run_worker(
-                script,
-                "rss",
-                dict(size=size, model_type=mt, threads=args.threads, steps=settings["rss_steps"]),
-            )
-        throughput.append(tp)
+        targets = [8192, 65536, 1 << 20]
+        full["full_forward_fit"], full["full_forward_extrapolated"] = extrapolate(
+            full["full_forward"], "context", (1, 2), targets
+        )
+        full["cached_segment_fit"], full["cached_segment_extrapolated"] = extrapolate(
+            full["cached_segment"], "history_tokens", (0, 1), targets
+        )
+        result["full"] = full
+    result.pop("summary", None)  # written by older versions; now rendered from the data
+    result["wall_s"] = time.perf_counter() - t0
+    common.write_json(out / "models.json", result)
+    write_report(result, out)
+    print("\n".join(summary_lines(result)))
+    print(f"[bench_models] wrote {out}/models.{{json,md,png}} in {result['wall_s']:.0f} s")
 
-    _log(t0, "graph breaks")
-    graph_breaks = common.run_worker(script, "graph_breaks", dict(threads=args.threads))
 
-    milestones = [n for n in (2**k for k in range(10, 21)) if n <= max_history]
-    _log(t0, f"history up to {milestones[-1]:,} tokens")
-    history = common.run_worker(
-        script,
-        "history",
-        dict(threads=args.threads, milestones=milestones, window=settings["window"]),
-    )
-    # (a) materialises [heads, n, n] score tensors: 8K tokens already take ~1 GiB per tensor
-    full_lengths = [2**k for k in range(7, 12 if quick else 14)]
-    cached_lengths = [2**k for k in range(7, 12 if quick else 17)]
-    _log(t0, "full-history attention")
-    full = common.run_worker(
-        script,
-        "full",
-        dict(
-            threads=args.threads,
-            full_lengths=full_lengths,
-            cached_lengths=cached_lengths,
-            limit_s=settings["limit_s"],
-            repeats=3,
-        ),
-    )
-    targets = [8192, 65536, 1 << 20]
-    full["full_forward_fit"], full["full_forward_extrapolated"] = extrapolate(
-        full["full_forward"], "context", (1, 2), targets
-    )
-    full["cached_segment_fit"], full["cached_segment_extrapolated"] = extrapolate(
-        full["cached_segment"], "history_tokens", (0, 1), targets
-    )
+def write_report(result: dict[str, Any], out: Path) -> None:
+    common.write_text(out / "models.md", markdown(result, common.kept_notes(out / "models.md")))
+    plot(result, out / "models.png")
 
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    """The headline figures, from the measurements."""
     summary = []
-    for tp in throughput:
+    for tp in result["throughput"]:
         r = tp["models"]
         summary.append(
             f"{tp['size']}: ∞-former training step = {r['infty']['train_ratio_to_xl']:.2f}× "
@@ -748,6 +791,7 @@ def main() -> None:
                 )
                 + "."
             )
+    history = result["history"]
     for mt in STREAMED:
         first, last = history["models"][mt][0], history["models"][mt][-1]
         summary.append(
@@ -755,6 +799,7 @@ def main() -> None:
             f"tokens of history, {last['median_ms']:.1f} ms at {last['history_tokens']:,} "
             f"(ratio {last['median_ms'] / first['median_ms']:.2f})."
         )
+    full = result["full"]
     last_full = (full["full_forward"] + full["full_forward_extrapolated"])[-1]
     last_cached = (full["cached_segment"] + full["cached_segment_extrapolated"])[-1]
     measured_full = full["full_forward"][-1]["context"]
@@ -766,24 +811,7 @@ def main() -> None:
         f"({'extrapolated' if full['full_forward_extrapolated'] else 'measured'}; measured up to "
         f"{measured_full:,} / {measured_cached:,} tokens)."
     )
-    result = {
-        "command": common.command_line(),
-        "machine": machine,
-        "settings": settings,
-        "throughput": throughput,
-        "history": history,
-        "full": full,
-        "graph_breaks": graph_breaks,
-        "summary": summary,
-        "wall_s": None,
-    }
-    result["wall_s"] = time.perf_counter() - t0
-    out = args.out
-    common.write_json(out / "models.json", result)
-    common.write_text(out / "models.md", markdown(result, common.kept_notes(out / "models.md")))
-    plot(result, out / "models.png")
-    print("\n".join(summary))
-    print(f"[bench_models] wrote {out}/models.{{json,md,png}} in {result['wall_s']:.0f} s")
+    return summary
 
 
 if __name__ == "__main__":
