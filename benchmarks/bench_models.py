@@ -474,9 +474,10 @@ def markdown(result: dict[str, Any], notes: str) -> str:
             heads = ["model"] + [f"{v} {mode}" for v in others for mode in ("train", "infer")]
             parts += [
                 "",
-                "Step time under torch.compile(model, dynamic=False) and under bf16 autocast, and "
-                "the speed-up over the eager float32 step (median of per-round ratios); last row: the "
-                "∞-former's step over Transformer-XL's in that variant (ratio of medians):",
+                "Step time under torch.compile(model, dynamic=False) and under bf16 autocast, "
+                "and the speed-up over the eager float32 step (median of per-round ratios); "
+                "last row: the ∞-former's step over Transformer-XL's in that variant (ratio of "
+                "medians):",
                 "",
                 common.markdown_table(heads, rows),
             ]
