@@ -385,7 +385,13 @@ def markdown(result: dict[str, Any], notes: str) -> str:
     parts = [
         "# Models: speed and memory",
         "",
-        f"Command: `{result['command']}`",
+        "Commands: "
+        + "; ".join(
+            f"`{cmd}` ({', '.join(s for s, c in result.get('commands', {}).items() if c == cmd)})"
+            for cmd in dict.fromkeys(result.get("commands", {}).values())
+        )
+        if result.get("commands")
+        else f"Command: `{result['command']}`",
         "",
         common.machine_markdown(result["machine"]),
         "",
@@ -685,6 +691,8 @@ def main() -> None:
     machine = common.machine_info()
     machine["torch_threads"] = args.threads
     result.update(command=common.command_line(), machine=machine)
+    for section in sections:  # which invocation measured which section
+        result.setdefault("commands", {})[section] = common.command_line()
     result.setdefault("settings", {}).update(settings)
 
     if "throughput" in sections:
