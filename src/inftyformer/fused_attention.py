@@ -79,8 +79,8 @@ def _densities(
 def _block_size(groups: int, num_q: int, num_basis: int, block_elements: int | None) -> int:
     """Queries per block so that one block of r holds about `block_elements` values, rounded to
     a multiple of 8 (the GEMM kernels' width) and spread evenly over the queries."""
-    if block_elements is None:
-        return num_q
+    if block_elements is None or num_q == 0:
+        return max(1, num_q)
     block = max(1, block_elements // max(1, groups * num_basis))
     if block >= num_q:
         return num_q
@@ -197,15 +197,16 @@ def expected_values(
             f"got {tuple(values.shape)}"
         )
     num_q, dim = mu.shape[-1], values.shape[-1]
+    groups = math.prod(lead)  # G = batch · H
     with full_precision(mu):
         dtype = torch.promote_types(wide_dtype(mu.dtype), wide_dtype(values.dtype))
-        mu2 = mu.reshape(-1, num_q).to(dtype)
-        sigma2 = sigma_sq.reshape(-1, num_q).to(dtype)
+        mu2 = mu.reshape(groups, num_q).to(dtype)
+        sigma2 = sigma_sq.reshape(groups, num_q).to(dtype)
         # Vᵀ [G, d, N] contiguous: both products with it run in their fast orientation
-        values_t = values.reshape(-1, basis.num_basis, dim).to(dtype).transpose(1, 2).contiguous()
+        values_t = values.reshape(groups, -1, dim).to(dtype).transpose(1, 2).contiguous()
         centers = basis.center_grid.to(device=mu.device, dtype=dtype)
         widths_sq = basis.width_grid.to(device=mu.device, dtype=dtype).square()
-        block = _block_size(mu2.shape[0], num_q, basis.num_basis, block_elements)
+        block = _block_size(groups, num_q, basis.num_basis, block_elements)
         if torch.is_grad_enabled() and (
             mu2.requires_grad or sigma2.requires_grad or values_t.requires_grad
         ):

@@ -106,6 +106,14 @@ def test_autocast_reads_in_float32():
         assert torch.equal(expected_values(mu, sigma_sq, values, basis), z32)
 
 
+def test_no_queries_read_nothing():
+    basis = GaussianBasis(8, (0.1,))
+    values = torch.randn(2, 3, 8, 4, requires_grad=True)
+    for block in (None, 1000):
+        z = expected_values(torch.rand(2, 3, 0), torch.rand(2, 3, 0), values, basis, block)
+        assert z.shape == (2, 3, 0, 4)
+
+
 def test_rejects_mismatched_shapes():
     basis = GaussianBasis(8, (0.1,))
     mu = torch.rand(2, 3, 5)
