@@ -8,7 +8,9 @@ their means):
     r_j = E_p[ψ_j(t)] = ∫ 𝒩(t; μ, σ²) 𝒩(t; c_j, w_j²) dt = 𝒩(μ; c_j, σ² + w_j²)
 
 Gradients are plain autograd of this expression, exact in (μ, σ²): no custom backward through
-natural parameters (the authors' version costs half an update step and loses precision).
+natural parameters (the authors' version costs half an update step and loses precision). The
+attention itself reads E_p[ψ]ᵀ V through fused_attention.py, the same closed form contracted with
+V block by block, so that the [..., N] tensor of r is never materialised.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from ._checks import (
     check_tensor,
 )
 from .basis import GaussianBasis
+from .precision import at_least_float32, full_precision
 
 
 def segment_positions(length: int) -> torch.Tensor:
@@ -83,8 +84,9 @@ def _check_basis(basis: object) -> None:
 
 
 def fit_coefficients(x: torch.Tensor, G: torch.Tensor, *, check: bool = True) -> torch.Tensor:
-    """B = Gᵀ X for a batch: x [batch, P, e], G [P, N] → B [batch, N, e], in x's dtype.
-    Both floating point; `check=False` skips the finiteness check (a host synchronisation)."""
+    """B = Gᵀ X for a batch: x [batch, P, e], G [P, N] → B [batch, N, e]. Both floating point;
+    in float32 at least, also under autocast (precision.py); `check=False` skips the finiteness
+    check (a host synchronisation)."""
     check_tensor("x", x, 3)
     check_floating("x", x)
     check_shape("G", G, (x.shape[1], None))
@@ -94,14 +96,17 @@ def fit_coefficients(x: torch.Tensor, G: torch.Tensor, *, check: bool = True) ->
         values.finite("x", x)
         values.finite("G", G)
         values.run()
-    return torch.einsum("pn,bpe->bne", G.to(dtype=x.dtype, device=x.device), x)
+    with full_precision(x):
+        x = at_least_float32(x)
+        return torch.einsum("pn,bpe->bne", G.to(dtype=x.dtype, device=x.device), x)
 
 
 def evaluate_signal(
     B: torch.Tensor, basis: GaussianBasis, t: torch.Tensor, *, check: bool = True
 ) -> torch.Tensor:
     """x̄(t) = Bᵀ ψ(t): B [batch, N, e], t [T] or [batch, T] → [batch, T, e]. B and t floating
-    point; `check=False` skips their finiteness check (a host synchronisation)."""
+    point; in float32 at least, also under autocast (precision.py); `check=False` skips their
+    finiteness check (a host synchronisation)."""
     _check_basis(basis)
     check_shape("B", B, (None, basis.num_basis, None))
     check_floating("B", B)
@@ -114,8 +119,10 @@ def evaluate_signal(
         values.finite("B", B)
         values.finite("t", t)
         values.run()
-    psi = basis(t.to(dtype=B.dtype, device=B.device), check=False)  # [T, N] or [batch, T, N]
-    return torch.matmul(psi, B)
+    with full_precision(B):
+        B = at_least_float32(B)
+        psi = basis(t.to(dtype=B.dtype, device=B.device), check=False)  # [T, N] or [batch, T, N]
+        return torch.matmul(psi, B)
 
 
 class RidgeRegression:
