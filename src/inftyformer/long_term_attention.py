@@ -39,6 +39,19 @@ class LongTermAttentionOutput:
     sigma_sq: torch.Tensor  # [batch, H, Q]
 
 
+@dataclass
+class PreparedMemory:
+    """The parts of a read that depend on the memory only (`LongTermAttention.prepare`)."""
+
+    values: torch.Tensor  # V = B W^V  [batch, H, N, d]
+    keys: torch.Tensor  # W^Kᵀ Bᵀ [w_μ, w_σ] / √d  [batch, H, d, 2]
+
+    def repeat_interleave(self, repeats: int) -> PreparedMemory:
+        return PreparedMemory(
+            self.values.repeat_interleave(repeats, 0), self.keys.repeat_interleave(repeats, 0)
+        )
+
+
 class LongTermAttention(nn.Module):
     # The continuous read runs in blocks of queries whose Gaussians [batch, H, block, N] hold
     # about this many values (1 MiB in float32: in cache, and small enough that its scratch
@@ -75,11 +88,34 @@ class LongTermAttention(nn.Module):
             if projection is not None:
                 init_projection(projection, std)
 
+    def prepare(self, state: LongTermState, dtype: torch.dtype) -> PreparedMemory:
+        """What every read of `state` shares, computed once: V = B W^V and the folded keys.
+
+        The scores s = K q / √d [batch, H, Q, N], K = B W^K, only ever enter through w_μᵀ s and
+        w_σᵀ s, and w_μᵀ s = qᵀ (Kᵀ w_μ) / √d = qᵀ W^Kᵀ (Bᵀ w_μ) / √d (W^K has no bias): the two
+        heads are folded into B first, so that neither s nor K [batch, N, e] is ever built."""
+        c = self.config
+        batch, H, d = state.batch_size, c.num_heads, c.head_dim
+        B = state.coefficients.to(wide_dtype(dtype))  # [batch, N, e]
+        v = self.value(B).view(batch, -1, H, d).transpose(1, 2)  # V = B W^V  [batch, H, N, d]
+        with full_precision(B):
+            w = torch.cat([self.mu_head.weight, self.sigma_head.weight])  # [2, N]
+            k_folded = self.key(torch.matmul(w, at_least_float32(B)))  # (wᵀ B) W^K  [b, 2, e]
+            keys = k_folded.view(batch, 2, H, d).permute(0, 2, 3, 1) / math.sqrt(d)  # [b,H,d,2]
+        return PreparedMemory(values=v, keys=keys)
+
     def forward(
-        self, query: torch.Tensor, state: LongTermState, *, check: bool = True
+        self,
+        query: torch.Tensor,
+        state: LongTermState,
+        *,
+        check: bool = True,
+        prepared: PreparedMemory | None = None,
     ) -> LongTermAttentionOutput:
         """query [batch, Q, e] (already projected unless `config.query_projection`).
-        `check=False` skips the validation of the arguments (for callers that built them)."""
+        `check=False` skips the validation of the arguments (for callers that built them);
+        `prepared`: `prepare(state, query.dtype)` computed once for many reads of an unchanging
+        state (generation), instead of at every call."""
         c = self.config
         if check:
             if not isinstance(state, LongTermState):
@@ -104,18 +140,12 @@ class LongTermAttention(nn.Module):
             values.run()
         batch, num_q, _ = query.shape
         H, d = c.num_heads, c.head_dim
-        B = state.coefficients.to(wide_dtype(query.dtype))  # [batch, N, e]
+        if prepared is None:
+            prepared = self.prepare(state, query.dtype)
+        v, k_heads = prepared.values, prepared.keys  # [b, H, N, d], [b, H, d, 2]
         q = self.query(query) if self.query is not None else query
         q = q.view(batch, num_q, H, d).transpose(1, 2)  # [batch, H, Q, d]
-        v = self.value(B).view(batch, -1, H, d).transpose(1, 2)  # V = B W^V  [batch, H, N, d]
-
-        # The scores s = K q / √d [batch, H, Q, N], K = B W^K, only ever enter through w_μᵀ s and
-        # w_σᵀ s, and w_μᵀ s = qᵀ (Kᵀ w_μ) / √d = qᵀ W^Kᵀ (Bᵀ w_μ) / √d (W^K has no bias): fold
-        # the two heads into B first, so that neither s nor K [batch, N, e] is ever built.
         with full_precision(query):  # μ, σ² in float32 also under autocast (precision.py)
-            w = torch.cat([self.mu_head.weight, self.sigma_head.weight])  # [2, N]
-            k_folded = self.key(torch.matmul(w, B))  # (wᵀ B) W^K  [batch, 2, e]
-            k_heads = k_folded.view(batch, 2, H, d).permute(0, 2, 3, 1) / math.sqrt(d)
             logits = torch.matmul(at_least_float32(q), k_heads)  # [w_μᵀ s, w_σᵀ s]  [b, H, Q, 2]
             mu = torch.sigmoid(logits[..., 0] + self.mu_head.bias)  # μ ∈ (0, 1)  [batch, H, Q]
             sigma_sq = F.softplus(logits[..., 1] + self.sigma_head.bias).clamp(min=c.min_sigma_sq)
