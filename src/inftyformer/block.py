@@ -35,13 +35,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ragged
+from ._checks import STATE_MAGNITUDE, ValueChecks
 from ._init import init_projection
-from .compressive_memory import CompressiveMemory
+from .compressive_memory import CompressiveMemory, CompressiveState
 from .config import ModelConfig
 from .long_term_attention import LongTermAttention
 from .long_term_memory import LongTermMemory, LongTermState, LongTermUpdate
 from .relative_attention import RelativeMultiHeadAttention
-from .short_term_memory import ShortTermMemory
+from .short_term_memory import ShortTermMemory, ShortTermState
 from .state import LayerState
 
 
@@ -132,33 +133,60 @@ class MemoryBlock(nn.Module):
             else self.long_term_memory.init_state(batch_size, device, dtype),
         )
 
-    def check_state(self, state: LayerState, batch: int, name: str) -> None:
+    def check_state(
+        self,
+        state: LayerState,
+        batch: int,
+        name: str,
+        dtypes: tuple[torch.dtype, ...] | None = None,
+        values: ValueChecks | None = None,
+    ) -> None:
+        """Validate a layer state for this block: its parts match the model type (provenance:
+        no short-term memory beyond what this model keeps, no compressed or long-term part the
+        model lacks), shapes, dtypes (floating tensors of one of `dtypes`), and, in `values` or
+        here, the values (see the state classes' `check`)."""
         c, d = self.config, self.config.d_model
         if not isinstance(state, LayerState):
-            raise ValueError(f"{name} must be a LayerState, got {type(state).__name__}")
-        state.short_term.check(f"{name}.short_term", batch, d, c.max_short_term_len)
+            raise TypeError(f"{name} must be a LayerState, got {type(state).__name__}")
+        for part, cls in (("short_term", ShortTermState), ("compressed", CompressiveState)):
+            value = getattr(state, part)
+            if not isinstance(value, cls) and not (part == "compressed" and value is None):
+                raise TypeError(
+                    f"{name}.{part} must be a {cls.__name__}, got {type(value).__name__}"
+                )
+        # what the state holds must be what this model type keeps (provenance) ...
         if (state.compressed is None) != (self.compressive is None):
             raise ValueError(
                 f"{name}.compressed must be {'absent' if self.compressive is None else 'present'}"
                 f" for model_type {c.model_type!r}"
             )
-        if state.compressed is not None:
-            state.compressed.check(f"{name}.compressed", batch, d, c.compressed_len)
         if (state.long_term is None) != (self.long_term_memory is None):
             raise ValueError(
                 f"{name}.long_term must be "
-                f"{'absent' if self.long_term_memory is None else 'present'} for this config"
+                f"{'absent' if self.long_term_memory is None else 'present'} for model_type "
+                f"{c.model_type!r}" + ("" if c.use_long_term else " with use_long_term=False")
             )
-        if self.long_term_memory is not None:
-            try:
-                self.long_term_memory.check_state(state.long_term)
-            except (TypeError, ValueError) as err:
-                raise ValueError(f"{name}.long_term: {err}") from err
+        if self.long_term_memory is not None and not isinstance(state.long_term, LongTermState):
+            raise TypeError(
+                f"{name}.long_term must be a LongTermState, got {type(state.long_term).__name__}"
+            )
+        # ... and no more of it than this model keeps (e.g. no XL memory in a transformer)
+        own = values is None
+        values = ValueChecks() if own else values
+        state.short_term.check(f"{name}.short_term", batch, d, c.max_short_term_len, dtypes, values)
+        if state.compressed is not None:
+            state.compressed.check(f"{name}.compressed", batch, d, c.compressed_len, dtypes, values)
+        if state.long_term is not None:
+            state.long_term.check(
+                self.long_term_memory.config, f"{name}.long_term", dtypes, values, STATE_MAGNITUDE
+            )
             if state.long_term.batch_size != batch:
                 raise ValueError(
                     f"{name}.long_term has batch size {state.long_term.batch_size}, "
                     f"expected {batch}"
                 )
+        if own:
+            values.run()
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -201,7 +229,9 @@ class MemoryBlock(nn.Module):
             attended = attended + read.context  # added before the residual (SPEC §7)
             kl = read.kl
             # sticky memories: where these queries attended steers the next resampling
-            long_term = self.long_term_memory.observe(long_term, read.mu, read.sigma_sq)
+            long_term = self.long_term_memory.observe(
+                long_term, read.mu, read.sigma_sq, check=False
+            )
             if trace is not None:
                 trace.mu, trace.sigma_sq = read.mu.detach(), read.sigma_sq.detach()
                 trace.read_empty = long_term.empty

@@ -19,6 +19,8 @@ from inftyformer.data import (
     resolve_data_dir,
     split_wikitext,
 )
+from inftyformer.data.corpus import flat_split_of, load_split, split_flat_folder
+from inftyformer.data.paths import SPLITS
 from inftyformer.data.tokenizer import split_for_encoding
 
 BOOKS = {
@@ -268,3 +270,43 @@ def test_wikitext_valid_articles(data_dir: Path, tmp_path: Path) -> None:
     )
     assert corpus.num_docs == 60  # the README's article count
     assert corpus.doc_names[0] == "Homarus gammarus"
+
+
+# ---------------------------------------------------------------- a flat folder of documents
+def test_flat_split_is_by_name_and_holds_out_about_one_in_twenty_each() -> None:
+    names = [f"doc{i}.txt" for i in range(4000)]
+    splits = [flat_split_of(n) for n in names]
+    assert splits == [flat_split_of(n) for n in names]  # deterministic
+    for split in ("valid", "test"):
+        assert 0.04 < splits.count(split) / len(names) < 0.06
+    # adding files never moves another: a file's split depends on its own name only
+    big = split_flat_folder([Path(n) for n in names])
+    small = split_flat_folder([Path(n) for n in names[:2000]])
+    for split in SPLITS:
+        assert set(small[split]) <= set(big[split])
+
+
+def test_small_flat_folders_still_get_valid_and_test() -> None:
+    files = [Path(f"{c}.txt") for c in "abc"]
+    splits = split_flat_folder(files)
+    assert sorted(len(v) for v in splits.values()) == [1, 1, 1]
+    with pytest.raises(ValueError, match="at least 3 .txt files"):
+        split_flat_folder(files[:2])
+
+
+def test_load_split_reads_each_layout(tmp_path: Path) -> None:
+    tok = ByteTokenizer()
+    (tmp_path / "only-test" / "test").mkdir(parents=True)
+    (tmp_path / "only-test" / "test" / "a.txt").write_text("abc", encoding="utf-8")
+    assert load_split(tmp_path / "only-test", "test", tok).num_tokens == 3
+    with pytest.raises(ValueError, match="no .txt files"):
+        load_split(tmp_path / "only-test", "valid", tok)  # no valid/ and no flat files
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for i in range(5):
+        (flat / f"{i}.txt").write_text("x" * (i + 1), encoding="utf-8")
+    whole = load_split(flat, "test", tok, whole=True)
+    assert whole.num_docs == 5 and whole.num_tokens == 15
+    parts = [load_split(flat, split, tok) for split in SPLITS]
+    assert sum(p.num_docs for p in parts) == 5 and all(p.num_docs for p in parts)
+    assert load_split(flat / "3.txt", "valid", tok).num_tokens == 4

@@ -91,6 +91,23 @@ def test_every_token_scored_once_and_loss_matches_direct_computation(batch_size,
     )
 
 
+def test_position_ranges_total_the_reference_loss_by_position():
+    corpus = toy_corpus()
+    model = PositionBigram(corpus.vocab_size, 5)
+    edges = (3, 10)
+    result = evaluate_lm(model, corpus, LMEvalConfig(batch_size=3, position_edges=edges))
+    nll = [model.reference_nll(corpus.document(i), corpus.eos_id)
+           for i in range(corpus.num_docs) if corpus.doc_lengths[i] > 0]  # fmt: skip
+    by_range = [(0, 3), (3, 10), (10, None)]
+    for got, (start, stop) in zip(result.ranges, by_range, strict=True):
+        expected = [x[start:stop] for x in nll]
+        assert (got.start, got.stop) == (start, stop)
+        assert got.tokens == sum(len(x) for x in expected)
+        assert got.nll_sum == pytest.approx(sum(float(x.sum()) for x in expected), rel=1e-5)
+    with pytest.raises(ValueError, match="position_edges"):
+        LMEvalConfig(position_edges=(10, 3))
+
+
 def test_without_bos_the_first_token_of_each_document_is_not_scored():
     corpus = toy_corpus()
     model = PositionBigram(corpus.vocab_size, 8)

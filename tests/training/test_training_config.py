@@ -91,7 +91,8 @@ def test_no_decay_for_biases_norms_and_embeddings():
     model = torch.nn.Sequential(
         torch.nn.Embedding(5, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 3)
     )
-    groups = param_groups(model, 0.1)
+    groups = param_groups(model, 1e-3, 0.1)
+    assert all(g["lr"] == g["base_lr"] == 1e-3 for g in groups)
     decay = [g for g in groups if g["weight_decay"] > 0]
     no_decay = [g for g in groups if g["weight_decay"] == 0]
     assert [p.shape for p in decay[0]["params"]] == [torch.Size([3, 4])]

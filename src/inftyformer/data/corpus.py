@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import tempfile
 import warnings
 from collections.abc import Sequence
@@ -28,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
-from .paths import check_split, resolve_data_dir
+from .._progress import progress as show_progress
+from .paths import SPLITS, check_split, resolve_data_dir
 from .tokenizer import TextTokenizer
 
 CACHE_ENV_VAR = "INFTYFORMER_CACHE"
@@ -197,8 +198,8 @@ def tokenize_documents(
     dtype = token_dtype(tokenizer.vocab_size)
     doc_bytes = np.array([len(t.encode("utf-8")) for t in texts], dtype=np.int64)
     arrays: list[np.ndarray] = []
-    with tqdm(
-        total=int(doc_bytes.sum()), unit="B", unit_scale=True, desc=desc, disable=not progress
+    with show_progress(
+        total=int(doc_bytes.sum()), unit="B", unit_scale=True, desc=desc, enabled=progress
     ) as bar:
         for text, nbytes in zip(texts, doc_bytes, strict=True):
             arrays.append(np.asarray(tokenizer.encode_long(text), dtype=dtype))
@@ -494,14 +495,112 @@ def is_wikitext_dir(path: Path) -> bool:
     return any(Path(path).glob("wiki.*.tokens"))
 
 
-def load_split(
-    path: str | Path, split: str, tokenizer: TextTokenizer, progress: bool = False
+# --------------------------------------------------------------------------- a user's own text
+STDIN = "-"
+HELD_OUT_EVERY = 20  # a flat folder: 1 file in 20 (by name) is held out for valid, 1 for test
+
+
+def flat_split_of(name: str) -> str:
+    """The split a file of a flat folder of documents belongs to: the first byte of the SHA-256
+    of its file name, modulo 20: 0 → valid, 1 → test, anything else → train. Deterministic, and
+    adding or removing a file never moves another."""
+    bucket = hashlib.sha256(name.encode("utf-8")).digest()[0] % HELD_OUT_EVERY
+    return {0: "valid", 1: "test"}.get(bucket, "train")
+
+
+def split_flat_folder(files: Sequence[Path]) -> dict[str, list[Path]]:
+    """Files of a flat folder by split (:func:`flat_split_of`). A folder too small for a split to
+    be drawn gets one all the same: the train file(s) whose name hashes lowest move to an empty
+    valid, then an empty test split. Needs at least 3 files."""
+    if len(files) < 3:
+        raise ValueError(
+            f"a flat folder needs at least 3 .txt files to hold out valid and test documents, "
+            f"found {len(files)}; add files or use train/, valid/ and test/ subfolders"
+        )
+    splits: dict[str, list[Path]] = {name: [] for name in SPLITS}
+    for path in files:
+        splits[flat_split_of(path.name)].append(path)
+    for name in ("valid", "test"):
+        if not splits[name]:
+            lowest = min(splits["train"], key=lambda p: hashlib.sha256(p.name.encode()).digest())
+            splits["train"].remove(lowest)
+            splits[name].append(lowest)
+    return {name: sorted(paths) for name, paths in splits.items()}
+
+
+def _load_files(
+    files: Sequence[Path], reader: str, split: str, tokenizer: TextTokenizer, progress: bool
 ) -> TokenizedCorpus:
-    """A split of a corpus directory (``<path>/<split>/*.txt``, or the corpus inside a data
-    root) or of WikiText-103 (``<path>/wiki.<split>.tokens``, one article per document)."""
-    path = Path(path).expanduser()
+    sources = [(p.name, p.read_bytes()) for p in files]
+
+    def build() -> TokenizedCorpus:
+        texts = [_decode(raw, path) for (_, raw), path in zip(sources, files, strict=True)]
+        names = [p.stem for p in files]
+        return tokenize_documents(texts, names, tokenizer, progress, desc=f"tokenizing {split}")
+
+    return _cached(reader, split, tokenizer, sources, build, None, True)
+
+
+def load_split(
+    source: str | Path,
+    split: str,
+    tokenizer: TextTokenizer,
+    progress: bool = False,
+    whole: bool = False,
+) -> TokenizedCorpus:
+    """Split `split` of whatever layout `source` has:
+
+    - a corpus directory: ``<source>/<split>/*.txt`` (only that split needs to exist), or the
+      corpus inside a data root (``<source>/pg19-mini/``);
+    - WikiText-103: ``<source>/wiki.<split>.tokens``, one article per document;
+    - a flat folder of ``.txt`` files (one file, one document): the files of `split` by
+      :func:`flat_split_of`, or every file with ``whole=True`` (evaluating a user's documents);
+    - a single text file: one document (whatever the split);
+    - ``"-"``: standard input, one document.
+
+    Text must be UTF-8 (the error names the file); an empty result is an error.
+    """
+    check_split(split)
+    layout, root = text_layout(source, split)
+    if layout == "stdin":
+        text = _decode(sys.stdin.buffer.read(), Path("<stdin>"))
+        if not text.strip():
+            raise ValueError("standard input holds no text")
+        return tokenize_documents([text], ["stdin"], tokenizer, progress)
+    if layout == "file":
+        if not root.read_bytes().strip():
+            raise ValueError(f"{root} holds no text")
+        return _load_files([root], "file", "all", tokenizer, progress)
+    if layout == "wikitext":
+        return load_wikitext(root, split, tokenizer, progress=progress)
+    if layout == "corpus":
+        return load_corpus(root, split, tokenizer, progress=progress)
+    files = sorted(p for p in root.glob("*.txt") if p.is_file())
+    if not whole:
+        files = split_flat_folder(files)[split]
+    return _load_files(files, "flat" if whole else f"flat-{split}", split, tokenizer, progress)
+
+
+def text_layout(source: str | Path, split: str = "train") -> tuple[str, Path]:
+    """Which layout `source` has (see :func:`load_split`) and where: ("stdin" | "file" |
+    "wikitext" | "corpus" | "flat", path). Cheap: lists folders, reads no text. Raises
+    FileNotFoundError / ValueError naming what is missing."""
+    if str(source) == STDIN:
+        return "stdin", Path(STDIN)
+    path = Path(source).expanduser()
+    if path.is_file():
+        return "file", path
     if not path.is_dir():
-        raise FileNotFoundError(f"data directory not found: {path}")
+        raise FileNotFoundError(f"data not found: {path} (a folder, a .txt file or - for stdin)")
     if is_wikitext_dir(path):
-        return load_wikitext(path, split, tokenizer, progress=progress)
-    return load_corpus(resolve_corpus_dir(path), split, tokenizer, progress=progress)
+        return "wikitext", path
+    for root in (path, path / CORPUS_SUBDIR):
+        if (root / split).is_dir():
+            return "corpus", root
+    if any(p.is_file() for p in path.glob("*.txt")):
+        return "flat", path
+    subfolders = ", ".join(sorted(p.name for p in path.iterdir() if p.is_dir())) or "none"
+    raise ValueError(
+        f"no .txt files in {path} (expected {path}/{split}/*.txt, wiki.{split}.tokens, or .txt "
+        f"files, one per document; subfolders: {subfolders})"
+    )

@@ -8,6 +8,7 @@ Both expose ``encode``, ``encode_batch``, ``decode``, ``vocab_size``, ``eos_id``
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -86,25 +87,49 @@ class ByteTokenizer(TextTokenizer):
         return "bytes-utf8-v1"
 
 
-class GPT2Tokenizer(TextTokenizer):
-    """GPT-2 byte-level BPE (vocab 50257, eos ``<|endoftext|>`` = 50256) via `tokenizers`."""
+class BPETokenizer(TextTokenizer):
+    """A Hugging Face ``tokenizer.json`` (via `tokenizers`), with `eos_token` as the end-of-text
+    id that separates documents. No special tokens are added when encoding."""
 
-    name = "gpt2"
-
-    def __init__(self, tokenizer_file: str | Path) -> None:
+    def __init__(self, tokenizer_file: str | Path, eos_token: str, name: str = "bpe") -> None:
         from tokenizers import Tokenizer
 
         path = Path(tokenizer_file)
         if not path.is_file():
-            raise FileNotFoundError(f"GPT-2 tokenizer file not found: {path}")
-        self.path = path
-        self._identity = "gpt2-bpe:" + hashlib.sha256(path.read_bytes()).hexdigest()
-        self._tok = Tokenizer.from_file(str(path))
-        eos = self._tok.token_to_id(GPT2_EOS)
+            raise FileNotFoundError(f"tokenizer file not found: {path}")
+        self.path, self.name = path, name
+        self._identity = f"{name}:" + hashlib.sha256(path.read_bytes()).hexdigest()
+        try:
+            self._tok = Tokenizer.from_file(str(path))
+        except Exception as err:  # noqa: BLE001 - the tokenizers library raises plain Exception
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ValueError(
+                f"{path} is not a tokenizer file the tokenizers library can read ({first}); "
+                "pass --tokenizer bytes, gpt2, or a path to a tokenizer.json"
+            ) from None
+        eos = self._tok.token_to_id(eos_token)
         if eos is None:
-            raise ValueError(f"{path} has no {GPT2_EOS} token; is it a GPT-2 tokenizer?")
+            raise ValueError(f"{path} has no {eos_token} token")
         self.eos_id = int(eos)
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    @classmethod
+    def from_directory(cls, directory: str | Path) -> BPETokenizer:
+        """The tokenizer of a Hugging Face model directory (``tokenizer.json``); documents are
+        separated by ``<|endoftext|>`` when the vocabulary has it, else by the model's end-of-
+        sequence token (``tokenizer_config.json``)."""
+        directory = Path(directory)
+        path = directory / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no tokenizer.json in {directory}")
+        eos = GPT2_EOS
+        config = directory / "tokenizer_config.json"
+        if config.is_file():
+            named = json.loads(config.read_text(encoding="utf-8")).get("eos_token")
+            vocab = json.loads(path.read_text(encoding="utf-8")).get("added_tokens", [])
+            if named and GPT2_EOS not in {t.get("content") for t in vocab}:
+                eos = named if isinstance(named, str) else named.get("content", GPT2_EOS)
+        return cls(path, eos, name=f"hf-{directory.name}")
 
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
@@ -114,12 +139,6 @@ class GPT2Tokenizer(TextTokenizer):
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
-    def encode_long(self, text: str) -> list[int]:
-        ids: list[int] = []
-        for piece in self.encode_batch(split_for_encoding(text)):
-            ids.extend(piece)
-        return ids
-
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
@@ -128,13 +147,32 @@ class GPT2Tokenizer(TextTokenizer):
         return self._identity
 
 
+class GPT2Tokenizer(BPETokenizer):
+    """GPT-2 byte-level BPE (vocab 50257, eos ``<|endoftext|>`` = 50256)."""
+
+    def __init__(self, tokenizer_file: str | Path) -> None:
+        if not Path(tokenizer_file).is_file():
+            raise FileNotFoundError(f"GPT-2 tokenizer file not found: {tokenizer_file}")
+        super().__init__(tokenizer_file, GPT2_EOS, name="gpt2")
+        self._identity = self._identity.replace("gpt2:", "gpt2-bpe:", 1)
+
+    def encode_long(self, text: str) -> list[int]:
+        """GPT-2's pre-tokenizer never merges across the chunk boundaries of
+        `split_for_encoding`, so the chunks can be encoded in one parallel batch."""
+        ids: list[int] = []
+        for piece in self.encode_batch(split_for_encoding(text)):
+            ids.extend(piece)
+        return ids
+
+
 def load_tokenizer(spec: str, near: str | Path | None = None) -> TextTokenizer:
     """The one tokenizer loader. `spec`:
 
     - ``"bytes"``: UTF-8 bytes (vocabulary 257: 256 bytes and an end-of-text id);
     - ``"gpt2"``: the shared GPT-2 BPE, ``gpt2-tokenizer/tokenizer.json`` looked for in `near`,
       its parent, then the default data directory;
-    - a path to a GPT-2-style ``tokenizer.json``.
+    - a path to a GPT-2-style ``tokenizer.json``;
+    - a Hugging Face model directory (its ``tokenizer.json``: :meth:`BPETokenizer.from_directory`).
     """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"tokenizer must be 'bytes', 'gpt2' or a path, got {spec!r}")
@@ -157,6 +195,8 @@ def load_tokenizer(spec: str, near: str | Path | None = None) -> TextTokenizer:
             + "); pass --tokenizer PATH/tokenizer.json or --tokenizer bytes"
         )
     path = Path(spec).expanduser()
+    if path.is_dir():
+        return BPETokenizer.from_directory(path)
     if not path.is_file():
         raise FileNotFoundError(
             f"tokenizer {spec!r} is neither 'bytes', 'gpt2' nor an existing tokenizer.json file"

@@ -149,7 +149,6 @@ class Task(ABC):
             raise TypeError(
                 f"task {self.name!r} needs a {self.Config.__name__}, got {type(config).__name__}"
             )
-        type(self).check(config, model_config)
         self.config = config
         self.model_config = model_config
         self.context = context
@@ -162,8 +161,9 @@ class Task(ABC):
 
     @classmethod
     def check(cls, config: TaskConfig, model_config: Any) -> None:
-        """Raise ValueError/FileNotFoundError when the settings do not fit this task (cheap:
-        before any work starts)."""
+        """Raise ValueError/FileNotFoundError when the settings do not fit this task: cheap, and
+        called by the trainer before any work starts (a task built only to evaluate or generate
+        may lack its training data)."""
         return None
 
     # ---- training

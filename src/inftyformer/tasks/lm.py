@@ -1,10 +1,13 @@
 """Long-document language modelling (``inftyformer train lm``; paper §4.2).
 
-Data: a corpus directory with ``train/``, ``valid/``, ``test/`` folders of UTF-8 ``.txt`` files
-(one file = one document; the shared ``pg19-mini`` books), tokenised once and cached
-(:func:`inftyformer.data.load_corpus`); for evaluation also a WikiText-103 directory
-(``wiki.<split>.tokens``). ``data_dir`` is that directory, or a data root holding ``pg19-mini/``
-(default: the shared data directory). ``tokenizer`` is ``bytes``, ``gpt2`` or a path to a
+Data (``data_dir``): a corpus directory with ``train/``, ``valid/``, ``test/`` folders of UTF-8
+``.txt`` files (one file = one document; the shared ``pg19-mini`` books), a data root holding
+``pg19-mini/`` (the default: the shared data directory), or a flat folder of ``.txt`` files,
+split deterministically by file name (1 in 20 to valid, 1 in 20 to test:
+:func:`inftyformer.data.corpus.flat_split_of`). Text is tokenised once and cached.
+``eval_data`` evaluates on other text instead: any of those layouts (a flat folder: every file), a
+WikiText-103 directory (``wiki.<split>.tokens``), a single ``.txt`` file, or ``-`` for standard
+input (:func:`inftyformer.data.load_split`). ``tokenizer`` is ``bytes``, ``gpt2`` or a path to a
 ``tokenizer.json`` (:func:`inftyformer.data.load_tokenizer`).
 
 Training: the batch's B rows are parallel document streams (:class:`DocumentStreams`, shuffled per
@@ -38,13 +41,17 @@ from ..data import (
     TextTokenizer,
     TokenizedCorpus,
     check_split,
-    is_wikitext_dir,
     load_split,
     load_tokenizer,
-    resolve_corpus_dir,
     resolve_data_dir,
 )
-from ..data.corpus import token_byte_lengths, truncate_documents, with_bos
+from ..data.corpus import (
+    STDIN,
+    text_layout,
+    token_byte_lengths,
+    truncate_documents,
+    with_bos,
+)
 from ..state import MemoryState
 from .base import (
     Evaluation,
@@ -64,14 +71,19 @@ from .lm_eval import LMEvalConfig, evaluate_lm
 class LMConfig(TaskConfig):
     """Settings of the language-modelling task."""
 
-    data_dir: str | None = None  # corpus directory, data root, or WikiText directory (evaluation)
+    data_dir: str | None = None  # training text: corpus directory, data root or flat folder
     tokenizer: str = "gpt2"  # bytes, gpt2, or a path to a tokenizer.json
+    eval_data: str | None = None  # evaluate on this text instead of data_dir's valid/test
     max_docs: int | None = None  # evaluation: only the first N documents of a split
     max_tokens: int | None = None  # evaluation: only the first N tokens of each document
+    # evaluation: also report the loss over the positions [0, 256), [256, 2048), [2048, ∞)
+    position_edges: tuple[int, ...] = (256, 2048)
 
     def __post_init__(self) -> None:
-        if self.data_dir is not None and not isinstance(self.data_dir, str):
-            raise TypeError(f"data_dir must be a string or None, got {self.data_dir!r}")
+        for name in ("data_dir", "eval_data"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise TypeError(f"{name} must be a non-empty string or None, got {value!r}")
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             raise ValueError(f"tokenizer must be a non-empty string, got {self.tokenizer!r}")
         for name in ("max_docs", "max_tokens"):
@@ -79,18 +91,10 @@ class LMConfig(TaskConfig):
                 check_positive_int(name, getattr(self, name))
 
 
-def _data_root(config: LMConfig) -> Path:
-    """The directory the settings designate: a WikiText directory as it is, else the corpus."""
-    root = resolve_data_dir(config.data_dir)
-    return root if is_wikitext_dir(root) else resolve_corpus_dir(root)
-
-
 def _tokenizer(config: LMConfig) -> TextTokenizer:
-    try:
-        near = _data_root(config)
-    except FileNotFoundError:
-        near = None
-    return load_tokenizer(config.tokenizer, near)
+    """`config.tokenizer`; "gpt2" is looked for beside the training data first."""
+    near = Path(config.data_dir).expanduser() if config.data_dir else None
+    return load_tokenizer(config.tokenizer, near if near is not None and near.is_dir() else None)
 
 
 @register_task("lm")
@@ -109,8 +113,7 @@ class LanguageModelTask(Task):
 
     def __init__(self, config: LMConfig, model_config: Any, context: RunContext) -> None:
         super().__init__(config, model_config, context)
-        self.root = _data_root(config)
-        self.tokenizer = load_tokenizer(config.tokenizer, self.root)
+        self.tokenizer = _tokenizer(config)
         if self.tokenizer.vocab_size > model_config.vocab_size:
             raise ValueError(
                 f"the tokenizer has {self.tokenizer.vocab_size} ids, the model's vocabulary "
@@ -137,19 +140,28 @@ class LanguageModelTask(Task):
     @classmethod
     def check(cls, config: LMConfig, model_config: Any) -> None:
         """Cheap checks before any work: the data exists, the vocabulary fits."""
-        _data_root(config)
+        if config.eval_data is None:
+            text_layout(resolve_data_dir(config.data_dir), "train")
+        elif config.eval_data != STDIN and not Path(config.eval_data).expanduser().exists():
+            raise FileNotFoundError(f"evaluation data not found: {config.eval_data}")
         if model_config.vocab_size < 2:
             raise ValueError(f"vocab_size must be >= 2, got {model_config.vocab_size}")
 
     # ------------------------------------------------------------------ data
     def split(self, name: str) -> TokenizedCorpus:
-        """The tokenised split `name` (loaded once)."""
+        """The tokenised split `name` (loaded once): the training text's, or for valid/test the
+        evaluation text's when `eval_data` is set (a flat folder counts whole there)."""
         if name not in self._splits:
-            corpus = load_split(
-                self.root, check_split(name), self.tokenizer, progress=self.context.progress
-            )
+            check_split(name)
+            c, progress = self.config, self.context.progress
+            if c.eval_data is not None and name != "train":
+                corpus = load_split(c.eval_data, name, self.tokenizer, progress, whole=True)
+                source = c.eval_data
+            else:
+                source = resolve_data_dir(c.data_dir)
+                corpus = load_split(source, name, self.tokenizer, progress)
             if corpus.num_tokens == 0:
-                raise ValueError(f"the {name} split of {self.root} holds no text")
+                raise ValueError(f"the {name} split of {source} holds no text")
             self._splits[name] = corpus
         return self._splits[name]
 
@@ -188,7 +200,8 @@ class LanguageModelTask(Task):
         targets = batch.targets[rows].to(device)
         reset = batch.reset[rows].to(device)
         out = model(inputs, state=self._memory.get(part), targets=targets, reset=reset)
-        self._next_memory[part] = out.state.detach()
+        if out.state is not None:  # a model without memory carries nothing
+            self._next_memory[part] = out.state.detach()
         sums = scored_sums(out.logits, targets)
         sums["tokens"] = float(inputs.numel())
         return StepOutput(out.loss, sums, {k: float(v.detach()) for k, v in out.aux.items()})
@@ -230,7 +243,7 @@ class LanguageModelTask(Task):
             mine = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
             if not mine:
                 raise ValueError(f"the checkpoint lacks the carried memory of part {part}")
-            state = MemoryState.from_tensors(mine, self.model_config.n_layers)
+            state = MemoryState.from_tensors(mine)
             memory[part] = state.to(self.context.device)
         self._memory = memory
 
@@ -256,6 +269,7 @@ class LanguageModelTask(Task):
         docs = int((corpus.doc_lengths > 0).sum())
         cfg = LMEvalConfig(
             batch_size=max(1, min(self.context.batch_size, docs)),
+            position_edges=tuple(self.config.position_edges),
             max_steps=0 if split == "test" or num_batches is None else num_batches,
             progress=self.context.progress,
         )

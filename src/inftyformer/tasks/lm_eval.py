@@ -35,8 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
+from .._progress import progress as show_progress
 from ..data import DocumentStreams, TokenizedCorpus
 from ..data.corpus import with_bos
 from ..model import IGNORE_INDEX
@@ -48,14 +48,16 @@ class LMEvalConfig:
 
     batch_size: parallel document streams (rows); segment_len: tokens per call (None: the model's
     ``segment_len``); bos: score every token by prefixing each document with the end-of-text id;
-    buckets_per_octave: resolution of the per-position loss; max_steps: stop early (partial pass,
-    for smoke tests; 0 = the whole corpus).
+    buckets_per_octave: resolution of the per-position loss; position_edges: also total the loss
+    (and bytes) over the position ranges [0, e_1), [e_1, e_2), …, [e_k, ∞); max_steps: stop early
+    (partial pass, for smoke tests; 0 = the whole corpus).
     """
 
     batch_size: int = 8
     segment_len: int | None = None
     bos: bool = True
     buckets_per_octave: int = 2
+    position_edges: tuple[int, ...] = ()
     max_steps: int = 0
     progress: bool = False
 
@@ -68,6 +70,9 @@ class LMEvalConfig:
             raise ValueError(f"buckets_per_octave must be >= 1, got {self.buckets_per_octave}")
         if self.max_steps < 0:
             raise ValueError(f"max_steps must be >= 0, got {self.max_steps}")
+        edges = tuple(self.position_edges)
+        if any(e < 1 for e in edges) or list(edges) != sorted(set(edges)):
+            raise ValueError(f"position_edges must be increasing positive ints, got {edges}")
 
 
 @dataclass
@@ -78,6 +83,26 @@ class PositionLoss:
     stop: list[int]
     count: list[int]
     mean_loss: list[float]
+
+
+@dataclass
+class PositionRange:
+    """Totals over the tokens whose 0-based position in their document is in [start, stop)
+    (stop None: to the end)."""
+
+    start: int
+    stop: int | None
+    tokens: int
+    nll_sum: float
+    bytes: int  # UTF-8 bytes of those tokens (0 when bytes per token are not known)
+
+    @property
+    def loss(self) -> float:
+        return self.nll_sum / max(self.tokens, 1)
+
+    @property
+    def bits_per_byte(self) -> float:
+        return self.nll_sum / (math.log(2) * self.bytes) if self.bytes else math.nan
 
 
 @dataclass
@@ -99,6 +124,7 @@ class LMEvalResult:
     doc_tokens: list[int] = field(default_factory=list)
     doc_nll: list[float] = field(default_factory=list)
     position: PositionLoss | None = None
+    ranges: list[PositionRange] = field(default_factory=list)
 
     def summary(self) -> dict[str, float]:
         return {
@@ -173,12 +199,16 @@ def evaluate_lm(
     doc_count = torch.zeros(num_docs, dtype=torch.int64)
     bucket_sum = torch.zeros(64 * cfg.buckets_per_octave, dtype=torch.float64)
     bucket_count = torch.zeros(64 * cfg.buckets_per_octave, dtype=torch.int64)
+    edges = torch.tensor(cfg.position_edges, dtype=torch.long)
+    range_nll = torch.zeros(len(edges) + 1, dtype=torch.float64)  # [ranges]
+    range_tokens = torch.zeros(len(edges) + 1, dtype=torch.int64)
+    range_bytes = torch.zeros(len(edges) + 1, dtype=torch.int64)
     columns = torch.arange(segment_len)  # [L]
     byte_table = None if token_bytes is None else torch.as_tensor(np.asarray(token_bytes))
     scored_bytes = 0
     state = model.init_state(rows, device)
     try:
-        for _ in tqdm(range(steps), desc="evaluating", disable=not cfg.progress, leave=False):
+        for _ in show_progress(range(steps), desc="evaluating", enabled=cfg.progress, leave=False):
             batch = next(streams)
             inputs = batch.inputs.to(device)
             targets = batch.targets  # [B, L] (cpu)
@@ -200,8 +230,13 @@ def evaluate_lm(
             buckets = _bucket(positions[scored], cfg.buckets_per_octave)
             bucket_sum.index_add_(0, buckets, nll[scored])
             bucket_count.index_add_(0, buckets, torch.ones_like(buckets))
+            ranges = torch.bucketize(positions[scored], edges, right=True)  # range of each token
+            range_nll.index_add_(0, ranges, nll[scored])
+            range_tokens.index_add_(0, ranges, torch.ones_like(ranges))
             if byte_table is not None:
-                scored_bytes += int(byte_table[targets[scored]].sum())
+                token_bytes_ = byte_table[targets[scored]]
+                scored_bytes += int(token_bytes_.sum())
+                range_bytes.index_add_(0, ranges, token_bytes_.long())
     finally:
         model.train(was_training)
 
@@ -237,7 +272,17 @@ def evaluate_lm(
         doc_tokens=doc_count.tolist(),
         doc_nll=doc_nll.tolist(),
         position=position,
+        ranges=[
+            PositionRange(
+                start=([0] + list(cfg.position_edges))[i],
+                stop=(list(cfg.position_edges) + [None])[i],
+                tokens=int(range_tokens[i]),
+                nll_sum=float(range_nll[i]),
+                bytes=int(range_bytes[i]),
+            )
+            for i in range(len(edges) + 1)
+        ],
     )
 
 
-__all__ = ["LMEvalConfig", "LMEvalResult", "PositionLoss", "evaluate_lm"]
+__all__ = ["LMEvalConfig", "LMEvalResult", "PositionLoss", "PositionRange", "evaluate_lm"]

@@ -54,6 +54,7 @@ SEP = 20
 PAD = 21
 SORTING_VOCAB = 22
 NUM_TARGETS = 20
+MAX_PROMPT_LEN = 1_000_000  # a longer random prompt would need gigabytes to draw
 # Split-specific entropy mixed into every batch's SeedSequence: splits draw from disjoint streams.
 _SPLIT_ENTROPY = {"train": 0x5EED_0001, "valid": 0x5EED_0002, "test": 0x5EED_0003}
 
@@ -367,10 +368,16 @@ class SortingTask(Task):
         match = re.fullmatch(r"random(?::(\d+))?", text)
         if match:
             length = int(match.group(1) or self.config.seq_len)
+            if not 1 <= length <= MAX_PROMPT_LEN:
+                raise ValueError(
+                    f"--prompt random:T needs 1 <= T <= {MAX_PROMPT_LEN:,} symbols, got {length:,}"
+                )
             data = SortingDataset(seq_len=length, batch_size=1, split="test", seed=0)
             inputs, targets = data.batch(0)
             return inputs[0, : length + 1], targets[0, -NUM_TARGETS:].tolist()
         parts = [p for p in re.split(r"[\s,]+", text) if p]
+        if len(parts) > MAX_PROMPT_LEN:
+            raise ValueError(f"a sorting prompt holds at most {MAX_PROMPT_LEN:,} symbols")
         try:
             symbols = [int(p) for p in parts]
         except ValueError:

@@ -16,8 +16,7 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
-from ..model import MemoryLM
+from ..models import build_model, config_from_dict
 from ..tasks import Evaluation, RunContext, Shard, Task, TaskConfig, get_task
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .config import TrainConfig
@@ -28,8 +27,8 @@ from .distributed import resolve_device
 class SavedRun:
     """A trained model and the settings it was trained with."""
 
-    model: MemoryLM
-    model_config: ModelConfig
+    model: torch.nn.Module  # MemoryLM, or a pretrained model with memory (inftyformer.models)
+    model_config: Any
     train_config: TrainConfig
     task_config: TaskConfig
     checkpoint: Checkpoint
@@ -58,7 +57,7 @@ class SavedRun:
         return task_cls(config, self.model_config, context)
 
 
-def read_configs(path: str | Path) -> tuple[TrainConfig, TaskConfig, ModelConfig]:
+def read_configs(path: str | Path) -> tuple[TrainConfig, TaskConfig, Any]:
     """(train, task, model) settings stored in a checkpoint (a run directory reads `last`)."""
     return _configs(load_checkpoint(_default_name(path, "last")))
 
@@ -68,7 +67,7 @@ def _default_name(path: str | Path, name: str) -> Path:
     return path / name if path.is_dir() else path
 
 
-def _configs(ckpt: Checkpoint) -> tuple[TrainConfig, TaskConfig, ModelConfig]:
+def _configs(ckpt: Checkpoint) -> tuple[TrainConfig, TaskConfig, Any]:
     meta = ckpt.meta
     missing = [k for k in ("model_config", "train_config", "task_config") if k not in meta]
     if missing:
@@ -76,8 +75,8 @@ def _configs(ckpt: Checkpoint) -> tuple[TrainConfig, TaskConfig, ModelConfig]:
     try:
         train_cfg = TrainConfig.from_dict(meta["train_config"])
         task_cfg = get_task(train_cfg.task).Config.from_dict(meta["task_config"])
-        model_cfg = ModelConfig.from_dict(meta["model_config"])
-    except (TypeError, ValueError) as err:
+        model_cfg = config_from_dict(meta.get("model_kind", "native"), meta["model_config"])
+    except (TypeError, ValueError, FileNotFoundError) as err:
         raise CheckpointError(f"{ckpt.path}: invalid settings in the checkpoint: {err}") from None
     return train_cfg, task_cfg, model_cfg
 
@@ -92,11 +91,17 @@ def load_run(
     ckpt = load_checkpoint(path)
     train_cfg, task_cfg, model_cfg = _configs(ckpt)
     model_cfg = model_cfg.with_memory_settings(memory_settings)
-    model = MemoryLM(model_cfg)
+    model = build_model(model_cfg)
     try:
         model.load_state_dict(ckpt.section("model"), strict=True)
     except RuntimeError as err:
         raise CheckpointError(f"{ckpt.path}: weights do not fit the model: {err}") from None
+    bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:
+        raise CheckpointError(
+            f"{ckpt.path}: the weights hold NaN or inf values ({', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}): the run had diverged before this checkpoint"
+        )
     dev = resolve_device(device) if isinstance(device, str) else device
     model.to(dev).eval()
     return SavedRun(model, model_cfg, train_cfg, task_cfg, ckpt)

@@ -1,0 +1,445 @@
+"""The long-term memory on a pretrained causal LM: the checks that it is a faithful add-on, and
+its per-token cost relative to the base model.
+
+    python -m inftyformer.hf.convert --smollm2 /work/models/smollm2-135m   # once (~540 MB)
+    python benchmarks/bench_pretrained.py                 # SmolLM2-135M (--model DIR for another)
+    python benchmarks/bench_pretrained.py --tiny          # a random tiny Llama, runs in seconds
+
+Writes docs/benchmarks/pretrained_cost.{json,md} (--tiny: pretrained_cost_tiny.*).
+
+Checks (numbers, not pass/fail):
+- parity at initialisation: max |Δlogit| between the base and the model with memory over three
+  consecutive segments (the memory filled from the second on), for the given model (Llama family)
+  and for a random GPT-2 (GPT-2 small's shape; tiny with --tiny);
+- generation: the read's output projection set to N(0, 0.02²) so that the memory matters, then
+  greedy `generate` from a memory vs recomputing `model(text so far, memory=m)` at every step;
+- save/load: `save_pretrained` → `AutoModelForCausalLM.from_pretrained`, and the memory state
+  through `save_state` / `load_state`: max |Δlogit| of the next segment.
+
+Cost: batch 4, L = 256, one torch thread, eval mode; the memory model in steady state (a filled
+long-term memory and a waiting segment, so every timed call fits L vectors into the memory
+(resample + refit) and reads it in every block). Forward (no gradients) and forward + backward
+(all parameters trainable), the base and the memory model taking turns; medians of the
+per-round ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import _common as common
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = Path(os.environ.get("INFTYFORMER_PRETRAINED", "/work/models/smollm2-135m"))
+OUT = ROOT / "docs" / "benchmarks"
+
+
+def data_dir() -> Path | None:
+    """$INFTYFORMER_DATA, or ../shared/data beside the repository (or its parent folder)."""
+    env = os.environ.get("INFTYFORMER_DATA")
+    candidates = [Path(env)] if env else [p / "shared" / "data" for p in ROOT.parents[:2]]
+    return next((p for p in candidates if p.is_dir()), None)
+
+
+# ----------------------------------------------------------------------------- inputs
+def tiny_llama(vocab: int = 512):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def random_gpt2(tiny: bool):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    shape = (
+        dict(n_embd=64, n_layer=2, n_head=4) if tiny else dict(n_embd=768, n_layer=12, n_head=12)
+    )
+    return GPT2LMHeadModel(GPT2Config(vocab_size=50257, n_positions=1024, **shape)).eval()
+
+
+def book_ids(tokenizer, vocab: int, rows: int, length: int) -> tuple[torch.Tensor, str]:
+    """[rows, length] ids: consecutive text of pg19-mini test books when the tokenizer and the
+    data are there, else seeded random ids."""
+    root = data_dir()
+    books = sorted((root / "pg19-mini" / "test").glob("*.txt")) if root else []
+    if tokenizer is not None and books:
+        text = books[0].read_text(encoding="utf-8")[: 12 * rows * length]
+        ids = tokenizer(text, return_tensors="pt").input_ids[0]
+        if ids.numel() >= rows * length:
+            return ids[: rows * length].view(rows, length), f"pg19-mini test/{books[0].name}"
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, vocab, (rows, length), generator=g), "random ids"
+
+
+# ----------------------------------------------------------------------------- checks
+@torch.no_grad()
+def parity(base, ids: torch.Tensor, segment_len: int) -> list[float]:
+    """max |Δlogit| of each segment: the base alone vs the model with memory (just wrapped)."""
+    from inftyformer.hf import add_long_term_memory
+
+    reference = [
+        base(ids[:, i : i + segment_len]).logits for i in range(0, ids.shape[1], segment_len)
+    ]
+    model = add_long_term_memory(base, segment_len=segment_len).eval()
+    memory, deltas = None, []
+    for i, want in zip(range(0, ids.shape[1], segment_len), reference, strict=True):
+        out = model(ids[:, i : i + segment_len], memory=memory)
+        deltas.append(float((out.logits - want).abs().max()))
+        memory = out.memory
+    model.unwrap()
+    return deltas
+
+
+@torch.no_grad()
+def activate(model, std: float = 0.02, seed: int = 0) -> None:
+    """Nonzero output projections of the reads (they start at zero), as after some training."""
+    g = torch.Generator().manual_seed(seed)
+    for layer in model.long_term:
+        w = layer.attention.out.weight
+        w.copy_(torch.randn(w.shape, generator=g) * std)
+
+
+@torch.no_grad()
+def generation_check(model, ids, segment_len, prompt_len, new_tokens, tokenizer) -> dict:
+    memory = model(ids[:, :segment_len]).memory
+    memory = model(ids[:, segment_len : 2 * segment_len], memory=memory).memory
+    prompt = ids[:, 2 * segment_len : 2 * segment_len + prompt_len]
+    start = time.perf_counter()
+    out = model.generate(
+        prompt,
+        memory=memory,
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_logits=True,
+        pad_token_id=0,
+    )
+    gen_s = time.perf_counter() - start
+    seq, worst = prompt, 0.0
+    for step in range(new_tokens):
+        logits = model(seq, memory=memory).logits[:, -1]
+        worst = max(worst, float((logits - out.logits[step]).abs().max()))
+        seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], dim=1)
+    alone = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    first = model(prompt).logits[:, -1]  # the first step without the memory
+    result = {
+        "rows": int(prompt.shape[0]),
+        "prompt_tokens": prompt_len,
+        "new_tokens": new_tokens,
+        "tokens_equal_recomputation": bool(torch.equal(out.sequences, seq)),
+        "max_abs_logit_diff_vs_recomputation": worst,
+        "tokens_differ_from_no_memory": bool(not torch.equal(out.sequences, alone)),
+        "first_step_max_abs_logit_diff_vs_no_memory": float((out.logits[0] - first).abs().max()),
+        "generate_seconds": gen_s,
+    }
+    if tokenizer is not None:
+        result["sample_with_memory"] = tokenizer.decode(out.sequences[0, prompt_len:])
+        result["sample_without_memory"] = tokenizer.decode(alone[0, prompt_len:])
+    return result
+
+
+@torch.no_grad()
+def save_load_check(model, ids, segment_len) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from inftyformer import load_state, save_state
+
+    memory = model(ids[:, :segment_len]).memory
+    expected = model(ids[:, segment_len : 2 * segment_len], memory=memory).logits
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        model.save_pretrained(Path(tmp) / "model")
+        save_s = time.perf_counter() - start
+        files = sorted(p.name for p in (Path(tmp) / "model").iterdir())
+        size = sum(p.stat().st_size for p in (Path(tmp) / "model").iterdir())
+        save_state(Path(tmp) / "memory.safetensors", memory)
+        memory_bytes = (Path(tmp) / "memory.safetensors").stat().st_size
+        start = time.perf_counter()
+        loaded = AutoModelForCausalLM.from_pretrained(Path(tmp) / "model").eval()
+        load_s = time.perf_counter() - start
+        memory = load_state(Path(tmp) / "memory.safetensors")
+    got = loaded(ids[:, segment_len : 2 * segment_len], memory=memory).logits
+    return {
+        "loaded_class": type(loaded).__name__,
+        "files": files,
+        "model_dir_mib": size / 2**20,
+        "memory_state_mib": memory_bytes / 2**20,
+        "save_seconds": save_s,
+        "load_seconds": load_s,
+        "max_abs_logit_diff": float((got - expected).abs().max()),
+    }
+
+
+# ----------------------------------------------------------------------------- cost
+def cost(base, model, ids: torch.Tensor, repeats: int) -> dict:
+    """Interleaved timings of the base and the memory model on one segment ids [B, L]."""
+    batch, length = ids.shape
+    with torch.no_grad():  # steady state: a filled long-term memory and a waiting segment
+        memory = model(ids).memory
+        memory = model(ids, memory=memory).memory
+
+    def base_forward():
+        with torch.no_grad():
+            base(ids)
+
+    def memory_forward():
+        with torch.no_grad():
+            model(ids, memory=memory)
+
+    def base_train():
+        base(ids, labels=ids).loss.backward()
+
+    def memory_train():
+        model(ids, memory=memory, labels=ids).loss.backward()
+
+    def clear():
+        base.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
+
+    times = common.interleaved(
+        {
+            "base forward": base_forward,
+            "memory forward": memory_forward,
+            "base forward+backward": base_train,
+            "memory forward+backward": memory_train,
+        },
+        repeats=repeats,
+        warmup=1,
+        between=clear,
+    )
+    clear()
+    tokens = batch * length
+    rows = {}
+    for kind in ("forward", "forward+backward"):
+        b, m = times[f"base {kind}"], times[f"memory {kind}"]
+        rows[kind] = {
+            "base": common.summarize(b),
+            "memory": common.summarize(m),
+            "base_ms_per_token": 1000 * statistics.median(b) / tokens,
+            "memory_ms_per_token": 1000 * statistics.median(m) / tokens,
+            "ratio_median": statistics.median(y / x for x, y in zip(b, m, strict=True)),
+            "ratio_min": min(y / x for x, y in zip(b, m, strict=True)),
+            "ratio_max": max(y / x for x, y in zip(b, m, strict=True)),
+        }
+    return rows
+
+
+# ----------------------------------------------------------------------------- report
+def markdown(result: dict[str, Any]) -> str:
+    s = result["setup"]
+    lines = [
+        "# Long-term memory on a pretrained causal LM: checks and cost",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+        common.machine_markdown(result["machine"]),
+        f"- transformers {result['transformers']}; base: {s['base']} ({s['architecture']}, "
+        f"{s['base_params'] / 1e6:.1f}M parameters, {s['layers']} layers, d {s['hidden']}); "
+        f"memory: {s['memory_params'] / 1e6:.1f}M parameters ({s['memory_settings']})",
+        f"- text: {s['text']}",
+        "",
+        "## Parity at initialisation",
+        "",
+        "The read's output projection starts at zero, so the model with memory must give the "
+        "base's logits exactly, also once the memory holds earlier segments (segments 2 and 3). "
+        f"Batch {s['batch']}, segments of L = {s['segment_len']}.",
+        "",
+        common.markdown_table(
+            ["model", "segment 1", "segment 2", "segment 3"],
+            [
+                [row["model"], *(f"{d:.3g}" for d in row["max_abs_logit_diff"])]
+                for row in result["parity"]
+            ],
+        ),
+        "",
+        "(max |Δlogit| per segment, float32)",
+        "",
+    ]
+    g = result["generation"]
+    lines += [
+        "## Generation with a memory",
+        "",
+        "Output projections set to N(0, 0.02²) so that the memory changes the logits; two "
+        f"segments streamed into the memory, then greedy `generate` of {g['new_tokens']} tokens "
+        f"after a {g['prompt_tokens']}-token prompt ({g['rows']} rows), against recomputing "
+        "`model(text so far, memory=m)` from scratch at every step.",
+        "",
+        f"- same tokens as the recomputation: {g['tokens_equal_recomputation']}; "
+        f"max |Δlogit| {g['max_abs_logit_diff_vs_recomputation']:.3g}",
+        f"- tokens differ from generating without the memory: {g['tokens_differ_from_no_memory']}",
+        f"- generate took {g['generate_seconds']:.2f} s",
+    ]
+    if "sample_with_memory" in g:
+        lines += [
+            f"- row 1 with memory: {g['sample_with_memory']!r}",
+            f"- row 1 without memory: {g['sample_without_memory']!r}",
+        ]
+    v = result["save_load"]
+    lines += [
+        "",
+        "## Save and load",
+        "",
+        f"- `save_pretrained` ({v['save_seconds']:.1f} s, {v['model_dir_mib']:.0f} MiB: "
+        f"{', '.join(v['files'])}) → `AutoModelForCausalLM.from_pretrained` "
+        f"({v['load_seconds']:.1f} s) gives a {v['loaded_class']}",
+        f"- memory state through `save_state`/`load_state`: {v['memory_state_mib']:.1f} MiB",
+        f"- next segment's logits, reloaded model + reloaded memory vs the original: "
+        f"max |Δlogit| {v['max_abs_logit_diff']:.3g}",
+        "",
+        "## Cost of the memory",
+        "",
+        f"Batch {s['batch']} × L = {s['segment_len']} tokens per call, "
+        f"{result['repeats']} interleaved rounds, one torch thread. Steady state: each timed "
+        "call fits the previous segment into every block's memory (resample + refit) and reads "
+        "it. Forward + backward: all parameters trainable.",
+        "",
+        common.markdown_table(
+            [
+                "pass",
+                "base ms (median)",
+                "memory ms (median)",
+                "base ms/token",
+                "memory ms/token",
+                "memory / base (median [min, max])",
+            ],
+            [
+                [
+                    kind,
+                    f"{r['base']['median_ms']:.0f}",
+                    f"{r['memory']['median_ms']:.0f}",
+                    f"{r['base_ms_per_token']:.2f}",
+                    f"{r['memory_ms_per_token']:.2f}",
+                    f"{r['ratio_median']:.2f}× [{r['ratio_min']:.2f}, {r['ratio_max']:.2f}]",
+                ]
+                for kind, r in result["cost"].items()
+            ],
+        ),
+        "",
+        common.kept_notes(ROOT / result["markdown"]),
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=None, help="a causal LM directory")
+    parser.add_argument("--tiny", action="store_true", help="a random tiny Llama instead")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--segment-len", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out-dir", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from inftyformer.hf import add_long_term_memory
+
+    machine = common.machine_info()
+    tokenizer = None
+    if args.tiny:
+        base, name = tiny_llama(), "random tiny Llama"
+    else:
+        path = args.model or DEFAULT_MODEL
+        if not path.is_dir():
+            parser.error(
+                f"no model directory at {path}: convert one first "
+                "(python -m inftyformer.hf.convert --smollm2 DIR), pass --model DIR, or use --tiny"
+            )
+        base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        name = path.name
+    B, L = args.batch, args.segment_len
+    vocab = base.config.vocab_size
+    ids, text = book_ids(tokenizer, vocab, B, 4 * L)
+    print(f"base {name}: {type(base).__name__}, text: {text}", flush=True)
+
+    reference = copy.deepcopy(base)  # the base alone, for parity and cost
+    parity_rows = [
+        {
+            "model": f"{name} ({type(base).__name__})",
+            "max_abs_logit_diff": parity(base, ids[:, : 3 * L], L),
+        }
+    ]
+    gpt2 = random_gpt2(args.tiny)
+    g_ids = torch.randint(0, 50257, (2, 3 * L), generator=torch.Generator().manual_seed(1))
+    shape = "tiny" if args.tiny else "GPT-2 small shape"
+    parity_rows.append(
+        {
+            "model": f"random GPT-2, {shape} (GPT2LMHeadModel)",
+            "max_abs_logit_diff": parity(gpt2, g_ids, L),
+        }
+    )
+    del gpt2
+    print("parity", parity_rows, flush=True)
+
+    model = add_long_term_memory(base, segment_len=L).eval()
+    lt = model.config
+    settings = (
+        f"N {lt.num_basis}, widths {lt.widths}, λ {lt.ridge_lambda}, τ {lt.tau}, "
+        f"M {lt.num_samples}, {lt.num_heads} heads, own W^Q, CNN gate {lt.conv_gate}"
+    )
+    cost_rows = cost(reference, model, ids[:, :L], args.repeats)
+    print("cost", {k: round(v["ratio_median"], 3) for k, v in cost_rows.items()}, flush=True)
+
+    activate(model)
+    generation = generation_check(model, ids[:, : 3 * L], L, 32, 20, tokenizer)
+    print("generation", generation, flush=True)
+    save_load = save_load_check(model, ids[:, : 2 * L], L)
+    print("save/load", save_load, flush=True)
+
+    stem = "pretrained_cost_tiny" if args.tiny else "pretrained_cost"
+    result = {
+        "command": common.command_line(),
+        "machine": machine,
+        "transformers": transformers.__version__,
+        "repeats": args.repeats,
+        "setup": {
+            "base": name,
+            "architecture": type(base).__name__,
+            "base_params": sum(p.numel() for p in model.base_parameters()),
+            "memory_params": sum(p.numel() for p in model.memory_parameters()),
+            "layers": model.num_layers,
+            "hidden": model.config.hidden_size,
+            "memory_settings": settings,
+            "batch": B,
+            "segment_len": L,
+            "text": text,
+        },
+        "parity": parity_rows,
+        "generation": generation,
+        "save_load": save_load,
+        "cost": cost_rows,
+        "markdown": str((args.out_dir / f"{stem}.md").resolve().relative_to(ROOT)),
+    }
+    common.write_json(args.out_dir / f"{stem}.json", result)
+    common.write_text(args.out_dir / f"{stem}.md", markdown(result))
+    print(f"wrote {args.out_dir / stem}.json and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""`InftyformerConfig`: a pretrained causal LM's own config plus the long-term memory's settings.
+
+    text_config     the base model's config (GPT2Config, LlamaConfig, ...), saved nested in
+                    config.json, so `from_pretrained` rebuilds the base with `AutoModelForCausalLM`
+    num_heads ...   the `LongTermConfig` fields (SPEC §1–6); `dim` and `out_dim` are the base's
+                    hidden size, and the memory has its own query projection W^Q (`model.py`)
+    segment_len     L: tokens per call when a long document is streamed (`streaming.py`)
+    kl_weight       weight of the variance-KL term in the loss (SPEC §6)
+
+Defaults are the paper's GPT-2 settings (SPEC §1–4): N = 512, widths {0.005, 0.01}, λ = 0.5,
+τ = 0.5, M = 512, KL weight 1e-6.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import AutoConfig, PretrainedConfig
+from transformers.configuration_utils import SubConfigSpec
+
+from ..long_term_memory import LongTermConfig
+from .adapters import adapter_for
+
+# the LongTermConfig fields a user may set; dim, out_dim and query_projection follow from the base
+MEMORY_FIELDS = (
+    "num_heads",
+    "num_basis",
+    "widths",
+    "ridge_lambda",
+    "tau",
+    "num_samples",
+    "edge_padding",
+    "conv_gate",
+    "sticky",
+    "sticky_bins",
+    "sigma_0",
+    "min_sigma_sq",
+)
+MODEL_FIELDS = ("segment_len", "kl_weight")
+
+
+class InftyformerConfig(PretrainedConfig):
+    model_type = "inftyformer"
+    sub_configs_defaults = {
+        "text_config": SubConfigSpec(config_class=AutoConfig, model_type="gpt2")
+    }
+
+    text_config: dict | PretrainedConfig | None = None
+    num_heads: int | None = None  # None: the base's number of attention heads
+    num_basis: int = 512
+    widths: tuple[float, ...] | list[float] = (0.005, 0.01)
+    ridge_lambda: float = 0.5
+    tau: float = 0.5
+    num_samples: int = 512
+    edge_padding: bool = True
+    conv_gate: bool = True
+    sticky: bool = False
+    sticky_bins: int = 128
+    sigma_0: float = 0.05
+    min_sigma_sq: float = 1e-4
+    segment_len: int = 512
+    kl_weight: float = 1e-6
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        super().__post_init__(**kwargs)
+        self.widths = tuple(float(w) for w in self.widths)
+        text = self.text_config
+        architecture = self.base_architecture
+        adapter_for(architecture)  # a clear error for an unsupported base
+        if self.num_heads is None:
+            self.num_heads = int(text.num_attention_heads)
+        if isinstance(self.segment_len, bool) or not isinstance(self.segment_len, int):
+            raise TypeError(f"segment_len must be an int, got {type(self.segment_len).__name__}")
+        limit = getattr(text, "max_position_embeddings", None)
+        if self.segment_len < 1 or (limit is not None and self.segment_len > limit):
+            raise ValueError(
+                f"segment_len must be in [1, {limit}] (the base's max_position_embeddings), "
+                f"got {self.segment_len}"
+            )
+        if isinstance(self.kl_weight, bool) or not (float(self.kl_weight) >= 0):
+            raise ValueError(f"kl_weight must be >= 0, got {self.kl_weight}")
+        self.long_term_config()  # validates N, widths, λ, τ, M, σ₀ with named errors
+
+    @property
+    def base_architecture(self) -> str:
+        """The *ForCausalLM class the base is built with (e.g. "GPT2LMHeadModel")."""
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        model_type = self.text_config.model_type
+        name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+        if name is None:
+            adapter_for(f"<no causal LM for model_type {model_type!r}>")
+        return name
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.text_config.hidden_size)
+
+    def long_term_config(self) -> LongTermConfig:
+        """The core memory's config: e = the base's hidden size, own W^Q, output of size e."""
+        return LongTermConfig.from_settings(
+            self, dim=self.hidden_size, out_dim=self.hidden_size, query_projection=True
+        )
+
+
+__all__ = ["MEMORY_FIELDS", "MODEL_FIELDS", "InftyformerConfig"]

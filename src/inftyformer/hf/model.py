@@ -1,0 +1,642 @@
+"""`InftyformerForCausalLM`: a pretrained Hugging Face causal LM (GPT-2, Llama family) with the
+∞-former's long-term memory in every block (SPEC §7, "GPT-2").
+
+One call processes one segment of T tokens (the streaming helper cuts documents into segments of
+L = `segment_len`; the base attends within its segment):
+
+1. The segment that the previous call stored (its blocks' normalised attention inputs, waiting in
+   `LayerState.short_term`) enters each block's long-term memory (`LongTermMemory.update`: first
+   fit, or squeeze-resample-refit) at the START of this call, inside this call's graph, so the
+   CNN gate gets gradient from this call's loss; the stored coefficients come in detached.
+2. The base model runs unchanged. In block i, two forward hooks (`adapters.py`):
+       h_i = norm_i(x)                  the normalised attention input, recorded
+       a_i = W_o Attn(h_i) + LTM_i(h_i) the continuous read is added to the output projection's
+                                        output, before the residual (and, for GPT-2, before the
+                                        residual dropout)
+   LTM_i has its own W^Q, W^K, W^V and output projection (`LongTermAttention` with
+   `query_projection=True`): queries W^Q h_i, keys/values from the memory's coefficients.
+   Choice: its own W^Q rather than the block's query projection, because that works the same
+   for every architecture (GPT-2's fused c_attn, Llama's grouped-query heads, rotary positions
+   applied inside the attention) and stays trainable when the base is frozen.
+3. The new memory is returned, detached: each layer's long-term state after step 1 (with the
+   sticky histogram of this call's reads), and this call's h_i waiting in `short_term`
+   (the valid positions only, right-aligned, per row: `attention_mask` zeros are not stored).
+
+At initialisation the read's output projection is zero (weight and bias), so the logits equal
+the base model's exactly (`tests/hf`); W^Q, W^K, W^V ~ N(0, initializer_range²).
+
+Hooks and call-scoped context. The hooks hold no state: they are `functools.partial`s of a
+module-level function and the block index. What they need for one call (the layers' long-term
+states, the recorded h_i, the reads) lives in a `_Call` object that `forward` puts in a
+`contextvars.ContextVar` for the duration of the base model's forward and removes in a `finally`.
+This is safe because (a) a ContextVar is private to its thread (and asyncio task), so concurrent
+calls on other threads never see it; (b) nested calls restore the outer value on exit; (c) a hook
+acts only when the active call lists the very module it is attached to, so the base model called
+on its own (`model.base(...)`) or another model's modules run unchanged. Gradient checkpointing
+would recompute the blocks outside the call, so it is refused.
+
+Every memory parameter is in the graph of every call made with gradients: a layer whose memory
+had nothing to fit this call adds 0·Σp of its gate (`memory_loss`), the reads always run (rows
+with an empty memory read exactly 0), so DistributedDataParallel needs no
+`find_unused_parameters`.
+
+Generation (`generate`): the memory is read-only. The waiting segment is fitted once before
+generating; then every step reads the same long-term memory, so greedy `generate` gives the tokens
+of recomputing `model(prompt + tokens so far, memory=m)` at every step. Beam search and
+`num_return_sequences` repeat each row's memory for its beams (`repeat_interleave`); since all the
+beams of a row read the same, unchanging memory, reordering beams needs nothing else.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import functools
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    GenerationMixin,
+    PreTrainedModel,
+)
+from transformers.utils import ModelOutput
+
+from .._checks import check_token_ids
+from .._init import init_projection
+from ..basis import GaussianBasis
+from ..long_term_attention import LongTermAttention, LongTermAttentionOutput, PreparedMemory
+from ..long_term_memory import LongTermMemory, LongTermState
+from ..model import IGNORE_INDEX
+from ..short_term_memory import ShortTermState
+from ..state import LayerState, MemoryState
+from .adapters import BlockAdapter, adapter_for
+from .config import MEMORY_FIELDS, MODEL_FIELDS, InftyformerConfig
+
+
+class LayerMemory(nn.Module):
+    """One block's long-term memory and its continuous attention (one basis ψ for both)."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.memory = LongTermMemory(config)
+        self.attention = LongTermAttention(config, self.memory.basis)
+
+    def reset_parameters(self, std: float) -> None:
+        """W^Q, W^K, W^V ~ N(0, std²); the read's output projection zero (weight and bias), so
+        the block's output is the base's at initialisation; w_μ, w_σ and the CNN gate keep
+        PyTorch's default initialisation, as in the native model."""
+        self.attention.reset_projections(std)
+        nn.init.zeros_(self.attention.out.weight)
+        nn.init.zeros_(self.attention.out.bias)
+        self.attention.mu_head.reset_parameters()
+        self.attention.sigma_head.reset_parameters()
+        if self.memory.gate is not None:
+            self.memory.gate.reset_parameters()
+
+
+@dataclass
+class InftyformerOutput(ModelOutput):
+    """loss        lm_loss + memory_loss (when labels are given)
+    logits      [batch, T, V]
+    memory      the new memory (MemoryState, detached), to pass to the next call
+    cache       the base model's key/value cache (generation)
+    lm_loss     mean next-token NLL over labels ≠ −100 (labels shifted inside, as in HF)
+    token_loss  [batch, T − 1] NLL per predicted position, 0 where ignored
+    kl          variance KL of the reads, mean over layers (unweighted)
+    memory_loss kl_weight · kl + 0·Σp over memory parameters that had nothing to do"""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    memory: MemoryState | None = None
+    cache: object | None = None
+    lm_loss: torch.Tensor | None = None
+    token_loss: torch.Tensor | None = None
+    kl: torch.Tensor | None = None
+    memory_loss: torch.Tensor | None = None
+
+
+# ---------------------------------------------------------------------- call-scoped hook context
+@dataclass
+class _Call:
+    owner: int  # the model whose hooks act in this call
+    norms: list[nn.Module]  # per block: the module whose output is h_i
+    outputs: list[nn.Module]  # per block: the attention output projection
+    layers: nn.ModuleList  # per block: LayerMemory
+    long_term: list[LongTermState]  # per block: the memory this call reads
+    normed: list[torch.Tensor | None]  # per block: h_i [batch, T, d]
+    reads: list[LongTermAttentionOutput | None]
+    prepared: tuple[PreparedMemory, ...] | None = None  # per block, for an unchanging memory
+
+
+_OWNERS = itertools.count()
+_ACTIVE: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
+    "inftyformer_hf_call", default=None
+)
+
+
+def _record_attention_input(owner: int, index: int, module: nn.Module, args, output):
+    call = _ACTIVE.get()
+    if call is not None and call.owner == owner and call.norms[index] is module:
+        call.normed[index] = output  # h_i = norm_i(x)  [batch, T, d]
+    return None
+
+
+def _add_long_term_read(owner: int, index: int, module: nn.Module, args, output):
+    call = _ACTIVE.get()
+    if call is None or call.owner != owner or call.outputs[index] is not module:
+        return None
+    h = call.normed[index]
+    if h is None:
+        raise RuntimeError(
+            f"block {index}: the attention output ran before its normalised input was seen; "
+            "the architecture adapter names the wrong modules"
+        )
+    prepared = None if call.prepared is None else call.prepared[index]
+    read = call.layers[index].attention(h, call.long_term[index], check=False, prepared=prepared)
+    call.reads[index] = read
+    return output + read.context.to(output.dtype)  # W_o Attn(h) + LTM(h)
+
+
+# ---------------------------------------------------------------------- the model
+class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
+    config_class = InftyformerConfig
+    base_model_prefix = "base"
+    supports_gradient_checkpointing = False
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+
+    def __init__(self, config: InftyformerConfig, base_model: PreTrainedModel | None = None):
+        super().__init__(config)
+        if base_model is None:
+            base_model = AutoModelForCausalLM.from_config(config.text_config)
+        self.adapter: BlockAdapter = adapter_for(type(base_model).__name__)
+        self.base = base_model
+        n_layers = len(self.adapter.block_list(base_model))
+        lt_config = config.long_term_config()
+        self.long_term = nn.ModuleList(LayerMemory(lt_config) for _ in range(n_layers))
+        self._owner = next(_OWNERS)  # a base wrapped twice: only the calling model's hooks act
+        self._hooks = []
+        for i, (norm, out) in enumerate(
+            zip(
+                self.adapter.attention_inputs(base_model),
+                self.adapter.attention_outputs(base_model),
+                strict=True,
+            )
+        ):
+            self._hooks.append(
+                norm.register_forward_hook(
+                    functools.partial(_record_attention_input, self._owner, i)
+                )
+            )
+            self._hooks.append(
+                out.register_forward_hook(functools.partial(_add_long_term_read, self._owner, i))
+            )
+        if getattr(base_model, "generation_config", None) is not None:
+            self.generation_config = copy.deepcopy(base_model.generation_config)
+        self.post_init()
+
+    # ------------------------------------------------------------------ initialisation
+    @property
+    def _init_std(self) -> float:
+        return float(getattr(self.config.text_config, "initializer_range", None) or 0.02)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Only the memory's modules (by role, see `LayerMemory.reset_parameters`): the base
+        keeps its own (pretrained) weights. HF calls this per leaf module, for the modules whose
+        weights were not loaded; the basis buffers are constants recomputed from the config."""
+        role = self._memory_roles().get(id(module))
+        if role == "projection":
+            init_projection(module, self._init_std)
+        elif role == "zero":
+            nn.init.zeros_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif role == "default":
+            module.reset_parameters()
+        elif role == "basis":
+            fresh = GaussianBasis(module.num_basis, module.width_values)
+            for name, buffer in fresh.named_buffers():
+                getattr(module, name).copy_(buffer)
+
+    def _memory_roles(self) -> dict[int, str]:
+        roles: dict[int, str] = {}
+        for layer in getattr(self, "long_term", ()):
+            attention, memory = layer.attention, layer.memory
+            for projection in (attention.query, attention.key, attention.value):
+                roles[id(projection)] = "projection"
+            roles[id(attention.out)] = "zero"
+            roles[id(attention.mu_head)] = roles[id(attention.sigma_head)] = "default"
+            if memory.gate is not None:
+                roles[id(memory.gate)] = "default"
+            roles[id(memory.basis)] = "basis"
+        return roles
+
+    def unwrap(self) -> PreTrainedModel:
+        """Remove the hooks from the base model and return it (as it was before wrapping; this
+        model must not be called afterwards)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        return self.base
+
+    # ------------------------------------------------------------------ parameter groups
+    def memory_parameters(self) -> Iterator[nn.Parameter]:
+        """The long-term memories' parameters (W^Q, W^K, W^V, output, w_μ, w_σ, CNN gates)."""
+        return self.long_term.parameters()
+
+    def base_parameters(self) -> Iterator[nn.Parameter]:
+        """The pretrained model's parameters."""
+        return self.base.parameters()
+
+    def freeze_base(self) -> InftyformerForCausalLM:
+        """Stop gradients to the pretrained model (only the memories train). Returns self."""
+        for p in self.base.parameters():
+            p.requires_grad_(False)
+        return self
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.base.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.base.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Module | None:
+        return self.base.get_output_embeddings()
+
+    # ------------------------------------------------------------------ memory state
+    @property
+    def num_layers(self) -> int:
+        return len(self.long_term)
+
+    def _param(self) -> torch.Tensor:
+        return next(iter(self.long_term.parameters()))
+
+    def init_memory(self, batch_size: int, device=None) -> MemoryState:
+        """An empty memory for `batch_size` parallel streams."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        p = self._param()
+        device = p.device if device is None else device
+        d = self.config.hidden_size
+        return MemoryState(
+            tuple(
+                LayerState(
+                    short_term=ShortTermState.empty(batch_size, d, device, p.dtype),
+                    long_term=layer.memory.init_state(batch_size, device, p.dtype),
+                )
+                for layer in self.long_term
+            )
+        )
+
+    def check_memory(self, memory: object, batch_size: int) -> MemoryState:
+        """A clear ValueError when `memory` does not fit this model and a batch of
+        `batch_size` rows."""
+        if not isinstance(memory, MemoryState):
+            raise ValueError(f"memory must be a MemoryState or None, got {type(memory).__name__}")
+        if len(memory.layers) != self.num_layers:
+            raise ValueError(
+                f"memory has {len(memory.layers)} layers, the model has {self.num_layers}"
+            )
+        if memory.batch_size != batch_size:
+            raise ValueError(
+                f"memory has batch size {memory.batch_size} but input_ids have {batch_size} rows "
+                "(pass reset=all True to start new streams)"
+            )
+        d, device = self.config.hidden_size, self._param().device
+        for i, (layer, state) in enumerate(zip(self.long_term, memory.layers, strict=True)):
+            name = f"memory.layers[{i}]"
+            if not isinstance(state, LayerState) or state.long_term is None:
+                raise ValueError(f"{name} must be a LayerState with a long_term state")
+            if state.compressed is not None:
+                raise ValueError(f"{name}.compressed must be None for this model")
+            state.short_term.check(f"{name}.short_term", batch_size, d, 1 << 30)
+            try:
+                layer.memory.check_state(state.long_term)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"{name}.long_term: {err}") from err
+            if state.long_term.batch_size != batch_size:
+                raise ValueError(
+                    f"{name}.long_term has batch size {state.long_term.batch_size}, "
+                    f"expected {batch_size}"
+                )
+            if state.long_term.coefficients.device != device:
+                raise ValueError(
+                    f"{name} is on {state.long_term.coefficients.device}, the model on {device}: "
+                    "use memory.to(device)"
+                )
+        return memory
+
+    def prepare_memory(
+        self, memory: MemoryState | None, batch_size: int, reset: torch.Tensor | None = None
+    ) -> MemoryState:
+        """Check `memory` (None: empty) and clear the rows flagged by `reset` [batch] bool."""
+        if reset is not None:
+            if not isinstance(reset, torch.Tensor) or reset.dtype != torch.bool:
+                raise ValueError("reset must be a bool tensor of shape [batch]")
+            if tuple(reset.shape) != (batch_size,):
+                raise ValueError(f"reset must have shape ({batch_size},), got {tuple(reset.shape)}")
+            reset = reset.to(self._param().device)
+            if memory is not None and bool(reset.all()):
+                memory = None  # every row starts over (possibly with another batch size)
+        if memory is None:
+            return self.init_memory(batch_size)
+        memory = self.check_memory(memory, batch_size)
+        return memory if reset is None else memory.reset(reset)
+
+    def _fit_waiting(
+        self, memory: MemoryState, generator: torch.Generator | None
+    ) -> tuple[list[LongTermState], list[torch.Tensor]]:
+        """Step 1: each layer's waiting segment enters its long-term memory (in the caller's
+        graph). Returns the long-term states and 0·Σp of the gates that had nothing to fit."""
+        states, unused = [], []
+        for layer, state in zip(self.long_term, memory.layers, strict=True):
+            long_term, waiting = state.long_term, state.short_term
+            counts = waiting.length  # [batch]
+            if not bool((counts > 0).any()):
+                if torch.is_grad_enabled() and layer.memory.gate is not None:
+                    unused += [p.sum() * 0.0 for p in layer.memory.gate.parameters()]
+                states.append(long_term)
+                continue
+            width = waiting.memory.shape[1]
+            # rows may hold segments of different lengths (padding): one fit per distinct length
+            for n in counts.unique().tolist():
+                if n == 0:
+                    continue
+                rows = counts == n  # [batch]
+                x = waiting.memory[:, width - n :]  # the last n are valid (right-aligned)
+                updated = layer.memory.update(long_term, x, generator, check=False)
+                long_term = updated if bool(rows.all()) else updated.select(rows, long_term)
+            states.append(long_term)
+        return states, unused
+
+    @torch.no_grad()
+    def consolidate(
+        self, memory: MemoryState, generator: torch.Generator | None = None
+    ) -> MemoryState:
+        """Fit the waiting segment into the long-term memory now (no gradient) and return a
+        memory with nothing waiting: what `generate` reads."""
+        self.check_memory(memory, memory.batch_size)
+        states, _ = self._fit_waiting(memory, generator)
+        return MemoryState(
+            tuple(
+                LayerState(
+                    short_term=ShortTermState.empty(
+                        memory.batch_size,
+                        self.config.hidden_size,
+                        lt.coefficients.device,
+                        lt.coefficients.dtype,
+                    ),
+                    long_term=lt.detach(),
+                )
+                for lt in states
+            )
+        )
+
+    # ------------------------------------------------------------------ inputs
+    def _check_ids(self, name: str, ids: object, allow_ignore: bool) -> torch.Tensor:
+        vocab = self.config.text_config.vocab_size
+        ignore = IGNORE_INDEX if allow_ignore else None
+        return check_token_ids(name, ids, vocab, self._param().device, ignore)
+
+    def _check_mask(self, attention_mask: object, batch: int, length: int) -> torch.Tensor | None:
+        """The [batch, T] validity of this call's tokens, or None when all are valid."""
+        if attention_mask is None:
+            return None
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+            raise ValueError(
+                "attention_mask must be a [batch, length] tensor of 0/1 "
+                "(4-D masks are not supported with the long-term memory)"
+            )
+        if attention_mask.shape[0] != batch or attention_mask.shape[1] < length:
+            raise ValueError(
+                f"attention_mask must have shape ({batch}, >= {length}), "
+                f"got {tuple(attention_mask.shape)}"
+            )
+        valid = attention_mask[:, -length:].to(self._param().device) != 0  # [batch, T]
+        return None if bool(valid.all()) else valid
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        memory: MemoryState | None = None,
+        read_cache: tuple[PreparedMemory, ...] | None = None,
+        labels: torch.Tensor | None = None,
+        reset: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: object | None = None,
+        use_cache: bool | None = None,
+        generator: torch.Generator | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> InftyformerOutput:
+        """input_ids [batch, T] (one segment), memory from the previous call (None: empty),
+        labels [batch, T] (shifted inside as in HF, −100 ignored), reset [batch] bool (rows whose
+        document ended before this segment). `generator` seeds the sticky sampling in training."""
+        if kwargs.get("inputs_embeds") is not None:
+            raise ValueError("inputs_embeds is not supported: pass input_ids")
+        if self.training and any(
+            getattr(m, "gradient_checkpointing", False) for m in self.base.modules()
+        ):
+            raise ValueError(
+                "gradient checkpointing is not supported with the long-term memory "
+                "(the recomputed blocks would run without it)"
+            )
+        if not self._hooks:
+            raise RuntimeError("this model was unwrapped: its hooks are gone")
+        ids = self._check_ids("input_ids", input_ids, allow_ignore=False)
+        batch, length = ids.shape
+        if labels is not None:
+            labels = self._check_ids("labels", labels, allow_ignore=True)
+            if labels.shape != ids.shape:
+                raise ValueError(
+                    f"labels must have the shape of input_ids {tuple(ids.shape)}, "
+                    f"got {tuple(labels.shape)}"
+                )
+        valid = self._check_mask(attention_mask, batch, length)
+        memory = self.prepare_memory(memory, batch, reset)
+
+        # 1. what the previous call stored enters the long-term memory, in this call's graph
+        long_term, unused = self._fit_waiting(memory, generator)
+
+        # 2. the base model, with the reads added by the hooks
+        call = _Call(
+            owner=self._owner,
+            norms=self.adapter.attention_inputs(self.base),
+            outputs=self.adapter.attention_outputs(self.base),
+            layers=self.long_term,
+            long_term=long_term,
+            normed=[None] * self.num_layers,
+            reads=[None] * self.num_layers,
+            prepared=read_cache,
+        )
+        token = _ACTIVE.set(call)
+        try:
+            base_out = self.base(
+                input_ids=ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=use_cache,
+                logits_to_keep=logits_to_keep,
+                **kwargs,
+            )
+        finally:
+            _ACTIVE.reset(token)
+        if any(r is None for r in call.reads):
+            missing = [i for i, r in enumerate(call.reads) if r is None]
+            raise RuntimeError(f"the long-term memory of blocks {missing} was not read")
+
+        # 3. the new memory: long-term after step 1 (+ sticky histogram), this segment waiting
+        layers = []
+        for i, layer in enumerate(self.long_term):
+            read = call.reads[i]
+            lt = layer.memory.observe(long_term[i], read.mu, read.sigma_sq)
+            h = call.normed[i].detach()  # [batch, T, d]
+            layers.append(LayerState(short_term=_waiting(h, valid), long_term=lt.detach()))
+        kl = torch.stack([r.kl for r in call.reads]).mean()
+        memory_loss = self.config.kl_weight * kl
+        for zero in unused:
+            memory_loss = memory_loss + zero
+
+        logits = base_out.logits
+        output = InftyformerOutput(
+            logits=logits,
+            memory=MemoryState(tuple(layers)),
+            cache=getattr(base_out, "cache", None),
+            kl=kl,
+            memory_loss=memory_loss,
+        )
+        if labels is not None:
+            if logits.shape[1] != length:
+                raise ValueError("labels need the logits of every position (logits_to_keep=0)")
+            V = logits.shape[-1]
+            targets = labels[:, 1:]  # position t predicts token t + 1
+            token_loss = F.cross_entropy(
+                logits[:, :-1].reshape(-1, V).float(),
+                targets.reshape(-1),
+                ignore_index=IGNORE_INDEX,
+                reduction="none",
+            ).view(batch, length - 1)
+            lm_loss = token_loss.sum() / (targets != IGNORE_INDEX).sum().clamp(min=1)
+            output.loss = lm_loss + memory_loss
+            output.lm_loss, output.token_loss = lm_loss, token_loss
+        return output
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, inputs: torch.Tensor | None = None, memory=None, reset=None, **kwargs):
+        """HF `generate` reading `memory` (read-only: the waiting segment is fitted once, before
+        the first step; nothing is written while generating). `reset` [batch] clears rows
+        first. Returns what HF's generate returns (the memory is not advanced: run
+        `model(ids, memory=memory)` to write the generated text into it)."""
+        ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
+        if ids is None:
+            raise ValueError("generate needs input_ids")
+        ids = self._check_ids("input_ids", ids, allow_ignore=False)
+        if memory is not None or reset is not None:
+            memory = self.consolidate(self.prepare_memory(memory, ids.shape[0], reset))
+        if memory is None:
+            memory = self.init_memory(ids.shape[0])
+        cache = self.prepare_reads(memory)
+        return super().generate(ids, memory=memory, read_cache=cache, **kwargs)
+
+    @torch.no_grad()
+    def prepare_reads(self, memory: MemoryState) -> tuple[PreparedMemory, ...]:
+        """Each layer's `LongTermAttention.prepare` of a memory with nothing waiting (what
+        `generate` reads at every step): V = B W^V and the folded keys, computed once instead
+        of per generated token."""
+        if any(bool((layer.short_term.length > 0).any()) for layer in memory.layers):
+            raise ValueError("prepare_reads needs a consolidated memory (nothing waiting)")
+        dtype = self._param().dtype
+        return tuple(
+            layer.attention.prepare(state.long_term, dtype)
+            for layer, state in zip(self.long_term, memory.layers, strict=True)
+        )
+
+    def _expand_inputs_for_generation(
+        self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids=None, **kwargs
+    ):
+        """Beams and multiple return sequences: each row's memory is repeated for its copies."""
+        memory = kwargs.pop("memory", None)
+        cache = kwargs.pop("read_cache", None)
+        input_ids, kwargs = super()._expand_inputs_for_generation(
+            expand_size, is_encoder_decoder, input_ids, **kwargs
+        )
+        if memory is not None:
+            kwargs["memory"] = repeat_memory(memory, expand_size)
+        if cache is not None:
+            kwargs["read_cache"] = tuple(p.repeat_interleave(expand_size) for p in cache)
+        return input_ids, kwargs
+
+
+def _waiting(h: torch.Tensor, valid: torch.Tensor | None) -> ShortTermState:
+    """This call's normalised inputs h [batch, T, d] as a right-aligned ragged segment: only
+    the valid positions (attention_mask ≠ 0), oldest first."""
+    batch, length, _ = h.shape
+    if valid is None:
+        return ShortTermState(h, torch.full((batch,), length, dtype=torch.long, device=h.device))
+    count = valid.sum(1)  # [batch]
+    # invalid positions first, then the valid ones in their order (stable sort of 0/1)
+    order = torch.sort(valid.to(torch.int8), dim=1, stable=True).indices  # [batch, T]
+    packed = torch.gather(h, 1, order[..., None].expand_as(h))
+    width = int(count.max())
+    packed = packed[:, length - width :]
+    keep = torch.arange(width, device=h.device)[None, :] >= (width - count)[:, None]
+    return ShortTermState(packed * keep[..., None].to(h.dtype), count.to(torch.long))
+
+
+def repeat_memory(memory: MemoryState, repeats: int) -> MemoryState:
+    """Each row's memory `repeats` times in a row (row b → rows b·r … b·r + r − 1)."""
+    tensors = {k: v.repeat_interleave(repeats, dim=0) for k, v in memory.tensors().items()}
+    return MemoryState.from_tensors(tensors, len(memory.layers))
+
+
+def add_long_term_memory(base: PreTrainedModel, **settings) -> InftyformerForCausalLM:
+    """Wrap a pretrained causal LM (GPT-2 or Llama family) with a long-term memory per block.
+
+    `settings`: any `LongTermConfig` field (num_heads, num_basis, widths, ridge_lambda, tau,
+    num_samples, edge_padding, conv_gate, sticky, sticky_bins, sigma_0, min_sigma_sq) plus
+    segment_len and kl_weight. The base's weights are used as they are (not copied); right after
+    wrapping, the logits equal the base's."""
+    if not isinstance(base, PreTrainedModel):
+        raise TypeError(f"base must be a transformers PreTrainedModel, got {type(base).__name__}")
+    adapter_for(type(base).__name__)
+    allowed = set(MEMORY_FIELDS) | set(MODEL_FIELDS)
+    unknown = sorted(set(settings) - allowed)
+    if unknown:
+        raise ValueError(
+            f"unknown long-term memory settings {unknown}; allowed: {sorted(allowed)} "
+            "(dim and out_dim are the base's hidden size)"
+        )
+    if "segment_len" not in settings:
+        limit = getattr(base.config, "max_position_embeddings", None) or 512
+        settings["segment_len"] = min(512, int(limit))
+    # the same config object as the base's: its attention implementation must not change
+    config = InftyformerConfig(
+        text_config=base.config,
+        attn_implementation=base.config._attn_implementation,
+        **settings,
+    )
+    model = InftyformerForCausalLM(config, base_model=base)
+    p = next(base.parameters())
+    return model.to(device=p.device, dtype=p.dtype)
+
+
+AutoConfig.register(InftyformerConfig.model_type, InftyformerConfig, exist_ok=True)
+AutoModelForCausalLM.register(InftyformerConfig, InftyformerForCausalLM, exist_ok=True)
+
+__all__ = [
+    "InftyformerForCausalLM",
+    "InftyformerOutput",
+    "LayerMemory",
+    "add_long_term_memory",
+    "repeat_memory",
+]

@@ -1,0 +1,93 @@
+"""Long documents through an `InftyformerForCausalLM`, in segments of L tokens.
+
+`stream_loss` cuts tokens [batch, T] into consecutive segments of L = `segment_len` (the last
+one shorter), calls the model once per segment and carries the memory: a token sees the earlier
+tokens of its own segment through the base model's attention, and every earlier segment only
+through the long-term memory (detached between calls). Rows are parallel streams; `reset`
+[batch] clears rows before the first segment (their document starts here).
+
+The targets are aligned with the tokens (targets[:, t] is the token that follows tokens[:, t];
+−100 is ignored), so the prediction of a segment's last position counts too: with
+tokens = doc[:-1] and targets = doc[1:], every token of the document but the first is predicted
+once. (The model's own `labels` shift inside one call, as in HF, and so lose one prediction per
+segment.)
+
+Runs under the caller's grad mode: under torch.no_grad() it is whole-document evaluation; with
+gradients, the per-token losses of all segments stay in the graph (the memory between segments
+is detached, so each segment's graph is its own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..model import IGNORE_INDEX
+from ..state import MemoryState
+from .model import InftyformerForCausalLM
+
+
+@dataclass
+class StreamOutput:
+    token_loss: torch.Tensor | None  # [batch, T] NLL per token, 0 where targets are −100
+    memory: MemoryState  # after the last segment (detached)
+    memory_loss: torch.Tensor  # scalar: mean over segments of kl_weight·KL (+ 0·Σp, DDP)
+    segments: int  # number of model calls
+
+
+def stream_loss(
+    model: InftyformerForCausalLM,
+    tokens: torch.Tensor,
+    targets: torch.Tensor | None = None,
+    memory: MemoryState | None = None,
+    segment_len: int | None = None,
+    reset: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> StreamOutput:
+    """Per-token NLL of tokens [batch, T] against targets [batch, T] (None: only fill the
+    memory), in segments of `segment_len` (default: the model's), carrying `memory`.
+    Training loss: `token_loss.sum() / (targets != -100).sum() + memory_loss`."""
+    if not isinstance(model, InftyformerForCausalLM):
+        raise TypeError(f"model must be an InftyformerForCausalLM, got {type(model).__name__}")
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[1] == 0:
+        raise ValueError("tokens must be a tensor of shape [batch, T] with T >= 1")
+    if targets is not None and (
+        not isinstance(targets, torch.Tensor) or targets.shape != tokens.shape
+    ):
+        raise ValueError(
+            f"targets must have the shape of tokens {tuple(tokens.shape)}, got "
+            f"{tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets)}"
+        )
+    seg = model.config.segment_len if segment_len is None else segment_len
+    if isinstance(seg, bool) or not isinstance(seg, int) or seg < 1:
+        raise ValueError(f"segment_len must be a positive int, got {seg!r}")
+    if targets is not None:
+        targets = model._check_ids("targets", targets, allow_ignore=True)
+    losses, memory_losses = [], []
+    for start in range(0, tokens.shape[1], seg):
+        piece = tokens[:, start : start + seg]
+        out = model(piece, memory=memory, reset=reset if start == 0 else None, generator=generator)
+        memory = out.memory
+        memory_losses.append(out.memory_loss)
+        if targets is not None:
+            logits = out.logits  # [batch, n, V]
+            target = targets[:, start : start + seg]
+            losses.append(
+                F.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]).float(),
+                    target.reshape(-1),
+                    ignore_index=IGNORE_INDEX,
+                    reduction="none",
+                ).view(target.shape)
+            )
+    return StreamOutput(
+        token_loss=torch.cat(losses, dim=1) if losses else None,
+        memory=memory,
+        memory_loss=torch.stack(memory_losses).mean(),
+        segments=len(memory_losses),
+    )
+
+
+__all__ = ["StreamOutput", "stream_loss"]

@@ -1,0 +1,185 @@
+"""The models the trainer builds, in one place.
+
+    kind          settings                    model
+    "native"      `ModelConfig`               `MemoryLM`: the four model types on one backbone
+    "pretrained"  `PretrainedMemoryConfig`    a pretrained Hugging Face causal LM (GPT-2, Llama
+                                              family) with the ∞-former's long-term memory in
+                                              every block (`inftyformer.hf`, extra [hf])
+
+Both speak the `MemoryLM` contract the tasks use: ``model(tokens, state=, targets=, reset=)`` →
+`LMOutput` (targets aligned with tokens: position t predicts targets[t]), ``init_state(batch,
+device)``, and ``config.segment_len`` / ``config.vocab_size``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ._checks import check_positive_int, check_range
+from .basis import check_widths
+from .config import MEMORY_SETTINGS, ModelConfig
+
+
+@dataclass(frozen=True)
+class PretrainedMemoryConfig:
+    """A pretrained causal LM plus long-term memory (SPEC §7, "GPT-2"). Memory defaults are the
+    paper's GPT-2 settings; the learning rates are its split: the memory at `memory_lr` without
+    weight decay, the base at the run's `lr` (paper: 5e-5)."""
+
+    base_model: str  # directory of a Hugging Face causal LM (config.json, weights, tokenizer)
+    memory: bool = True  # False: the base alone, for comparison (attends within its segment)
+    freeze_base: bool = False  # train the memory only (an adapter on a frozen model)
+    memory_lr: float = 2.5e-4
+    segment_len: int = 256  # L: tokens per call when a document is streamed
+    num_basis: int = 512  # N
+    widths: tuple[float, ...] = (0.005, 0.01)
+    ridge_lambda: float = 0.5  # λ
+    tau: float = 0.5  # τ
+    num_samples: int = 512  # M
+    sticky: bool = False
+    sticky_bins: int = 128
+    sigma_0: float = 0.05
+    kl_weight: float = 1e-6
+    conv_gate: bool = True
+    edge_padding: bool = True
+    vocab_size: int = 0  # read from the base's config.json
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.base_model, str) or not self.base_model:
+            raise ValueError(f"base_model must be a directory path, got {self.base_model!r}")
+        config = Path(self.base_model).expanduser() / "config.json"
+        if not config.is_file():
+            raise FileNotFoundError(
+                f"base_model {self.base_model} is not a Hugging Face model directory (no "
+                "config.json); convert a GGUF file with `inftyformer convert-gguf`"
+            )
+        for name in ("memory", "freeze_base", "sticky", "conv_gate", "edge_padding"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        check_range("memory_lr", self.memory_lr, 0.0, low_open=True)
+        check_range("kl_weight", self.kl_weight, 0.0)
+        for name in ("segment_len", "num_basis", "num_samples", "sticky_bins"):
+            check_positive_int(name, getattr(self, name))
+        object.__setattr__(self, "widths", check_widths(self.widths, self.num_basis))
+        if not self.vocab_size:
+            data = json.loads(config.read_text(encoding="utf-8"))
+            data = data.get("text_config", data)  # a saved memory model nests the base's
+            object.__setattr__(self, "vocab_size", int(data["vocab_size"]))
+
+    @property
+    def model_type(self) -> str:
+        return "infty" if self.memory else "transformer"  # the memory it adds, or none
+
+    def memory_settings(self) -> dict[str, Any]:
+        """The `inftyformer.hf.add_long_term_memory` settings."""
+        skip = {"base_model", "memory", "freeze_base", "memory_lr", "vocab_size"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["widths"] = list(self.widths)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PretrainedMemoryConfig:
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown PretrainedMemoryConfig fields {unknown}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> PretrainedMemoryConfig:
+        return dataclasses.replace(self, **changes)
+
+    def with_memory_settings(self, overrides: dict[str, Any] | None = None) -> Any:
+        """Other memory settings for evaluation (:data:`PRETRAINED_MEMORY_SETTINGS`); the
+        fields that shape the weights or what trains stay."""
+        if not overrides:
+            return self
+        bad = sorted(set(overrides) - set(PRETRAINED_MEMORY_SETTINGS))
+        if bad:
+            raise ValueError(
+                f"cannot change {', '.join(bad)} of a trained pretrained model; allowed: "
+                f"{', '.join(PRETRAINED_MEMORY_SETTINGS)}"
+            )
+        return self.replace(**overrides)
+
+
+# what a trained pretrained model may change, like ModelConfig's MEMORY_SETTINGS: not the base,
+# N, the widths or the gate (they shape weights), nor whether the memory or the base trains
+PRETRAINED_MEMORY_SETTINGS = (
+    "segment_len",
+    "num_samples",
+    "tau",
+    "ridge_lambda",
+    "sticky",
+    "sticky_bins",
+    "edge_padding",
+    "sigma_0",
+    "kl_weight",
+    "memory_lr",
+)
+MODEL_KINDS: dict[str, type] = {"native": ModelConfig, "pretrained": PretrainedMemoryConfig}
+
+
+def memory_settings(config: Any) -> tuple[str, ...]:
+    """The settings of `config` that a trained model may change (its weights stay usable)."""
+    return MEMORY_SETTINGS if isinstance(config, ModelConfig) else PRETRAINED_MEMORY_SETTINGS
+
+
+def model_kind(config: Any) -> str:
+    for kind, cls in MODEL_KINDS.items():
+        if isinstance(config, cls):
+            return kind
+    raise TypeError(f"not a model configuration: {type(config).__name__}")
+
+
+def config_from_dict(kind: str, data: dict[str, Any]) -> Any:
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"unknown model kind {kind!r}; known: {', '.join(MODEL_KINDS)}")
+    return MODEL_KINDS[kind].from_dict(data)
+
+
+def build_model(config: Any) -> nn.Module:
+    """The model `config` describes (weights freshly initialised, or the base's pretrained)."""
+    if isinstance(config, ModelConfig):
+        from .model import MemoryLM
+
+        return MemoryLM(config)
+    if isinstance(config, PretrainedMemoryConfig):
+        try:
+            from .hf.lm import PretrainedMemoryLM
+        except ImportError as err:
+            raise ImportError(
+                f"a pretrained base model needs the [hf] extra (pip install -e '.[hf]'): {err}"
+            ) from None
+        return PretrainedMemoryLM(config)
+    raise TypeError(f"not a model configuration: {type(config).__name__}")
+
+
+def generate(model: nn.Module, prompt: Any, max_new_tokens: int, **sampling: Any) -> Any:
+    """Continue prompt [batch, T0] with either kind of model: (new tokens, memory after them).
+    `sampling`: temperature, top_k, top_p, and for the native model a torch `generator`."""
+    if hasattr(model, "lm"):  # a pretrained model: Hugging Face's generate, reading the memory
+        sampling.pop("generator", None)
+        return model.generate(prompt, max_new_tokens, **sampling)
+    from .streaming import generate as stream_generate
+
+    return stream_generate(model, prompt, max_new_tokens, **sampling)
+
+
+__all__ = [
+    "MODEL_KINDS",
+    "PRETRAINED_MEMORY_SETTINGS",
+    "memory_settings",
+    "generate",
+    "PretrainedMemoryConfig",
+    "build_model",
+    "config_from_dict",
+    "model_kind",
+]

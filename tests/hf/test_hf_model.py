@@ -1,0 +1,239 @@
+"""The long-term memory added to tiny random GPT-2 / Llama models: parity at initialisation,
+what the memory carries, resets, padding, labels, gradients, save/load."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tiny_hf import MEMORY, L, V, tiny_base, tiny_memory_model
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    OPTConfig,
+    OPTForCausalLM,
+)
+
+from inftyformer import MemoryState, load_state, save_state
+from inftyformer.hf import (
+    InftyformerConfig,
+    InftyformerForCausalLM,
+    add_long_term_memory,
+    stream_loss,
+    supported_architectures,
+)
+
+
+def tokens(batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(1, V, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def test_logits_equal_the_base_at_initialisation(arch):
+    """The read's output projection starts at zero: exactly the base's logits (max |Δ| = 0),
+    also once the memory holds earlier segments."""
+    base = tiny_base(arch)
+    ids = tokens(3, 3 * L)
+    expected = [base(ids[:, i : i + L]).logits for i in range(0, 3 * L, L)]
+    model = add_long_term_memory(base, num_basis=16, num_samples=16, segment_len=L).eval()
+    memory = None
+    for i, want in zip(range(0, 3 * L, L), expected, strict=True):
+        out = model(ids[:, i : i + L], memory=memory)
+        assert (out.logits - want).abs().max().item() == 0.0
+        memory = out.memory
+    assert not bool(memory.layers[0].long_term.empty.any())
+
+
+@torch.no_grad()
+def test_an_old_segment_reaches_a_later_one_only_through_the_memory(arch):
+    model = tiny_memory_model(arch)
+    first_a, first_b, later = tokens(2, L, 1), tokens(2, L, 2), tokens(2, L, 3)
+    mem_a = model(first_a).memory
+    mem_b = model(first_b).memory
+    read_a = model(later, memory=mem_a).logits
+    read_b = model(later, memory=mem_b).logits
+    fresh = model(later).logits
+    assert (read_a - read_b).abs().max() > 1e-3  # the old content changes what is predicted
+    assert (read_a - fresh).abs().max() > 1e-3
+    # the same old content, however it reached the memory, gives the same prediction
+    assert torch.allclose(model(later, memory=mem_a).logits, read_a, atol=0, rtol=0)
+    # content two segments back is still there (fitted into the continuous signal)
+    two_back = model(tokens(2, L, 4), memory=mem_a).memory
+    two_back_b = model(tokens(2, L, 4), memory=mem_b).memory
+    assert (
+        model(later, memory=two_back).logits - model(later, memory=two_back_b).logits
+    ).abs().max() > 1e-4
+
+
+@torch.no_grad()
+def test_reset_rows_equal_a_fresh_stream(arch):
+    model = tiny_memory_model(arch)
+    ids = tokens(3, 3 * L)
+    memory = model(ids[:, :L]).memory
+    memory = model(ids[:, L : 2 * L], memory=memory).memory
+    reset = torch.tensor([False, True, False])
+    out = model(ids[:, 2 * L :], memory=memory, reset=reset)
+    fresh = model(ids[1:2, 2 * L :])
+    kept = model(ids[:, 2 * L :], memory=memory)
+    assert torch.allclose(out.logits[1], fresh.logits[0], atol=1e-5)
+    assert torch.allclose(out.logits[[0, 2]], kept.logits[[0, 2]], atol=1e-6)
+    assert not torch.allclose(out.logits[1], kept.logits[1], atol=1e-3)
+    # the next call continues row 1 from its new document only
+    nxt = tokens(3, L, 9)
+    assert torch.allclose(
+        model(nxt, memory=out.memory).logits[1],
+        model(nxt[1:2], memory=fresh.memory).logits[0],
+        atol=1e-5,
+    )
+    # reset=all starts new streams, even with another batch size
+    assert model(ids[:2, :L], memory=memory, reset=torch.ones(2, dtype=torch.bool)).memory
+
+
+@torch.no_grad()
+def test_padding_stores_only_the_valid_positions(arch):
+    """A right-padded row leaves the same memory as the same row without padding."""
+    model = tiny_memory_model(arch)
+    ids = tokens(2, L)
+    mask = torch.ones(2, L, dtype=torch.long)
+    mask[1, 5:] = 0
+    padded = model(ids, attention_mask=mask).memory
+    short = model(ids[1:2, :5]).memory
+    assert padded.layers[0].short_term.length.tolist() == [L, 5]
+    later = tokens(2, L, 5)
+    assert torch.allclose(
+        model(later, memory=padded).logits[1],
+        model(later[1:2], memory=short).logits[0],
+        atol=1e-5,
+    )
+
+
+def test_labels_are_shifted_and_minus_100_ignored(arch):
+    model = tiny_memory_model(arch)
+    ids = tokens(2, L)
+    labels = ids.clone()
+    labels[0, 3] = -100
+    out = model(ids, labels=labels)
+    logits = out.logits[:, :-1].reshape(-1, V)
+    expected = F.cross_entropy(logits, labels[:, 1:].reshape(-1), ignore_index=-100)
+    assert torch.allclose(out.lm_loss, expected, atol=1e-6)
+    assert torch.allclose(out.loss, out.lm_loss + out.memory_loss)
+    assert out.token_loss.shape == (2, L - 1) and out.token_loss[0, 2] == 0
+
+
+def test_frozen_base_gets_no_gradient_and_every_memory_parameter_does(arch):
+    model = tiny_memory_model(arch).train()
+    model.freeze_base()
+    assert all(not p.requires_grad for p in model.base_parameters())
+    n_memory = sum(p.numel() for p in model.memory_parameters())
+    assert n_memory > 0 and n_memory + sum(p.numel() for p in model.base_parameters()) == sum(
+        p.numel() for p in model.parameters()
+    )
+    ids = tokens(2, 2 * L)
+    first = model(ids[:, :L], labels=ids[:, :L])  # empty memory: nothing to fit, nothing read
+    first.loss.backward()
+    assert all(p.grad is not None for p in model.memory_parameters())  # DDP: all in the graph
+    model.zero_grad(set_to_none=True)
+    second = model(ids[:, L:], memory=first.memory, labels=ids[:, L:])
+    second.loss.backward()
+    assert all(p.grad is None for p in model.base_parameters())
+    gate = model.long_term[0].memory.gate.weight.grad
+    assert gate is not None and gate.abs().sum() > 0  # the fit happens inside this call's graph
+    assert model.long_term[0].attention.query.weight.grad.abs().sum() > 0
+
+
+def test_stream_loss_carries_the_memory_across_segments(arch):
+    model = tiny_memory_model(arch)
+    doc = tokens(2, 3 * L + 4)
+    with torch.no_grad():
+        result = stream_loss(model, doc[:, :-1], doc[:, 1:])
+        memory, manual = None, []
+        for start in range(0, doc.shape[1] - 1, L):
+            out = model(doc[:, start : min(start + L, doc.shape[1] - 1)], memory=memory)
+            target = doc[:, start + 1 : start + 1 + out.logits.shape[1]]
+            manual.append(F.cross_entropy(out.logits.transpose(1, 2), target, reduction="none"))
+            memory = out.memory
+    assert result.segments == 4 and result.token_loss.shape == (2, 3 * L + 3)
+    assert torch.allclose(result.token_loss, torch.cat(manual, 1), atol=1e-6)
+
+
+def test_save_pretrained_round_trip_gives_identical_logits(arch, tmp_path):
+    model = tiny_memory_model(arch, sticky=True)
+    ids = tokens(2, 2 * L)
+    with torch.no_grad():
+        memory = model(ids[:, :L]).memory
+        expected = model(ids[:, L:], memory=memory).logits
+    model.save_pretrained(tmp_path / "model")
+    files = {p.name for p in (tmp_path / "model").iterdir()}
+    assert "model.safetensors" in files and not any(f.endswith(".bin") for f in files)
+    assert isinstance(AutoConfig.from_pretrained(tmp_path / "model"), InftyformerConfig)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model").eval()
+    assert isinstance(loaded, InftyformerForCausalLM) and loaded.config.sticky
+    # the memory state saves and loads like the core's (safetensors)
+    save_state(tmp_path / "memory.safetensors", memory)
+    memory = load_state(tmp_path / "memory.safetensors")
+    with torch.no_grad():
+        assert torch.equal(loaded(ids[:, L:], memory=memory).logits, expected)
+
+
+def test_unsupported_architecture_is_refused_with_the_supported_list():
+    opt = OPTForCausalLM(
+        OPTConfig(
+            vocab_size=V, hidden_size=16, num_hidden_layers=1, ffn_dim=32, num_attention_heads=2
+        )
+    )
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM"):
+        add_long_term_memory(opt)
+    with pytest.raises(ValueError, match="supported architectures"):
+        InftyformerConfig(text_config=opt.config)
+    assert supported_architectures() == ("GPT2LMHeadModel", "LlamaForCausalLM")
+
+
+@torch.no_grad()
+def test_bad_inputs_give_clear_errors():
+    model = tiny_memory_model("gpt2")
+    ids = tokens(2, L)
+    memory = model(ids).memory
+    cases = [
+        (dict(input_ids=ids[0]), "input_ids must have shape"),
+        (dict(input_ids=ids.float()), "integer ids"),
+        (dict(input_ids=ids + V), r"input_ids must be in \[0, 61\)"),
+        (dict(input_ids=ids, labels=ids[:, :-1]), "labels must have the shape"),
+        (dict(input_ids=ids[:1], memory=memory), "memory has batch size 2"),
+        (dict(input_ids=ids, memory="memory"), "memory must be a MemoryState"),
+        (dict(input_ids=ids, reset=torch.tensor([1, 0])), "reset must be a bool"),
+        (dict(input_ids=ids, attention_mask=torch.ones(2, L - 1)), "attention_mask must have"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            model(**kwargs)
+    with pytest.raises(ValueError, match="memory has 1 layers, the model has 2"):
+        model(ids, memory=MemoryState(memory.layers[:1]))
+    wider = add_long_term_memory(
+        GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=16, n_layer=2, n_head=2)), **MEMORY
+    )
+    with pytest.raises(ValueError, match="short_term.memory must have shape"):
+        wider(ids, memory=memory)
+    with pytest.raises(ValueError, match="unknown long-term memory settings"):
+        add_long_term_memory(tiny_base("gpt2"), dim=8)
+    with pytest.raises(ValueError, match="segment_len must be in"):
+        add_long_term_memory(tiny_base("gpt2"), segment_len=65)
+    with pytest.raises(ValueError, match="num_basis"):
+        add_long_term_memory(tiny_base("gpt2"), num_basis=15)
+
+
+@torch.no_grad()
+def test_a_base_wrapped_twice_reads_once():
+    base = tiny_base("gpt2")
+    first = add_long_term_memory(base, num_basis=16, num_samples=16, segment_len=L)
+    second = tiny_memory_model("gpt2")  # same seed: the same base weights, active reads
+    twice = add_long_term_memory(first.unwrap(), num_basis=16, num_samples=16, segment_len=L)
+    twice.load_state_dict(second.state_dict())
+    ids = tokens(2, L)
+    memory = second(ids).memory
+    assert torch.equal(twice(ids, memory=memory).logits, second(ids, memory=memory).logits)
+    with pytest.raises(RuntimeError, match="unwrapped"):
+        first(ids)
+    # wrapping without unwrapping: only the calling model's hooks act
+    again = add_long_term_memory(twice.base, num_basis=16, num_samples=16, segment_len=L)
+    again.load_state_dict(second.state_dict())
+    assert torch.equal(again(ids, memory=memory).logits, second(ids, memory=memory).logits)

@@ -1,0 +1,57 @@
+"""Tiny random GPT-2 and Llama models built in the test (nothing is downloaded)."""
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from inftyformer.hf import add_long_term_memory
+
+V = 61  # vocabulary
+L = 8  # segment length
+ARCHITECTURES = ("gpt2", "llama")
+MEMORY = dict(num_basis=16, num_samples=16, segment_len=L)
+
+
+def tiny_base(arch: str, seed: int = 0):
+    torch.manual_seed(seed)
+    if arch == "gpt2":
+        config = GPT2Config(
+            vocab_size=V,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            bos_token_id=0,
+            eos_token_id=None,
+            pad_token_id=0,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+        return GPT2LMHeadModel(config).eval()
+    config = LlamaConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # grouped-query attention, as in SmolLM2 / Llama-3
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def tiny_memory_model(arch: str, seed: int = 0, active: bool = True, **settings):
+    """The tiny base with a long-term memory. `active`: the read's output projection gets
+    nonzero weights (it starts at zero), so that the memory changes the logits."""
+    model = add_long_term_memory(tiny_base(arch, seed), **{**MEMORY, **settings}).eval()
+    if active:
+        generator = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            for layer in model.long_term:
+                w = layer.attention.out.weight
+                w.copy_(torch.randn(w.shape, generator=generator) * 0.3)
+    return model
