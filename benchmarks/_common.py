@@ -87,9 +87,10 @@ def interleaved(
 
 
 # ----------------------------------------------------------------------------- memory
-def _status_kb(field: str) -> float | None:
+def _proc_kb(field: str, path: str = "/proc/self/status") -> float | None:
+    """A "Field: N kB" line of a /proc file (None where it is missing)."""
     try:
-        with open("/proc/self/status", encoding="ascii") as f:
+        with open(path, encoding="ascii") as f:
             for line in f:
                 if line.startswith(field + ":"):
                     return float(line.split()[1])
@@ -100,13 +101,13 @@ def _status_kb(field: str) -> float | None:
 
 def rss_mb() -> float:
     """Current resident set size (VmRSS) in MiB; ru_maxrss where /proc is missing."""
-    kb = _status_kb("VmRSS")
+    kb = _proc_kb("VmRSS")
     return (kb if kb is not None else _maxrss_kb()) / 1024.0
 
 
 def peak_rss_mb() -> float:
     """Peak resident set size of this process (VmHWM) in MiB."""
-    kb = _status_kb("VmHWM")
+    kb = _proc_kb("VmHWM")
     return (kb if kb is not None else _maxrss_kb()) / 1024.0
 
 
@@ -132,7 +133,7 @@ def machine_info() -> dict[str, Any]:
                     break
     except OSError:
         pass
-    mem_total = _meminfo_kb("MemTotal")
+    mem_total = _proc_kb("MemTotal", "/proc/meminfo")
     return {
         "cpu": cpu,
         "logical_cpus": os.cpu_count(),
@@ -145,17 +146,6 @@ def machine_info() -> dict[str, Any]:
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "malloc_env": {k: os.environ[k] for k in MALLOC_VARS if k in os.environ},
     }
-
-
-def _meminfo_kb(field: str) -> float | None:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return float(line.split()[1])
-    except OSError:
-        return None
-    return None
 
 
 def command_line() -> str:

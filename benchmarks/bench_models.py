@@ -8,8 +8,11 @@ Writes docs/benchmarks/models.{json,md,png}:
 1. Throughput at three sizes (cpu-small, a larger one, the paper's sorting configuration at
    batch 1), all four models with the same backbone size: training tokens/s (forward + backward
    + Adam step), inference tokens/s (eval forward, no grad), peak RSS of a fresh process running
-   a few training steps, and the ∞-former's step time over Transformer-XL's. The four models
-   are timed round-robin in one process (ratios within one run), medians of repeats.
+   a few training steps, the ∞-former's step time over Transformer-XL's, next to the ratio of
+   their matrix-multiply FLOPs (torch's FlopCounterMode), and each model's speed-up under
+   torch.compile(model) and under bf16 autocast. All models and variants are timed round-robin
+   in one process (ratios within one run), medians of repeats. Also the graph breaks of
+   torch.compile per model (torch._dynamo.explain), with the source line of each.
 2. Per-segment inference time as the processed history grows (1K tokens → up to 1M): XL, the
    compressive model and the ∞-former stream side by side, one segment each in turn.
 3. What attending to the full history would cost instead: one vanilla-transformer forward over
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -35,6 +39,7 @@ import _common as common
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "docs" / "benchmarks"
 MODEL_TYPES = ("transformer", "xl", "compressive", "infty")
+VARIANTS = ("eager", "compiled", "bf16")  # as it is; torch.compile(model); bf16 autocast
 STREAMED = ("xl", "compressive", "infty")
 VOCAB = 256  # a small LM vocabulary; the sorting task uses 22
 
@@ -79,70 +84,160 @@ def _setup(threads: int) -> None:
 
 # ----------------------------------------------------------------------------- workers
 def worker_throughput(args: dict[str, Any]) -> dict[str, Any]:
-    """All four models of one size in this process; training and inference steps timed
-    round-robin. Each model streams its own segments (the memory is full after warm-up)."""
+    """All four models of one size in this process, each as it is (eager, float32), under
+    torch.compile and under bf16 autocast; training and inference steps timed round-robin over
+    all of them. Every variant streams its own segments (memories full after warm-up)."""
     import torch
+    import torch._functorch.config as functorch_config
 
     from inftyformer import MemoryLM
 
     _setup(args["threads"])
     size, batch = args["size"], SIZES[args["size"]]["batch"]
     g = torch.Generator().manual_seed(0)
-    models, optims, states = {}, {}, {}
+    models, optims = {}, {}
     for mt in MODEL_TYPES:
         torch.manual_seed(0)
         models[mt] = MemoryLM(make_config(size, mt))
         optims[mt] = torch.optim.Adam(models[mt].parameters(), lr=1e-4)
-        states[mt] = None
     L = models["xl"].config.segment_len
     tokens = torch.randint(0, VOCAB, (batch, L), generator=g)
+    variants = [v for v in VARIANTS if v in ("eager", *args["variants"])]
+    calls = {
+        # static shapes: a stream's memory length takes only a few values (empty, filling, full),
+        # and with dynamic ones inductor's kernels over a symbolic memory length run ~2× slower
+        (mt, v): torch.compile(models[mt], dynamic=False) if v == "compiled" else models[mt]
+        for mt in MODEL_TYPES
+        for v in variants
+    }
+    states: dict[tuple[str, str], Any] = {key: None for key in calls}
 
-    def train_step(mt: str):
-        def run():
-            model, opt = models[mt], optims[mt]
-            model.train()
-            opt.zero_grad(set_to_none=True)
-            out = model(tokens, states[mt], targets=tokens)
-            out.loss.backward()
-            opt.step()
-            states[mt] = out.state
-
-        return run
-
-    def infer_step(mt: str):
-        def run():
+    def run(mt: str, v: str, train: bool):
+        def call():
             model = models[mt]
-            model.eval()
-            with torch.no_grad():
-                states[mt] = model(tokens, states[mt]).state
+            model.train(train)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=v == "bf16"):
+                if train:
+                    optims[mt].zero_grad(set_to_none=True)
+                    out = calls[mt, v](tokens, states[mt, v], targets=tokens)
+                else:
+                    with torch.no_grad():
+                        out = calls[mt, v](tokens, states[mt, v])
+            if train:
+                out.loss.backward()
+                optims[mt].step()
+            states[mt, v] = out.state
 
-        return run
+        return call
 
-    warmup = args["warmup"]  # ≥ 4: memories fill and overflow, G matrices are built
-    train = common.interleaved(
-        {mt: train_step(mt) for mt in MODEL_TYPES}, args["repeats"], warmup=warmup
-    )
-    infer = common.interleaved(
-        {mt: infer_step(mt) for mt in MODEL_TYPES}, args["repeats"], warmup=warmup
-    )
+    # torch 2.13 rebuilds aliased graph outputs wrongly from a warm AOTAutograd cache
+    # (tests/models/test_compile.py); compiling from scratch is right
+    with functorch_config.patch(enable_autograd_cache=False):
+        timings = {
+            mode: common.interleaved(
+                {f"{mt}/{v}": run(mt, v, mode == "train") for mt in MODEL_TYPES for v in variants},
+                args["repeats"],
+                warmup=args["warmup"],  # ≥ 4: memories fill and overflow, graphs compile
+            )
+            for mode in ("train", "infer")
+        }
     rows = {}
     for mt in MODEL_TYPES:
-        tr, inf = common.summarize(train[mt]), common.summarize(infer[mt])
-        rows[mt] = {
-            "params": sum(p.numel() for p in models[mt].parameters()),
-            "train_step": tr,
-            "infer_step": inf,
-            "train_tokens_per_s": batch * L / (tr["median_ms"] / 1000),
-            "infer_tokens_per_s": batch * L / (inf["median_ms"] / 1000),
-            # per-repeat ratios (same round) are more robust than a ratio of medians
-            "train_ratio_to_xl": statistics.median(
-                a / b for a, b in zip(train[mt], train["xl"], strict=True)
-            ),
-            "infer_ratio_to_xl": statistics.median(
-                a / b for a, b in zip(infer[mt], infer["xl"], strict=True)
-            ),
-        }
-    return {"size": size, "batch": batch, "segment_len": L, "models": rows}
+        row: dict[str, Any] = {"params": sum(p.numel() for p in models[mt].parameters())}
+        for mode, t in timings.items():
+            eager = t[f"{mt}/eager"]
+            step = common.summarize(eager)
+            row[f"{mode}_step"] = step
+            row[f"{mode}_tokens_per_s"] = batch * L / (step["median_ms"] / 1000)
+            # per-round ratios (same round) are more robust than a ratio of medians
+            row[f"{mode}_ratio_to_xl"] = _paired(eager, t["xl/eager"])
+            for v in variants[1:]:
+                row[f"{mode}_{v}_step"] = common.summarize(t[f"{mt}/{v}"])
+                row[f"{mode}_{v}_speedup"] = _paired(eager, t[f"{mt}/{v}"])
+        rows[mt] = row
+    return {
+        "size": size,
+        "batch": batch,
+        "segment_len": L,
+        "variants": variants,
+        "models": rows,
+        "flops": _flops(models, tokens),
+    }
+
+
+def _paired(a: list[float], b: list[float]) -> float:
+    """Median over rounds of a / b."""
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
+
+def _flops(models: dict[str, Any], tokens) -> dict[str, dict[str, float]]:
+    """Matrix-multiply and convolution FLOPs of one training step (forward + backward) and one
+    inference step of each model, memories full (torch's FlopCounterMode)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    out = {}
+    for mt, model in models.items():
+        state = None
+        for _ in range(3):  # fill the memories (and build the design matrices) first
+            with torch.no_grad():
+                state = model(tokens, state).state
+        model.train()
+        with FlopCounterMode(display=False) as train:
+            model(tokens, state, targets=tokens).loss.backward()
+        model.zero_grad(set_to_none=True)
+        model.eval()
+        with torch.no_grad(), FlopCounterMode(display=False) as infer:
+            model(tokens, state)
+        out[mt] = {"train_gflop": train.get_total_flops() / 1e9}
+        out[mt]["infer_gflop"] = infer.get_total_flops() / 1e9
+    return out
+
+
+def worker_graph_breaks(args: dict[str, Any]) -> dict[str, Any]:
+    """torch._dynamo.explain of one training and one inference call per model (cpu-small, the
+    memories full): graphs, breaks, and each break's reason and source line."""
+    import torch
+    import torch._dynamo as dynamo
+
+    from inftyformer import MemoryLM
+
+    _setup(args["threads"])
+    out = {}
+    for mt in MODEL_TYPES:
+        torch.manual_seed(0)
+        model = MemoryLM(make_config("cpu-small", mt))
+        tokens = torch.randint(0, VOCAB, (SIZES["cpu-small"]["batch"], model.config.segment_len))
+        state = None
+        with torch.no_grad():
+            for _ in range(3):
+                state = model(tokens, state).state
+        out[mt] = {}
+        for mode in ("train", "infer"):
+            model.train(mode == "train")
+            with torch.set_grad_enabled(mode == "train"):
+                kwargs = {"targets": tokens} if mode == "train" else {}
+                explained = dynamo.explain(model)(tokens, state, **kwargs)
+            breaks: dict[str, dict[str, Any]] = {}
+            for reason in explained.break_reasons:
+                frame = reason.user_stack[-1] if reason.user_stack else None
+                where = f"{Path(frame.filename).name}:{frame.lineno}" if frame is not None else "?"
+                entry = breaks.setdefault(
+                    where,
+                    {
+                        "reason": reason.reason.splitlines()[0],
+                        "code": (frame.line or "").strip() if frame is not None else "",
+                        "count": 0,
+                    },
+                )
+                entry["count"] += 1
+            out[mt][mode] = {
+                "graphs": explained.graph_count,
+                "breaks": explained.graph_break_count,
+                "by_line": breaks,
+            }
+            dynamo.reset()
+    return out
 
 
 def worker_rss(args: dict[str, Any]) -> dict[str, Any]:
@@ -247,6 +342,7 @@ def worker_full(args: dict[str, Any]) -> dict[str, Any]:
 
 WORKERS = {
     "throughput": worker_throughput,
+    "graph_breaks": worker_graph_breaks,
     "rss": worker_rss,
     "history": worker_history,
     "full": worker_full,
@@ -284,12 +380,18 @@ def extrapolate(points: list[dict], key: str, powers: tuple[int, ...], targets: 
 
 
 # ----------------------------------------------------------------------------- report
-def markdown(result: dict[str, Any]) -> str:
+def markdown(result: dict[str, Any], notes: str) -> str:
     fmt = common.fmt_ms
     parts = [
         "# Models: speed and memory",
         "",
-        f"Command: `{result['command']}`",
+        "Commands: "
+        + "; ".join(
+            f"`{cmd}` ({', '.join(s for s, c in result.get('commands', {}).items() if c == cmd)})"
+            for cmd in dict.fromkeys(result.get("commands", {}).values())
+        )
+        if result.get("commands")
+        else f"Command: `{result['command']}`",
         "",
         common.machine_markdown(result["machine"]),
         "",
@@ -313,7 +415,7 @@ def markdown(result: dict[str, Any]) -> str:
         ]
         rows = []
         for mt in MODEL_TYPES:
-            r = tp["models"][mt]
+            r, fl = tp["models"][mt], tp["flops"][mt]
             rss = r.get("rss", {})
             rows.append(
                 [
@@ -322,8 +424,10 @@ def markdown(result: dict[str, Any]) -> str:
                     f"{r['train_tokens_per_s']:,.0f}",
                     fmt(r["train_step"]["median_ms"]),
                     f"{r['train_ratio_to_xl']:.2f}×",
+                    f"{fl['train_gflop'] / tp['flops']['xl']['train_gflop']:.2f}×",
                     f"{r['infer_tokens_per_s']:,.0f}",
                     f"{r['infer_ratio_to_xl']:.2f}×",
+                    f"{fl['infer_gflop'] / tp['flops']['xl']['infer_gflop']:.2f}×",
                     f"{rss['peak_rss_mb']:.0f} ({rss['before_model_mb']:.0f})"
                     if rss
                     else "not measured (--quick)",
@@ -337,13 +441,52 @@ def markdown(result: dict[str, Any]) -> str:
                     "train tok/s",
                     "train step ms",
                     "train step / XL",
+                    "train FLOPs / XL",
                     "infer tok/s",
                     "infer / XL",
+                    "infer FLOPs / XL",
                     "peak RSS MiB",
                 ],
                 rows,
             )
         )
+        others = [v for v in tp["variants"] if v != "eager"]
+        if others:
+            rows = []
+            for mt in MODEL_TYPES:
+                r = tp["models"][mt]
+                row = [mt]
+                for v in others:
+                    for mode in ("train", "infer"):
+                        row.append(
+                            f"{fmt(r[f'{mode}_{v}_step']['median_ms'])} ms "
+                            f"({r[f'{mode}_{v}_speedup']:.2f}×)"
+                        )
+                rows.append(row)
+            med = {
+                (mt, v, mode): tp["models"][mt][f"{mode}_{v}_step"]["median_ms"]
+                for mt in ("infty", "xl")
+                for v in others
+                for mode in ("train", "infer")
+            }
+            rows.append(
+                ["*infty / xl*"]
+                + [
+                    f"{med['infty', v, mode] / med['xl', v, mode]:.2f}×"
+                    for v in others
+                    for mode in ("train", "infer")
+                ]
+            )
+            heads = ["model"] + [f"{v} {mode}" for v in others for mode in ("train", "infer")]
+            parts += [
+                "",
+                "Step time under torch.compile(model, dynamic=False) and under bf16 autocast, "
+                "and the speed-up over the eager float32 step (median of per-round ratios); "
+                "last row: the ∞-former's step over Transformer-XL's in that variant (ratio of "
+                "medians):",
+                "",
+                common.markdown_table(heads, rows),
+            ]
     hist = result["history"]
     parts += [
         "",
@@ -398,8 +541,46 @@ def markdown(result: dict[str, Any]) -> str:
             ["variant", "context tokens", "ms per call", "score tensor GiB / layer"], rows
         )
     )
-    parts += ["", "## Summary", ""] + [f"- {line}" for line in result["summary"]]
+    if "graph_breaks" in result:
+        parts += ["", *_graph_breaks_markdown(result["graph_breaks"])]
+    parts += ["", "## Summary", ""] + [f"- {line}" for line in summary_lines(result)]
+    parts += ["", "## Notes", "", notes]
     return "\n".join(parts)
+
+
+def _graph_breaks_markdown(gb: dict[str, Any]) -> list[str]:
+    """Graphs and breaks per model and mode, then every break site with its source line."""
+    rows = [
+        [mt, *(f"{gb[mt][m]['graphs']} / {gb[mt][m]['breaks']}" for m in ("train", "infer"))]
+        for mt in MODEL_TYPES
+    ]
+    sites: dict[str, dict[str, Any]] = {}
+    for mt in MODEL_TYPES:
+        for mode in ("train", "infer"):
+            for where, b in gb[mt][mode]["by_line"].items():
+                site = sites.setdefault(where, {**b, "models": set(), "count": 0})
+                site["models"].add(mt)
+                site["count"] += b["count"]
+    site_rows = [
+        [f"`{where}`", f"`{s['code']}`", ", ".join(sorted(s["models"])), s["count"], s["reason"]]
+        for where, s in sorted(sites.items(), key=lambda kv: -kv[1]["count"])
+    ]
+    return [
+        "## torch.compile: graph breaks",
+        "",
+        "`torch._dynamo.explain` of one training and one inference call (cpu-small, memories "
+        "full). A break is a Python decision on a tensor's value (`bool(t)`, `.item()`): dynamo "
+        "ends the graph, runs the decision eagerly and resumes in a new graph. Here they are the "
+        "argument checks (ids in range, finite inputs) and the data-dependent branches of the "
+        "memories (does any row have states to flush, is the ragged memory full). Graphs / "
+        "breaks per call:",
+        "",
+        common.markdown_table(["model", "train", "infer"], rows),
+        "",
+        "Break sites, over all models and both modes (count = breaks at that line):",
+        "",
+        common.markdown_table(["where", "code", "models", "count", "dynamo's reason"], site_rows),
+    ]
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -442,13 +623,32 @@ def _log(t0: float, message: str) -> None:
     print(f"[bench_models {time.perf_counter() - t0:5.0f} s] {message}", flush=True)
 
 
+SECTIONS = ("throughput", "graph_breaks", "history", "full")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="< 1 min: a smoke-sized run")
+    parser.add_argument("--quick", action="store_true", help="< 2 min: a smoke-sized run")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--max-history", type=int, default=None, help="tokens (default 1M)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 9)")
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), help="throughput sizes")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
+    parser.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated subset of {','.join(SECTIONS)}; the others are kept from the "
+        "previous models.json",
+    )
+    parser.add_argument(
+        "--variants",
+        default=None,
+        help="besides eager float32, comma-separated subset of compiled,bf16 "
+        "(default: both; --quick: bf16, since compiling four models takes minutes)",
+    )
+    parser.add_argument(
+        "--render-only", action="store_true", help="re-render models.md from models.json"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--worker-args", help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
@@ -457,14 +657,24 @@ def main() -> None:
         res = WORKERS[args.worker](json.loads(args.worker_args))
         Path(args.worker_out).write_text(json.dumps(res))
         return
-
+    out = args.out
+    if args.render_only:
+        write_report(json.loads((out / "models.json").read_text()), out)
+        return
     quick = args.quick
+    sections = [x for x in args.sections.split(",") if x]
+    if unknown := set(sections) - set(SECTIONS):
+        parser.error(f"unknown sections {sorted(unknown)}")
     sizes = args.sizes or (["cpu-small"] if quick else list(SIZES))
+    chosen = args.variants if args.variants is not None else "bf16" if quick else "compiled,bf16"
+    variants = [v for v in chosen.split(",") if v]
+    if unknown := set(variants) - set(VARIANTS[1:]):
+        parser.error(f"unknown variants {sorted(unknown)}")
     max_history = args.max_history or (4096 if quick else 1 << 20)
     settings = {
         "quick": quick,
         "threads": args.threads,
-        "repeats": 3 if quick else 9,
+        "repeats": args.repeats or (3 if quick else 9),
         "warmup": 4,  # the 3rd and 4th calls build the long-term design matrices
         "rss_steps": 1 if quick else 3,
         "window": 4 if quick else 16,
@@ -473,63 +683,100 @@ def main() -> None:
     }
     script = Path(__file__).resolve()
     t0 = time.perf_counter()
+    previous = out / "models.json"
+    result: dict[str, Any] = {}
+    if previous.exists() and not quick and set(sections) != set(SECTIONS):
+        result = json.loads(previous.read_text())
+        print(f"[bench_models] keeping the other sections of {previous}", flush=True)
     machine = common.machine_info()
     machine["torch_threads"] = args.threads
-    throughput = []
-    for size in sizes:
-        _log(t0, f"throughput {size}")
-        tp = common.run_worker(
+    result.update(command=common.command_line(), machine=machine)
+    for section in sections:  # which invocation measured which section
+        result.setdefault("commands", {})[section] = common.command_line()
+    result.setdefault("settings", {}).update(settings)
+
+    if "throughput" in sections:
+        throughput = []
+        for size in sizes:
+            _log(t0, f"throughput {size}")
+            tp = common.run_worker(
+                script,
+                "throughput",
+                dict(
+                    size=size,
+                    threads=args.threads,
+                    repeats=SIZES[size].get("repeats", settings["repeats"]),
+                    warmup=settings["warmup"],
+                    variants=variants,
+                ),
+            )
+            tp["config"] = make_config(size, "infty").to_dict()
+            tp["load_average"] = list(os.getloadavg())
+            for mt in ("xl", "infty") if quick else MODEL_TYPES:  # quick: the pair that matters
+                _log(t0, f"peak RSS {size} {mt}")
+                tp["models"][mt]["rss"] = common.run_worker(
+                    script,
+                    "rss",
+                    dict(
+                        size=size, model_type=mt, threads=args.threads, steps=settings["rss_steps"]
+                    ),
+                )
+            throughput.append(tp)
+        result["throughput"] = throughput
+    if "graph_breaks" in sections:
+        _log(t0, "graph breaks")
+        result["graph_breaks"] = common.run_worker(
+            script, "graph_breaks", dict(threads=args.threads)
+        )
+    if "history" in sections:
+        milestones = [n for n in (2**k for k in range(10, 21)) if n <= max_history]
+        _log(t0, f"history up to {milestones[-1]:,} tokens")
+        result["history"] = common.run_worker(
             script,
-            "throughput",
+            "history",
+            dict(threads=args.threads, milestones=milestones, window=settings["window"]),
+        )
+    if "full" in sections:
+        # (a) materialises [heads, n, n] score tensors: 8K tokens already take ~1 GiB per tensor
+        full_lengths = [2**k for k in range(7, 12 if quick else 14)]
+        cached_lengths = [2**k for k in range(7, 12 if quick else 17)]
+        _log(t0, "full-history attention")
+        full = common.run_worker(
+            script,
+            "full",
             dict(
-                size=size,
                 threads=args.threads,
-                repeats=SIZES[size].get("repeats", settings["repeats"]),
-                warmup=settings["warmup"],
+                full_lengths=full_lengths,
+                cached_lengths=cached_lengths,
+                limit_s=settings["limit_s"],
+                repeats=3,
             ),
         )
-        tp["config"] = make_config(size, "infty").to_dict()
-        for mt in ("xl", "infty") if quick else MODEL_TYPES:  # quick: the pair that matters
-            _log(t0, f"peak RSS {size} {mt}")
-            tp["models"][mt]["rss"] = common.run_worker(
-                script,
-                "rss",
-                dict(size=size, model_type=mt, threads=args.threads, steps=settings["rss_steps"]),
-            )
-        throughput.append(tp)
+        targets = [8192, 65536, 1 << 20]
+        full["full_forward_fit"], full["full_forward_extrapolated"] = extrapolate(
+            full["full_forward"], "context", (1, 2), targets
+        )
+        full["cached_segment_fit"], full["cached_segment_extrapolated"] = extrapolate(
+            full["cached_segment"], "history_tokens", (0, 1), targets
+        )
+        result["full"] = full
+    result.pop("summary", None)  # written by older versions; now rendered from the data
+    result["wall_s"] = time.perf_counter() - t0
+    common.write_json(out / "models.json", result)
+    write_report(result, out)
+    print("\n".join(summary_lines(result)))
+    print(f"[bench_models] wrote {out}/models.{{json,md,png}} in {result['wall_s']:.0f} s")
 
-    milestones = [n for n in (2**k for k in range(10, 21)) if n <= max_history]
-    _log(t0, f"history up to {milestones[-1]:,} tokens")
-    history = common.run_worker(
-        script,
-        "history",
-        dict(threads=args.threads, milestones=milestones, window=settings["window"]),
-    )
-    # (a) materialises [heads, n, n] score tensors: 8K tokens already take ~1 GiB per tensor
-    full_lengths = [2**k for k in range(7, 12 if quick else 14)]
-    cached_lengths = [2**k for k in range(7, 12 if quick else 17)]
-    _log(t0, "full-history attention")
-    full = common.run_worker(
-        script,
-        "full",
-        dict(
-            threads=args.threads,
-            full_lengths=full_lengths,
-            cached_lengths=cached_lengths,
-            limit_s=settings["limit_s"],
-            repeats=3,
-        ),
-    )
-    targets = [8192, 65536, 1 << 20]
-    full["full_forward_fit"], full["full_forward_extrapolated"] = extrapolate(
-        full["full_forward"], "context", (1, 2), targets
-    )
-    full["cached_segment_fit"], full["cached_segment_extrapolated"] = extrapolate(
-        full["cached_segment"], "history_tokens", (0, 1), targets
-    )
 
+def write_report(result: dict[str, Any], out: Path) -> None:
+    common.write_text(out / "models.md", markdown(result, common.kept_notes(out / "models.md")))
+    plot(result, out / "models.png")
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    """The headline figures, from the measurements."""
     summary = []
-    for tp in throughput:
+    for tp in result["throughput"]:
         r = tp["models"]
         summary.append(
             f"{tp['size']}: ∞-former training step = {r['infty']['train_ratio_to_xl']:.2f}× "
@@ -537,6 +784,23 @@ def main() -> None:
             f"{r['compressive']['train_ratio_to_xl']:.2f}×; vanilla "
             f"{r['transformer']['train_ratio_to_xl']:.2f}×."
         )
+        fl = tp["flops"]
+        summary.append(
+            f"{tp['size']}: the ∞-former's training step has "
+            f"{fl['infty']['train_gflop'] / fl['xl']['train_gflop']:.2f}× Transformer-XL's "
+            f"matrix-multiply FLOPs (inference "
+            f"{fl['infty']['infer_gflop'] / fl['xl']['infer_gflop']:.2f}×)."
+        )
+        for v in tp["variants"][1:]:
+            summary.append(
+                f"{tp['size']}, {v} vs eager float32, training / inference step speed-up: "
+                + "; ".join(
+                    f"{mt} {r[mt][f'train_{v}_speedup']:.2f}× / {r[mt][f'infer_{v}_speedup']:.2f}×"
+                    for mt in MODEL_TYPES
+                )
+                + "."
+            )
+    history = result["history"]
     for mt in STREAMED:
         first, last = history["models"][mt][0], history["models"][mt][-1]
         summary.append(
@@ -544,6 +808,7 @@ def main() -> None:
             f"tokens of history, {last['median_ms']:.1f} ms at {last['history_tokens']:,} "
             f"(ratio {last['median_ms'] / first['median_ms']:.2f})."
         )
+    full = result["full"]
     last_full = (full["full_forward"] + full["full_forward_extrapolated"])[-1]
     last_cached = (full["cached_segment"] + full["cached_segment_extrapolated"])[-1]
     measured_full = full["full_forward"][-1]["context"]
@@ -555,23 +820,7 @@ def main() -> None:
         f"({'extrapolated' if full['full_forward_extrapolated'] else 'measured'}; measured up to "
         f"{measured_full:,} / {measured_cached:,} tokens)."
     )
-    result = {
-        "command": common.command_line(),
-        "machine": machine,
-        "settings": settings,
-        "throughput": throughput,
-        "history": history,
-        "full": full,
-        "summary": summary,
-        "wall_s": None,
-    }
-    result["wall_s"] = time.perf_counter() - t0
-    out = args.out
-    common.write_json(out / "models.json", result)
-    common.write_text(out / "models.md", markdown(result))
-    plot(result, out / "models.png")
-    print("\n".join(summary))
-    print(f"[bench_models] wrote {out}/models.{{json,md,png}} in {result['wall_s']:.0f} s")
+    return summary
 
 
 if __name__ == "__main__":

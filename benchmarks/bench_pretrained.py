@@ -352,7 +352,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, default=OUT)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    sys.path.insert(0, str(ROOT / "src"))
 
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -62,7 +62,7 @@ class Setup:
     seed: int = 0
     segment_len: int = 256
     batch_size: int = 4
-    steps: int = 100
+    steps: int = 60
     lr: float = 5e-5  # the base (paper: GPT-2 at 5e-5)
     memory_lr: float = 2.5e-4  # the memory (paper), no weight decay
     warmup_steps: int = 10

@@ -17,6 +17,7 @@ worker processes that train and evaluate through the library, and the pieces of 
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import math
@@ -266,6 +267,8 @@ def train_and_evaluate(spec: dict[str, Any]) -> dict[str, Any]:
     if not result.finished:
         raise RuntimeError(f"training in {train.out_dir} stopped at step {result.step}")
     train_seconds = time.perf_counter() - start
+    del trainer  # the evaluations load the best checkpoint: free the model and the optimiser
+    gc.collect()
     evals = {}
     for name, ev in spec["evaluations"].items():
         start = time.perf_counter()

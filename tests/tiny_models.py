@@ -4,7 +4,16 @@ from inftyformer.config import MODEL_TYPES, ModelConfig
 from inftyformer.tasks import SortingConfig
 from inftyformer.training import TrainConfig
 
-__all__ = ["C", "MODEL_TYPES", "SORT", "V", "tiny", "tiny_sorting", "tiny_train"]
+__all__ = [
+    "C",
+    "MODEL_TYPES",
+    "SORT",
+    "V",
+    "tiny",
+    "tiny_sorting",
+    "tiny_train",
+    "torchrun_cli",
+]
 
 V = 13  # vocabulary
 C = 8  # segment_len
@@ -68,3 +77,11 @@ def tiny_train(out_dir, **overrides) -> TrainConfig:
     )
     settings.update(overrides)
     return TrainConfig(**settings)
+
+
+def torchrun_cli(*args: str) -> list[str]:
+    """The command line of `inftyformer ARGS` under torchrun with two CPU processes."""
+    import sys
+
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node=2", "-m", "inftyformer.cli", *map(str, args)]  # fmt: skip

@@ -26,9 +26,54 @@ def check_shape(name: str, x: torch.Tensor, expected: Sequence[int | None]) -> N
             raise ValueError(f"{name} must have shape {shown}, got {tuple(x.shape)}")
 
 
+def check_floating(name: str, x: torch.Tensor) -> None:
+    """A floating-point tensor (integer or bool values would be cast silently and give wrong
+    results, e.g. an integer μ rounds the basis)."""
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+
+
+def check_dtype(name: str, x: torch.Tensor, *allowed: torch.dtype) -> None:
+    if x.dtype not in allowed:
+        want = " or ".join(str(d) for d in allowed)
+        raise TypeError(f"{name} must have dtype {want}, got {x.dtype}")
+
+
+class NonFiniteError(ValueError):
+    """A tensor holds NaN or inf values (raised by the finiteness checks, so that a training loop
+    can tell a diverging model from other bad input)."""
+
+
 def check_finite(name: str, x: torch.Tensor) -> None:
     if x.is_floating_point() and not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} contains NaN or inf values")
+        raise NonFiniteError(f"{name} contains NaN or inf values")
+
+
+def check_token_ids(
+    name: str,
+    ids: object,
+    vocab_size: int,
+    device: torch.device,
+    ignore_index: int | None = None,
+) -> torch.Tensor:
+    """Token ids [batch, length] (non-empty, integers in [0, vocab_size), or `ignore_index`
+    where given) as int64 on `device`; a ValueError naming `name` and the bad values otherwise."""
+    if not isinstance(ids, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must have shape [batch, length], got {tuple(ids.shape)}")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer ids (torch.long), got dtype {ids.dtype}")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise ValueError(f"{name} must not be empty, got shape {tuple(ids.shape)}")
+    ids = ids.to(device=device, dtype=torch.long)
+    bad = (ids < 0) | (ids >= vocab_size)
+    if ignore_index is not None:
+        bad &= ids != ignore_index
+    if bool(bad.any()):
+        allowed = f"[0, {vocab_size})" + (f" or {ignore_index}" if ignore_index is not None else "")
+        raise ValueError(f"{name} must be in {allowed}; found {ids[bad].unique()[:5].tolist()}")
+    return ids
 
 
 def check_positive_int(name: str, value: object, minimum: int = 1) -> None:
@@ -59,3 +104,56 @@ def check_range(
         lo = "(-inf" if low is None else f"{'(' if low_open else '['}{low}"
         hi = "inf)" if high is None else f"{high}{')' if high_open else ']'}"
         raise ValueError(f"{name} must be a finite number in {lo}, {hi}, got {value}")
+
+
+# The largest magnitude a state's memories may hold. A model's states hold layer inputs (of order
+# 1–1e3) or coefficients fitted to normalised vectors; beyond this, the LayerNorm over a stored
+# state squares values past float32's range (d·x² > 3.4e38 for x ≳ 1.8e19/√d) and the model
+# returns NaN. So larger values (e.g. a corrupted file) are refused like NaN.
+STATE_MAGNITUDE = 1e15
+
+
+class ValueChecks:
+    """Conditions on tensor values, read with ONE host synchronisation.
+
+    Each `require` queues a reduction (a kernel, no synchronisation); `run` reads all of them at
+    once and, only when one fails, looks again to raise the first failing condition's message.
+    Validating a whole memory state therefore costs one synchronisation, however many tensors
+    and layers it has.
+    """
+
+    def __init__(self) -> None:
+        self._failed: list[torch.Tensor] = []
+        self._errors: list[tuple[type[ValueError], str]] = []
+
+    def require(self, ok: torch.Tensor, message: str, error: type[ValueError] = ValueError) -> None:
+        """`ok` (bool, any shape) must be True everywhere; else `error(message)`."""
+        if ok.numel():
+            self._failed.append(~ok.all())
+            self._errors.append((error, message))
+
+    def finite(self, name: str, x: torch.Tensor) -> None:
+        if x.is_floating_point():
+            self.require(
+                torch.isfinite(x.detach()), f"{name} contains NaN or inf values", NonFiniteError
+            )
+
+    def bounded(self, name: str, x: torch.Tensor, bound: float) -> None:
+        """Finite and |x| <= bound (one kernel: NaN and ±inf fail the comparison too)."""
+        if x.is_floating_point():
+            self.require(
+                x.detach().abs() <= bound,
+                f"{name} contains NaN, inf or values beyond ±{bound:g}",
+                NonFiniteError,
+            )
+
+    def run(self) -> None:
+        if not self._failed:
+            return
+        device = self._failed[0].device
+        failed = torch.stack([f.to(device) for f in self._failed])
+        errors = self._errors
+        self._failed, self._errors = [], []
+        if bool(failed.any()):
+            error, message = errors[int(failed.nonzero()[0, 0])]
+            raise error(message)

@@ -10,12 +10,13 @@ is paired with every width, so N must be a multiple of the number of widths. Ord
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from ._checks import check_positive_int, check_tensor
+from ._checks import check_finite, check_floating, check_positive_int, check_tensor
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -25,17 +26,25 @@ def gaussian_density(t: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> 
     return torch.exp(-0.5 * (t - mean) ** 2 / var - 0.5 * torch.log(var) - _LOG_SQRT_2PI)
 
 
+MIN_WIDTH, MAX_WIDTH = 1e-6, 1e3  # ψ is evaluated in float32: w² must stay a normal number
+
+
 def check_widths(widths: Sequence[float], num_basis: int | None = None) -> tuple[float, ...]:
-    """The widths as floats: at least one, each positive and finite, and (given N) N a
-    multiple of their number (every centre is paired with every width)."""
-    try:
-        widths = tuple(float(w) for w in widths)
-    except (TypeError, ValueError):
-        raise TypeError(f"widths must be a sequence of numbers, got {widths!r}") from None
+    """The widths as floats: at least one, each a real number in [1e-6, 1e3] (narrower or wider
+    functions underflow or overflow w² in float32 and give a basis of zeros or NaN), and (given
+    N) N a multiple of their number (every centre is paired with every width)."""
+    if isinstance(widths, (str, bytes)) or not isinstance(widths, Sequence):
+        raise TypeError(f"widths must be a sequence of numbers, got {widths!r}")
+    for w in widths:
+        if isinstance(w, bool) or not isinstance(w, numbers.Real):
+            raise TypeError(f"widths must be a sequence of numbers, got {widths!r}")
+    widths = tuple(float(w) for w in widths)
     if not widths:
         raise ValueError("widths must hold at least one width")
-    if any(not (w > 0 and math.isfinite(w)) for w in widths):
-        raise ValueError(f"widths must be positive and finite, got {widths}")
+    if any(not (MIN_WIDTH <= w <= MAX_WIDTH) for w in widths):
+        raise ValueError(
+            f"widths must be finite numbers in [{MIN_WIDTH:g}, {MAX_WIDTH:g}], got {widths}"
+        )
     if num_basis is not None and num_basis % len(widths):
         raise ValueError(
             f"num_basis (N={num_basis}) must be a multiple of the number of widths "
@@ -75,15 +84,20 @@ class GaussianBasis(nn.Module):
         centers = torch.linspace(0.0, 1.0, self.num_centers, dtype=torch.float64)
         return centers, torch.tensor(self.width_values, dtype=torch.float64)
 
-    def forward(self, t: torch.Tensor) -> torch.Tensor:
-        """ψ(t): t [...] → [..., N], in t's dtype."""
+    def forward(self, t: torch.Tensor, *, check: bool = True) -> torch.Tensor:
+        """ψ(t): t [...] → [..., N], in t's dtype (floating point; finite unless `check=False`,
+        which skips that host synchronisation for callers that built t)."""
         check_tensor("t", t)
+        check_floating("t", t)
+        if check:
+            check_finite("t", t)
         c = self.centers.to(device=t.device, dtype=t.dtype)
         w = self.widths.to(device=t.device, dtype=t.dtype)
         return gaussian_density(t.unsqueeze(-1), c, w * w)
 
     def float64(self, t: torch.Tensor) -> torch.Tensor:
         """ψ(t) in float64 (for building the design matrices)."""
+        check_tensor("t", t)
         c, w = self._grid()
         c, w = c.repeat(len(w)), w.repeat_interleave(self.num_centers)
         return gaussian_density(t.double().unsqueeze(-1), c, w * w)

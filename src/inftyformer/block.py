@@ -28,21 +28,46 @@ nothing to do this call are added as 0·Σp), so DistributedDataParallel needs n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import ragged
+from ._checks import STATE_MAGNITUDE, ValueChecks
 from ._init import init_projection
-from .compressive_memory import CompressiveMemory
+from .compressive_memory import CompressiveMemory, CompressiveState
 from .config import ModelConfig
 from .long_term_attention import LongTermAttention
-from .long_term_memory import LongTermMemory, LongTermState
+from .long_term_memory import LongTermMemory, LongTermState, LongTermUpdate
 from .relative_attention import RelativeMultiHeadAttention
-from .short_term_memory import ShortTermMemory
+from .short_term_memory import ShortTermMemory, ShortTermState
 from .state import LayerState
+
+
+@dataclass
+class LayerTrace:
+    """What a layer's memories did during one call, for inspection (`inftyformer.inspection`);
+    returned only when asked (`MemoryLM.forward(..., return_trace=True)`), detached.
+
+    mu, sigma_sq     [batch, H, L]   the long-term reads' densities 𝒩(μ, σ²) (∞-former)
+    read_empty       bool [batch]    rows whose long-term memory was empty when read (their
+                                     read is exactly 0, whatever μ, σ² say)
+    updates          long-term updates of the call, in order: (record, rows) with rows the bool
+                     [batch] mask of the rows it applied to (`LongTermUpdate`)
+    compressed_from  [batch, F, d]   states compressed this call, left-aligned (compressive)
+    compressed_count [batch]         how many of them are valid per row
+    compressed       [batch, F/c, d] the slots made from them, left-aligned
+    """
+
+    mu: torch.Tensor | None = None
+    sigma_sq: torch.Tensor | None = None
+    read_empty: torch.Tensor | None = None
+    updates: list[tuple[LongTermUpdate, torch.Tensor]] = field(default_factory=list)
+    compressed_from: torch.Tensor | None = None
+    compressed_count: torch.Tensor | None = None
+    compressed: torch.Tensor | None = None
 
 
 @dataclass
@@ -52,6 +77,7 @@ class BlockOutput:
     kl: torch.Tensor | None  # scalar (∞-former)
     reconstruction: torch.Tensor | None  # scalar (compressive)
     unused: torch.Tensor | None  # 0·Σp over parameters that had nothing to do (DDP)
+    trace: LayerTrace | None = None  # with `return_trace=True`
 
 
 class MemoryBlock(nn.Module):
@@ -107,40 +133,73 @@ class MemoryBlock(nn.Module):
             else self.long_term_memory.init_state(batch_size, device, dtype),
         )
 
-    def check_state(self, state: LayerState, batch: int, name: str) -> None:
+    def check_state(
+        self,
+        state: LayerState,
+        batch: int,
+        name: str,
+        dtypes: tuple[torch.dtype, ...] | None = None,
+        values: ValueChecks | None = None,
+    ) -> None:
+        """Validate a layer state for this block: its parts match the model type (provenance:
+        no short-term memory beyond what this model keeps, no compressed or long-term part the
+        model lacks), shapes, dtypes (floating tensors of one of `dtypes`), and, in `values` or
+        here, the values (see the state classes' `check`)."""
         c, d = self.config, self.config.d_model
         if not isinstance(state, LayerState):
-            raise ValueError(f"{name} must be a LayerState, got {type(state).__name__}")
-        state.short_term.check(f"{name}.short_term", batch, d, c.max_short_term_len)
+            raise TypeError(f"{name} must be a LayerState, got {type(state).__name__}")
+        for part, cls in (("short_term", ShortTermState), ("compressed", CompressiveState)):
+            value = getattr(state, part)
+            if not isinstance(value, cls) and not (part == "compressed" and value is None):
+                raise TypeError(
+                    f"{name}.{part} must be a {cls.__name__}, got {type(value).__name__}"
+                )
+        # what the state holds must be what this model type keeps (provenance) ...
         if (state.compressed is None) != (self.compressive is None):
             raise ValueError(
                 f"{name}.compressed must be {'absent' if self.compressive is None else 'present'}"
                 f" for model_type {c.model_type!r}"
             )
-        if state.compressed is not None:
-            state.compressed.check(f"{name}.compressed", batch, d, c.compressed_len)
         if (state.long_term is None) != (self.long_term_memory is None):
             raise ValueError(
                 f"{name}.long_term must be "
-                f"{'absent' if self.long_term_memory is None else 'present'} for this config"
+                f"{'absent' if self.long_term_memory is None else 'present'} for model_type "
+                f"{c.model_type!r}" + ("" if c.use_long_term else " with use_long_term=False")
             )
-        if self.long_term_memory is not None:
-            try:
-                self.long_term_memory.check_state(state.long_term)
-            except (TypeError, ValueError) as err:
-                raise ValueError(f"{name}.long_term: {err}") from err
+        if self.long_term_memory is not None and not isinstance(state.long_term, LongTermState):
+            raise TypeError(
+                f"{name}.long_term must be a LongTermState, got {type(state.long_term).__name__}"
+            )
+        # ... and no more of it than this model keeps (e.g. no XL memory in a transformer)
+        own = values is None
+        values = ValueChecks() if own else values
+        state.short_term.check(f"{name}.short_term", batch, d, c.max_short_term_len, dtypes, values)
+        if state.compressed is not None:
+            state.compressed.check(f"{name}.compressed", batch, d, c.compressed_len, dtypes, values)
+        if state.long_term is not None:
+            state.long_term.check(
+                self.long_term_memory.config, f"{name}.long_term", dtypes, values, STATE_MAGNITUDE
+            )
             if state.long_term.batch_size != batch:
                 raise ValueError(
                     f"{name}.long_term has batch size {state.long_term.batch_size}, "
                     f"expected {batch}"
                 )
+        if own:
+            values.run()
 
     # ------------------------------------------------------------------ forward
     def forward(
-        self, x: torch.Tensor, state: LayerState, generator: torch.Generator | None = None
+        self,
+        x: torch.Tensor,
+        state: LayerState,
+        generator: torch.Generator | None = None,
+        return_trace: bool = False,
     ) -> BlockOutput:
-        """x [batch, L, d] → BlockOutput (hidden [batch, L, d] and the new layer state)."""
+        """x [batch, L, d] → BlockOutput (hidden [batch, L, d] and the new layer state; with
+        `return_trace`, also what the memories did: `LayerTrace`)."""
         unused: list[nn.Parameter] = []
+        trace = LayerTrace() if return_trace else None
 
         # 1. ∞-former: the states that left the short-term memory enter the long-term memory
         # at the start of the call, inside this step's graph
@@ -148,7 +207,7 @@ class MemoryBlock(nn.Module):
         if self.long_term_memory is not None:
             short, leaving, count = self.short_term.flush(short)  # [batch, F, d], [batch]
             if bool((count > 0).any()):
-                long_term = self._update_long_term(long_term, leaving, count, generator)
+                long_term = self._update_long_term(long_term, leaving, count, generator, trace)
             else:
                 unused += list(self.long_term_memory.parameters())
 
@@ -170,7 +229,12 @@ class MemoryBlock(nn.Module):
             attended = attended + read.context  # added before the residual (SPEC §7)
             kl = read.kl
             # sticky memories: where these queries attended steers the next resampling
-            long_term = self.long_term_memory.observe(long_term, read.mu, read.sigma_sq)
+            long_term = self.long_term_memory.observe(
+                long_term, read.mu, read.sigma_sq, check=False
+            )
+            if trace is not None:
+                trace.mu, trace.sigma_sq = read.mu.detach(), read.sigma_sq.detach()
+                trace.read_empty = long_term.empty
         hidden = x + self.dropout(attended)
         ff = self.ff_out(self.dropout(F.gelu(self.ff_in(self.norm_ff(hidden)))))
         hidden = hidden + self.dropout(ff)
@@ -189,6 +253,9 @@ class MemoryBlock(nn.Module):
                         self._content_attention_detached, x, leaving, count, slots, slot_count
                     )
                     compressed = self.compressive.append(compressed, slots, slot_count)
+                    if trace is not None:
+                        trace.compressed_from, trace.compressed_count = leaving.detach(), count
+                        trace.compressed = slots.detach()
                 else:
                     reconstruction = x.new_zeros(())
                     unused += list(self.compressive.parameters())
@@ -201,6 +268,7 @@ class MemoryBlock(nn.Module):
             kl=kl,
             reconstruction=reconstruction,
             unused=zero,
+            trace=trace,
         )
 
     # ------------------------------------------------------------------ helpers
@@ -222,8 +290,10 @@ class MemoryBlock(nn.Module):
         leaving: torch.Tensor,
         count: torch.Tensor,
         generator: torch.Generator | None,
+        trace: LayerTrace | None = None,
     ) -> LongTermState:
-        """Fit the leaving states, block by block of C, into the rows that have them."""
+        """Fit the leaving states, block by block of C, into the rows that have them (and
+        record each update in `trace` when given)."""
         assert self.long_term_memory is not None
         C = self.short_term.block_len
         for j in range(leaving.shape[1] // C):  # at most a couple of blocks
@@ -235,10 +305,14 @@ class MemoryBlock(nn.Module):
                 (self.config.d_model,),
                 eps=self.config.layer_norm_eps,
             )  # [batch, C, d]
-            updated = self.long_term_memory.update(long_term, chunk, generator, check=False)
+            updated, record = self.long_term_memory.update_traced(
+                long_term, chunk, generator, check=False
+            )
+            if trace is not None:
+                trace.updates.append((record.detach(), rows))
             # rows in another phase keep their memory
             long_term = updated if bool(rows.all()) else updated.select(rows, long_term)
         return long_term
 
 
-__all__ = ["BlockOutput", "MemoryBlock"]
+__all__ = ["BlockOutput", "LayerTrace", "MemoryBlock"]

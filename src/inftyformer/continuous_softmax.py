@@ -8,7 +8,9 @@ their means):
     r_j = E_p[ψ_j(t)] = ∫ 𝒩(t; μ, σ²) 𝒩(t; c_j, w_j²) dt = 𝒩(μ; c_j, σ² + w_j²)
 
 Gradients are plain autograd of this expression, exact in (μ, σ²): no custom backward through
-natural parameters (the authors' version costs half an update step and loses precision).
+natural parameters (the authors' version costs half an update step and loses precision). The
+attention itself reads E_p[ψ]ᵀ V through fused_attention.py, the same closed form contracted with
+V block by block, so that the [..., N] tensor of r is never materialised.
 """
 
 from __future__ import annotations
@@ -17,25 +19,39 @@ import math
 
 import torch
 
-from ._checks import check_tensor
+from ._checks import ValueChecks, check_floating, check_range, check_tensor
 from .basis import GaussianBasis
 
 
 def continuous_softmax(
-    mu: torch.Tensor, sigma_sq: torch.Tensor, basis: GaussianBasis
+    mu: torch.Tensor, sigma_sq: torch.Tensor, basis: GaussianBasis, *, check: bool = True
 ) -> torch.Tensor:
     """E_p[ψ(t)] for p = 𝒩(μ, σ²): mu, sigma_sq [...] → [..., N].
 
-    mu and sigma_sq must broadcast together; sigma_sq must be positive.
+    mu and sigma_sq must be floating-point tensors that broadcast together (the result has their
+    promoted dtype); mu must be finite and sigma_sq positive and finite. `check=False` skips the
+    value checks (one host synchronisation) for callers that built the arguments.
     """
     check_tensor("mu", mu)
     check_tensor("sigma_sq", sigma_sq)
+    check_floating("mu", mu)
+    check_floating("sigma_sq", sigma_sq)
+    if not isinstance(basis, GaussianBasis):
+        raise TypeError(f"basis must be a GaussianBasis, got {type(basis).__name__}")
     try:
         torch.broadcast_shapes(mu.shape, sigma_sq.shape)
     except RuntimeError as err:
         raise ValueError(
             f"mu {tuple(mu.shape)} and sigma_sq {tuple(sigma_sq.shape)} do not broadcast"
         ) from err
+    if check:
+        values = ValueChecks()
+        values.finite("mu", mu)
+        values.require(
+            (sigma_sq.detach() > 0) & torch.isfinite(sigma_sq.detach()),
+            "sigma_sq must be positive and finite everywhere",
+        )
+        values.run()
     # The basis is a grid of widths × centres: only the squared distance depends on the centre and
     # only the variance on the width, so the full [..., N] tensor is touched by two kernels.
     c = basis.center_grid.to(device=mu.device, dtype=mu.dtype)  # [C]
@@ -51,12 +67,27 @@ def continuous_softmax(
     return r.flatten(-2)  # [..., N] in the basis' width-major order
 
 
-def variance_kl(sigma_sq: torch.Tensor, sigma_0: float) -> torch.Tensor:
+def variance_kl(sigma_sq: torch.Tensor, sigma_0: float, *, check: bool = True) -> torch.Tensor:
     """The variance part of KL(𝒩(μ, σ²) ‖ 𝒩(μ₀, σ₀²)) (SPEC §6), elementwise:
 
         ½ (σ²/σ₀² − log(σ²/σ₀²) − 1)
 
     It is zero at σ = σ₀ and keeps the attention densities from collapsing or spreading out.
+    sigma_sq: a floating-point tensor, positive and finite; sigma_0 > 0. `check=False` skips the
+    value check of sigma_sq (one host synchronisation) for callers that built it.
     """
+    check_tensor("sigma_sq", sigma_sq)
+    check_floating("sigma_sq", sigma_sq)
+    check_range("sigma_0", sigma_0, 0.0, low_open=True)
+    if check:
+        values = ValueChecks()
+        values.require(
+            (sigma_sq.detach() > 0) & torch.isfinite(sigma_sq.detach()),
+            "sigma_sq must be positive and finite everywhere",
+        )
+        values.run()
     ratio = sigma_sq / (sigma_0 * sigma_0)
-    return 0.5 * (ratio - torch.log(ratio) - 1.0)
+    # log(σ²/σ₀²) from the logarithms, not from the ratio: in a narrow dtype the ratio may
+    # overflow to inf (or underflow to 0), and inf − log(inf) would be NaN where the KL is inf
+    log_ratio = torch.log(sigma_sq) - 2.0 * math.log(sigma_0)
+    return 0.5 * (ratio - log_ratio - 1.0)

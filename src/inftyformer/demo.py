@@ -13,7 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ._checks import check_positive_int
 from .long_term_memory import LongTermConfig, LongTermMemory
+
+MAX_DEMO_VALUES = 1 << 28  # the random walk is built in memory: 2 GiB of float64 at most
 
 
 @dataclass
@@ -55,8 +58,23 @@ def run_demo(
     seed: int = 0,
     ages: int = 6,
 ) -> DemoResult:
+    for name, value in (
+        ("length", length),
+        ("segment_len", segment_len),
+        ("num_basis", num_basis),
+        ("dim", dim),
+        ("num_samples", num_samples),
+    ):
+        check_positive_int(name, value)  # fmt: skip
+    check_positive_int("seed", seed, minimum=0)
+    check_positive_int("ages", ages, minimum=0)
     if length < segment_len:
         raise ValueError(f"length ({length}) must be at least segment_len ({segment_len})")
+    if length * dim > MAX_DEMO_VALUES:
+        raise ValueError(
+            f"length × dim = {length * dim:,} values is more than the demo streams "
+            f"({MAX_DEMO_VALUES:,}); use a shorter --length"
+        )
     g = torch.Generator().manual_seed(seed)
     config = LongTermConfig(
         dim=dim,

@@ -22,11 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_finite, check_tensor
+from ._checks import ValueChecks, check_dtype, check_tensor
 from ._init import init_projection
 from .basis import GaussianBasis
-from .continuous_softmax import continuous_softmax, variance_kl
-from .long_term_memory import LongTermConfig, LongTermState
+from .continuous_softmax import variance_kl
+from .fused_attention import expected_values
+from .long_term_memory import LongTermConfig, LongTermState, allowed_dtypes
+from .precision import at_least_float32, full_precision, wide_dtype
 
 
 @dataclass
@@ -37,15 +39,25 @@ class LongTermAttentionOutput:
     sigma_sq: torch.Tensor  # [batch, H, Q]
 
 
+@dataclass
+class PreparedMemory:
+    """The parts of a read that depend on the memory only (`LongTermAttention.prepare`)."""
+
+    values: torch.Tensor  # V = B W^V  [batch, H, N, d]
+    keys: torch.Tensor  # W^Kᵀ Bᵀ [w_μ, w_σ] / √d  [batch, H, d, 2]
+
+    def repeat_interleave(self, repeats: int) -> PreparedMemory:
+        return PreparedMemory(
+            self.values.repeat_interleave(repeats, 0), self.keys.repeat_interleave(repeats, 0)
+        )
+
+
 class LongTermAttention(nn.Module):
-    # Queries are processed in blocks so that each [batch, H, block, N] tensor of the continuous
-    # softmax and of its backward holds at most this many elements (24 MiB in float32). Same math,
-    # but blocks this size stay under glibc's 32 MiB ceiling for mmap'ed allocations, so most are
-    # recycled from the heap instead of being mapped, page-faulted and unmapped every step (~100 MB
-    # tensors at batch 8, N = 512, 1024 queries). Smaller blocks fault even less but multiply the
-    # kernel launches, which cost more than they save on a busy CPU (benchmarks/bench_core.py).
-    # None: one block (the whole [B, H, Q, N] at once).
-    query_block_elements: int | None = 3 << 21
+    # The continuous read runs in blocks of queries whose Gaussians [batch, H, block, N] hold
+    # about this many values (1 MiB in float32: in cache, and small enough that its scratch
+    # tensors are reused from the heap rather than page-faulted in every call). Measured on
+    # the paper's shapes and cpu-small (benchmarks/bench_core.py); None: one block.
+    query_block_elements: int | None = 1 << 18
 
     def __init__(self, config: LongTermConfig, basis: GaussianBasis | None = None) -> None:
         """`basis`: the ψ of the memory this attention reads (a layer's memory and attention
@@ -76,43 +88,74 @@ class LongTermAttention(nn.Module):
             if projection is not None:
                 init_projection(projection, std)
 
+    def prepare(self, state: LongTermState, dtype: torch.dtype) -> PreparedMemory:
+        """What every read of `state` shares, computed once: V = B W^V and the folded keys.
+
+        The scores s = K q / √d [batch, H, Q, N], K = B W^K, only ever enter through w_μᵀ s and
+        w_σᵀ s, and w_μᵀ s = qᵀ (Kᵀ w_μ) / √d = qᵀ W^Kᵀ (Bᵀ w_μ) / √d (W^K has no bias): the two
+        heads are folded into B first, so that neither s nor K [batch, N, e] is ever built."""
+        c = self.config
+        batch, H, d = state.batch_size, c.num_heads, c.head_dim
+        B = state.coefficients.to(wide_dtype(dtype))  # [batch, N, e]
+        v = self.value(B).view(batch, -1, H, d).transpose(1, 2)  # V = B W^V  [batch, H, N, d]
+        with full_precision(B):
+            w = torch.cat([self.mu_head.weight, self.sigma_head.weight])  # [2, N]
+            k_folded = self.key(torch.matmul(w, at_least_float32(B)))  # (wᵀ B) W^K  [b, 2, e]
+            keys = k_folded.view(batch, 2, H, d).permute(0, 2, 3, 1) / math.sqrt(d)  # [b,H,d,2]
+        return PreparedMemory(values=v, keys=keys)
+
     def forward(
-        self, query: torch.Tensor, state: LongTermState, *, check: bool = True
+        self,
+        query: torch.Tensor,
+        state: LongTermState,
+        *,
+        check: bool = True,
+        prepared: PreparedMemory | None = None,
     ) -> LongTermAttentionOutput:
         """query [batch, Q, e] (already projected unless `config.query_projection`).
-        `check=False` skips the validation of the arguments (for callers that built them)."""
+        `check=False` skips the validation of the arguments (for callers that built them);
+        `prepared`: `prepare(state, query.dtype)` computed once for many reads of an unchanging
+        state (generation), instead of at every call."""
         c = self.config
         if check:
+            if not isinstance(state, LongTermState):
+                raise TypeError(f"state must be a LongTermState, got {type(state).__name__}")
+            values = ValueChecks()
+            state.check(c, "state", values=values)
             check_tensor("query", query, 3)
             if query.shape[0] != state.batch_size or query.shape[2] != c.dim:
                 raise ValueError(
                     f"query must have shape (batch={state.batch_size}, queries, e={c.dim}), "
                     f"got {tuple(query.shape)}"
                 )
-            check_finite("query", query)
+            if query.shape[1] == 0:
+                raise ValueError("query must hold at least one query vector (got 0 queries)")
+            check_dtype("query", query, *allowed_dtypes(self.key.weight))
+            for name, t in (("query", query), ("state.coefficients", state.coefficients)):
+                if t.device != self.key.weight.device:
+                    raise ValueError(
+                        f"{name} is on {t.device}, the attention on {self.key.weight.device}"
+                    )
+            values.finite("query", query)
+            values.run()
         batch, num_q, _ = query.shape
         H, d = c.num_heads, c.head_dim
-        B = state.coefficients.to(query.dtype)  # [batch, N, e]
+        if prepared is None:
+            prepared = self.prepare(state, query.dtype)
+        v, k_heads = prepared.values, prepared.keys  # [b, H, N, d], [b, H, d, 2]
         q = self.query(query) if self.query is not None else query
         q = q.view(batch, num_q, H, d).transpose(1, 2)  # [batch, H, Q, d]
-        v = self.value(B).view(batch, -1, H, d).transpose(1, 2)  # V = B W^V  [batch, H, N, d]
-
-        # The scores s = K q / √d [batch, H, Q, N], K = B W^K, only ever enter through w_μᵀ s and
-        # w_σᵀ s, and w_μᵀ s = qᵀ (Kᵀ w_μ) / √d = qᵀ W^Kᵀ (Bᵀ w_μ) / √d (W^K has no bias): fold
-        # the two heads into B first, so that neither s nor K [batch, N, e] is ever built.
-        w = torch.cat([self.mu_head.weight, self.sigma_head.weight])  # [2, N]
-        k_folded = self.key(torch.matmul(w, B))  # (wᵀ B) W^K  [batch, 2, e]
-        k_heads = k_folded.view(batch, 2, H, d).permute(0, 2, 3, 1) / math.sqrt(d)  # [b, H, d, 2]
-        logits = torch.matmul(q, k_heads)  # [w_μᵀ s, w_σᵀ s]  [batch, H, Q, 2]
-        mu = torch.sigmoid(logits[..., 0] + self.mu_head.bias)  # μ ∈ (0, 1)  [batch, H, Q]
-        sigma_sq = F.softplus(logits[..., 1] + self.sigma_head.bias).clamp(min=c.min_sigma_sq)
+        with full_precision(query):  # μ, σ² in float32 also under autocast (precision.py)
+            logits = torch.matmul(at_least_float32(q), k_heads)  # [w_μᵀ s, w_σᵀ s]  [b, H, Q, 2]
+            mu = torch.sigmoid(logits[..., 0] + self.mu_head.bias)  # μ ∈ (0, 1)  [batch, H, Q]
+            sigma_sq = F.softplus(logits[..., 1] + self.sigma_head.bias).clamp(min=c.min_sigma_sq)
 
         z = self._expected_values(mu, sigma_sq, v)  # E_p[v(t)]  [batch, H, Q, d]
         z = z.transpose(1, 2).reshape(batch, num_q, H * d)  # [batch, Q, e]
 
         filled = (~state.empty).to(device=query.device, dtype=query.dtype)  # [batch]
         context = self.out(z) * filled[:, None, None]  # [batch, Q, out_dim]
-        kl_rows = variance_kl(sigma_sq, c.sigma_0).mean(dim=(1, 2))  # [batch]
+        kl_rows = variance_kl(sigma_sq, c.sigma_0, check=False).mean(dim=(1, 2))  # [batch]
         kl = (kl_rows * filled).sum() / filled.sum().clamp(min=1.0)
         return LongTermAttentionOutput(context=context, kl=kl, mu=mu, sigma_sq=sigma_sq)
 
@@ -120,18 +163,5 @@ class LongTermAttention(nn.Module):
         self, mu: torch.Tensor, sigma_sq: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         """z = E_p[ψ]ᵀ V per head and query: mu, sigma_sq [batch, H, Q], v [batch, H, N, d]
-        → [batch, H, Q, d], in blocks of queries (see `query_block_elements`)."""
-        batch, heads, num_q = mu.shape
-        block = num_q
-        if self.query_block_elements is not None:
-            block = max(1, self.query_block_elements // max(1, batch * heads * v.shape[-2]))
-            block = -(-num_q // -(-num_q // block))  # even blocks: no small remainder block
-        if block >= num_q:
-            return torch.matmul(continuous_softmax(mu, sigma_sq, self.basis), v)
-        return torch.cat(
-            [
-                torch.matmul(continuous_softmax(m, s, self.basis), v)  # r = E_p[ψ]  [.., block, N]
-                for m, s in zip(mu.split(block, -1), sigma_sq.split(block, -1), strict=True)
-            ],
-            dim=-2,
-        )
+        → [batch, H, Q, d], fused in blocks of queries (see `query_block_elements`)."""
+        return expected_values(mu, sigma_sq, v, self.basis, self.query_block_elements)

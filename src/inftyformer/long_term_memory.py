@@ -16,10 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ._checks import (
-    check_finite,
+    ValueChecks,
+    check_dtype,
+    check_floating,
     check_positive_int,
     check_range,
     check_shape,
@@ -74,6 +77,15 @@ class LongTermConfig:
     def head_dim(self) -> int:
         return self.dim // self.num_heads
 
+    @classmethod
+    def from_settings(cls, settings: object, **fixed: object) -> LongTermConfig:
+        """The fields of this config that `settings` (a model's config) holds under the same
+        names, with `fixed` on top (what the model decides: dim, out_dim, …)."""
+        values = {
+            f.name: getattr(settings, f.name) for f in fields(cls) if hasattr(settings, f.name)
+        }
+        return cls(**{**values, **fixed})
+
 
 @dataclass
 class LongTermState:
@@ -91,6 +103,14 @@ class LongTermState:
     attention_mass: torch.Tensor
     observed: torch.Tensor
     empty: torch.Tensor
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"LongTermState.{f.name} must be a torch.Tensor, got {type(value).__name__}"
+                )
 
     @property
     def batch_size(self) -> int:
@@ -115,6 +135,70 @@ class LongTermState:
         if missing:
             raise ValueError(f"long-term state is missing tensors {missing}")
         return cls(**{f.name: tensors[f.name] for f in fields(cls)})
+
+    def check(
+        self,
+        config: LongTermConfig,
+        name: str = "state",
+        dtypes: tuple[torch.dtype, ...] | None = None,
+        values: ValueChecks | None = None,
+        magnitude: float | None = None,
+    ) -> None:
+        """Validate this state for a memory of `config`: shapes, dtypes (the float fields share
+        one floating dtype, one of `dtypes` when given; `empty` is bool), one device; then, in
+        `values` (read by the caller with one synchronisation) or here, the values: finite
+        coefficients (and within ±`magnitude` when given: a model's memory fits normalised
+        vectors), `attention_mass` a histogram (≥ 0, rows summing to 1), `observed` ≥ 0."""
+        c = config
+        check_shape(f"{name}.coefficients", self.coefficients, (None, c.num_basis, c.dim))
+        batch = self.batch_size
+        for field in ("attention_mass", "observed", "empty"):
+            t = getattr(self, field)
+            if t.dim() and t.shape[0] != batch:
+                raise ValueError(
+                    f"{name}.{field} has {t.shape[0]} rows, {name}.coefficients {batch}: the "
+                    "fields of a state hold the same rows"
+                )
+        check_shape(f"{name}.attention_mass", self.attention_mass, (batch, c.sticky_bins))
+        check_shape(f"{name}.observed", self.observed, (batch,))
+        check_shape(f"{name}.empty", self.empty, (batch,))
+        check_floating(f"{name}.coefficients", self.coefficients)
+        dtype = self.coefficients.dtype
+        if dtypes is not None:
+            check_dtype(f"{name}.coefficients", self.coefficients, *dtypes)
+        for field in ("attention_mass", "observed"):
+            if getattr(self, field).dtype != dtype:
+                raise TypeError(
+                    f"{name}.{field} must have the dtype of {name}.coefficients ({dtype}), "
+                    f"got {getattr(self, field).dtype}"
+                )
+        check_dtype(f"{name}.empty", self.empty, torch.bool)
+        device = self.coefficients.device
+        for f in fields(self):
+            t = getattr(self, f.name)
+            if t.device != device:
+                raise ValueError(
+                    f"{name}.{f.name} is on {t.device}, {name}.coefficients on {device}: "
+                    "a state lives on one device"
+                )
+        own = values is None
+        values = ValueChecks() if own else values
+        if magnitude is None:
+            values.finite(f"{name}.coefficients", self.coefficients)
+        else:
+            values.bounded(f"{name}.coefficients", self.coefficients, magnitude)
+        mass = self.attention_mass.detach()
+        values.require(
+            (mass >= 0).all(-1) & ((mass.sum(-1) - 1).abs() <= 1e-3),
+            f"{name}.attention_mass must be a histogram per row: finite, >= 0, summing to 1",
+        )
+        observed = self.observed.detach()
+        values.require(
+            (observed >= 0) & torch.isfinite(observed),
+            f"{name}.observed must be finite and >= 0 (queries counted since the last update)",
+        )
+        if own:
+            values.run()
 
     def select(self, rows: torch.Tensor, other: LongTermState) -> LongTermState:
         """Row-wise choice: this state where the bool mask `rows` [batch] is True, `other`
@@ -141,6 +225,29 @@ class LongTermState:
             empty=torch.ones_like(self.empty),
         )
         return cleared.select(rows, self)
+
+
+@dataclass
+class LongTermUpdate:
+    """What one `LongTermMemory.update` did, for inspection (`inftyformer.inspection`).
+
+    stored     [batch, L, e]        the vectors fitted (after the CNN gate), placed at
+                                    (i + ½)/L by a first fit, else at τ + (1 − τ)(i + ½)/L
+    samples    [M] or [batch, M]    where the old signal was read before it was squeezed to
+                                    τ·i/M, i = 1..M (None when every row got a first fit)
+    first_fit  bool [batch]         rows whose memory was empty (first fit, nothing squeezed)
+    """
+
+    stored: torch.Tensor
+    samples: torch.Tensor | None
+    first_fit: torch.Tensor
+
+    def detach(self) -> LongTermUpdate:
+        return LongTermUpdate(
+            self.stored.detach(),
+            None if self.samples is None else self.samples.detach(),
+            self.first_fit,
+        )
 
 
 class LongTermMemory(nn.Module):
@@ -180,15 +287,21 @@ class LongTermMemory(nn.Module):
         """Clear the rows whose document ended (bool mask [batch])."""
         return state.reset(rows)
 
-    def check_state(self, state: LongTermState) -> None:
+    def state_dtypes(self) -> tuple[torch.dtype, ...] | None:
+        """The floating dtypes a state may have: the CNN gate's (under autocast also the autocast
+        dtype), any when there is no gate."""
+        if self.gate is None:
+            return None
+        return allowed_dtypes(self.gate.weight)
+
+    def check_state(
+        self, state: LongTermState, name: str = "state", values: ValueChecks | None = None
+    ) -> None:
+        """Validate `state` for this memory (see `LongTermState.check`); values are read here
+        with one synchronisation unless `values` collects them for the caller."""
         if not isinstance(state, LongTermState):
-            raise TypeError(f"state must be a LongTermState, got {type(state).__name__}")
-        c = self.config
-        check_shape("state.coefficients", state.coefficients, (None, c.num_basis, c.dim))
-        batch = state.batch_size
-        check_shape("state.attention_mass", state.attention_mass, (batch, c.sticky_bins))
-        check_shape("state.observed", state.observed, (batch,))
-        check_shape("state.empty", state.empty, (batch,))
+            raise TypeError(f"{name} must be a LongTermState, got {type(state).__name__}")
+        state.check(self.config, name, self.state_dtypes(), values)
 
     # ---------------------------------------------------------------- design matrices
     def infinite_design(self, length: int, device, dtype) -> torch.Tensor:
@@ -210,9 +323,11 @@ class LongTermMemory(nn.Module):
         """p_b ∝ Σ_{h,q} [Φ((b₊ − μ)/σ) − Φ((b₋ − μ)/σ)] over equal bins of [0, 1], normalised
         per row. mu, sigma_sq [batch, ...] → [batch, bins]."""
         bins = self.config.sticky_bins
-        edges = torch.linspace(0, 1, bins + 1, device=mu.device, dtype=mu.dtype)  # [bins + 1]
-        mu = mu.detach().flatten(1).unsqueeze(-1)  # [batch, H·Q, 1]
-        sigma = sigma_sq.detach().flatten(1).sqrt().unsqueeze(-1)
+        # at least float32: in float16/bfloat16 the normalised histogram is off by ~1e-2
+        dtype = torch.promote_types(torch.promote_types(mu.dtype, sigma_sq.dtype), torch.float32)
+        edges = torch.linspace(0, 1, bins + 1, device=mu.device, dtype=dtype)  # [bins + 1]
+        mu = mu.detach().to(dtype).flatten(1).unsqueeze(-1)  # [batch, H·Q, 1]
+        sigma = sigma_sq.detach().to(dtype).flatten(1).sqrt().unsqueeze(-1)
         cdf = torch.special.ndtr((edges - mu) / sigma)  # [batch, H·Q, bins + 1]
         mass = (cdf[..., 1:] - cdf[..., :-1]).sum(1)  # [batch, bins]
         # a little uniform mass keeps every bin reachable and the histogram defined when all
@@ -221,16 +336,34 @@ class LongTermMemory(nn.Module):
         return mass / mass.sum(-1, keepdim=True)
 
     def observe(
-        self, state: LongTermState, mu: torch.Tensor, sigma_sq: torch.Tensor
+        self,
+        state: LongTermState,
+        mu: torch.Tensor,
+        sigma_sq: torch.Tensor,
+        *,
+        check: bool = True,
     ) -> LongTermState:
         """Sticky memories: record where a call's queries attended (μ, σ² [batch, heads,
         queries]) for the next resampling. The histogram is averaged over every call since the
         last update, weighted by its number of queries, so that one call of C queries and C calls
         of one query give about the same histogram. Rows with an empty memory read nothing and
-        record nothing. A no-op unless `config.sticky`."""
-        if not self.config.sticky:
+        record nothing. A no-op unless `config.sticky`. `check=False` skips the validation of
+        the arguments (for callers that built them, e.g. the transformer block)."""
+        if check:
+            values = ValueChecks()
+            self.check_state(state, values=values)
+            check_shape("mu", mu, (state.batch_size, None, None))
+            check_shape("sigma_sq", sigma_sq, tuple(mu.shape))
+            check_floating("mu", mu)
+            check_floating("sigma_sq", sigma_sq)
+            values.finite("mu", mu)
+            values.require(
+                (sigma_sq.detach() > 0) & torch.isfinite(sigma_sq.detach()),
+                "sigma_sq must be positive and finite everywhere",
+            )
+            values.run()
+        if not self.config.sticky or mu.shape[-1] == 0:  # nothing attended, nothing recorded
             return state
-        check_shape("mu", mu, (state.batch_size, None, None))
         hist = self.attention_histogram(mu, sigma_sq).to(state.attention_mass.dtype)  # [b, bins]
         queries = mu.shape[-1]
         seen = state.observed[:, None]  # [batch, 1]
@@ -239,11 +372,19 @@ class LongTermMemory(nn.Module):
         return observed.select(~state.empty, state)
 
     def sample_positions(
-        self, state: LongTermState, generator: torch.Generator | None = None
+        self,
+        state: LongTermState,
+        generator: torch.Generator | None = None,
+        *,
+        check: bool = True,
     ) -> torch.Tensor:
         """Where to read the old signal before squeezing it: u [M] (uniform grid i/M) or
-        [batch, M] (sticky: drawn from the attention histogram, sorted)."""
+        [batch, M] (sticky: drawn from the attention histogram, sorted). `check=False` skips the
+        validation of the state (for callers that checked it)."""
         c = self.config
+        if check:
+            self.check_state(state)
+            _check_generator(generator)
         B = state.coefficients
         if not c.sticky:
             return (
@@ -271,7 +412,17 @@ class LongTermMemory(nn.Module):
         """X ← X ⊙ sigmoid(Conv1d(X)) over time: x [batch, L, e]."""
         if self.gate is None:
             return x
-        return x * torch.sigmoid(self.gate(x.transpose(1, 2))).transpose(1, 2)
+        # The Conv1d as a 2-D convolution of height 1 in channels-last layout: x [batch, L, e]
+        # already is that layout, so the convolution reads it in place and writes the gate as
+        # [batch, L, e] too, and the product and its backward run on contiguous tensors (~30%
+        # faster than a Conv1d over the transposed view). Same weights, same math.
+        g = F.conv2d(
+            x.transpose(1, 2).unsqueeze(2),  # [batch, e, 1, L], channels-last in memory
+            self.gate.weight.unsqueeze(2),  # [e, e, 1, 3]
+            self.gate.bias,
+            padding=(0, self.gate.padding[0]),
+        )
+        return x * torch.sigmoid(g.squeeze(2).transpose(1, 2))  # [batch, L, e]
 
     def update(
         self,
@@ -289,9 +440,23 @@ class LongTermMemory(nn.Module):
         state before keeping it across segments. `check=False` skips the validation of the
         arguments (for callers that built them, e.g. the transformer block).
         """
+        return self.update_traced(state, x, generator, check=check)[0]
+
+    def update_traced(
+        self,
+        state: LongTermState,
+        x: torch.Tensor,
+        generator: torch.Generator | None = None,
+        *,
+        check: bool = True,
+    ) -> tuple[LongTermState, LongTermUpdate]:
+        """`update`, and what it did (`LongTermUpdate`: the vectors fitted after the gate, where
+        the old signal was read before the squeeze, which rows got a first fit): the same
+        computation, the record only keeps references to tensors it made anyway."""
         c = self.config
         if check:
-            self.check_state(state)
+            values = ValueChecks()
+            self.check_state(state, values=values)
             check_tensor("x", x, 3)
             if x.shape[0] != state.batch_size or x.shape[2] != c.dim:
                 raise ValueError(
@@ -300,31 +465,64 @@ class LongTermMemory(nn.Module):
                 )
             if x.shape[1] == 0:
                 raise ValueError("x must hold at least one vector (got a zero-length segment)")
-            check_finite("x", x)
+            check_floating("x", x)
+            if x.device != state.coefficients.device:
+                raise ValueError(
+                    f"x is on {x.device}, the state on {state.coefficients.device}: "
+                    "use state.to(device)"
+                )
+            _check_generator(generator)
+            values.finite("x", x)
+            values.run()
         x = self.smooth(x.to(state.coefficients.dtype))
         length = x.shape[1]
         empty = state.empty.to(x.device)
         B_past = state.coefficients.detach()  # no backprop through time
-        B_new = None
+        B_new, u = None, None
         if bool(empty.any()):
             # first fit: B = G_Lᵀ X                                        [batch, N, e]
-            B_new = fit_coefficients(x, self.ridge.segment(length, x.device, x.dtype))
+            G_L = self.ridge.segment(length, x.device, x.dtype)  # [L, N]
+            B_new = fit_coefficients(x, G_L, check=False)
         if not bool(empty.all()):
-            u = self.sample_positions(state, generator)  # [M] or [batch, M]
-            x_old = evaluate_signal(B_past, self.basis, u)  # x̃ = B_pastᵀ ψ(u)  [batch, M, e]
+            u = self.sample_positions(state, generator, check=False)  # [M] or [batch, M]
+            # x̃ = B_pastᵀ ψ(u)  [batch, M, e]
+            x_old = evaluate_signal(B_past, self.basis, u, check=False)
             G_inf = self.infinite_design(length, x.device, x.dtype)  # [M + L, N]
-            B_upd = fit_coefficients(torch.cat([x_old, x], dim=1), G_inf)  # [batch, N, e]
+            # [batch, N, e]
+            B_upd = fit_coefficients(torch.cat([x_old, x], dim=1), G_inf, check=False)
             B_new = B_upd if B_new is None else torch.where(empty[:, None, None], B_new, B_upd)
-        return LongTermState(
+        new_state = LongTermState(
             coefficients=B_new,
             attention_mass=torch.full_like(state.attention_mass, 1.0 / c.sticky_bins),
             observed=torch.zeros_like(state.observed),
             empty=torch.zeros_like(state.empty),
         )
+        return new_state, LongTermUpdate(stored=x, samples=u, first_fit=empty)
 
     def signal(self, state: LongTermState, t: torch.Tensor) -> torch.Tensor:
         """Read the stored signal x̄(t) back at positions t [T] → [batch, T, e]."""
+        self.check_state(state)
         return evaluate_signal(state.coefficients, self.basis, t)
 
 
-__all__ = ["LongTermConfig", "LongTermMemory", "LongTermState"]
+def allowed_dtypes(parameter: torch.Tensor) -> tuple[torch.dtype, ...]:
+    """The floating dtypes of tensors meeting a module whose parameters are `parameter`'s: that
+    dtype, and under autocast on its device also the autocast dtype."""
+    device = parameter.device.type
+    dtypes = (parameter.dtype,)
+    try:
+        if torch.is_autocast_enabled(device):
+            dtypes += (torch.get_autocast_dtype(device),)
+    except (RuntimeError, TypeError):  # a device type autocast does not know
+        pass
+    return dtypes
+
+
+def _check_generator(generator: object) -> None:
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"generator must be a torch.Generator or None, got {type(generator).__name__}"
+        )
+
+
+__all__ = ["LongTermConfig", "LongTermMemory", "LongTermState", "LongTermUpdate"]

@@ -20,10 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_positive_int
+from ._checks import ValueChecks, check_positive_int, check_token_ids
 from ._init import init_projection
-from .block import MemoryBlock
+from .block import LayerTrace, MemoryBlock
 from .config import ModelConfig
+from .long_term_memory import allowed_dtypes
 from .state import LayerState, MemoryState
 
 IGNORE_INDEX = -100
@@ -37,6 +38,22 @@ class LMOutput:
     lm_loss: torch.Tensor | None = None  # scalar: mean NLL over targets ≠ −100
     token_loss: torch.Tensor | None = None  # [batch, L]: NLL per token, 0 where ignored
     aux: dict[str, torch.Tensor] = field(default_factory=dict)  # unweighted "kl", "reconstruction"
+    trace: tuple[LayerTrace, ...] | None = None  # per layer, with `return_trace=True`
+
+
+def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token_loss [batch, L]: the NLL of each target, 0 where it is −100; lm_loss: their mean
+    over the targets that count) for logits [batch, L, V] and targets [batch, L] aligned with
+    them (position t predicts targets[t])."""
+    batch, length = targets.shape
+    token_loss = F.cross_entropy(
+        logits.reshape(batch * length, -1).float(),
+        targets.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="none",
+    ).view(batch, length)
+    lm_loss = token_loss.sum() / (targets != IGNORE_INDEX).sum().clamp(min=1)
+    return token_loss, lm_loss
 
 
 class MemoryLM(nn.Module):
@@ -85,52 +102,35 @@ class MemoryLM(nn.Module):
         return MemoryState(tuple(b.init_state(batch_size, device, dtype) for b in self.blocks))
 
     def check_state(self, state: MemoryState, batch_size: int | None = None) -> None:
+        """Validate a state for this model before any computation: one layer state per block,
+        each matching the model type (provenance), shapes, dtypes (the model's floating dtype,
+        under autocast also the autocast dtype; lengths int64, `empty` bool), the model's
+        device, and the values (finite, lengths in range, sticky histograms), the values read
+        with one host synchronisation for the whole state."""
         if not isinstance(state, MemoryState):
-            raise ValueError(f"state must be a MemoryState, got {type(state).__name__}")
+            raise TypeError(f"state must be a MemoryState, got {type(state).__name__}")
         if len(state.layers) != len(self.blocks):
             raise ValueError(
                 f"state has {len(state.layers)} layers, the model has {len(self.blocks)}"
             )
         batch = state.batch_size if batch_size is None else batch_size
-        floats: list[torch.Tensor] = []
+        device = self._param.device
+        dtypes = allowed_dtypes(self._param)
+        values = ValueChecks()
         for i, (block, layer) in enumerate(zip(self.blocks, state.layers, strict=True)):
-            block.check_state(layer, batch, f"state.layers[{i}]")
+            block.check_state(layer, batch, f"state.layers[{i}]", dtypes, values)
             for name, t in layer.tensors().items():
-                if t.device != self._param.device:
+                if t.device != device:
                     raise ValueError(
                         f"state.layers[{i}].{name} is on {t.device}, the model on "
-                        f"{self._param.device}: use state.to(device)"
+                        f"{device}: use state.to(device)"
                     )
-                if t.is_floating_point() and t.numel():
-                    floats.append(t.detach().sum().float())
-        # one reduction (one host synchronisation) for the whole state: a NaN or inf anywhere
-        # makes the total non-finite; only then is each tensor looked at, to name it
-        if floats and not bool(torch.isfinite(torch.stack(floats).sum())):
-            for i, layer in enumerate(state.layers):
-                for name, t in layer.tensors().items():
-                    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                        raise ValueError(f"state.layers[{i}].{name} contains NaN or inf values")
+        values.run()
 
     # ------------------------------------------------------------------ inputs
     def _check_ids(self, name: str, ids: object, allow_ignore: bool) -> torch.Tensor:
-        if not isinstance(ids, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
-        if ids.dim() != 2:
-            raise ValueError(f"{name} must have shape [batch, length], got {tuple(ids.shape)}")
-        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-            raise ValueError(f"{name} must hold integer ids (torch.long), got dtype {ids.dtype}")
-        if ids.shape[0] == 0 or ids.shape[1] == 0:
-            raise ValueError(f"{name} must not be empty, got shape {tuple(ids.shape)}")
-        ids = ids.to(device=self._param.device, dtype=torch.long)
-        V = self.config.vocab_size
-        bad = (ids < 0) | (ids >= V)
-        if allow_ignore:
-            bad &= ids != IGNORE_INDEX
-        if bool(bad.any()):
-            bad_values = ids[bad].unique()[:5].tolist()
-            allowed = f"[0, {V})" + (f" or {IGNORE_INDEX}" if allow_ignore else "")
-            raise ValueError(f"{name} must be in {allowed}; found {bad_values}")
-        return ids
+        ignore = IGNORE_INDEX if allow_ignore else None
+        return check_token_ids(name, ids, self.config.vocab_size, self._param.device, ignore)
 
     def _prepare_state(
         self, state: MemoryState | None, batch: int, reset: torch.Tensor | None
@@ -163,9 +163,12 @@ class MemoryLM(nn.Module):
         targets: torch.Tensor | None = None,
         reset: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        return_trace: bool = False,
     ) -> LMOutput:
         """tokens [batch, L] (L ≤ segment_len), targets [batch, L] with −100 ignored.
-        `generator` seeds the sticky-memory sampling in training mode."""
+        `generator` seeds the sticky-memory sampling in training mode. `return_trace`: also
+        return what each layer's memories did (`LMOutput.trace`, for `inftyformer.inspection`:
+        the long-term reads' μ, σ², the long-term updates, the compressed slots)."""
         c = self.config
         tokens = self._check_ids("tokens", tokens, allow_ignore=False)
         batch, length = tokens.shape
@@ -185,11 +188,12 @@ class MemoryLM(nn.Module):
 
         x = self.dropout(self.embedding(tokens))  # [batch, L, d]
         layers: list[LayerState] = []
-        kl, reconstruction, unused = [], [], []
+        kl, reconstruction, unused, traces = [], [], [], []
         for block, layer_state in zip(self.blocks, state.layers, strict=True):
-            out = block(x, layer_state, generator)
+            out = block(x, layer_state, generator, return_trace)
             x = out.hidden
             layers.append(out.state)
+            traces.append(out.trace)
             if out.kl is not None:
                 kl.append(out.kl)
             if out.reconstruction is not None:
@@ -206,15 +210,10 @@ class MemoryLM(nn.Module):
         if reconstruction:
             aux["reconstruction"] = torch.stack(reconstruction).mean()
         output = LMOutput(logits=logits, state=MemoryState(tuple(layers)).detach(), aux=aux)
+        if return_trace:
+            output.trace = tuple(traces)
         if targets is not None:
-            token_loss = F.cross_entropy(
-                logits.reshape(-1, c.vocab_size).float(),
-                targets.reshape(-1),
-                ignore_index=IGNORE_INDEX,
-                reduction="none",
-            ).view(batch, length)  # [batch, L], 0 where ignored
-            counted = (targets != IGNORE_INDEX).sum()
-            lm_loss = token_loss.sum() / counted.clamp(min=1)
+            token_loss, lm_loss = token_losses(logits, targets)
             loss = lm_loss
             if "kl" in aux:
                 loss = loss + c.kl_weight * aux["kl"]

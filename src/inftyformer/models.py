@@ -23,7 +23,7 @@ from torch import nn
 
 from ._checks import check_positive_int, check_range
 from .basis import check_widths
-from .config import ModelConfig
+from .config import MEMORY_SETTINGS, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -97,18 +97,39 @@ class PretrainedMemoryConfig:
         return dataclasses.replace(self, **changes)
 
     def with_memory_settings(self, overrides: dict[str, Any] | None = None) -> Any:
-        """Other memory settings for evaluation; the fields that shape weights (N, widths, the
-        CNN gate) and the base stay."""
+        """Other memory settings for evaluation (:data:`PRETRAINED_MEMORY_SETTINGS`); the
+        fields that shape the weights or what trains stay."""
         if not overrides:
             return self
-        fixed = {"base_model", "num_basis", "widths", "conv_gate", "vocab_size"}
-        bad = sorted(set(overrides) & fixed | set(overrides) - {f.name for f in fields(self)})
+        bad = sorted(set(overrides) - set(PRETRAINED_MEMORY_SETTINGS))
         if bad:
-            raise ValueError(f"cannot change {', '.join(bad)} of a trained pretrained model")
+            raise ValueError(
+                f"cannot change {', '.join(bad)} of a trained pretrained model; allowed: "
+                f"{', '.join(PRETRAINED_MEMORY_SETTINGS)}"
+            )
         return self.replace(**overrides)
 
 
+# what a trained pretrained model may change, like ModelConfig's MEMORY_SETTINGS: not the base,
+# N, the widths or the gate (they shape weights), nor whether the memory or the base trains
+PRETRAINED_MEMORY_SETTINGS = (
+    "segment_len",
+    "num_samples",
+    "tau",
+    "ridge_lambda",
+    "sticky",
+    "sticky_bins",
+    "edge_padding",
+    "sigma_0",
+    "kl_weight",
+    "memory_lr",
+)
 MODEL_KINDS: dict[str, type] = {"native": ModelConfig, "pretrained": PretrainedMemoryConfig}
+
+
+def memory_settings(config: Any) -> tuple[str, ...]:
+    """The settings of `config` that a trained model may change (its weights stay usable)."""
+    return MEMORY_SETTINGS if isinstance(config, ModelConfig) else PRETRAINED_MEMORY_SETTINGS
 
 
 def model_kind(config: Any) -> str:
@@ -154,6 +175,8 @@ def generate(model: nn.Module, prompt: Any, max_new_tokens: int, **sampling: Any
 
 __all__ = [
     "MODEL_KINDS",
+    "PRETRAINED_MEMORY_SETTINGS",
+    "memory_settings",
     "generate",
     "PretrainedMemoryConfig",
     "build_model",

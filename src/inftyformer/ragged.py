@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._checks import check_shape
+from ._checks import STATE_MAGNITUDE, ValueChecks, check_dtype, check_floating, check_shape
 
 
 @dataclass
@@ -26,6 +26,15 @@ class RaggedState:
 
     memory: torch.Tensor
     length: torch.Tensor
+
+    def __post_init__(self) -> None:
+        for name in ("memory", "length"):
+            value = getattr(self, name)
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"{type(self).__name__}.{name} must be a torch.Tensor, got "
+                    f"{type(value).__name__}"
+                )
 
     @property
     def batch_size(self) -> int:
@@ -60,18 +69,44 @@ class RaggedState:
         keep = (~rows).to(self.memory.dtype)[:, None, None]
         return type(self)(self.memory * keep, torch.where(rows, 0, self.length))
 
-    def check(self, name: str, batch: int, dim: int, max_width: int) -> None:
+    def check(
+        self,
+        name: str,
+        batch: int,
+        dim: int,
+        max_width: int,
+        dtypes: tuple[torch.dtype, ...] | None = None,
+        values: ValueChecks | None = None,
+    ) -> None:
+        """Shapes, dtypes (memory floating, one of `dtypes` when given; length int64), one
+        device, at most `max_width` states; then, in `values` (read by the caller with one
+        synchronisation) or here, lengths in [0, width] and finite memory."""
         check_shape(f"{name}.memory", self.memory, (batch, None, dim))
         check_shape(f"{name}.length", self.length, (batch,))
-        if self.length.dtype != torch.long:
-            raise ValueError(f"{name}.length must be int64, got {self.length.dtype}")
+        check_floating(f"{name}.memory", self.memory)
+        if dtypes is not None:
+            check_dtype(f"{name}.memory", self.memory, *dtypes)
+        check_dtype(f"{name}.length", self.length, torch.long)
+        if self.length.device != self.memory.device:
+            raise ValueError(
+                f"{name}.length is on {self.length.device}, {name}.memory on "
+                f"{self.memory.device}: a state lives on one device"
+            )
         width = self.memory.shape[1]
         if width > max_width:
             raise ValueError(
-                f"{name}.memory holds {width} states, more than the {max_width} allowed"
+                f"{name}.memory holds {width} states, more than the {max_width} a state of this "
+                "model can hold (was it made by a model with another memory configuration?)"
             )
-        if batch and bool(((self.length < 0) | (self.length > width)).any()):
-            raise ValueError(f"{name}.length must be in [0, {width}], got {self.length.tolist()}")
+        own = values is None
+        values = ValueChecks() if own else values
+        values.require(
+            (self.length >= 0) & (self.length <= width),
+            f"{name}.length must be in [0, {width}] (the memory's width)",
+        )
+        values.bounded(f"{name}.memory", self.memory, STATE_MAGNITUDE)
+        if own:
+            values.run()
 
 
 def valid_mask(length: torch.Tensor, width: int) -> torch.Tensor:

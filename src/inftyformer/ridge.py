@@ -18,8 +18,17 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_positive_int, check_range, check_tensor
+from ._checks import (
+    ValueChecks,
+    check_finite,
+    check_floating,
+    check_positive_int,
+    check_range,
+    check_shape,
+    check_tensor,
+)
 from .basis import GaussianBasis
+from .precision import at_least_float32, full_precision
 
 
 def segment_positions(length: int) -> torch.Tensor:
@@ -30,6 +39,7 @@ def segment_positions(length: int) -> torch.Tensor:
 
 def edge_padding_positions(count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`count` evenly spread positions in (−½, 0) and as many in (1, 1½). ([count], [count])"""
+    check_positive_int("count", count, minimum=0)
     offsets = (torch.arange(count, dtype=torch.float64) + 0.5) * (0.5 / max(count, 1))
     return -0.5 + offsets, 1.0 + offsets
 
@@ -38,10 +48,15 @@ def ridge_design_matrix(
     basis: GaussianBasis, positions: torch.Tensor, ridge_lambda: float, edge_padding: bool = True
 ) -> torch.Tensor:
     """G = Fᵀ (F Fᵀ + λ I)⁻¹ restricted to the real positions. Returns float64 [P, N] on CPU."""
+    _check_basis(basis)
     check_tensor("positions", positions, 1)
+    check_floating("positions", positions)
     if positions.numel() == 0:
         raise ValueError("positions must not be empty: a segment needs at least one vector")
+    check_finite("positions", positions)
     check_range("ridge_lambda", ridge_lambda, 0.0, low_open=True)
+    if not isinstance(edge_padding, bool):
+        raise TypeError(f"edge_padding must be a bool, got {type(edge_padding).__name__}")
     t = positions.detach().double().cpu()
     num_real = t.numel()
     if edge_padding:
@@ -50,20 +65,64 @@ def ridge_design_matrix(
     F = basis.float64(t).T  # [N, P_padded]
     gram = F @ F.T + ridge_lambda * torch.eye(basis.num_basis, dtype=torch.float64)  # [N, N]
     # G = Fᵀ (F Fᵀ + λI)⁻¹  ⇔  (F Fᵀ + λI) Gᵀ = F   (the Gram matrix is symmetric)
-    G = torch.linalg.solve(gram, F).T  # [P_padded, N]
+    try:
+        G = torch.linalg.solve(gram, F).T  # [P_padded, N]
+    except torch.linalg.LinAlgError:
+        G = None
+    if G is None or not bool(torch.isfinite(G).all()):
+        raise ValueError(
+            f"ridge_lambda={ridge_lambda:g} is too small for {num_real} position(s) and "
+            f"N={basis.num_basis}: F Fᵀ + λI is numerically singular; use a larger ridge_lambda"
+        )
     start = num_real // 2 if edge_padding else 0
     return G[start : start + num_real].contiguous()
 
 
-def fit_coefficients(x: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
-    """B = Gᵀ X for a batch: x [batch, P, e], G [P, N] → B [batch, N, e]."""
-    return torch.einsum("pn,bpe->bne", G.to(dtype=x.dtype, device=x.device), x)
+def _check_basis(basis: object) -> None:
+    if not isinstance(basis, GaussianBasis):
+        raise TypeError(f"basis must be a GaussianBasis, got {type(basis).__name__}")
 
 
-def evaluate_signal(B: torch.Tensor, basis: GaussianBasis, t: torch.Tensor) -> torch.Tensor:
-    """x̄(t) = Bᵀ ψ(t): B [batch, N, e], t [T] or [batch, T] → [batch, T, e]."""
-    psi = basis(t.to(dtype=B.dtype, device=B.device))  # [T, N] or [batch, T, N]
-    return torch.matmul(psi, B)
+def fit_coefficients(x: torch.Tensor, G: torch.Tensor, *, check: bool = True) -> torch.Tensor:
+    """B = Gᵀ X for a batch: x [batch, P, e], G [P, N] → B [batch, N, e]. Both floating point;
+    in float32 at least, also under autocast (precision.py); `check=False` skips the finiteness
+    check (a host synchronisation)."""
+    check_tensor("x", x, 3)
+    check_floating("x", x)
+    check_shape("G", G, (x.shape[1], None))
+    check_floating("G", G)
+    if check:
+        values = ValueChecks()
+        values.finite("x", x)
+        values.finite("G", G)
+        values.run()
+    with full_precision(x):
+        x = at_least_float32(x)
+        return torch.einsum("pn,bpe->bne", G.to(dtype=x.dtype, device=x.device), x)
+
+
+def evaluate_signal(
+    B: torch.Tensor, basis: GaussianBasis, t: torch.Tensor, *, check: bool = True
+) -> torch.Tensor:
+    """x̄(t) = Bᵀ ψ(t): B [batch, N, e], t [T] or [batch, T] → [batch, T, e]. B and t floating
+    point; in float32 at least, also under autocast (precision.py); `check=False` skips their
+    finiteness check (a host synchronisation)."""
+    _check_basis(basis)
+    check_shape("B", B, (None, basis.num_basis, None))
+    check_floating("B", B)
+    check_tensor("t", t)
+    check_floating("t", t)
+    if t.dim() not in (1, 2) or (t.dim() == 2 and t.shape[0] != B.shape[0]):
+        raise ValueError(f"t must have shape [T] or [batch={B.shape[0]}, T], got {tuple(t.shape)}")
+    if check:
+        values = ValueChecks()
+        values.finite("B", B)
+        values.finite("t", t)
+        values.run()
+    with full_precision(B):
+        B = at_least_float32(B)
+        psi = basis(t.to(dtype=B.dtype, device=B.device), check=False)  # [T, N] or [batch, T, N]
+        return torch.matmul(psi, B)
 
 
 class RidgeRegression:
@@ -74,6 +133,7 @@ class RidgeRegression:
     """
 
     def __init__(self, basis: GaussianBasis, ridge_lambda: float, edge_padding: bool = True):
+        _check_basis(basis)
         check_range("ridge_lambda", ridge_lambda, 0.0, low_open=True)
         self.basis = basis
         self.ridge_lambda = float(ridge_lambda)
@@ -98,4 +158,5 @@ class RidgeRegression:
 
     def segment(self, length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """G_L [L, N] for a segment placed at (i + ½)/L."""
+        check_positive_int("length", length)
         return self.design(("segment", length), lambda: segment_positions(length), device, dtype)

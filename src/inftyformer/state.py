@@ -18,14 +18,19 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from ._checks import check_shape
+from ._checks import ValueChecks, check_shape, check_tensor
 from .compressive_memory import CompressiveState
 from .long_term_memory import LongTermState
 from .short_term_memory import ShortTermState
+
+if TYPE_CHECKING:  # only for the annotation: models import this module
+    from .model import MemoryLM
 
 STATE_FORMAT = "inftyformer.MemoryState"
 STATE_VERSION = 2  # 2: the sticky counter `observed` moved into the long-term state
@@ -87,12 +92,28 @@ class MemoryState:
     layers: tuple[LayerState, ...]
 
     def __post_init__(self) -> None:
+        if not isinstance(self.layers, (tuple, list)):
+            raise TypeError(
+                "MemoryState.layers must be a tuple of LayerState, got "
+                f"{type(self.layers).__name__}"
+            )
         self.layers = tuple(self.layers)
         if not self.layers:
             raise ValueError("MemoryState needs at least one layer")
+        for i, layer in enumerate(self.layers):
+            if not isinstance(layer, LayerState):
+                raise TypeError(
+                    f"MemoryState.layers[{i}] must be a LayerState, got {type(layer).__name__}"
+                )
+            if not isinstance(layer.short_term, ShortTermState):
+                raise TypeError(
+                    f"MemoryState.layers[{i}].short_term must be a ShortTermState, got "
+                    f"{type(layer.short_term).__name__}"
+                )
 
     @property
     def batch_size(self) -> int:
+        check_tensor("state.layers[0].short_term.memory", self.layers[0].short_term.memory, 3)
         return self.layers[0].short_term.batch_size
 
     @property
@@ -121,6 +142,50 @@ class MemoryState:
             for k, v in layer.tensors().items()
         }
 
+    def check_layout(self, batch_size: int | None = None) -> None:
+        """Check that the tensors fit together without a model: every part has the batch size
+        (`batch_size` when given), [batch, S, d] memories with int64 lengths, a long-term part
+        [batch, N, d] with its histogram, counter and bool `empty`, one width d, one floating
+        dtype, one device, and valid values. (A model checks more: `MemoryLM.check_state`.)"""
+        batch = self.batch_size if batch_size is None else batch_size
+        values = ValueChecks()
+        dims = set()
+        for i, layer in enumerate(self.layers):
+            name = f"layers[{i}]"
+            for part in ("short_term", "compressed"):
+                ragged = getattr(layer, part)
+                if ragged is None:
+                    continue
+                check_tensor(f"{name}.{part}.memory", ragged.memory, 3)
+                dims.add(ragged.memory.shape[-1])
+                ragged.check(
+                    f"{name}.{part}", batch, ragged.memory.shape[-1], ragged.memory.shape[1],
+                    values=values,
+                )  # fmt: skip
+            if layer.long_term is not None:
+                lt = layer.long_term
+                check_tensor(f"{name}.long_term.coefficients", lt.coefficients, 3)
+                check_tensor(f"{name}.long_term.attention_mass", lt.attention_mass, 2)
+                _, n, d = lt.coefficients.shape
+                dims.add(d)
+                if lt.batch_size != batch:
+                    raise ValueError(
+                        f"{name}.long_term has batch size {lt.batch_size}, expected {batch}"
+                    )
+                shape = SimpleNamespace(num_basis=n, dim=d, sticky_bins=lt.attention_mass.shape[1])
+                lt.check(shape, f"{name}.long_term", values=values)
+        if len(dims) > 1:
+            raise ValueError(f"the layers' tensors have different widths d: {sorted(dims)}")
+        floats = {t.dtype for t in self.tensors().values() if t.is_floating_point()}
+        if len(floats) > 1:
+            raise TypeError(f"the state mixes floating dtypes {sorted(map(str, floats))}")
+        devices = {t.device for t in self.tensors().values()}
+        if len(devices) > 1:
+            raise ValueError(
+                f"the state's tensors are on several devices: {sorted(map(str, devices))}"
+            )
+        values.run()
+
     @classmethod
     def from_tensors(
         cls, tensors: dict[str, torch.Tensor], num_layers: int | None = None
@@ -132,11 +197,14 @@ class MemoryState:
         layers = []
         for i in range(num_layers):
             prefix = f"layers.{i}."
-            layers.append(
-                LayerState.from_tensors(
-                    {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+            try:
+                layers.append(
+                    LayerState.from_tensors(
+                        {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+                    )
                 )
-            )
+            except ValueError as err:
+                raise ValueError(f"layers[{i}]: {err}") from None
         return cls(tuple(layers))
 
 
@@ -163,22 +231,58 @@ def save_state(path: str | os.PathLike, state: MemoryState) -> None:
         raise
 
 
-def load_state(path: str | os.PathLike, device: torch.device | str = "cpu") -> MemoryState:
-    """Read a state written by `save_state`."""
-    from safetensors import safe_open
+def load_state(
+    path: str | os.PathLike,
+    device: torch.device | str = "cpu",
+    model: MemoryLM | None = None,
+) -> MemoryState:
+    """Read a state written by `save_state`. Every problem is a ValueError (FileNotFoundError
+    for a missing file) naming the file and what is wrong: not a safetensors file, metadata that
+    is not the expected JSON, missing or unexpected tensors, tensors whose shapes or dtypes do
+    not fit together. Given `model`, the state is also checked against it (`check_state`)."""
+    from safetensors import SafetensorError, safe_open
 
-    with safe_open(str(path), framework="pt") as f:
-        raw = (f.metadata() or {}).get("inftyformer")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"memory state file not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = (f.metadata() or {}).get("inftyformer")
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"{path} is not a safetensors file: {err}") from None
     if raw is None:
         raise ValueError(f"{path} is not an inftyformer memory state (no metadata)")
-    meta = json.loads(raw)
+    try:
+        meta = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: the state's metadata is not valid JSON ({err})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: the state's metadata must be a JSON object, got {raw[:60]!r}")
     if meta.get("format") != STATE_FORMAT or meta.get("version") not in (1, STATE_VERSION):
         raise ValueError(
             f"{path}: unsupported state format {meta.get('format')!r} "
             f"version {meta.get('version')!r}"
         )
-    tensors = load_file(str(path), device=str(device))
-    return MemoryState.from_tensors(tensors, int(meta["num_layers"]))
+    for key in ("num_layers", "batch_size"):
+        value = meta.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"{path}: the state's metadata needs {key} (a positive integer), got {value!r}"
+            )
+    try:
+        tensors = load_file(str(path), device=str(device))
+        state = MemoryState.from_tensors(tensors, meta["num_layers"])
+        expected = set(state.tensors())
+        unexpected = sorted(set(tensors) - expected - {f"layers.{i}.observed" for i in range(
+            meta["num_layers"])})  # fmt: skip
+        if unexpected:
+            raise ValueError(f"unexpected tensors {unexpected[:5]}")
+        state.check_layout(meta["batch_size"])
+        if model is not None:
+            model.check_state(state)
+    except (SafetensorError, TypeError, ValueError) as err:
+        raise type(err)(f"{path}: {err}") from None
+    return state
 
 
 __all__ = ["LayerState", "MemoryState", "load_state", "save_state"]

@@ -156,3 +156,15 @@ def test_pg19_mini_loads_with_the_shared_tokenizer(shared_data):
     assert task.tokenizer.vocab_size == 50257
     assert task.split("test").num_docs == 3
     assert task.split("test").total_bytes == 1_283_952
+
+
+def test_inspection_stream_is_the_start_of_a_long_enough_document(corpus):
+    config = LMConfig(data_dir=str(corpus), tokenizer="bytes")
+    model = ModelConfig(vocab_size=257, d_model=16, n_layers=1, n_heads=2, segment_len=8)
+    task = LanguageModelTask(config, model, RunContext(batch_size=1, seed=0))
+    docs = [(corpus / "test" / f"{i}.txt").read_bytes() for i in range(2)]
+    stream = task.inspection_stream("test", 30)
+    first = next(d for d in docs if len(d) + 1 >= 30)  # +1: the beginning-of-document id
+    assert stream.tolist() == [task.tokenizer.eos_id] + list(first[:29])
+    longest = max(docs, key=len)
+    assert stream.new_tensor(list(longest)).equal(task.inspection_stream("test", 10**6)[1:])

@@ -73,11 +73,17 @@ def test_train_evaluate_generate_resume(tmp_path):
     assert result.exit_code == 0, result.output
     assert "expected:" in result.output and "positions right" in result.output
 
-    # a second fresh run into the same directory is refused; --resume extends it
+    # a second fresh run into the same directory is refused; --resume extends it, but only
+    # with --allow-changes (more steps stretch the learning-rate schedule), recorded in history
     again = run("train", "sorting", *TINY, "--steps", 3, "--out-dir", out)
     assert again.exit_code != 0 and "--resume" in again.output
     result = run("train", "sorting", "--resume", "--steps", 3, "--no-progress", "--out-dir", out)
+    assert result.exit_code == 2 and "train.steps: 2 -> 3" in result.output
+    result = run("train", "sorting", "--resume", "--steps", 3, "--allow-changes", "--no-progress",
+                 "--out-dir", out)  # fmt: skip
     assert result.exit_code == 0, result.output
+    history = load_checkpoint(out / "last").meta["history"]
+    assert [(h["step"], h["changes"]) for h in history] == [(2, {"train.steps": [2, 3]})]
     assert "resumed" in result.output and load_checkpoint(out / "last").meta["step"] == 3
     result = run("train", "sorting", "--resume", "--model", "xl", "--steps", 4, "--out-dir", out)
     assert result.exit_code != 0 and "holds a 'infty' model, not 'xl'" in result.output

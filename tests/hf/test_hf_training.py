@@ -6,11 +6,11 @@ import json
 import os
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import torchrun_cli
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 from typer.testing import CliRunner
@@ -155,19 +155,7 @@ def test_two_process_ddp_matches_one_process(setup):
             "--set", "test_batches=0"]  # fmt: skip
     assert run(*args, "-o", root / "single")[0] == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "inftyformer.cli",
-        *args[:1],
-        *map(str, args[1:]),
-        "-o",
-        str(root / "ddp"),
-    ]
+    cmd = torchrun_cli(*args, "-o", root / "ddp")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     a = load_checkpoint(root / "single" / "last").section("model")

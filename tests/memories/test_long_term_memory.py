@@ -267,3 +267,17 @@ def test_state_round_trips_through_tensors():
     )
     with pytest.raises(ValueError, match="missing"):
         LongTermState.from_tensors({"coefficients": state.coefficients})
+
+
+def test_a_prepared_memory_reads_exactly_like_the_state():
+    """`prepare` once, read many times (generation): the same reads as preparing every call."""
+    torch.manual_seed(0)
+    config = LongTermConfig(dim=16, num_heads=2, num_basis=8, num_samples=8)
+    memory, attention = LongTermMemory(config), LongTermAttention(config)
+    state = memory.update(memory.init_state(3), torch.randn(3, 10, 16))
+    prepared = attention.prepare(state, torch.float32)
+    for queries in (1, 5):
+        q = torch.randn(3, queries, 16)
+        direct, cached = attention(q, state), attention(q, state, prepared=prepared)
+        assert torch.equal(direct.context, cached.context) and torch.equal(direct.mu, cached.mu)
+        assert torch.equal(direct.sigma_sq, cached.sigma_sq)

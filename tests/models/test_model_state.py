@@ -83,3 +83,73 @@ def test_loaded_state_is_validated_against_the_model(tmp_path):
     infty = MemoryLM(tiny("infty")).eval()
     with pytest.raises(ValueError, match="long_term"):
         infty(torch.zeros(3, 4, dtype=torch.long), load_state(path))
+
+
+def _rewrite(path, tensors, meta) -> None:
+    save_file(tensors, str(path), metadata={"inftyformer": meta})
+
+
+@pytest.mark.parametrize(
+    "damage, error, match",
+    [
+        (lambda t, m: (t, "{not json"), ValueError, "metadata is not valid JSON"),
+        (lambda t, m: (t, "[1, 2]"), ValueError, "must be a JSON object"),
+        (lambda t, m: (t, json.dumps({**m, "num_layers": None})), ValueError, "num_layers"),
+        (lambda t, m: (t, json.dumps({**m, "batch_size": "3"})), ValueError, "batch_size"),
+        (lambda t, m: (t, json.dumps({**m, "num_layers": 3})), ValueError, r"layers\[2\]"),
+        (
+            lambda t, m: ({k: v for k, v in t.items() if not k.endswith("long_term.empty")},
+                          json.dumps(m)),
+            ValueError, "missing tensors",
+        ),
+        (lambda t, m: ({**t, "extra": torch.zeros(1)}, json.dumps(m)), ValueError, "unexpected"),
+        (
+            lambda t, m: ({**t, "layers.1.short_term.memory": torch.zeros(2, 4, 32)},
+                          json.dumps(m)),
+            ValueError, r"layers\[1\]\.short_term\.memory must have shape \(3, ",
+        ),
+        (
+            lambda t, m: ({**t, "layers.0.long_term.coefficients": torch.zeros(3, 16, 30)},
+                          json.dumps(m)),
+            ValueError, "different widths",
+        ),
+        (
+            lambda t, m: ({**t, "layers.0.long_term.empty": torch.zeros(3, dtype=torch.uint8)},
+                          json.dumps(m)),
+            TypeError, "empty must have dtype torch.bool",
+        ),
+    ],
+)  # fmt: skip
+def test_load_state_names_the_file_and_the_problem(tmp_path, damage, error, match):
+    """Bad metadata, missing keys and wrong shapes are reported by load_state with the file's
+    name (a wrong shape used to surface later as a misleading batch-size error)."""
+    from safetensors.torch import load_file
+
+    path = tmp_path / "state.safetensors"
+    save_state(path, ragged_state(MemoryLM(tiny("infty")).eval()))
+    tensors = load_file(str(path))
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()["inftyformer"])
+    _rewrite(path, *damage(tensors, meta))
+    with pytest.raises(error, match=match) as info:
+        load_state(path)
+    assert str(path) in str(info.value)
+
+
+def test_load_state_refuses_files_that_are_not_states(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_state(tmp_path / "missing.safetensors")
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"\x00" * 3)
+    with pytest.raises(ValueError, match="is not a safetensors file"):
+        load_state(junk)
+
+
+def test_load_state_checks_against_a_model_when_given_one(tmp_path):
+    path = tmp_path / "infty.safetensors"
+    save_state(path, ragged_state(MemoryLM(tiny("infty")).eval()))
+    load_state(path, model=MemoryLM(tiny("infty")))
+    with pytest.raises(ValueError, match=f"{path.name}.*long_term must be absent"):
+        load_state(path, model=MemoryLM(tiny("xl", mem_len=40)))

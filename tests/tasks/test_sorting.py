@@ -195,3 +195,15 @@ def test_segment_bounds_cover_and_last_is_full(total: int, seg: int) -> None:
     if total >= seg:
         assert bounds[-1][1] - bounds[-1][0] == seg
         assert bounds[-1][0] <= total - NUM_TARGETS  # every target position in the last one
+
+
+def test_inspection_stream_is_one_sequence_with_its_answer() -> None:
+    from tiny_models import tiny_sorting
+
+    from inftyformer.tasks import RunContext, SortingTask
+    from inftyformer.tasks.sorting import SORTING_VOCAB
+
+    task = SortingTask(SortingConfig(seq_len=96), tiny_sorting(), RunContext(batch_size=2, seed=0))
+    stream = task.inspection_stream("test", 300)
+    assert stream.shape == (300,) and int(stream[280]) == SEP
+    assert int(stream.max()) < SORTING_VOCAB

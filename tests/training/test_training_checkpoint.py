@@ -150,3 +150,61 @@ def test_rng_states_round_trip_through_json():
     got = _draw(gen, 2)
     assert got[0] == expected[0] and got[1] == expected[1]
     assert torch.equal(got[2], expected[2]) and torch.equal(got[3], expected[3])
+
+
+# ---------------------------------------------------------------- manifests of the wrong shape
+@pytest.mark.parametrize(
+    "files, match",
+    [
+        (None, "'files' must be an object"),
+        ([], "'files' must be an object"),
+        ({"tensors": "x", "meta": {}}, r"files\.tensors must be an object"),
+        ({"tensors": {"sha256": "a", "bytes": "12"}, "meta": {}}, r"files\.tensors"),
+        ({"tensors": {"sha256": "a", "bytes": 1}}, r"files\.meta must be an object"),
+    ],
+)
+def test_a_manifest_of_the_wrong_json_shape_is_refused_by_name(tmp_path, files, match):
+    manifest = {"format": "inftyformer-checkpoint", "version": 1, "files": files}
+    (tmp_path / "c.manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=match):
+        load_checkpoint(tmp_path / "c")
+
+
+# ---------------------------------------------------------------- what a kill leaves behind
+def _dot_files(directory):
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+
+
+def test_stale_temporary_files_are_cleaned_and_committed_saves_finished(tmp_path, monkeypatch):
+    import inftyformer.training.checkpoint as ck
+
+    save_checkpoint(tmp_path, "last", _tensors(1.0), {"step": 1})
+    # a kill while writing the manifest, and one before the commit: leftovers, no new checkpoint
+    (tmp_path / ".last.manifest.json.tmp4242").write_text('{"half": ')
+    (tmp_path / ".last.safetensors.pending").write_bytes(b"partial")
+    (tmp_path / ".best.json.pending").write_bytes(b"{")
+    removed = ck.clean_stale_files(tmp_path)
+    assert sorted(p.name for p in removed) == [
+        ".best.json.pending", ".last.manifest.json.tmp4242", ".last.safetensors.pending",
+    ]  # fmt: skip
+    assert _dot_files(tmp_path) == [] and load_checkpoint(tmp_path / "last").meta["step"] == 1
+
+    # a kill after the commit point (manifest replaced) but before the data files were renamed
+    real_replace = os.replace
+    calls = {"n": 0}
+
+    def killed_after_commit(src, dst):
+        calls["n"] += 1
+        if calls["n"] > 1:  # the first replace is the manifest's commit
+            raise KeyboardInterrupt
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(ck.os, "replace", killed_after_commit)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, "last", _tensors(2.0), {"step": 2})
+    monkeypatch.setattr(ck.os, "replace", real_replace)
+    assert _dot_files(tmp_path)  # pending data files of the committed save
+    ck.clean_stale_files(tmp_path)
+    assert _dot_files(tmp_path) == []
+    got = load_checkpoint(tmp_path / "last")
+    assert got.meta["step"] == 2 and torch.equal(got.tensors["model/w"], _tensors(2.0)["model/w"])

@@ -3,11 +3,10 @@ with the parameters of a single-process run on the same global batches."""
 
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
-from tiny_models import SORT, tiny_sorting, tiny_train
+from tiny_models import SORT, tiny_sorting, tiny_train, torchrun_cli
 
 from inftyformer.training import Trainer, load_checkpoint, read_metrics
 
@@ -36,32 +35,11 @@ def test_two_process_ddp_matches_single_process(tmp_path):
     single.fit()
 
     out = tmp_path / "ddp"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "inftyformer.cli",
-        "train",
-        "sorting",
-        "--model",
-        "infty",
-        "--seq-len",
-        "96",
-        "--steps",
-        str(steps),
-        "--batch-size",
-        str(batch),
-        "--eval-every",
-        str(steps),
-        "--threads",
-        "1",
-        "--no-progress",
-        "--out-dir",
-        str(out),
-    ]
+    cmd = torchrun_cli(
+        "train", "sorting", "--model", "infty", "--seq-len", 96, "--steps", steps,
+        "--batch-size", batch, "--eval-every", steps, "--threads", 1, "--no-progress",
+        "--out-dir", out,
+    )  # fmt: skip
     train_settings = dict(
         warmup_steps=2, eval_batches=1, test_batches=1, log_every=1, tensorboard="false"
     )

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from .._progress import progress as show_progress
 from .paths import SPLITS, check_split, resolve_data_dir
 from .tokenizer import TextTokenizer
 
@@ -198,8 +198,8 @@ def tokenize_documents(
     dtype = token_dtype(tokenizer.vocab_size)
     doc_bytes = np.array([len(t.encode("utf-8")) for t in texts], dtype=np.int64)
     arrays: list[np.ndarray] = []
-    with tqdm(
-        total=int(doc_bytes.sum()), unit="B", unit_scale=True, desc=desc, disable=not progress
+    with show_progress(
+        total=int(doc_bytes.sum()), unit="B", unit_scale=True, desc=desc, enabled=progress
     ) as bar:
         for text, nbytes in zip(texts, doc_bytes, strict=True):
             arrays.append(np.asarray(tokenizer.encode_long(text), dtype=dtype))

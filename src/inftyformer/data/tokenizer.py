@@ -101,8 +101,12 @@ class BPETokenizer(TextTokenizer):
         self._identity = f"{name}:" + hashlib.sha256(path.read_bytes()).hexdigest()
         try:
             self._tok = Tokenizer.from_file(str(path))
-        except Exception as err:  # noqa: BLE001 - the library raises bare Exceptions
-            raise ValueError(f"{path} is not a tokenizer file: {err}") from None
+        except Exception as err:  # noqa: BLE001 - the tokenizers library raises plain Exception
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ValueError(
+                f"{path} is not a tokenizer file the tokenizers library can read ({first}); "
+                "pass --tokenizer bytes, gpt2, or a path to a tokenizer.json"
+            ) from None
         eos = self._tok.token_to_id(eos_token)
         if eos is None:
             raise ValueError(f"{path} has no {eos_token} token")

@@ -98,22 +98,8 @@ class InftyformerConfig(PretrainedConfig):
 
     def long_term_config(self) -> LongTermConfig:
         """The core memory's config: e = the base's hidden size, own W^Q, output of size e."""
-        return LongTermConfig(
-            dim=self.hidden_size,
-            num_heads=self.num_heads,
-            num_basis=self.num_basis,
-            widths=self.widths,
-            ridge_lambda=self.ridge_lambda,
-            tau=self.tau,
-            num_samples=self.num_samples,
-            edge_padding=self.edge_padding,
-            conv_gate=self.conv_gate,
-            sticky=self.sticky,
-            sticky_bins=self.sticky_bins,
-            sigma_0=self.sigma_0,
-            min_sigma_sq=self.min_sigma_sq,
-            out_dim=self.hidden_size,
-            query_projection=True,
+        return LongTermConfig.from_settings(
+            self, dim=self.hidden_size, out_dim=self.hidden_size, query_projection=True
         )
 
 

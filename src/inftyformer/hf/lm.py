@@ -17,11 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from ..model import IGNORE_INDEX, LMOutput
+from ..model import LMOutput, token_losses
 from ..models import PretrainedMemoryConfig
 from ..state import MemoryState
 from .model import add_long_term_memory
@@ -69,15 +68,7 @@ class PretrainedMemoryLM(nn.Module):
                 raise ValueError(
                     f"targets must be a tensor of the shape of tokens {tuple(tokens.shape)}"
                 )
-            batch, length = targets.shape
-            targets = targets.to(output.logits.device)
-            token_loss = F.cross_entropy(
-                output.logits.reshape(batch * length, -1).float(),
-                targets.reshape(-1),
-                ignore_index=IGNORE_INDEX,
-                reduction="none",
-            ).view(batch, length)  # [batch, L], 0 where ignored
-            lm_loss = token_loss.sum() / (targets != IGNORE_INDEX).sum().clamp(min=1)
+            token_loss, lm_loss = token_losses(output.logits, targets.to(output.logits.device))
             output.loss = lm_loss + memory_loss
             output.lm_loss, output.token_loss = lm_loss, token_loss
         return output

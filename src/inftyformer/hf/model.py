@@ -67,9 +67,10 @@ from transformers import (
 )
 from transformers.utils import ModelOutput
 
+from .._checks import check_token_ids
 from .._init import init_projection
 from ..basis import GaussianBasis
-from ..long_term_attention import LongTermAttention, LongTermAttentionOutput
+from ..long_term_attention import LongTermAttention, LongTermAttentionOutput, PreparedMemory
 from ..long_term_memory import LongTermMemory, LongTermState
 from ..model import IGNORE_INDEX
 from ..short_term_memory import ShortTermState
@@ -130,6 +131,7 @@ class _Call:
     long_term: list[LongTermState]  # per block: the memory this call reads
     normed: list[torch.Tensor | None]  # per block: h_i [batch, T, d]
     reads: list[LongTermAttentionOutput | None]
+    prepared: tuple[PreparedMemory, ...] | None = None  # per block, for an unchanging memory
 
 
 _OWNERS = itertools.count()
@@ -155,7 +157,8 @@ def _add_long_term_read(owner: int, index: int, module: nn.Module, args, output)
             f"block {index}: the attention output ran before its normalised input was seen; "
             "the architecture adapter names the wrong modules"
         )
-    read = call.layers[index].attention(h, call.long_term[index], check=False)
+    prepared = None if call.prepared is None else call.prepared[index]
+    read = call.layers[index].attention(h, call.long_term[index], check=False, prepared=prepared)
     call.reads[index] = read
     return output + read.context.to(output.dtype)  # W_o Attn(h) + LTM(h)
 
@@ -398,23 +401,9 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
 
     # ------------------------------------------------------------------ inputs
     def _check_ids(self, name: str, ids: object, allow_ignore: bool) -> torch.Tensor:
-        if not isinstance(ids, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
-        if ids.dim() != 2:
-            raise ValueError(f"{name} must have shape [batch, length], got {tuple(ids.shape)}")
-        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-            raise ValueError(f"{name} must hold integer ids (torch.long), got dtype {ids.dtype}")
-        if ids.shape[0] == 0 or ids.shape[1] == 0:
-            raise ValueError(f"{name} must not be empty, got shape {tuple(ids.shape)}")
-        ids = ids.to(device=self._param().device, dtype=torch.long)
-        V = self.config.text_config.vocab_size
-        bad = (ids < 0) | (ids >= V)
-        if allow_ignore:
-            bad &= ids != IGNORE_INDEX
-        if bool(bad.any()):
-            allowed = f"[0, {V})" + (f" or {IGNORE_INDEX}" if allow_ignore else "")
-            raise ValueError(f"{name} must be in {allowed}; found {ids[bad].unique()[:5].tolist()}")
-        return ids
+        vocab = self.config.text_config.vocab_size
+        ignore = IGNORE_INDEX if allow_ignore else None
+        return check_token_ids(name, ids, vocab, self._param().device, ignore)
 
     def _check_mask(self, attention_mask: object, batch: int, length: int) -> torch.Tensor | None:
         """The [batch, T] validity of this call's tokens, or None when all are valid."""
@@ -438,6 +427,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         self,
         input_ids: torch.Tensor | None = None,
         memory: MemoryState | None = None,
+        read_cache: tuple[PreparedMemory, ...] | None = None,
         labels: torch.Tensor | None = None,
         reset: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
@@ -486,6 +476,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             long_term=long_term,
             normed=[None] * self.num_layers,
             reads=[None] * self.num_layers,
+            prepared=read_cache,
         )
         token = _ACTIVE.set(call)
         try:
@@ -552,18 +543,37 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         ids = self._check_ids("input_ids", ids, allow_ignore=False)
         if memory is not None or reset is not None:
             memory = self.consolidate(self.prepare_memory(memory, ids.shape[0], reset))
-        return super().generate(ids, memory=memory, **kwargs)
+        if memory is None:
+            memory = self.init_memory(ids.shape[0])
+        cache = self.prepare_reads(memory)
+        return super().generate(ids, memory=memory, read_cache=cache, **kwargs)
+
+    @torch.no_grad()
+    def prepare_reads(self, memory: MemoryState) -> tuple[PreparedMemory, ...]:
+        """Each layer's `LongTermAttention.prepare` of a memory with nothing waiting (what
+        `generate` reads at every step): V = B W^V and the folded keys, computed once instead
+        of per generated token."""
+        if any(bool((layer.short_term.length > 0).any()) for layer in memory.layers):
+            raise ValueError("prepare_reads needs a consolidated memory (nothing waiting)")
+        dtype = self._param().dtype
+        return tuple(
+            layer.attention.prepare(state.long_term, dtype)
+            for layer, state in zip(self.long_term, memory.layers, strict=True)
+        )
 
     def _expand_inputs_for_generation(
         self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids=None, **kwargs
     ):
         """Beams and multiple return sequences: each row's memory is repeated for its copies."""
         memory = kwargs.pop("memory", None)
+        cache = kwargs.pop("read_cache", None)
         input_ids, kwargs = super()._expand_inputs_for_generation(
             expand_size, is_encoder_decoder, input_ids, **kwargs
         )
         if memory is not None:
             kwargs["memory"] = repeat_memory(memory, expand_size)
+        if cache is not None:
+            kwargs["read_cache"] = tuple(p.repeat_interleave(expand_size) for p in cache)
         return input_ids, kwargs
 
 

@@ -2,6 +2,7 @@
 and its implementation of the contract, registered by name:
 
     sorting   the paper's sorting task (§4.1)                 `sorting.py`
+    recall    associative recall across a chosen distance      `recall.py`
     lm        long-document language modelling (§4.2)          `lm.py` (+ `lm_eval.py`)
     dialogue  document-grounded dialogue on CMU-DoG (§4.3)     `dialogue.py`
 
@@ -9,7 +10,7 @@ A new task is one module here that subclasses `Task`, decorates it with `@regist
 and is imported below; the trainer and the command line find it in `TASKS`.
 """
 
-from . import dialogue, lm, sorting  # noqa: F401 - registers the built-in tasks
+from . import dialogue, lm, recall, sorting  # noqa: F401 - registers the built-in tasks
 from .base import (
     TASKS,
     Evaluation,
@@ -24,6 +25,7 @@ from .base import (
 )
 from .dialogue import DialogueConfig, DialogueTask
 from .lm import LanguageModelTask, LMConfig
+from .recall import RecallConfig, RecallTask
 from .sorting import SortingConfig, SortingTask
 
 __all__ = [
@@ -34,6 +36,8 @@ __all__ = [
     "LMConfig",
     "LanguageModelTask",
     "Metric",
+    "RecallConfig",
+    "RecallTask",
     "RunContext",
     "Shard",
     "SortingConfig",

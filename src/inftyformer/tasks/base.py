@@ -215,6 +215,12 @@ class Task(ABC):
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         return None
 
+    # ---- inspection
+    def inspection_stream(self, split: str, length: int) -> torch.Tensor:
+        """One stream of about `length` token ids [L] from `split`, as the model reads it (no
+        document boundary inside), for `inftyformer inspect`."""
+        raise ValueError(f"task {self.name!r} provides no stream to inspect")
+
     # ---- generation
     def encode_prompt(self, text: str) -> tuple[torch.Tensor, list[int] | None]:
         """Token ids [L] for a prompt, and the expected continuation when it is known."""

@@ -291,6 +291,17 @@ class LanguageModelTask(Task):
             "tokens": tokens,
         }
 
+    # ------------------------------------------------------------------ inspection
+    def inspection_stream(self, split: str, length: int) -> torch.Tensor:
+        """The first `length` tokens of the split's first document that long (else of its
+        longest), after the beginning-of-document id."""
+        check_positive_int("length", length)
+        corpus = with_bos(self.split(split))
+        lengths = corpus.doc_lengths
+        long_enough = (lengths >= length).nonzero()[0]
+        doc = int(long_enough[0]) if len(long_enough) else int(lengths.argmax())
+        return torch.from_numpy(corpus.document(doc)[:length].astype("int64"))
+
     # ------------------------------------------------------------------ generation
     def encode_prompt(self, text: str) -> tuple[torch.Tensor, list[int] | None]:
         ids = [self.tokenizer.eos_id] + self.tokenizer.encode(text)

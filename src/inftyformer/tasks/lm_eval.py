@@ -35,8 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
+from .._progress import progress as show_progress
 from ..data import DocumentStreams, TokenizedCorpus
 from ..data.corpus import with_bos
 from ..model import IGNORE_INDEX
@@ -208,7 +208,7 @@ def evaluate_lm(
     scored_bytes = 0
     state = model.init_state(rows, device)
     try:
-        for _ in tqdm(range(steps), desc="evaluating", disable=not cfg.progress, leave=False):
+        for _ in show_progress(range(steps), desc="evaluating", enabled=cfg.progress, leave=False):
             batch = next(streams)
             inputs = batch.inputs.to(device)
             targets = batch.targets  # [B, L] (cpu)

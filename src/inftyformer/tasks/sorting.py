@@ -54,6 +54,7 @@ SEP = 20
 PAD = 21
 SORTING_VOCAB = 22
 NUM_TARGETS = 20
+MAX_PROMPT_LEN = 1_000_000  # a longer random prompt would need gigabytes to draw
 # Split-specific entropy mixed into every batch's SeedSequence: splits draw from disjoint streams.
 _SPLIT_ENTROPY = {"train": 0x5EED_0001, "valid": 0x5EED_0002, "test": 0x5EED_0003}
 
@@ -352,6 +353,13 @@ class SortingTask(Task):
             "format-only": chance_accuracy(exclude_seen=True),
         }
 
+    # ---- inspection: one sequence of the split, its separator and answer included
+    def inspection_stream(self, split: str, length: int) -> torch.Tensor:
+        check_positive_int("length", length, minimum=NUM_TARGETS + 1)
+        seq_len = length - NUM_TARGETS
+        data = SortingDataset(seq_len, batch_size=1, split=check_split(split), seed=0)
+        return data.batch(0)[0][0]
+
     # ---- generation: the prompt is the symbols; the model answers after the separator
     def encode_prompt(self, text: str) -> tuple[torch.Tensor, list[int] | None]:
         """`text`: symbols 0–19 separated by spaces/commas, or "random" / "random:T" for a test
@@ -360,10 +368,16 @@ class SortingTask(Task):
         match = re.fullmatch(r"random(?::(\d+))?", text)
         if match:
             length = int(match.group(1) or self.config.seq_len)
+            if not 1 <= length <= MAX_PROMPT_LEN:
+                raise ValueError(
+                    f"--prompt random:T needs 1 <= T <= {MAX_PROMPT_LEN:,} symbols, got {length:,}"
+                )
             data = SortingDataset(seq_len=length, batch_size=1, split="test", seed=0)
             inputs, targets = data.batch(0)
             return inputs[0, : length + 1], targets[0, -NUM_TARGETS:].tolist()
         parts = [p for p in re.split(r"[\s,]+", text) if p]
+        if len(parts) > MAX_PROMPT_LEN:
+            raise ValueError(f"a sorting prompt holds at most {MAX_PROMPT_LEN:,} symbols")
         try:
             symbols = [int(p) for p in parts]
         except ValueError:

@@ -7,12 +7,13 @@ from .config import TrainConfig, parse_overrides
 from .distributed import DistEnv, init_distributed, shutdown_distributed
 from .logger import MetricsLogger, read_metrics
 from .runs import SavedRun, evaluate_run, load_run, read_configs
-from .trainer import Trainer, TrainResult, lr_factor
+from .trainer import DivergedError, Trainer, TrainResult, lr_factor
 
 __all__ = [
     "Checkpoint",
     "CheckpointError",
     "DistEnv",
+    "DivergedError",
     "MetricsLogger",
     "SavedRun",
     "TrainConfig",

@@ -141,6 +141,20 @@ def _read_manifest(path: Path) -> dict[str, Any]:
             f"{path}: checkpoint format version {manifest.get('version')} is not supported "
             f"(this code reads version {VERSION})"
         )
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise CheckpointError(f"{path}: the manifest's 'files' must be an object listing the files")
+    for role in ("tensors", "meta"):
+        entry = files.get(role)
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("sha256"), str)
+            and isinstance(entry.get("bytes"), int)
+        ):
+            raise CheckpointError(
+                f"{path}: the manifest's files.{role} must be an object with 'sha256' (text) and "
+                f"'bytes' (an integer), got {entry!r:.80}"
+            )
     return manifest
 
 
@@ -169,6 +183,32 @@ def _recover(paths: dict[str, Path]) -> None:
         found = _find_valid(paths[role], entry)
         if found is not None and found[0] != paths[role]:
             os.replace(found[0], paths[role])
+
+
+def clean_stale_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """Tidy a run directory after a kill: finish the saves that were committed (their manifest
+    written) but not renamed into place, then remove what a killed save left behind — temporary
+    manifests (`.NAME.manifest.json.tmpPID`) and pending data files (`.NAME.*.pending`) that no
+    committed manifest needs any more. Only the process that writes checkpoints calls this, at
+    the start of a run, when no save is under way. Returns the files removed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    for manifest in directory.glob(f"*{MANIFEST_SUFFIX}"):
+        if not manifest.name.startswith("."):
+            _recover(_paths(directory, manifest.name[: -len(MANIFEST_SUFFIX)]))
+    removed = []
+    for stale in (
+        *directory.glob(f".*{MANIFEST_SUFFIX}.tmp*"),
+        *directory.glob(f".*{TENSORS_SUFFIX}.pending"),
+        *directory.glob(f".*{META_SUFFIX}.pending"),
+    ):
+        try:
+            stale.unlink()
+            removed.append(stale)
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 # --------------------------------------------------------------------------- save / load
@@ -213,9 +253,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     directory, name = resolve_checkpoint(path)
     paths = _paths(directory, name)
     manifest = _read_manifest(paths["manifest"])
-    files = manifest.get("files")
-    if not isinstance(files, dict):
-        raise CheckpointError(f"{paths['manifest']}: manifest lists no files")
+    files = manifest["files"]
     data: dict[str, bytes] = {}
     for role in ("tensors", "meta"):
         found = _find_valid(paths[role], files.get(role, {}))
@@ -318,6 +356,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "checkpoint_exists",
+    "clean_stale_files",
     "flatten_optimizer",
     "load_checkpoint",
     "resolve_checkpoint",

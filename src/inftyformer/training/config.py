@@ -17,6 +17,43 @@ from .._checks import check_positive_int, check_range
 
 DEVICES = ("cpu", "cuda", "auto")
 
+# What a run IS: changing one of these when resuming changes the updates the run makes from then
+# on (data, batch, optimiser, the learning-rate schedule, which runs to `steps`) or the result it
+# reports (when it evaluates, keeps its best checkpoint, stops early, how much it tests). A resume
+# refuses such changes unless they are allowed explicitly; allowed ones go into the run's history.
+RUN_SETTINGS = (
+    "seed",
+    "steps",
+    "batch_size",
+    "grad_accum",
+    "lr",
+    "min_lr_ratio",
+    "warmup_steps",
+    "weight_decay",
+    "beta1",
+    "beta2",
+    "adam_eps",
+    "grad_clip",
+    "eval_every",
+    "eval_batches",
+    "test_batches",
+    "patience",
+)
+# How a run is executed: where and on what it runs, what it shows and logs, how often it writes
+# its `last` checkpoint, where this session halts. A resume may change these freely: the
+# continuation computes the same updates (up to the floating-point differences of another device
+# or thread count) and reports the same result.
+EXECUTION_SETTINGS = (
+    "device",
+    "threads",
+    "out_dir",
+    "log_every",
+    "tensorboard",
+    "progress",
+    "save_every",
+    "halt_after",
+)
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -205,6 +242,8 @@ def parse_overrides(cls: type, items: dict[str, str], what: str) -> dict[str, An
 
 __all__ = [
     "DEVICES",
+    "EXECUTION_SETTINGS",
+    "RUN_SETTINGS",
     "TrainConfig",
     "field_types",
     "parse_overrides",

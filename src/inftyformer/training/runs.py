@@ -96,6 +96,12 @@ def load_run(
         model.load_state_dict(ckpt.section("model"), strict=True)
     except RuntimeError as err:
         raise CheckpointError(f"{ckpt.path}: weights do not fit the model: {err}") from None
+    bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:
+        raise CheckpointError(
+            f"{ckpt.path}: the weights hold NaN or inf values ({', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}): the run had diverged before this checkpoint"
+        )
     dev = resolve_device(device) if isinstance(device, str) else device
     model.to(dev).eval()
     return SavedRun(model, model_cfg, train_cfg, task_cfg, ckpt)

@@ -27,13 +27,16 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ..models import build_model, model_kind
+from .._checks import NonFiniteError
+from .._progress import progress
+from ..models import build_model, memory_settings, model_kind
 from ..tasks import RunContext, Shard, Task, TaskConfig, get_task
 from ..tasks.base import add_sums
 from .checkpoint import (
     Checkpoint,
     CheckpointError,
     checkpoint_exists,
+    clean_stale_files,
     flatten_optimizer,
     load_checkpoint,
     rng_state,
@@ -41,7 +44,7 @@ from .checkpoint import (
     set_rng_state,
     unflatten_optimizer,
 )
-from .config import TrainConfig
+from .config import RUN_SETTINGS, TrainConfig
 from .distributed import (
     DistEnv,
     all_gather_object,
@@ -118,6 +121,17 @@ def config_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys if a.get(k) != b.get(k)]
 
 
+def changed(a: dict[str, Any], b: dict[str, Any], keys: Any = None) -> dict[str, list[Any]]:
+    """{key: [old, new]} for the keys (default: all) whose values differ."""
+    keys = sorted(set(a) | set(b)) if keys is None else keys
+    return {k: [a.get(k), b.get(k)] for k in keys if a.get(k) != b.get(k)}
+
+
+class DivergedError(FloatingPointError):
+    """Training diverged: a loss, a gradient or a carried memory state became NaN or infinite.
+    Raised before the optimiser step, so the weights and the last checkpoint stay as they were."""
+
+
 @dataclass
 class TrainResult:
     out_dir: Path
@@ -171,9 +185,14 @@ class Trainer:
         *,
         resume: bool = False,
         overwrite: bool = False,
+        allow_changes: bool = False,
         env: DistEnv | None = None,
         echo: Callable[[str], None] | None = None,
     ) -> None:
+        """`resume`: continue the run in `train_cfg.out_dir` from its `last` checkpoint. A resume
+        refuses settings that change what the run is (the train settings in
+        `training.config.RUN_SETTINGS`, any task setting, the model's memory settings) unless
+        `allow_changes`; allowed changes are recorded in the checkpoint's `history`."""
         self.cfg = train_cfg
         self.task_cfg = task_cfg
         self.model_cfg = model_cfg
@@ -188,6 +207,10 @@ class Trainer:
             )
         task_cls.check(task_cfg, model_cfg)
 
+        self.history: list[dict[str, Any]] = []
+        if self.env.is_main:
+            clean_stale_files(self.out_dir)  # what a killed save left behind
+        barrier(self.env)
         checkpoint: Checkpoint | None = None
         if resume:
             if not checkpoint_exists(self.out_dir, "last"):
@@ -196,7 +219,7 @@ class Trainer:
                     "(start without --resume, or point --out-dir at the run)"
                 )
             checkpoint = load_checkpoint(self.out_dir / "last")
-            self._check_resumable(checkpoint)
+            self._check_resumable(checkpoint, allow_changes)
         elif any(checkpoint_exists(self.out_dir, n) for n in RUN_FILES):
             if not overwrite:
                 raise FileExistsError(
@@ -251,9 +274,11 @@ class Trainer:
                 (self.out_dir / extra).unlink()
         shutil.rmtree(self.out_dir / "tensorboard", ignore_errors=True)
 
-    def _check_resumable(self, ckpt: Checkpoint) -> None:
+    def _check_resumable(self, ckpt: Checkpoint, allow_changes: bool) -> None:
         meta = ckpt.meta
         saved_model = meta.get("model_config", {})
+        if not isinstance(saved_model, dict):
+            raise CheckpointError(f"{ckpt.path}: the metadata's model_config is not an object")
         if meta.get("model_kind", "native") != model_kind(self.model_cfg):
             raise CheckpointError(
                 f"{ckpt.path}: the checkpoint holds a {meta.get('model_kind', 'native')} model, "
@@ -264,22 +289,47 @@ class Trainer:
                 f"{ckpt.path}: the checkpoint holds a {meta.get('model_type')!r} model, "
                 f"not a {self.model_cfg.model_type!r} one"
             )
-        diff = config_diff(saved_model, self.model_cfg.to_dict())
-        if diff:
-            raise CheckpointError(
-                f"{ckpt.path}: the model configuration differs from the checkpoint's: "
-                + "; ".join(diff)
-            )
         if meta.get("task") != self.cfg.task:
             raise CheckpointError(
                 f"{ckpt.path}: the checkpoint was trained on task {meta.get('task')!r}, "
                 f"not {self.cfg.task!r}"
             )
-        diff = config_diff(meta.get("task_config", {}), self.task_cfg.to_dict())
-        if diff:
+        model_now = self.model_cfg.to_dict()
+        changeable = memory_settings(self.model_cfg)
+        fixed = changed(saved_model, model_now, sorted(set(model_now) - set(changeable)))
+        if fixed:
             raise CheckpointError(
-                f"{ckpt.path}: the task settings differ from the checkpoint's: " + "; ".join(diff)
+                f"{ckpt.path}: the model configuration differs from the checkpoint's: "
+                + "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in fixed.items())
+                + " (these fix the weights; start a new run to change them)"
             )
+        changes = {
+            **{f"train.{k}": v for k, v in changed(
+                meta.get("train_config", {}), self.cfg.to_dict(), RUN_SETTINGS).items()},
+            **{f"task.{k}": v for k, v in changed(
+                meta.get("task_config", {}), self.task_cfg.to_dict()).items()},
+            **{f"model.{k}": v for k, v in changed(
+                saved_model, model_now, changeable).items()},
+        }  # fmt: skip
+        history = meta.get("history", [])
+        self.history = list(history) if isinstance(history, list) else []
+        if not changes:
+            return
+        shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items())
+        if not allow_changes:
+            raise CheckpointError(
+                f"resuming would change the run in {self.out_dir}: {shown}. Resume without "
+                "these settings to continue the run as it was, or allow the change explicitly "
+                "(--allow-changes; it is recorded in the run's history)"
+            )
+        self.history.append(
+            {
+                "step": int(meta.get("step", 0)),
+                "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "changes": changes,
+            }
+        )
+        self.echo(f"note: changing the run from step {meta.get('step')}: {shown}")
 
     # ------------------------------------------------------------------ checkpoints
     def _rank_state(self, rng: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -329,11 +379,23 @@ class Trainer:
             },
             "world_size": self.env.world_size,
             "ranks": rank_meta,
+            "history": self.history,  # changes allowed on resume: step, time, {setting: [old, new]}
         }
         save_checkpoint(self.out_dir, name, tensors, meta)
         barrier(self.env)  # nobody reads it before it is whole
 
     def _restore(self, ckpt: Checkpoint) -> None:
+        try:
+            self._restore_from(ckpt)
+        except CheckpointError:
+            raise
+        except (RuntimeError, KeyError, ValueError, TypeError, AttributeError, IndexError) as err:
+            raise CheckpointError(
+                f"{ckpt.path}: cannot restore the run from this checkpoint "
+                f"({type(err).__name__}: {err})"
+            ) from None
+
+    def _restore_from(self, ckpt: Checkpoint) -> None:
         meta = ckpt.meta
         try:
             self.model.load_state_dict(ckpt.section("model"), strict=True)
@@ -384,22 +446,31 @@ class Trainer:
             rows = shard_rows(self.cfg.batch_size, self.env, micro, num_micro)
             sync = micro == num_micro - 1 or not self.env.distributed
             with contextlib.nullcontext() if sync else self.ddp_model.no_sync():
-                out = self.task.loss(self.ddp_model, batch, rows, micro)
+                try:
+                    out = self.task.loss(self.ddp_model, batch, rows, micro)
+                except NonFiniteError as err:  # inside the model, or in a carried memory
+                    raise self._diverged(
+                        f"the model's values became NaN or infinite ({err})"
+                    ) from None
                 loss = out.loss.detach()
                 if not torch.isfinite(loss):
-                    raise FloatingPointError(
-                        f"the loss became {float(loss)} at step {self.step + 1}; "
-                        "try a lower learning rate (--lr) or more warm-up"
-                    )
+                    raise self._diverged(f"the loss became {float(loss)}")
                 (out.loss / num_micro).backward()  # DDP averages over processes
             add_sums(sums, out.sums)
             add_sums(means, {"loss": float(loss), **out.means}, weight=1.0 / chunks)
-        grad_norm = math.nan
-        self._in_update = True
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if self.cfg.grad_clip > 0:
             grad_norm = float(
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
             )
+        elif grads:
+            norms = torch.stack([torch.linalg.vector_norm(g.detach().float()) for g in grads])
+            grad_norm = float(torch.linalg.vector_norm(norms))
+        else:
+            grad_norm = 0.0
+        if not math.isfinite(grad_norm):
+            raise self._diverged(f"the gradient norm became {grad_norm}")
+        self._in_update = True
         self.optimizer.step()
         self.task.end_step(self.step)
         self.step += 1
@@ -412,10 +483,33 @@ class Trainer:
         metrics.update(self.task.train_metrics(sums))
         metrics.update({f"aux/{k}": v for k, v in means.items()})
         metrics["lr"] = lr
-        if not math.isnan(grad_norm):
-            metrics["grad_norm"] = grad_norm
+        metrics["grad_norm"] = grad_norm
         metrics["tokens_per_s"] = sums.get("tokens", 0.0) / max(elapsed, 1e-9)
         return metrics
+
+    def _diverged(self, what: str, after_update: bool = False) -> DivergedError:
+        """The error for a step that went non-finite: what happened, where, and what to try.
+        `after_update`: found by the evaluation after update `self.step` (else: in update
+        `self.step + 1`, before the optimiser changed the weights)."""
+        cfg = self.cfg
+        step = self.step if after_update else self.step + 1
+        last = "no checkpoint yet"
+        if checkpoint_exists(self.out_dir, "last"):
+            last = "the last checkpoint is intact"
+        if after_update:
+            stopped = f"the run stopped without saving it, {last}"
+        else:
+            stopped = f"the run stopped before updating the weights, {last}"
+        hints = [f"a lower learning rate (--lr {cfg.lr / 3:.3g}; now {cfg.lr:g})"]
+        hints.append(f"a longer warm-up (--set warmup_steps={max(2 * cfg.warmup_steps, 100)})")
+        if cfg.grad_clip == 0:
+            hints.append("gradient clipping (--set grad_clip=1.0)")
+        lr = cfg.lr * lr_factor(step - 1, cfg)
+        return DivergedError(
+            f"training diverged at step {step} (learning rate {lr:.3g}): {what}; {stopped}. Try "
+            + ", ".join(hints)
+            + "; to continue this run with such a change: --resume --allow-changes"
+        )
 
     def evaluate(self, split: str = "valid", num_batches: int | None = None) -> dict[str, float]:
         """The task's metrics on `split`, over every process's share."""
@@ -443,15 +537,15 @@ class Trainer:
             tensorboard=cfg.tensorboard,
             resume_step=resumed_at,
         )
-        bar = tqdm(
+        bar = progress(
             total=cfg.steps,
             initial=self.step,
-            disable=not (cfg.progress and self.env.is_main),
+            enabled=cfg.progress and self.env.is_main,
             dynamic_ncols=True,
             desc=f"{cfg.task}/{self.model_cfg.model_type}",
         )
         echo_before = self._echo
-        if not bar.disable:
+        if isinstance(bar, tqdm) and not bar.disable:
             self._echo = tqdm.write
         if resumed_at is not None:
             self.echo(f"resumed from {self.out_dir / 'last'} at step {self.step}")
@@ -521,7 +615,13 @@ class Trainer:
 
     def _evaluate_and_keep_best(self, logger: MetricsLogger) -> bool:
         """Evaluate on valid, keep the best checkpoint; True when early stopping triggers."""
-        metrics = self.evaluate("valid")
+        try:
+            metrics = self.evaluate("valid")
+        except NonFiniteError as err:
+            raise self._diverged(f"evaluating it, {err}", after_update=True) from None
+        bad = [k for k, v in metrics.items() if isinstance(v, float) and math.isnan(v)]
+        if bad:
+            raise self._diverged(f"its validation {', '.join(bad)} became NaN", after_update=True)
         logger.log(self.step, "valid", metrics)
         value = metrics[self.task.headline().name]
         if self._improved(value):
@@ -559,6 +659,7 @@ class Trainer:
 
 
 __all__ = [
+    "DivergedError",
     "TrainResult",
     "Trainer",
     "build_optimizer",

@@ -1,0 +1,119 @@
+"""Progress bars that do not flood a log: a tqdm bar on a terminal; elsewhere (a file, a pipe, a
+job log) one plain line every `every` updates and one at the end, instead of a stream of
+carriage-return redraws."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, TextIO
+
+from tqdm import tqdm
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # closed or not a real stream
+        return False
+
+
+class LineProgress:
+    """The part of tqdm's interface the package uses, written as whole lines:
+    ``desc: 40/600 (7%) 0:12 elapsed, 3.33 it/s, loss=2.1``."""
+
+    disable = False
+
+    def __init__(
+        self,
+        iterable: Iterable[Any] | None = None,
+        *,
+        total: int | None = None,
+        initial: int = 0,
+        desc: str | None = None,
+        unit: str = "it",
+        unit_scale: bool = False,
+        every: int | None = None,
+        file: TextIO | None = None,
+    ) -> None:
+        self.iterable = iterable
+        if total is None and iterable is not None and hasattr(iterable, "__len__"):
+            total = len(iterable)  # type: ignore[arg-type]
+        self.total = total
+        self.n = self.last_shown = self.start_n = initial
+        self.desc = desc or ""
+        self.unit, self.unit_scale = unit, unit_scale
+        # about 20 lines over the whole run unless told otherwise
+        self.every = max(1, every if every is not None else (total or 2000) // 20)
+        self.file = file if file is not None else sys.stderr
+        self.postfix = ""
+        self.start = time.perf_counter()
+        self.closed = False
+
+    def _amount(self, value: float) -> str:
+        return tqdm.format_sizeof(value) if self.unit_scale else f"{value:.4g}"
+
+    def line(self) -> str:
+        elapsed = time.perf_counter() - self.start
+        rate = (self.n - self.start_n) / elapsed if elapsed > 0 else 0.0
+        done = self._amount(self.n)
+        if self.total:
+            done += f"/{self._amount(self.total)} ({100 * self.n / self.total:.0f}%)"
+        text = f"{self.desc}: " if self.desc else ""
+        text += f"{done} {tqdm.format_interval(elapsed)} elapsed, {self._amount(rate)} "
+        text += f"{self.unit}/s"
+        return text + (f", {self.postfix}" if self.postfix else "")
+
+    def _show(self) -> None:
+        self.file.write(self.line() + "\n")
+        self.file.flush()
+        self.last_shown = self.n
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.n - self.last_shown >= self.every:
+            self._show()
+
+    def set_postfix(self, values: Mapping[str, Any] | None = None, refresh: bool = True) -> None:
+        self.postfix = ", ".join(f"{k}={v}" for k, v in (values or {}).items())
+
+    def close(self) -> None:
+        if not self.closed and self.n != self.last_shown:
+            self._show()
+        self.closed = True
+
+    def __iter__(self) -> Iterator[Any]:
+        for item in self.iterable or ():
+            yield item
+            self.update(1)
+        self.close()
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def progress(
+    iterable: Iterable[Any] | None = None,
+    *,
+    enabled: bool = True,
+    every: int | None = None,
+    file: TextIO | None = None,
+    **kwargs: Any,
+) -> Any:
+    """A tqdm bar when `file` (default stderr) is a terminal; a `LineProgress` writing one line
+    every `every` updates (default: about 20 lines in all) when it is not; a disabled tqdm (no
+    output) when not `enabled`. `kwargs` are tqdm's (total, initial, desc, unit, unit_scale,
+    leave, dynamic_ncols)."""
+    stream = file if file is not None else sys.stderr
+    if not enabled or _is_terminal(stream):
+        return tqdm(iterable, disable=not enabled, file=stream, **kwargs)
+    names = ("total", "initial", "desc", "unit", "unit_scale")
+    known = {k: kwargs[k] for k in names if k in kwargs}
+    return LineProgress(iterable, every=every, file=stream, **known)
+
+
+__all__ = ["LineProgress", "progress"]

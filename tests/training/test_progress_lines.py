@@ -1,0 +1,56 @@
+"""Progress bars do not flood a log: when the output is not a terminal, one plain line every N
+steps (about 20 in all) instead of a stream of carriage-return redraws."""
+
+from __future__ import annotations
+
+import io
+
+from tiny_models import SORT, tiny_sorting, tiny_train
+from tqdm import tqdm
+
+from inftyformer._progress import LineProgress, progress
+from inftyformer.training import Trainer
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_file_gets_whole_lines_every_n_updates():
+    out = io.StringIO()
+    bar = progress(total=200, desc="train", file=out)
+    assert isinstance(bar, LineProgress)
+    for _ in range(200):
+        bar.update(1)
+        bar.set_postfix({"loss": "1.000"})
+    bar.close()
+    text = out.getvalue()
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert len(lines) == 20 and lines[-1].startswith("train: 200/200 (100%)")
+    assert lines[0].startswith("train: 10/200 (5%)") and "loss=1.000" in lines[-1]
+
+
+def test_iteration_and_explicit_intervals():
+    out = io.StringIO()
+    assert list(progress(range(7), desc="eval", every=3, file=out)) == list(range(7))
+    assert [line.split()[1] for line in out.getvalue().splitlines()] == ["3/7", "6/7", "7/7"]
+
+
+def test_a_terminal_gets_tqdm_and_disabled_gets_nothing():
+    assert isinstance(progress(total=3, file=Terminal()), tqdm)
+    out = io.StringIO()
+    bar = progress(total=3, enabled=False, file=out)
+    bar.update(3)
+    bar.close()
+    assert out.getvalue() == ""
+
+
+def test_training_into_a_log_writes_a_few_lines(tmp_path, capsys):
+    cfg = tiny_train(tmp_path, steps=40, eval_every=40, progress=True)
+    Trainer(cfg, SORT, tiny_sorting(), echo=lambda s: None).fit()
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = [line for line in err.splitlines() if line.startswith("sorting/infty: ")]
+    assert len(lines) == 20 and "40/40 (100%)" in lines[-1]
