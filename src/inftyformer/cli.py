@@ -743,6 +743,7 @@ def _new_tokens(out: Any) -> list[int]:
 
 # --------------------------------------------------------------------------- inspect
 @app.command("inspect")
+@user_errors("choose another --out")
 def inspect_run(
     checkpoint: Path = typer.Argument(  # noqa: B008
         ..., help="A checkpoint (see `inftyformer evaluate`)."
@@ -766,20 +767,17 @@ def inspect_run(
     from .inspection_plots import draw_all
     from .training import load_run
 
-    try:
-        if segments < 1:
-            raise ValueError(f"--segments must be >= 1, got {segments}")
-        run = load_run(checkpoint, device)
-        task = run.task(batch_size=1)
-        length = segments * run.model_config.segment_len
-        if text is not None:
-            tokens = task.encode_prompt(text.read_text(encoding="utf-8"))[0][:length]
-        else:
-            tokens = task.inspection_stream(split, length)
-        start = time.perf_counter()
-        result = inspect_stream(run.model, tokens[None].to(run.device))
-    except _user_errors() as err:
-        raise _fail(str(err)) from None
+    if segments < 1:
+        raise ValueError(f"--segments must be >= 1, got {segments}")
+    run = load_run(checkpoint, device)
+    task = run.task(batch_size=1)
+    length = segments * run.model_config.segment_len
+    if text is not None:
+        tokens = task.encode_prompt(text.read_text(encoding="utf-8"))[0][:length]
+    else:
+        tokens = task.inspection_stream(split, length)
+    start = time.perf_counter()
+    result = inspect_stream(run.model, tokens[None].to(run.device))
     out_dir = out or (checkpoint if checkpoint.is_dir() else checkpoint.parent) / "inspect"
     summary = result.summary()
     summary["source"] = str(text) if text is not None else f"{split} split"
