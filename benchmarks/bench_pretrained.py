@@ -1,7 +1,7 @@
 """The long-term memory on a pretrained causal LM: the checks that it is a faithful add-on, and
 its per-token cost relative to the base model.
 
-    python -m inftyformer.hf.convert --smollm2 /work/models/smollm2-135m   # once (~540 MB)
+    inftyformer convert-gguf smollm2 models/smollm2-135m   # once (~540 MB)
     python benchmarks/bench_pretrained.py                 # SmolLM2-135M (--model DIR for another)
     python benchmarks/bench_pretrained.py --tiny          # a random tiny Llama, runs in seconds
 
@@ -36,10 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import _common as common
+import experiment as ex
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = Path(os.environ.get("INFTYFORMER_PRETRAINED", "/work/models/smollm2-135m"))
+DEFAULT_MODEL = Path(ex.default_base_model())
 OUT = ROOT / "docs" / "benchmarks"
 
 
@@ -367,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_dir():
             parser.error(
                 f"no model directory at {path}: convert one first "
-                "(python -m inftyformer.hf.convert --smollm2 DIR), pass --model DIR, or use --tiny"
+                "(inftyformer convert-gguf smollm2 DIR), pass --model DIR, or use --tiny"
             )
         base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)

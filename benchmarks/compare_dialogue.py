@@ -20,8 +20,9 @@ and renders from it alone OUT/dialogue.md (with the hand-kept notes of OUT/dialo
     python benchmarks/compare_dialogue.py --quick          # smoke run, tiny random model (~2 min)
     python benchmarks/compare_dialogue.py --render-only    # re-render docs/ from the JSON
 
-The base model: --base-model DIR (default /work/models/smollm2-135m, made by
-`python -m inftyformer.hf.convert --smollm2 DIR`). Data: --data-dir (a data root holding
+The base model: --base-model DIR (default: $INFTYFORMER_PRETRAINED, else models/smollm2-135m,
+made by `inftyformer convert-gguf smollm2 models/smollm2-135m`).
+Data: --data-dir (a data root holding
 cmu-dog/), else $INFTYFORMER_DATA, else ../shared/data.
 """
 
@@ -80,7 +81,7 @@ COLUMNS = (  # metric, header
 
 @dataclass
 class Setup:
-    base_model: str = "/work/models/smollm2-135m"
+    base_model: str = field(default_factory=ex.default_base_model)
     rows: list[str] = field(default_factory=lambda: list(ROWS))
     seed: int = 0  # training data order and the memory's initialisation
     segment_len: int = 512  # the window (the paper's GPT-2 chunks: 512)
@@ -433,7 +434,7 @@ def data_facts(setup: Setup, data_dir: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = ex.parser(__doc__, NAME)
+    p = ex.parser(__doc__, NAME, tuple(ROWS))
     p.add_argument("--base-model", help="Hugging Face model directory (default: SmolLM2-135M)")
     p.add_argument("--data-dir", type=Path, help="data root holding cmu-dog/")
     p.add_argument("--eval-examples", type=int, help="test turns in the fixed subset")
@@ -461,7 +462,7 @@ def main(argv: list[str] | None = None) -> None:
     if not Path(setup.base_model, "config.json").is_file():
         raise SystemExit(
             f"no model in {setup.base_model}: convert one first with "
-            f"python -m inftyformer.hf.convert --smollm2 {setup.base_model}"
+            f"inftyformer convert-gguf smollm2 {setup.base_model}"
         )
     facts = data_facts(setup, data_dir)
     jobs = [job(setup, row, data_dir, runs_dir) for row in SLOW_FIRST if row in setup.rows]

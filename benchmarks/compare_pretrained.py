@@ -21,8 +21,9 @@ OUT/pretrained.md (with the hand-kept notes of OUT/pretrained.notes.md) and OUT/
     python benchmarks/compare_pretrained.py --quick          # smoke run, tiny random model (~1 min)
     python benchmarks/compare_pretrained.py --render-only    # re-render docs/ from the JSON
 
-The base model: --base-model DIR (default /work/models/smollm2-135m, made by
-`python -m inftyformer.hf.convert --smollm2 DIR`). Data: --data-dir (a data root holding
+The base model: --base-model DIR (default: $INFTYFORMER_PRETRAINED, else models/smollm2-135m,
+made by `inftyformer convert-gguf smollm2 models/smollm2-135m`).
+Data: --data-dir (a data root holding
 pg19-mini/ and wikitext103-eval/), else $INFTYFORMER_DATA, else ../shared/data.
 """
 
@@ -57,7 +58,7 @@ RANGES = ("< 256", "256–2K", "≥ 2K")
 
 @dataclass
 class Setup:
-    base_model: str = "/work/models/smollm2-135m"
+    base_model: str = field(default_factory=ex.default_base_model)
     rows: list[str] = field(default_factory=lambda: list(ROWS))
     seed: int = 0
     segment_len: int = 256
@@ -347,7 +348,7 @@ def tiny_base(directory: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = ex.parser(__doc__, NAME)
+    p = ex.parser(__doc__, NAME, tuple(ROWS))
     p.add_argument("--base-model", help="Hugging Face model directory (default: SmolLM2-135M)")
     p.add_argument("--data-dir", type=Path, help="data root holding pg19-mini/")
     args = p.parse_args(argv)
@@ -372,7 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     if not Path(setup.base_model, "config.json").is_file():
         raise SystemExit(
             f"no model in {setup.base_model}: convert one first with "
-            f"python -m inftyformer.hf.convert --smollm2 {setup.base_model}"
+            f"inftyformer convert-gguf smollm2 {setup.base_model}"
         )
     tokenizer = load_tokenizer(setup.base_model)
     books = load_split(data_root, "test", tokenizer)

@@ -40,6 +40,16 @@ ROOT = Path(__file__).resolve().parents[1]
 FORMAT = 2  # layout of the report JSON (format 1: the scripts before this module)
 
 
+def default_base_model() -> str:
+    """The pretrained model the comparisons use when no --base-model is given:
+    $INFTYFORMER_PRETRAINED, else models/smollm2-135m in the checkout (the README's conversion
+    command writes it there; git ignores it), else models/smollm2-135m beside the checkout."""
+    if os.environ.get("INFTYFORMER_PRETRAINED"):
+        return os.environ["INFTYFORMER_PRETRAINED"]
+    inside = ROOT / "models" / "smollm2-135m"
+    return str(inside if inside.is_dir() else ROOT.parent / "models" / "smollm2-135m")
+
+
 # --------------------------------------------------------------------------- variants
 @dataclass(frozen=True)
 class Variant:
@@ -392,8 +402,8 @@ def run_jobs(
 
 
 # --------------------------------------------------------------------------- the command line
-def parser(doc: str, name: str) -> argparse.ArgumentParser:
-    """The flags every comparison takes."""
+def parser(doc: str, name: str, choices: Sequence[str] = VARIANTS) -> argparse.ArgumentParser:
+    """The flags every comparison takes; `choices`: what --variants selects from."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny smoke run of the whole pipeline")
     p.add_argument("--render-only", action="store_true", help=f"re-render from OUT/{name}.json")
@@ -402,7 +412,7 @@ def parser(doc: str, name: str) -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="ignore results of earlier invocations")
     p.add_argument("--steps", type=int, help="training steps per run")
     p.add_argument("--seeds", type=str, help="comma-separated seeds")
-    p.add_argument("--variants", type=str, help=f"subset of {','.join(VARIANTS)}")
+    p.add_argument("--variants", type=str, help=f"subset of {','.join(choices)}")
     p.add_argument("--workers", type=int, default=2, help="parallel runs (one thread each)")
     return p
 

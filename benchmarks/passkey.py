@@ -28,6 +28,7 @@ ROWS = {  # compare_pretrained row → label
     "base": "base model, no memory",
     "memory-frozen": "memory trained, base frozen (compare_pretrained row c)",
     "memory-all": "memory trained with the base (row d)",
+    "memory-sticky": "sticky memory trained, base frozen (row e)",
 }
 
 
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--render-only", action="store_true")
     p.add_argument("--out", type=Path, help="reports (default docs/; --quick: tmp)")
-    p.add_argument("--base-model", default="/work/models/smollm2-135m")
+    p.add_argument("--base-model", default=ex.default_base_model())
     p.add_argument("--runs", type=Path, default=Path("runs/compare_pretrained"),
                    help="compare_pretrained's runs directory (holds results.jsonl)")  # fmt: skip
     p.add_argument("--tokens", type=int, default=1024)
