@@ -6,7 +6,8 @@ and its implementation of the contract, registered by name:
     lm        long-document language modelling (§4.2)          `lm.py` (+ `lm_eval.py`)
     dialogue  document-grounded dialogue on CMU-DoG (§4.3)     `dialogue.py`
 
-A new task is one module here that subclasses `Task`, decorates it with `@register_task(name)`,
+Sorting and recall share `streamed.LastBlockTask` (a generated stream, scored on its last
+block). A new task is one module here that subclasses `Task` (or `LastBlockTask`), decorates it with `@register_task(name)`,
 and is imported below; the trainer and the command line find it in `TASKS`.
 """
 

@@ -39,23 +39,17 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from .._checks import check_positive_int
 from ..data import SPLITS, check_split
 from ..model import IGNORE_INDEX
 from .base import (
-    Evaluation,
     Metric,
     RunContext,
-    Shard,
-    StepOutput,
-    Task,
     TaskConfig,
-    add_sums,
     register_task,
-    scored_sums,
 )
+from .streamed import LastBlockTask
 
 # Split-specific entropy mixed into every batch's SeedSequence: splits draw from disjoint streams.
 _SPLIT_ENTROPY = {"train": 0xEC11_0001, "valid": 0xEC11_0002, "test": 0xEC11_0003}
@@ -190,7 +184,7 @@ class RecallDataset:
 
 # --------------------------------------------------------------------------- the task
 @register_task("recall")
-class RecallTask(Task):
+class RecallTask(LastBlockTask):
     """See the module docstring."""
 
     summary = "associative recall across a gap of G filler tokens (how far the memory reaches)"
@@ -229,69 +223,12 @@ class RecallTask(Task):
                 f"tokens) must fit in the last segment (segment_len {model_config.segment_len})"
             )
 
-    def _run(
-        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, with_grad: bool
-    ) -> tuple[Any, torch.Tensor]:
-        """Stream every block but the last without gradients, then the last one."""
-        raw = getattr(model, "module", model)  # the model itself under DistributedDataParallel
-        C = raw.config.segment_len
-        device = self.context.device
-        inputs, targets = inputs.to(device), targets.to(device)
-        state = raw.init_state(inputs.shape[0], device)
-        last = inputs.shape[1] - C
-        with torch.no_grad():
-            for start in range(0, last, C):
-                state = raw(inputs[:, start : start + C], state=state).state
-        last_targets = targets[:, last:]
-        with torch.set_grad_enabled(with_grad):
-            out = model(inputs[:, last:], state=state, targets=last_targets)
-        return out, last_targets
-
-    # ---- training
-    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.datasets["train"].batch(step)
-
-    def loss(self, model: nn.Module, batch: Any, rows: slice, part: int) -> StepOutput:
-        inputs, targets = batch[0][rows], batch[1][rows]
-        out, last_targets = self._run(model, inputs, targets, with_grad=True)
-        sums = scored_sums(out.logits, last_targets)
-        sums["tokens"] = float(inputs.numel())
-        return StepOutput(out.loss, sums, {k: float(v.detach()) for k, v in out.aux.items()})
-
-    def train_metrics(self, sums: dict[str, float]) -> dict[str, float]:
-        out = super().train_metrics(sums)
-        if sums.get("count"):
-            out["accuracy"] = sums["correct"] / sums["count"]
-        return out
-
-    # ---- evaluation
-    @torch.no_grad()
-    def evaluate(
-        self, model: nn.Module, split: str, num_batches: int | None, shard: Shard
-    ) -> Evaluation:
-        data = self.datasets[check_split(split)]
-        if num_batches is None or num_batches < 1:
-            raise ValueError(f"the recall task evaluates a number of batches, got {num_batches}")
-        was_training = model.training
-        model.eval()
-        total: dict[str, float] = {}
-        try:
-            for index in range(num_batches):
-                inputs, targets = data.batch(index)
-                rows = shard.rows(inputs.shape[0])
-                out, last_targets = self._run(model, inputs[rows], targets[rows], False)
-                add_sums(total, scored_sums(out.logits, last_targets))
-        finally:
-            model.train(was_training)
-        return Evaluation(total)
+    def blocks(self, length: int, segment_len: int) -> list[tuple[int, int]]:
+        # the stream is a whole number of blocks of C = segment_len; the last holds the queries
+        return [(start, start + segment_len) for start in range(0, length, segment_len)]
 
     def eval_metrics(self, sums: dict[str, float]) -> dict[str, float]:
-        count = max(sums.get("count", 0.0), 1.0)
-        return {
-            "loss": sums.get("nll", 0.0) / count,
-            "accuracy": sums.get("correct", 0.0) / count,
-            "queries": sums.get("count", 0.0),
-        }
+        return {**self.scored_metrics(sums), "queries": sums.get("count", 0.0)}
 
     def chance(self) -> dict[str, float]:
         return {"uniform": chance_accuracy(self.config)}
