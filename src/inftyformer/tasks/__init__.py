@@ -7,8 +7,9 @@ and its implementation of the contract, registered by name:
     dialogue  document-grounded dialogue on CMU-DoG (§4.3)     `dialogue.py`
 
 Sorting and recall share `streamed.LastBlockTask` (a generated stream, scored on its last
-block). A new task is one module here that subclasses `Task` (or `LastBlockTask`), decorates it with `@register_task(name)`,
-and is imported below; the trainer and the command line find it in `TASKS`.
+block). A new task is one module here that subclasses `Task` (or `LastBlockTask`), decorates it
+with `@register_task(name)`, and is imported below; the trainer and the command line find it in
+`TASKS`.
 """
 
 from . import dialogue, lm, recall, sorting  # noqa: F401 - registers the built-in tasks

@@ -178,6 +178,14 @@ class Task(ABC):
         distributed training (call it; read its config from the task). `part` numbers the
         micro-batches of a step within this process (0, 1, …)."""
 
+    def loss_weight(self, batch: Any, rows: slice) -> float:
+        """How much rows `rows` of `batch` weigh in the step's loss, before any model runs: the
+        trainer scales each micro-batch's (mean) loss by its share of the global batch's weight,
+        so the gradient is the same however the batch is cut into processes and micro-batches.
+        Default: the number of rows (every example weighs the same). A task whose loss is a mean
+        over a varying number of scored positions returns that number."""
+        return float(rows.stop - rows.start)
+
     def end_step(self, step: int) -> None:
         """Called after optimiser update `step`: commit what carries over to the next step."""
         return None

@@ -52,6 +52,7 @@ from ..data.corpus import (
     truncate_documents,
     with_bos,
 )
+from ..model import IGNORE_INDEX
 from ..state import MemoryState
 from .base import (
     Evaluation,
@@ -205,6 +206,10 @@ class LanguageModelTask(Task):
         sums = scored_sums(out.logits, targets)
         sums["tokens"] = float(inputs.numel())
         return StepOutput(out.loss, sums, {k: float(v.detach()) for k, v in out.aux.items()})
+
+    def loss_weight(self, batch: Any, rows: slice) -> float:
+        # the loss is a mean over scored targets, and rows hold fewer where a document ended
+        return float((batch.targets[rows] != IGNORE_INDEX).sum())
 
     def end_step(self, step: int) -> None:
         self._step = step + 1

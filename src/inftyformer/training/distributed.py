@@ -132,19 +132,23 @@ def shard_rows(batch_rows: int, env: DistEnv, micro: int = 0, num_micro: int = 1
     The global batch is cut into world_size × num_micro equal chunks, rank-major, so the data of a
     step is the same whatever the number of processes and micro-batches.
     """
-    chunks = env.world_size * num_micro
+    return chunk_rows(batch_rows, env.rank * num_micro + micro, env.world_size * num_micro)
+
+
+def chunk_rows(batch_rows: int, chunk: int, chunks: int) -> slice:
+    """Rows of chunk `chunk` when a global batch is cut into `chunks` equal chunks."""
     if batch_rows % chunks:
         raise ValueError(
             f"the global batch ({batch_rows}) must be divisible by world_size × grad_accum "
-            f"({env.world_size} × {num_micro})"
+            f"({chunks})"
         )
     size = batch_rows // chunks
-    start = (env.rank * num_micro + micro) * size
-    return slice(start, start + size)
+    return slice(chunk * size, (chunk + 1) * size)
 
 
 __all__ = [
     "DistEnv",
+    "chunk_rows",
     "all_gather_object",
     "all_reduce_sum",
     "barrier",

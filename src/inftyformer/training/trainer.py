@@ -50,9 +50,9 @@ from .distributed import (
     all_gather_object,
     all_reduce_sum,
     barrier,
+    chunk_rows,
     reduce_sums,
     resolve_device,
-    shard_rows,
     wrap_model,
 )
 from .logger import CSV_NAME, MetricsLogger
@@ -442,8 +442,19 @@ class Trainer:
         means: dict[str, float] = {"loss": 0.0}
         start = time.perf_counter()
         batch = self.task.batch(self.step)
+        # every process holds the whole global batch, cut into `chunks` chunks rank-major; each
+        # chunk's mean loss is scaled by its share of the batch's weight (× the number of
+        # processes, since DDP averages the gradients over them), so the update is the same
+        # whatever the number of processes and micro-batches
+        weights = [
+            self.task.loss_weight(batch, chunk_rows(self.cfg.batch_size, c, chunks))
+            for c in range(chunks)
+        ]
+        total = sum(weights)
         for micro in range(num_micro):
-            rows = shard_rows(self.cfg.batch_size, self.env, micro, num_micro)
+            chunk = self.env.rank * num_micro + micro
+            rows = chunk_rows(self.cfg.batch_size, chunk, chunks)
+            share = weights[chunk] / total if total > 0 else 1.0 / chunks
             sync = micro == num_micro - 1 or not self.env.distributed
             with contextlib.nullcontext() if sync else self.ddp_model.no_sync():
                 try:
@@ -455,9 +466,9 @@ class Trainer:
                 loss = out.loss.detach()
                 if not torch.isfinite(loss):
                     raise self._diverged(f"the loss became {float(loss)}")
-                (out.loss / num_micro).backward()  # DDP averages over processes
+                (out.loss * (share * self.env.world_size)).backward()
             add_sums(sums, out.sums)
-            add_sums(means, {"loss": float(loss), **out.means}, weight=1.0 / chunks)
+            add_sums(means, {"loss": float(loss), **out.means}, weight=share)
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if self.cfg.grad_clip > 0:
             grad_norm = float(
