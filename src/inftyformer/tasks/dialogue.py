@@ -64,11 +64,12 @@ is built once; each example's reply is scored by teacher forcing (loss, perplexi
 as the authors did: nucleus sampling ``top_p`` 0.9, ``temperature`` 1, at most ``max_new_tokens``
 50 new tokens, one example at a time with its own seed (from ``seed``, the conversation and the
 turn: the same reply whatever the sharding), cut at the end-of-turn token. The generated replies
-are scored with :func:`inftyformer.metrics.dialogue_scores` (percent): ``f1`` (the headline),
+are scored with :func:`inftyformer.metrics.dialogue_scores` (percent): ``f1``,
 ``rouge1``, ``rougeL``, ``meteor``, ``rouge1_authors``, ``rougeL_authors`` as sums of the
 per-example scores, and corpus ``bleu`` from sacreBLEU's sufficient statistics (matching and total
 n-grams, hypothesis and reference lengths), which add up over shards. ``generate=False`` scores by
-teacher forcing only (the generation metrics are then NaN). Predictions, references and
+teacher forcing only (the generation metrics are then absent). The reply perplexity ``ppl``, defined
+either way, selects the best checkpoint. Predictions, references and
 per-example scores go into ``Evaluation.details``.
 """
 
@@ -532,7 +533,7 @@ class DialogueTask(Task):
     summary = "document-grounded dialogue on CMU-DoG, the document in long-term memory (§4.3)"
     Config = DialogueConfig
     metrics = (
-        Metric("f1", ".2f", higher_is_better=True),
+        Metric("f1", ".2f"),
         Metric("rouge1", ".2f"),
         Metric("rougeL", ".2f"),
         Metric("meteor", ".2f"),
@@ -540,12 +541,21 @@ class DialogueTask(Task):
         Metric("rouge1_authors", ".2f"),
         Metric("rougeL_authors", ".2f"),
         Metric("loss", ".4f"),
-        Metric("ppl", ".2f"),
+        # selects the best checkpoint: defined with or without generation (the valid check
+        # while training is usually teacher-forced only, far cheaper than sampling replies)
+        Metric("ppl", ".2f", higher_is_better=False),
         Metric("examples", ".0f"),
         Metric("generated", ".0f"),
         Metric("reply_tokens", ".1f"),
     )
     progress_metrics = ("ppl",)
+
+    def describe(self, metrics: dict[str, float]) -> str:
+        """'ppl 24.31', and the reply scores when replies were generated."""
+        text = super().describe(metrics)
+        scores = [f"{name} {metrics[name]:.2f}" for name in ("f1", "rougeL", "meteor", "bleu")
+                  if name in metrics]  # fmt: skip
+        return ", ".join([text, *scores])
 
     def __init__(self, config: DialogueConfig, model_config: Any, context: RunContext) -> None:
         super().__init__(config, model_config, context)
@@ -836,12 +846,13 @@ class DialogueTask(Task):
         loss = sums.get("nll", 0.0) / count if count else math.nan
         out = {"loss": loss, "ppl": math.exp(min(loss, 700.0)) if count else math.nan}
         generated = sums.get("generated", 0.0)
-        for name in GENERATION_METRICS:
-            out[name] = sums[name] / generated if generated else math.nan
-        out["bleu"] = bleu_from_statistics(sums) if generated else math.nan
         out["examples"] = sums.get("examples", 0.0)
         out["generated"] = generated
-        out["reply_tokens"] = sums["new_tokens"] / generated if generated else math.nan
+        if generated:  # a teacher-forced evaluation (generate=False) has no reply scores at all
+            for name in GENERATION_METRICS:
+                out[name] = sums[name] / generated
+            out["bleu"] = bleu_from_statistics(sums)
+            out["reply_tokens"] = sums["new_tokens"] / generated
         return out
 
     # ------------------------------------------------------------------ generation
