@@ -127,8 +127,9 @@ def main(argv: list[str] | None = None) -> None:
             entry = json.loads(line)
             row = entry["key"][0]
             if row in ROWS and row != "base":
-                run_dir = Path(entry["result"].get("run_dir", ""))
-                if not run_dir.is_dir():
+                recorded = entry["result"].get("run_dir")
+                run_dir = Path(recorded) if recorded and Path(recorded).is_dir() else None
+                if run_dir is None:
                     run_dir = next(args.runs.glob(f"pretrained-{row}-*"), None)
                 if run_dir is not None:
                     rows[row] = {"base_model": args.base_model, "run": str(run_dir)}
