@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
-import tempfile
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -446,34 +444,12 @@ def main(argv: list[str] | None = None) -> None:
     from inftyformer.data.cmu_dog import resolve_cmu_dog_dir
 
     data_dir = resolve_cmu_dog_dir(args.data_dir)
-    if args.quick:
-        setup = Setup.quick(args.base_model or tiny_chat_base(Path(tempfile.mkdtemp()) / "base"))
-    else:
-        setup = Setup(**({"base_model": args.base_model} if args.base_model else {}))
-    if args.steps:
-        setup = replace(setup, steps=args.steps)
+    setup = ex.pretrained_setup(args, Setup, tuple(ROWS), tiny_chat_base)
     if args.eval_examples:
         setup = replace(setup, eval_examples=args.eval_examples)
-    if args.variants:
-        setup = replace(setup, rows=[v.strip() for v in args.variants.split(",") if v.strip()])
-    unknown = sorted(set(setup.rows) - set(ROWS))
-    if unknown:
-        raise SystemExit(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
-    if not Path(setup.base_model, "config.json").is_file():
-        raise SystemExit(
-            f"no model in {setup.base_model}: convert one first with "
-            f"inftyformer convert-gguf smollm2 {setup.base_model}"
-        )
-    facts = data_facts(setup, data_dir)
     jobs = [job(setup, row, data_dir, runs_dir) for row in SLOW_FIRST if row in setup.rows]
-    store = ex.ResultStore(runs_dir / "results.jsonl", fresh=args.fresh)
-    records, failed, elapsed = ex.run_jobs(jobs, store, args.workers, fn=run_row)
-    if failed:
-        print(f"{len(failed)} rows failed: {failed}", file=sys.stderr)
-    data = ex.report(NAME, asdict(setup), {}, facts, records, args.workers, elapsed)
-    ex.write_report(out_dir / f"{NAME}.json", data)
-    render(data, out_dir)
-    print(f"wrote {out_dir / NAME}.md")
+    facts = data_facts(setup, data_dir)
+    ex.run_and_report(NAME, setup, jobs, facts, args, (out_dir, runs_dir), run_row, render)
 
 
 if __name__ == "__main__":

@@ -30,9 +30,7 @@ pg19-mini/ and wikitext103-eval/), else $INFTYFORMER_DATA, else ../shared/data.
 from __future__ import annotations
 
 import math
-import sys
-import tempfile
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -359,35 +357,11 @@ def main(argv: list[str] | None = None) -> None:
     from inftyformer.data import load_split, load_tokenizer, resolve_data_dir
 
     data_root = resolve_data_dir(args.data_dir)
-    if args.quick:
-        setup = Setup.quick(args.base_model or tiny_base(Path(tempfile.mkdtemp()) / "base"))
-    else:
-        setup = Setup(**({"base_model": args.base_model} if args.base_model else {}))
-    if args.steps:
-        setup = replace(setup, steps=args.steps)
-    if args.variants:
-        setup = replace(setup, rows=[v.strip() for v in args.variants.split(",") if v.strip()])
-    unknown = sorted(set(setup.rows) - set(ROWS))
-    if unknown:
-        raise SystemExit(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
-    if not Path(setup.base_model, "config.json").is_file():
-        raise SystemExit(
-            f"no model in {setup.base_model}: convert one first with "
-            f"inftyformer convert-gguf smollm2 {setup.base_model}"
-        )
-    tokenizer = load_tokenizer(setup.base_model)
-    books = load_split(data_root, "test", tokenizer)
+    setup = ex.pretrained_setup(args, Setup, tuple(ROWS), tiny_base)
+    books = load_split(data_root, "test", load_tokenizer(setup.base_model))
     jobs = [job(setup, row, data_root, runs_dir) for row in SLOW_FIRST if row in setup.rows]
-    store = ex.ResultStore(runs_dir / "results.jsonl", fresh=args.fresh)
-    records, failed, elapsed = ex.run_jobs(jobs, store, args.workers, fn=run_row)
-    if failed:
-        print(f"{len(failed)} rows failed: {failed}", file=sys.stderr)
-    data = ex.report(
-        NAME, asdict(setup), {}, {"test_books": books.num_docs}, records, args.workers, elapsed
-    )
-    ex.write_report(out_dir / f"{NAME}.json", data)
-    render(data, out_dir)
-    print(f"wrote {out_dir / NAME}.md")
+    facts = {"test_books": books.num_docs}
+    ex.run_and_report(NAME, setup, jobs, facts, args, (out_dir, runs_dir), run_row, render)
 
 
 if __name__ == "__main__":

@@ -443,6 +443,58 @@ def directories(args: argparse.Namespace, name: str) -> tuple[Path, Path]:
     return out, runs
 
 
+def pretrained_setup(
+    args: argparse.Namespace, setup_cls: Any, rows: Sequence[str], tiny_base: Callable[[Path], str]
+) -> Any:
+    """The settings of a comparison on a pretrained model, from the common flags: `--quick` on a
+    tiny random base (`tiny_base(directory)` writes one), else `--base-model` or the default;
+    `--steps`; `--variants` picks rows of `rows`. The base model must exist."""
+    import tempfile
+    from dataclasses import replace
+
+    if args.quick:
+        setup = setup_cls.quick(args.base_model or tiny_base(Path(tempfile.mkdtemp()) / "base"))
+    else:
+        setup = setup_cls(**({"base_model": args.base_model} if args.base_model else {}))
+    if args.steps:
+        setup = replace(setup, steps=args.steps)
+    if args.variants:
+        setup = replace(setup, rows=[v.strip() for v in args.variants.split(",") if v.strip()])
+    unknown = sorted(set(setup.rows) - set(rows))
+    if unknown:
+        raise SystemExit(f"unknown rows {unknown}; choose from {', '.join(rows)}")
+    if not Path(setup.base_model, "config.json").is_file():
+        raise SystemExit(
+            f"no model in {setup.base_model}: convert one first with "
+            f"inftyformer convert-gguf smollm2 {setup.base_model}"
+        )
+    return setup
+
+
+def run_and_report(
+    name: str,
+    setup: Any,
+    jobs: list[Job],
+    facts: dict[str, Any],
+    args: argparse.Namespace,
+    dirs: tuple[Path, Path],
+    fn: Callable[[dict[str, Any]], dict[str, Any]],
+    render: Callable[[dict[str, Any], Path], None],
+) -> None:
+    """Run the jobs (reusing finished ones), write OUT/NAME.json and render OUT/NAME.md."""
+    from dataclasses import asdict
+
+    out_dir, runs_dir = dirs
+    store = ResultStore(runs_dir / "results.jsonl", fresh=args.fresh)
+    records, failed, elapsed = run_jobs(jobs, store, args.workers, fn=fn)
+    if failed:
+        print(f"{len(failed)} rows failed: {failed}", file=sys.stderr)
+    data = report(name, asdict(setup), {}, facts, records, args.workers, elapsed)
+    write_report(out_dir / f"{name}.json", data)
+    render(data, out_dir)
+    print(f"wrote {out_dir / name}.md")
+
+
 # --------------------------------------------------------------------------- reports
 def report(
     name: str, setup: dict, variants: dict, data: dict, runs: list, workers: int, elapsed: float
