@@ -307,10 +307,13 @@ def plot(runs: dict[str, Any], rows: list[str], path: Path) -> None:
     for k, name in enumerate(rows):
         values = by_range(runs[name]["evals"]["test"])
         xs = [i + (k - (len(rows) - 1) / 2) * width for i in range(len(values))]
-        left.bar(xs, values, width, label=ROWS[name][0])
+        color = f"C{k}"  # the same row has the same colour in both panels
+        left.bar(xs, values, width, label=ROWS[name][0], color=color)
         curve = runs[name].get("train_loss")
         if curve and curve["step"]:
-            right.plot(curve["step"], [v / LN2 for v in curve["value"]], label=ROWS[name][0])
+            values = [v / LN2 for v in curve["value"]]
+            right.plot(curve["step"], values, label=ROWS[name][0], color=color,
+                       linestyle="--" if k % 2 else "-")  # fmt: skip
     left.set_xticks(range(len(RANGES)), [f"positions {r}" for r in RANGES])
     left.set_ylabel("test bits per byte")
     left.set_ylim(bottom=min(min(by_range(runs[n]["evals"]["test"])) for n in rows) * 0.9)
