@@ -26,7 +26,7 @@ import experiment as ex
 NAME = "passkey"
 ROWS = {  # compare_pretrained row → label
     "base": "base model, no memory",
-    "memory-frozen": "memory trained, base frozen (compare_pretrained row c)",
+    "memory-frozen": "memory trained, base frozen (row c of docs/pretrained.md)",
     "memory-all": "memory trained with the base (row d)",
     "memory-sticky": "sticky memory trained, base frozen (row e)",
 }
@@ -79,7 +79,7 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
     distances = [str(d) for d in setup["distances"]]
     header = ["model", "L", *(f"d = {d}" for d in distances), "CPU min"]
     table = []
-    for name, row in rows.items():
+    for name, row in sorted(rows.items(), key=lambda kv: list(ROWS).index(kv[0])):
         r = row["results"]
         table.append([ROWS.get(name, name), row["segment_len"],
                       *(f"{r[d]['accuracy']:.2f}" for d in distances),
