@@ -304,7 +304,10 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
         details = runs[rows[0]]["evals"]["test"]["details"]["examples"]
         lines += [
             f"The references: {_words([d['reference'] for d in details]):.1f} words per reply "
-            f"on these {len(details)} turns.",
+            f"on these {len(details)} turns. Standard errors of the per-turn means (F1 / "
+            "ROUGE-L / METEOR): "
+            + "; ".join(f"{ROWS[n][0].split(' ')[0]} {_standard_errors(runs[n])}" for n in rows)
+            + ".",
             "",
         ]
     control = runs.get("memory", {}).get("evals", {}).get("other_document")
@@ -345,6 +348,18 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
         "",
     ]
     (out_dir / f"{NAME}.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def _standard_errors(run: dict[str, Any]) -> str:
+    """± the standard error over the test turns of F1, ROUGE-L and METEOR."""
+    examples = run["evals"]["test"]["details"]["examples"]
+    if len(examples) < 2:
+        return "–"
+    parts = []
+    for key in ("f1", "rougeL", "meteor"):
+        values = [e[key] for e in examples]
+        parts.append(f"±{statistics.stdev(values) / len(values) ** 0.5:.1f}")
+    return " / ".join(parts)
 
 
 def _full_hours(runs: dict[str, Any], facts: dict[str, Any]) -> float:
