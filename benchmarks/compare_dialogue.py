@@ -28,7 +28,6 @@ cmu-dog/), else $INFTYFORMER_DATA, else ../shared/data.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -397,35 +396,11 @@ def sample_replies(runs: dict[str, Any], rows: list[str], count: int) -> list[st
 # --------------------------------------------------------------------------- main
 def tiny_chat_base(directory: Path) -> str:
     """A tiny random Llama and a byte-level BPE with ChatML special tokens and template."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from inftyformer.hf.tiny import write_tiny_model
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-    )
-    text = "the movie was about a toy and its friends, said the user"
-    tokenizer.train_from_iterator([text] * 20, trainer)
-    directory.mkdir(parents=True)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    template = (
-        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
-        "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
-        "{{ '<|im_start|>assistant\n' }}{% endif %}"
-    )
-    (directory / "chat_template.jinja").write_text(template, encoding="utf-8")
-    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=32,
-                         intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=512)  # fmt: skip
-    LlamaForCausalLM(config).save_pretrained(directory)
-    return str(directory)
+    corpus = ["the movie was about a toy and its friends, said the user"] * 20
+    return str(write_tiny_model(directory, chat=True, corpus=corpus, vocab_size=400,
+                                max_positions=512))  # fmt: skip
 
 
 def data_facts(setup: Setup, data_dir: Path) -> dict[str, Any]:

@@ -329,23 +329,9 @@ def plot(runs: dict[str, Any], rows: list[str], path: Path) -> None:
 # --------------------------------------------------------------------------- main
 def tiny_base(directory: Path) -> str:
     """A tiny random Llama and a byte-level BPE tokenizer trained on a few words (--quick)."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from inftyformer.hf.tiny import write_tiny_model
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
-    tokenizer.train_from_iterator(["the memory of a long book, said the signal"] * 20, trainer)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=32,
-                         intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
-    LlamaForCausalLM(config).save_pretrained(directory)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    return str(directory)
+    return str(write_tiny_model(directory))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,7 +4,7 @@ what the memory carries, resets, padding, labels, gradients, save/load."""
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_hf import MEMORY, L, V, tiny_base, tiny_memory_model
+from tiny_hf import ARCHITECTURES, MEMORY, L, V, tiny_base, tiny_memory_model
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -237,3 +237,24 @@ def test_a_base_wrapped_twice_reads_once():
     again = add_long_term_memory(twice.base, num_basis=16, num_samples=16, segment_len=L)
     again.load_state_dict(second.state_dict())
     assert torch.equal(again(ids, memory=memory).logits, second(ids, memory=memory).logits)
+
+
+def test_tiny_model_directories_load_like_real_ones(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from inftyformer.data import load_tokenizer
+    from inftyformer.hf.tiny import CHATML, write_tiny_model
+
+    for arch in ARCHITECTURES:
+        path = write_tiny_model(tmp_path / arch, arch, chat=True)
+        model = AutoModelForCausalLM.from_pretrained(path)
+        tokenizer = load_tokenizer(str(path))
+        assert model.config.vocab_size == tokenizer.vocab_size
+        assert (path / "chat_template.jinja").read_text() == CHATML
+        assert tokenizer.decode(tokenizer.encode("the signal")) == "the signal"
+    again = write_tiny_model(tmp_path / "again", "llama", chat=True)
+    a = AutoModelForCausalLM.from_pretrained(again).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(tmp_path / "llama").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # seeded
+    with pytest.raises(ValueError, match="arch must be one of gpt2, llama"):
+        write_tiny_model(tmp_path / "x", "mamba")

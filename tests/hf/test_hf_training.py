@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 from tiny_models import torchrun_cli
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 from typer.testing import CliRunner
 
 from inftyformer.cli import app
+from inftyformer.hf.tiny import write_tiny_model
 from inftyformer.models import PretrainedMemoryConfig, build_model
 from inftyformer.training import load_checkpoint, read_metrics
 
@@ -35,28 +34,7 @@ def texts(seed: int, n: int) -> list[str]:
 
 def save_pretrained(directory: Path, arch: str) -> Path:
     """A tiny random causal LM and a byte-level BPE tokenizer, as a model directory."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tokenizer.train_from_iterator(texts(0, 50), trainer)
-    vocab = tokenizer.get_vocab_size()
-    torch.manual_seed(0)
-    if arch == "gpt2":
-        config = GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=64)
-        base = GPT2LMHeadModel(config)
-    else:
-        config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
-                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                             max_position_embeddings=64)  # fmt: skip
-        base = LlamaForCausalLM(config)
-    base.save_pretrained(directory)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    return directory
+    return write_tiny_model(directory, arch, corpus=texts(0, 50))
 
 
 def write_corpus(root: Path) -> Path:

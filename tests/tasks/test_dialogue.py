@@ -34,11 +34,6 @@ from inftyformer.training import Trainer, evaluate_run, load_run
 
 pytest.importorskip("sacrebleu")
 EOS = 256  # the byte tokenizer's end of text
-CHATML = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
-    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant"
-    "\n' }}{% endif %}"
-)
 WORDS = "the movie was great i loved it toy woody buzz andy plot actor funny scene".split()
 
 
@@ -113,32 +108,11 @@ def data(tmp_path_factory) -> Path:
 def save_chat_model(directory: Path, config_template: bool = False) -> Path:
     """A byte-level BPE with ChatML special tokens and a chat template, and a tiny random
     Llama of its vocabulary (nothing is downloaded)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from inftyformer.hf.tiny import write_tiny_model
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tokenizer.train_from_iterator([" ".join(WORDS)] * 20 + ["system user assistant"] * 5, trainer)
-    directory.mkdir(parents=True)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    config = {"eos_token": "<|im_end|>", "bos_token": "<|im_start|>"}
-    if config_template:
-        config["chat_template"] = CHATML
-    else:
-        (directory / "chat_template.jinja").write_text(CHATML, encoding="utf-8")
-    (directory / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
-    torch.manual_seed(0)
-    base = LlamaConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=32,
-                       intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, max_position_embeddings=512)  # fmt: skip
-    LlamaForCausalLM(base).save_pretrained(directory)
-    return directory
+    corpus = [" ".join(WORDS)] * 20 + ["system user assistant"] * 5
+    return write_tiny_model(directory, chat=True, corpus=corpus, vocab_size=320,
+                            max_positions=512, template_in_config=config_template)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -221,6 +195,8 @@ def test_chat_template_layout_by_hand(data, chat_model):
 def test_chat_template_is_found_in_tokenizer_config(tmp_path):
     pytest.importorskip("transformers")
     directory = save_chat_model(tmp_path / "m", config_template=True)
+    from inftyformer.hf.tiny import CHATML
+
     assert find_chat_template(directory) == CHATML
     assert find_chat_template(tmp_path) is None
     assert find_chat_template(None) is None
