@@ -126,17 +126,13 @@ def barrier(env: DistEnv) -> None:
         dist.barrier()
 
 
-def shard_rows(batch_rows: int, env: DistEnv, micro: int = 0, num_micro: int = 1) -> slice:
-    """Rows of a global batch that micro-batch `micro` of this rank takes.
-
-    The global batch is cut into world_size × num_micro equal chunks, rank-major, so the data of a
-    step is the same whatever the number of processes and micro-batches.
-    """
-    return chunk_rows(batch_rows, env.rank * num_micro + micro, env.world_size * num_micro)
-
-
 def chunk_rows(batch_rows: int, chunk: int, chunks: int) -> slice:
-    """Rows of chunk `chunk` when a global batch is cut into `chunks` equal chunks."""
+    """Rows of chunk `chunk` when a global batch is cut into `chunks` equal chunks.
+
+    The trainer cuts the global batch into world_size × grad_accum chunks, rank-major (rank r's
+    micro-batch m is chunk r · grad_accum + m), so the data of a step is the same whatever the
+    number of processes and micro-batches.
+    """
     if batch_rows % chunks:
         raise ValueError(
             f"the global batch ({batch_rows}) must be divisible by world_size × grad_accum "
@@ -156,7 +152,6 @@ __all__ = [
     "init_distributed",
     "reduce_sums",
     "resolve_device",
-    "shard_rows",
     "shutdown_distributed",
     "wrap_model",
 ]
