@@ -98,7 +98,11 @@ def record_stream(model: MemoryLM, tokens: torch.Tensor) -> StreamRecord:
     """Stream `tokens` [batch, T] through `model` in calls of `segment_len` from a fresh memory,
     in evaluation mode, and record what every layer's memories did (see the module docstring)."""
     if not isinstance(model, MemoryLM):
-        raise TypeError(f"model must be a MemoryLM, got {type(model).__name__}")
+        raise TypeError(
+            f"model must be a MemoryLM (the native transformer, xl, compressive or infty), got "
+            f"{type(model).__name__}: inspection does not follow a pretrained model's memory yet "
+            "(benchmarks/compare_pretrained.py measures its reads' σ, μ and size)"
+        )
     check_tensor("tokens", tokens, 2)
     c = model.config
     C = c.segment_len

@@ -258,3 +258,15 @@ def test_tiny_model_directories_load_like_real_ones(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)  # seeded
     with pytest.raises(ValueError, match="arch must be one of gpt2, llama"):
         write_tiny_model(tmp_path / "x", "mamba")
+
+
+def test_inspection_refuses_a_pretrained_model_by_name(tmp_path):
+    from inftyformer.hf.tiny import write_tiny_model
+    from inftyformer.inspection import record_stream
+    from inftyformer.models import PretrainedMemoryConfig, build_model
+
+    base = write_tiny_model(tmp_path / "base")
+    model = build_model(PretrainedMemoryConfig(base_model=str(base), segment_len=16,
+                                               num_basis=8, num_samples=8))  # fmt: skip
+    with pytest.raises(TypeError, match="pretrained model's memory"):
+        record_stream(model, torch.zeros(1, 32, dtype=torch.long))
