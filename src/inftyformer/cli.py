@@ -501,10 +501,20 @@ def train(
             env=env,
         )
         if env.is_main:
-            n_params = sum(p.numel() for p in trainer.model.parameters())
+            params = list(trainer.model.parameters())
+            n_params = sum(p.numel() for p in params)
+            n_trained = sum(p.numel() for p in params if p.requires_grad)
+            size = f"{n_params / 1e6:.2f}M parameters"
+            if n_trained != n_params:
+                size += f", {n_trained / 1e6:.2f}M trained"
+            what = model_cfg.model_type
+            base = getattr(model_cfg, "base_model", None)
+            if base is not None:  # a pretrained model, with the memory or without
+                memory = "long-term memory" if what == "infty" else "no memory"
+                what = f"{Path(base).name} + {memory}"
             shown = ", ".join(f"{k}={v}" for k, v in task_cfg.to_dict().items() if v is not None)
             typer.echo(
-                f"training {model_cfg.model_type} ({n_params / 1e6:.2f}M parameters) on "
+                f"training {what} ({size}) on "
                 f"{train_cfg.task} ({shown}): segment {model_cfg.segment_len}, "
                 f"batch {train_cfg.batch_size}, {train_cfg.steps} steps, "
                 f"{env.world_size} process(es) -> {train_cfg.out_dir}"

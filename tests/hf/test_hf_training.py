@@ -5,6 +5,7 @@ resumes through the same trainer and command line as the native models."""
 import json
 import os
 import random
+import re
 import subprocess
 from pathlib import Path
 
@@ -91,6 +92,10 @@ def test_train_evaluate_generate_with_a_base_model(setup, freeze):
                        *extra, *SETTINGS)  # fmt: skip
     assert code == 0, output
     assert "test ppl" in output
+    banner = re.search(
+        r"training base \+ long-term memory \(([\d.]+)M parameters(, [\d.]+M trained)?\)", output
+    )
+    assert banner and bool(banner.group(2)) is freeze, output  # what trains, when not all
     meta = load_checkpoint(out / "last").meta
     assert meta["model_kind"] == "pretrained" and meta["task_config"]["tokenizer"] == str(base)
     weights = load_checkpoint(out / "last").section("model")
