@@ -9,6 +9,7 @@ steps for every row that trains:
     memory-frozen   (c) memory added, base frozen (only the memory trains)
     memory-all      (d) memory added, everything fine-tuned
     memory-sticky   (e) (c) with sticky memories
+    memory-density  (f) (c) with the density heads w_μ, w_σ at a learning rate of their own
 
 Evaluation: a fixed prefix of each test book, streamed with the memory (perplexity and bits per
 byte overall and over the positions [0, 256), [256, 2048), [2048, …) in the book), and the first
@@ -49,8 +50,13 @@ ROWS = {  # name: (label, model settings, trains)
         {"freeze_base": True, "sticky": True},
         True,
     ),
+    "memory-density": (  # can the density heads learn to focus when they may move?
+        "(f) memory, base frozen, density heads at lr 0.02",
+        {"freeze_base": True, "density_lr": 0.02},
+        True,
+    ),
 }
-SLOW_FIRST = ("memory-all", "memory-frozen", "memory-sticky", "finetune", "base")
+SLOW_FIRST = ("memory-all", "memory-frozen", "memory-sticky", "memory-density", "finetune", "base")
 RANGES = ("< 256", "256–2K", "≥ 2K")
 
 

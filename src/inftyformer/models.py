@@ -36,6 +36,9 @@ class PretrainedMemoryConfig:
     memory: bool = True  # False: the base alone, for comparison (attends within its segment)
     freeze_base: bool = False  # train the memory only (an adapter on a frozen model)
     memory_lr: float = 2.5e-4
+    # the density heads w_μ, w_σ (None: memory_lr): at the paper's rate they barely move in a
+    # short run (Adam moves a weight by about the learning rate per step), so reads stay flat
+    density_lr: float | None = None
     segment_len: int = 256  # L: tokens per call when a document is streamed
     num_basis: int = 512  # N
     widths: tuple[float, ...] = (0.005, 0.01)
@@ -63,6 +66,8 @@ class PretrainedMemoryConfig:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         check_range("memory_lr", self.memory_lr, 0.0, low_open=True)
+        if self.density_lr is not None:
+            check_range("density_lr", self.density_lr, 0.0, low_open=True)
         check_range("kl_weight", self.kl_weight, 0.0)
         for name in ("segment_len", "num_basis", "num_samples", "sticky_bins"):
             check_positive_int(name, getattr(self, name))
@@ -78,7 +83,7 @@ class PretrainedMemoryConfig:
 
     def memory_settings(self) -> dict[str, Any]:
         """The `inftyformer.hf.add_long_term_memory` settings."""
-        skip = {"base_model", "memory", "freeze_base", "memory_lr", "vocab_size"}
+        skip = {"base_model", "memory", "freeze_base", "memory_lr", "density_lr", "vocab_size"}
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,6 +128,7 @@ PRETRAINED_MEMORY_SETTINGS = (
     "sigma_0",
     "kl_weight",
     "memory_lr",
+    "density_lr",
 )
 MODEL_KINDS: dict[str, type] = {"native": ModelConfig, "pretrained": PretrainedMemoryConfig}
 

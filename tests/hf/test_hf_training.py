@@ -81,6 +81,19 @@ def test_param_groups_split_memory_and_base(setup):
     frozen = build_model(PretrainedMemoryConfig(base_model=str(base), num_basis=8, segment_len=16,
                                                 freeze_base=True))  # fmt: skip
     assert len(frozen.param_groups(5e-5, 0.01)) == 1  # the memory only
+    # the density heads w_μ, w_σ at a rate of their own: weight and bias of 2 heads per layer
+    heads = build_model(PretrainedMemoryConfig(base_model=str(base), num_basis=8, segment_len=16,
+                                               freeze_base=True, density_lr=0.1))  # fmt: skip
+    rest, density = heads.param_groups(5e-5, 0.01)
+    layers = heads.lm.long_term
+    expected = {id(p) for m in layers for head in (m.attention.mu_head, m.attention.sigma_head)
+                for p in head.parameters()}  # fmt: skip
+    assert {id(p) for p in density["params"]} == expected and len(expected) == 4 * len(layers)
+    assert density["lr"] == 0.1 and rest["lr"] == 2.5e-4
+    assert not expected & {id(p) for p in rest["params"]}
+    assert len(rest["params"]) + len(expected) == len(list(heads.lm.memory_parameters()))
+    with pytest.raises(ValueError, match="density_lr"):
+        PretrainedMemoryConfig(base_model=str(base), density_lr=0.0)
 
 
 @pytest.mark.parametrize("freeze", [False, True])

@@ -116,13 +116,24 @@ class PretrainedMemoryLM(nn.Module):
         return new, self.push(out, state)
 
     def param_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]:
-        """The paper's split: the memory at `memory_lr`, no weight decay; the base (if it
-        trains) at `lr`, with weight decay on its matrices other than embeddings."""
-        if self.config.memory:
+        """The paper's split: the memory at `memory_lr`, no weight decay (its density heads at
+        `density_lr` when set); the base (if it trains) at `lr`, with weight decay on its
+        matrices other than embeddings."""
+        c = self.config
+        if c.memory:
             memory, base_model = list(self.lm.memory_parameters()), self.lm.base
         else:
             memory, base_model = [], self.lm
-        groups = [{"params": memory, "lr": self.config.memory_lr, "weight_decay": 0.0}]
+        density: list[nn.Parameter] = []
+        if memory and c.density_lr is not None:  # the μ and σ² heads in a group of their own
+            heads = [(m.attention.mu_head, m.attention.sigma_head) for m in self.lm.long_term]
+            density = [p for pair in heads for head in pair for p in head.parameters()]
+            chosen = {id(p) for p in density}
+            memory = [p for p in memory if id(p) not in chosen]
+        groups = [
+            {"params": memory, "lr": c.memory_lr, "weight_decay": 0.0},
+            {"params": density, "lr": c.density_lr, "weight_decay": 0.0},
+        ]
         base = [p for p in base_model.parameters() if p.requires_grad]
         if base:
             embeddings = {
