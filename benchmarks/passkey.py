@@ -8,6 +8,7 @@ trained by `benchmarks/compare_pretrained.py` with memory (their run directories
 results). Writes OUT/passkey.json and renders OUT/passkey.md (notes kept in passkey.notes.md).
 
     python benchmarks/passkey.py                    # after compare_pretrained.py
+    python benchmarks/passkey.py --rows memory-density   # one more row, the others kept
     python benchmarks/passkey.py --quick            # tiny random model, seconds
     python benchmarks/passkey.py --render-only
 """
@@ -29,6 +30,7 @@ ROWS = {  # compare_pretrained row → label
     "memory-frozen": "memory trained, base frozen (row c of docs/pretrained.md)",
     "memory-all": "memory trained with the base (row d)",
     "memory-sticky": "sticky memory trained, base frozen (row e)",
+    "memory-density": "memory trained, base frozen, density heads at their own rate (row f)",
 }
 
 
@@ -108,6 +110,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--distances", type=str, default="16,200,400,800")
     p.add_argument("--samples", type=int, default=10)
     p.add_argument("--segment-len", type=int, default=256)
+    p.add_argument("--rows", type=str,
+                   help="evaluate only these rows (comma-separated) and keep the others of "
+                        "OUT/passkey.json (same settings)")  # fmt: skip
     args = p.parse_args(argv)
     args.distances = [int(d) for d in args.distances.split(",")]
     out_dir = args.out or (Path(tempfile.mkdtemp()) if args.quick else ex.ROOT / "docs")
@@ -133,9 +138,20 @@ def main(argv: list[str] | None = None) -> None:
                     run_dir = next(args.runs.glob(f"pretrained-{row}-*"), None)
                 if run_dir is not None:
                     rows[row] = {"base_model": args.base_model, "run": str(run_dir)}
-    start = time.perf_counter()
-    evaluated = evaluate(rows, args)
     setup = {k: getattr(args, k) for k in ("tokens", "distances", "samples", "segment_len")}
+    kept: dict[str, Any] = {}
+    if args.rows:
+        chosen = {r.strip() for r in args.rows.split(",") if r.strip()}
+        unknown = sorted(chosen - set(rows))
+        if unknown:
+            raise SystemExit(f"no run for rows {unknown}; found {', '.join(rows)}")
+        previous = ex.load_report(out_dir / f"{NAME}.json")
+        if previous["setup"] != setup:
+            raise SystemExit("--rows: the settings differ from OUT/passkey.json; run all rows")
+        kept = {k: v for k, v in previous["rows"].items() if k not in chosen}
+        rows = {k: v for k, v in rows.items() if k in chosen}
+    start = time.perf_counter()
+    evaluated = kept | evaluate(rows, args)
     data = ex.report(NAME, setup, {}, {}, [], 1, time.perf_counter() - start) | {"rows": evaluated}
     ex.write_report(out_dir / f"{NAME}.json", data)
     render(data, out_dir)
