@@ -29,7 +29,6 @@ cmu-dog/), else $INFTYFORMER_DATA, else ../shared/data.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -166,71 +165,22 @@ def job(setup: Setup, row: str, data_dir: Path, runs_dir: Path) -> ex.Job:
 
 
 # --------------------------------------------------------------------------- one row (a worker)
-def train_row(spec: dict[str, Any]) -> dict[str, Any]:
-    """Train with the library's Trainer; the trainer (model, optimiser, their memory) is gone
-    when this returns, before the evaluation model is loaded."""
-    from inftyformer.models import config_from_dict
-    from inftyformer.tasks import get_task
-    from inftyformer.training import TrainConfig, Trainer, read_metrics
-
-    train = TrainConfig.from_dict(spec["train"])
-    task_cls = get_task(train.task)
-    start = time.perf_counter()
-    trainer = Trainer(
-        train,
-        task_cls.Config.from_dict(spec["task"]),
-        config_from_dict("pretrained", spec["model"]),
-        overwrite=True,
-        echo=lambda _: None,
-    )
-    result = trainer.fit()
-    if not result.finished:
-        raise RuntimeError(f"training in {train.out_dir} stopped at step {result.step}")
-    rows = read_metrics(train.out_dir)
-
-    def curve(split: str, metric: str) -> dict[str, list]:
-        mine = [r for r in rows if r["split"] == split and r["metric"] == metric]
-        return {"step": [r["step"] for r in mine], "value": [r["value"] for r in mine]}
-
-    return {
-        "train_seconds": time.perf_counter() - start,
-        "train_loss": curve("train", "lm_loss"),  # nats per reply token, as logged
-        "valid_loss": curve("valid", "loss"),
-    }
-
-
 def run_row(spec: dict[str, Any]) -> dict[str, Any]:
     """Train (memory rows) and evaluate one row; a row that does not train is the base model
     evaluated as it is. One model in memory at a time, every evaluation on it."""
-    import gc
-
     import torch
 
     from inftyformer.models import build_model, config_from_dict
-    from inftyformer.tasks import DialogueConfig, DialogueTask, RunContext, Shard
     from inftyformer.training import load_run
 
     torch.set_num_threads(1)
-    config = config_from_dict("pretrained", spec["model"])
-    result: dict[str, Any] = {"train_seconds": 0.0}
     if spec["train"]["steps"]:
-        result.update(train_row(spec))
-        gc.collect()
+        result = ex.train_spec(spec)  # nats per reply token in its training loss curve
         model = load_run(spec["train"]["out_dir"]).model
     else:
-        model = build_model(config).eval()
-    context = RunContext(batch_size=spec["train"]["batch_size"], seed=spec["train"]["seed"])
-    result["evals"] = {}
-    for name, ev in spec["evaluations"].items():
-        start = time.perf_counter()
-        settings = {**spec["task"], **ev["task_settings"]}
-        task = DialogueTask(DialogueConfig(**settings), config, context)
-        evaluation = task.evaluate(model, ev["split"], None, Shard())
-        result["evals"][name] = {
-            "metrics": task.eval_metrics(evaluation.sums),
-            "details": evaluation.details,
-            "seconds": time.perf_counter() - start,
-        }
+        result = {"train_seconds": 0.0}
+        model = build_model(config_from_dict("pretrained", spec["model"])).eval()
+    result["evals"] = ex.evaluate_model(spec, model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     result["trained_params"] = trainable if spec["train"]["steps"] else 0
     result["params"] = sum(p.numel() for p in model.parameters())

@@ -130,37 +130,21 @@ def job(setup: Setup, row: str, data_root: Path, runs_dir: Path) -> ex.Job:
 
 # --------------------------------------------------------------------------- one row (a worker)
 def run_row(spec: dict[str, Any]) -> dict[str, Any]:
-    """Train and evaluate (or, for a row that does not train, only evaluate) one row, then
-    diagnose the memory's reads."""
-    import time
-
+    """Train (or, for a row that does not train, take the base as it is), evaluate on one loaded
+    model, then diagnose the memory's reads."""
     import torch
 
     from inftyformer.models import build_model, config_from_dict
-    from inftyformer.tasks import LanguageModelTask, LMConfig, RunContext, Shard
     from inftyformer.training import load_run
 
     torch.set_num_threads(1)
     if spec["train"]["steps"]:
-        result = ex.train_and_evaluate(spec)
+        result = ex.train_spec(spec)
         model = load_run(spec["train"]["out_dir"]).model
     else:
-        config = config_from_dict("pretrained", spec["model"])
-        model = build_model(config).eval()
-        context = RunContext(batch_size=spec["train"]["batch_size"], seed=spec["train"]["seed"])
-        evals = {}
-        for name, ev in spec["evaluations"].items():
-            start = time.perf_counter()
-            task = LanguageModelTask(
-                LMConfig(**{**spec["task"], **ev["task_settings"]}), config, context
-            )
-            evaluation = task.evaluate(model, ev["split"], None, Shard())
-            evals[name] = {
-                "metrics": task.eval_metrics(evaluation.sums),
-                "details": evaluation.details,
-                "seconds": time.perf_counter() - start,
-            }
-        result = {"train_seconds": 0.0, "evals": evals}
+        result = {"train_seconds": 0.0}
+        model = build_model(config_from_dict("pretrained", spec["model"])).eval()
+    result["evals"] = ex.evaluate_model(spec, model)
     result["trainable_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
     result["params"] = sum(p.numel() for p in model.parameters())
     if model.config.memory:

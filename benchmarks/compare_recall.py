@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import experiment as ex
 from _common import kept_notes, machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,17 +53,6 @@ VARIANTS = {  # name -> (model type, extra settings, label, marker)
     "infty-sticky": ("infty", {"sticky": True}, "∞-former (sticky memories)", "D"),
 }
 REFERENCE = "infty"  # keeps the recipe's FFN width; the others are matched to its parameters
-
-
-def memory_settings(model_type: str, budget: int) -> dict[str, int]:
-    """The same budget B of vectors per layer besides the segment (see the module docstring)."""
-    m = budget // 2
-    return {
-        "transformer": {"mem_len": 0},
-        "xl": {"mem_len": budget},
-        "compressive": {"mem_len": m, "compressed_len": m},
-        "infty": {"mem_len": m, "num_basis": m, "num_samples": m},
-    }[model_type]
 
 
 @dataclass
@@ -113,7 +103,7 @@ def model_settings(setup: Setup, variant: str, d_ff: int) -> dict[str, Any]:
         compression_rate=setup.compression_rate,
         dropout=0.0,  # fresh examples every step: nothing to overfit
     )
-    values.update(memory_settings(model_type, setup.budget))
+    values.update(ex.memory_settings(model_type, setup.budget))  # the same rule as elsewhere
     values.update(extra)
     return values
 

@@ -254,16 +254,16 @@ def make_job(key: tuple, spec: dict[str, Any], runs_dir: Path, stem: str) -> Job
     return Job(key, spec, fp)
 
 
-def train_and_evaluate(spec: dict[str, Any]) -> dict[str, Any]:
+def train_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """Train spec["model"] (of kind spec.get("model_kind", "native"): `inftyformer.models`) on
-    spec["task"] with spec["train"] (the library's Trainer), then evaluate its best checkpoint
-    with `evaluate_run` for each of spec["evaluations"] ({name: {"split", "num_batches",
-    "task_settings"}}). JSON-able results."""
+    spec["task"] with spec["train"] (the library's Trainer). The trainer (model, optimiser) is
+    freed before this returns, so that the caller can load the best checkpoint. JSON-able:
+    time, best step and valid figure, the training loss and valid headline curves."""
     import torch
 
     from inftyformer.models import config_from_dict
     from inftyformer.tasks import get_task
-    from inftyformer.training import TrainConfig, Trainer, evaluate_run, read_metrics
+    from inftyformer.training import TrainConfig, Trainer, read_metrics
 
     torch.set_num_threads(1)
     train = TrainConfig.from_dict(spec["train"])
@@ -279,16 +279,7 @@ def train_and_evaluate(spec: dict[str, Any]) -> dict[str, Any]:
     train_seconds = time.perf_counter() - start
     del trainer  # the evaluations load the best checkpoint: free the model and the optimiser
     gc.collect()
-    evals = {}
-    for name, ev in spec["evaluations"].items():
-        start = time.perf_counter()
-        metrics, evaluation, _ = evaluate_run(
-            train.out_dir, ev["split"], ev.get("num_batches"), task_settings=ev.get("task_settings")
-        )
-        seconds = time.perf_counter() - start
-        evals[name] = {"metrics": metrics, "details": evaluation.details, "seconds": seconds}
     rows = read_metrics(train.out_dir)
-    headline = task_cls.headline().name
 
     def curve(split: str, metric: str) -> dict[str, list]:
         mine = [r for r in rows if r["split"] == split and r["metric"] == metric]
@@ -299,9 +290,49 @@ def train_and_evaluate(spec: dict[str, Any]) -> dict[str, Any]:
         "best_step": result.best_step,
         "best_valid": result.best_metric,
         "train_loss": curve("train", "lm_loss"),  # nats per target token, as logged
-        "valid": curve("valid", headline),
-        "evals": evals,
+        "valid": curve("valid", task_cls.headline().name),
     }
+
+
+def evaluate_model(spec: dict[str, Any], model: Any) -> dict[str, Any]:
+    """Evaluate a loaded `model` (built from spec["model"]) on each of spec["evaluations"] with
+    the task of spec["train"]["task"]: one model in memory for all of them."""
+    from inftyformer.models import config_from_dict
+    from inftyformer.tasks import RunContext, Shard, get_task
+
+    task_cls = get_task(spec["train"]["task"])
+    config = config_from_dict(spec.get("model_kind", "native"), spec["model"])
+    context = RunContext(batch_size=spec["train"]["batch_size"], seed=spec["train"]["seed"])
+    evals = {}
+    for name, ev in spec["evaluations"].items():
+        start = time.perf_counter()
+        settings = {**spec["task"], **(ev.get("task_settings") or {})}
+        task = task_cls(task_cls.Config.from_dict(settings), config, context)
+        evaluation = task.evaluate(model, ev["split"], ev.get("num_batches"), Shard())
+        evals[name] = {
+            "metrics": task.eval_metrics(evaluation.sums),
+            "details": evaluation.details,
+            "seconds": time.perf_counter() - start,
+        }
+    return evals
+
+
+def train_and_evaluate(spec: dict[str, Any]) -> dict[str, Any]:
+    """`train_spec`, then evaluate the best checkpoint with `evaluate_run` for each of
+    spec["evaluations"] ({name: {"split", "num_batches", "task_settings"}}). JSON-able."""
+    from inftyformer.training import evaluate_run
+
+    result = train_spec(spec)
+    evals = {}
+    for name, ev in spec["evaluations"].items():
+        start = time.perf_counter()
+        metrics, evaluation, _ = evaluate_run(
+            spec["train"]["out_dir"], ev["split"], ev.get("num_batches"),
+            task_settings=ev.get("task_settings"),
+        )  # fmt: skip
+        seconds = time.perf_counter() - start
+        evals[name] = {"metrics": metrics, "details": evaluation.details, "seconds": seconds}
+    return {**result, "evals": evals}
 
 
 def _worker(fn: Callable, todo: Any, done: Any) -> None:
