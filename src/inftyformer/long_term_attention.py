@@ -37,7 +37,6 @@ from .fused_attention import expected_values
 from .long_term_memory import LongTermConfig, LongTermState, allowed_dtypes
 from .precision import at_least_float32, full_precision, wide_dtype
 
-
 # added to the scores' variance before standardising them ("normalized"): far below the variance
 # of the scores of any memory that holds something, so that ŝ keeps unit spread at any scale
 SCORE_EPS = 1e-12
@@ -209,3 +208,25 @@ class LongTermAttention(nn.Module):
         """z = E_p[ψ]ᵀ V per head and query: mu, sigma_sq [batch, H, Q], v [batch, H, N, d]
         → [batch, H, Q, d], fused in blocks of queries (see `query_block_elements`)."""
         return expected_values(mu, sigma_sq, v, self.basis, self.query_block_elements)
+
+
+def density_statistics(
+    mu: torch.Tensor, sigma_sq: torch.Tensor, empty: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """How much the reads of one call depend on the query, over the rows whose memory holds
+    something: (median σ, μ's spread, rows), three 0-d float64 tensors (no host synchronisation).
+
+    μ's spread is the standard deviation of μ across the queries of a head, averaged over rows and
+    heads: ≈ 0 when every query reads the same place (a flat per-layer average, not retrieval).
+    mu, sigma_sq [batch, H, Q]; empty [batch] bool. With no such row (or one query) all are 0."""
+    filled = ~empty.to(mu.device)  # [batch]
+    rows = filled.sum().double()
+    if mu.shape[-1] < 2:
+        zero = rows.new_zeros(())
+        return zero, zero, zero
+    mu, sigma_sq = mu.detach()[filled].double(), sigma_sq.detach()[filled].double()
+    if mu.numel() == 0:
+        return rows.new_zeros(()), rows.new_zeros(()), rows
+    sigma_median = sigma_sq.sqrt().median()
+    mu_spread = mu.std(dim=-1).mean()  # across queries, then over rows and heads
+    return sigma_median, mu_spread, rows

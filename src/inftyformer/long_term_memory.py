@@ -31,7 +31,6 @@ from ._checks import (
 from .basis import GaussianBasis, check_widths
 from .ridge import RidgeRegression, evaluate_signal, fit_coefficients
 
-
 DENSITY_FORMS = ("paper", "normalized")
 
 

@@ -23,8 +23,8 @@ from torch import nn
 
 from ._checks import check_positive_int, check_range
 from .basis import check_widths
-from .long_term_memory import check_density
 from .config import MEMORY_SETTINGS, ModelConfig
+from .long_term_memory import check_density
 
 
 @dataclass(frozen=True)

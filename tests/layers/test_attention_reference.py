@@ -5,12 +5,13 @@ implementations written here, at a fixed initialisation (same parameters, same i
   [batch, H, Q, N] (standardised over N by a LayerNorm without affine for `density="normalized"`)
   and fed to the Linear(N, 1) heads, one Gaussian density per basis function, G from an explicit
   inverse, ψ(u) rebuilt every update;
-- `initial_attention`: `LongTermAttention.forward` as first committed, the paper's density (K =
-  B W^K built and then folded with w_μ, w_σ; the continuous softmax over the whole [batch, H, Q, N] at once, plain
-  autograd).
+- `initial_attention`: `LongTermAttention.forward` as first committed, the paper's density
+  (K = B W^K built and then folded with w_μ, w_σ; the continuous softmax over the whole
+  [batch, H, Q, N] at once, plain autograd).
 
-The library folds the heads into B (and, normalized, the scores' variance into a d×d matrix), fuses the continuous read in blocks with its own backward
-(fused_attention.py) and solves for G in float64; in float64 all three agree to round-off."""
+The library folds the heads into B (and, normalized, the scores' variance into a d×d matrix),
+fuses the continuous read in blocks with its own backward (fused_attention.py) and solves for G
+in float64; in float64 all three agree to round-off."""
 
 import math
 

@@ -132,7 +132,9 @@ def test_pretrained_configs_saved_before_the_setting_read_the_scores_as_the_pape
     old = config.to_dict()
     del old["density"], old["sigma_init"]
     assert PretrainedMemoryConfig.from_dict(old).density == "paper"
-    hf = InftyformerConfig(text_config={"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2})
+    hf = InftyformerConfig(
+        text_config={"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2}
+    )
     saved = hf.to_dict()
     del saved["density"]
     assert InftyformerConfig.from_dict(saved).density == "paper"
