@@ -1,14 +1,16 @@
 """The ∞-former's long-term memory: a continuous signal x̄(t) = Bᵀ ψ(t) over t ∈ [0, 1] that
-costs N×e however long the past is (paper §3.2–3.4, SPEC §2, §4–6).
+costs N×e however long the past is (paper §3.2–3.4).
 
 Everything about the *stream* lives in `LongTermState`, passed in and returned; the module holds
 only parameters (the CNN gate) and caches of constants (the design matrices G).
 
-    first fit after a reset         B = G_Lᵀ X                                  (SPEC §2)
-    unbounded update (each segment) x̃ = B_pastᵀ ψ(u),  u = sample positions     (SPEC §4)
+    first fit after a reset         B = G_Lᵀ X                                  (eq. 9)
+    unbounded update (each segment) x̃ = B_pastᵀ ψ(u),  u = sample positions
                                     B = G_infᵀ [x̃ at τ·i/M ; X at (τ, 1)]
-    sticky memories                 u drawn from the histogram of past attention (SPEC §5)
-    smoothing                       X ← X ⊙ sigmoid(Conv1d(X))                  (SPEC §6)
+    sticky memories                 u drawn from the histogram of past attention
+    smoothing (the CNN gate)        X ← X ⊙ sigmoid(Conv1d(X))
+
+The update and the sticky sampling are the paper's "unbounded memory" and "sticky memories".
 """
 
 from __future__ import annotations

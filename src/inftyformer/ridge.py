@@ -1,4 +1,4 @@
-"""Fitting a sequence of vectors to the basis by ridge regression (paper eq. 9, SPEC §2).
+"""Fitting a sequence of vectors to the basis by ridge regression (paper eq. 9).
 
 A sequence X ∈ ℝ^{P×e} sits at positions t_1..t_P ∈ [0, 1]. With F ∈ ℝ^{N×P}, F_{ji} = ψ_j(t_i),
 
