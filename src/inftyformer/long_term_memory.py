@@ -522,7 +522,7 @@ class LongTermMemory(nn.Module):
 
 
 def check_update_gain(config: LongTermConfig, lengths: tuple[int, ...]) -> None:
-    """Refuse settings whose unbounded update expands the memory (SPEC §4, `ridge.update_gain`)
+    """Refuse settings whose unbounded update expands the memory (paper §3.3, `ridge.update_gain`)
     for segments of the given lengths: a ValueError naming the settings, the gain and single
     changes that bring it below `MAX_UPDATE_GAIN`."""
     c = config

@@ -48,7 +48,7 @@ def edge_padding_positions(count: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def infinite_positions(num_samples: int, tau: float, length: int) -> torch.Tensor:
-    """The positions of the unbounded update's regression (SPEC §4), float64 [M + L]: the M old
+    """The positions of the unbounded update's regression (paper §3.3), float64 [M + L]: the M old
     samples squeezed to τ·i/M (i = 1..M), then the L new vectors at τ + (1 − τ)(i + ½)/L."""
     check_positive_int("num_samples", num_samples)
     check_positive_int("length", length)
@@ -166,7 +166,7 @@ def update_gain(
     length: int,
     edge_padding: bool = True,
 ) -> float:
-    """How much the unbounded update (SPEC §4) can multiply what the memory holds, per update.
+    """How much the unbounded update (paper §3.3) can multiply what the memory holds, per update.
 
     Read the old signal at u_i = i/M, squeeze it to τ·i/M and refit it by ridge regression
     together with L new vectors: the new coefficients are B' = A B + G_newᵀ X with

@@ -1,4 +1,4 @@
-"""The unbounded update must not expand the memory (SPEC §4): old coefficients → squeeze into
+"""The unbounded update must not expand the memory (paper §3.3): old coefficients → squeeze into
 [0, τ] → resample at M points → refit with the new vectors is linear in the old coefficients,
 B' = A B + G_newᵀ X, and `ridge.update_gain` is the spectral radius of A. Settings whose gain
 exceeds `MAX_UPDATE_GAIN` are refused when a config is built (native and pretrained) or, for a
