@@ -1,4 +1,4 @@
-"""Gaussian radial basis functions ψ(t) ∈ ℝ^N over t ∈ [0, 1] (paper §3.2, SPEC §1).
+"""Gaussian radial basis functions ψ(t) ∈ ℝ^N over t ∈ [0, 1] (paper §3.2).
 
     ψ_j(t) = 𝒩(t; c_j, w_j²) = exp(−(t − c_j)² / (2 w_j²)) / (w_j √(2π))
 

@@ -1,5 +1,5 @@
 """One pre-LayerNorm transformer block with whichever memories the config selects
-(SPEC §7–8, ARCHITECTURE "one segment's journey").
+(README, "Where each idea lives").
 
 For a call with layer inputs x [batch, L, d] and the layer's state:
 
@@ -226,7 +226,7 @@ class MemoryBlock(nn.Module):
         if self.long_term_attention is not None:
             # continuous read with the same queries W_q LN(x)
             read = self.long_term_attention(query, long_term, check=False)
-            attended = attended + read.context  # added before the residual (SPEC §7)
+            attended = attended + read.context  # added to self-attention's, before the residual
             kl = read.kl
             # sticky memories: where these queries attended steers the next resampling
             long_term = self.long_term_memory.observe(

@@ -1,4 +1,4 @@
-"""The Compressive Transformer's compressed memory (Rae et al. 2020; SPEC §8).
+"""The Compressive Transformer's compressed memory (Rae et al. 2020).
 
 States leaving the short-term memory are compressed c:1 by a per-layer Conv1d with
 kernel = stride = c and appended to at most n_cm compressed slots (the oldest are dropped). The

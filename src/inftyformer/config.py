@@ -1,6 +1,6 @@
 """`ModelConfig`: one typed, validated configuration for the four models on one backbone.
 
-    model_type      what the memory is (SPEC §7–8)
+    model_type      what the memory is (README, "Use it from Python")
     "transformer"   vanilla: attention inside the current block only (mem_len must be 0)
     "xl"            Transformer-XL: + short-term memory of the m recent layer inputs
     "compressive"   Compressive Transformer: + n_cm slots of c:1 compressed older states
@@ -60,7 +60,7 @@ class ModelConfig:
     compression_rate: int = 4  # c: states per compressed slot (Conv1d kernel = stride = c)
     compressed_len: int = 128  # n_cm: compressed slots kept per layer (oldest dropped)
     reconstruction_weight: float = 1.0
-    # ---- ∞-former long-term memory (SPEC §1–6)
+    # ---- ∞-former long-term memory (`LongTermConfig`, paper §3)
     use_long_term: bool = True  # False: an "infty" model without long-term memory (= "xl")
     num_basis: int = 128  # N
     widths: tuple[float, ...] = (0.01, 0.05)

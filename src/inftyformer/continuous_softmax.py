@@ -1,5 +1,5 @@
 """Continuous softmax: the expectation of the basis functions under a Gaussian density
-(paper §3.1–3.2, SPEC §3).
+(paper §3.1–3.2).
 
 A query predicts p = 𝒩(t; μ, σ²) over the real line. For normalised Gaussian RBFs the expectation
 has a closed form (the product of two Gaussians integrates to a Gaussian in the difference of
@@ -68,7 +68,8 @@ def continuous_softmax(
 
 
 def variance_kl(sigma_sq: torch.Tensor, sigma_0: float, *, check: bool = True) -> torch.Tensor:
-    """The variance part of KL(𝒩(μ, σ²) ‖ 𝒩(μ₀, σ₀²)) (SPEC §6), elementwise:
+    """The variance part of KL(𝒩(μ, σ²) ‖ 𝒩(μ₀, σ₀²)), the paper's regulariser on
+    the variance, elementwise:
 
         ½ (σ²/σ₀² − log(σ²/σ₀²) − 1)
 

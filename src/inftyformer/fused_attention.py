@@ -1,5 +1,5 @@
 """The continuous read z = E_p[ψ]ᵀ V = Σ_j r_j V_j, fused and in blocks of queries (paper
-§3.1–3.2, SPEC §3).
+§3.1–3.2).
 
 Per head and query the density p = 𝒩(μ, σ²) gives r_j = 𝒩(μ; c_j, σ² + w_j²) (the closed form of
 continuous_softmax.py) and the context z = rᵀ V. Written as two autograd operations, r is a
@@ -16,7 +16,8 @@ Backward, per query (d_k = μ − c_k, v_l = σ² + w_l², ∂L/∂r = ∂L/∂z
     ∂L/∂σ² = ½ Σ_l (1/v_l) (Σ_k g_lk d_k² / v_l − Σ_k g_lk)  (∂ log r_lk/∂σ² = (d_k²/v_l − 1)/2v_l)
 
 the exact derivatives of the closed form in (μ, σ²) — not the authors' backward through natural
-parameters (SPEC §3) — checked against autograd of `continuous_softmax` and by float64 gradcheck.
+parameters (README, "Deliberate departures") — checked against autograd of `continuous_softmax`
+and by float64 gradcheck.
 
 Under `torch.autocast` the read runs in float32 (r of a narrow density is 2 to the power of a large
 exponent: bf16 would keep 2–3 significant digits of it); the result is float32.

@@ -1,4 +1,4 @@
-"""Continuous attention over the long-term memory (paper §3.1–3.2, SPEC §3, §6).
+"""Continuous attention over the long-term memory (paper §3.1–3.2).
 
 Keys and values come from the memory's coefficients, one per basis function:
 

@@ -14,6 +14,7 @@ device)``, and ``config.segment_len`` / ``config.vocab_size``.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -29,9 +30,9 @@ from .long_term_memory import check_density
 
 @dataclass(frozen=True)
 class PretrainedMemoryConfig:
-    """A pretrained causal LM plus long-term memory (SPEC §7, "GPT-2"). Memory defaults are the
-    paper's GPT-2 settings; the learning rates are its split: the memory at `memory_lr` without
-    weight decay, the base at the run's `lr` (paper: 5e-5)."""
+    """A pretrained causal LM plus long-term memory (paper §4.2, GPT-2; `docs/hf.md`). Memory
+    defaults are the paper's GPT-2 settings; the learning rates are its split: the memory at
+    `memory_lr` without weight decay, the base at the run's `lr` (paper: 5e-5)."""
 
     base_model: str  # directory of a Hugging Face causal LM (config.json, weights, tokenizer)
     memory: bool = True  # False: the base alone, for comparison (attends within its segment)
@@ -135,7 +136,46 @@ PRETRAINED_MEMORY_SETTINGS = (
     "memory_lr",
     "density_lr",
 )
-MODEL_KINDS: dict[str, type] = {"native": ModelConfig, "pretrained": PretrainedMemoryConfig}
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """One kind of model: its settings (`config`) and its model class, named by import path and
+    imported when the first model is built, so that a kind whose module builds on this one (the
+    pretrained adapter in `inftyformer.hf`) or needs an extra is not imported with it."""
+
+    name: str
+    config: type
+    model: str  # "module:Class"
+    extra: str | None = None  # the pip extra the model class needs
+
+    def model_class(self) -> type[nn.Module]:
+        module, _, attr = self.model.partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except ImportError as err:
+            if self.extra is None:
+                raise
+            raise ImportError(
+                f"a {self.name} model needs the [{self.extra}] extra "
+                f"(pip install -e '.[{self.extra}]'): {err}"
+            ) from None
+
+
+MODEL_KINDS: dict[str, ModelKind] = {}
+
+
+def register_model_kind(kind: ModelKind) -> ModelKind:
+    if kind.name in MODEL_KINDS:
+        raise ValueError(f"model kind {kind.name!r} is already registered")
+    MODEL_KINDS[kind.name] = kind
+    return kind
+
+
+register_model_kind(ModelKind("native", ModelConfig, "inftyformer.model:MemoryLM"))
+register_model_kind(
+    ModelKind("pretrained", PretrainedMemoryConfig, "inftyformer.hf.lm:PretrainedMemoryLM", "hf")
+)
 
 
 def memory_settings(config: Any) -> tuple[str, ...]:
@@ -144,33 +184,21 @@ def memory_settings(config: Any) -> tuple[str, ...]:
 
 
 def model_kind(config: Any) -> str:
-    for kind, cls in MODEL_KINDS.items():
-        if isinstance(config, cls):
-            return kind
+    for kind in MODEL_KINDS.values():
+        if isinstance(config, kind.config):
+            return kind.name
     raise TypeError(f"not a model configuration: {type(config).__name__}")
 
 
 def config_from_dict(kind: str, data: dict[str, Any]) -> Any:
     if kind not in MODEL_KINDS:
         raise ValueError(f"unknown model kind {kind!r}; known: {', '.join(MODEL_KINDS)}")
-    return MODEL_KINDS[kind].from_dict(data)
+    return MODEL_KINDS[kind].config.from_dict(data)
 
 
 def build_model(config: Any) -> nn.Module:
     """The model `config` describes (weights freshly initialised, or the base's pretrained)."""
-    if isinstance(config, ModelConfig):
-        from .model import MemoryLM
-
-        return MemoryLM(config)
-    if isinstance(config, PretrainedMemoryConfig):
-        try:
-            from .hf.lm import PretrainedMemoryLM
-        except ImportError as err:
-            raise ImportError(
-                f"a pretrained base model needs the [hf] extra (pip install -e '.[hf]'): {err}"
-            ) from None
-        return PretrainedMemoryLM(config)
-    raise TypeError(f"not a model configuration: {type(config).__name__}")
+    return MODEL_KINDS[model_kind(config)].model_class()(config)
 
 
 def generate(model: nn.Module, prompt: Any, max_new_tokens: int, **sampling: Any) -> Any:
@@ -186,6 +214,8 @@ def generate(model: nn.Module, prompt: Any, max_new_tokens: int, **sampling: Any
 
 __all__ = [
     "MODEL_KINDS",
+    "ModelKind",
+    "register_model_kind",
     "PRETRAINED_MEMORY_SETTINGS",
     "memory_settings",
     "generate",

@@ -1,4 +1,4 @@
-"""Transformer-XL relative positional attention (Dai et al. 2019, §3.3; SPEC §8).
+"""Transformer-XL relative positional attention (Dai et al. 2019, §3.3).
 
 Queries come from the segment, keys and values from [memory ; segment]. With E the inputs,
 R the sinusoidal encoding of a distance and u, v learned biases, the score of query i and key j is

@@ -1,5 +1,5 @@
 """The short-term (Transformer-XL) memory: the m most recent inputs of a layer, detached
-(Dai et al. 2019; SPEC §7–8).
+(Dai et al. 2019, §3.2).
 
 Block semantics, shared by all four models
 ------------------------------------------

@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -29,8 +29,12 @@ from .compressive_memory import CompressiveState
 from .long_term_memory import LongTermState
 from .short_term_memory import ShortTermState
 
-if TYPE_CHECKING:  # only for the annotation: models import this module
-    from .model import MemoryLM
+
+class StateChecker(Protocol):
+    """What `load_state` checks a state against: a model (`MemoryLM.check_state`)."""
+
+    def check_state(self, state: MemoryState) -> None: ...
+
 
 STATE_FORMAT = "inftyformer.MemoryState"
 STATE_VERSION = 2  # 2: the sticky counter `observed` moved into the long-term state
@@ -234,7 +238,7 @@ def save_state(path: str | os.PathLike, state: MemoryState) -> None:
 def load_state(
     path: str | os.PathLike,
     device: torch.device | str = "cpu",
-    model: MemoryLM | None = None,
+    model: StateChecker | None = None,
 ) -> MemoryState:
     """Read a state written by `save_state`. Every problem is a ValueError (FileNotFoundError
     for a missing file) naming the file and what is wrong: not a safetensors file, metadata that

@@ -20,7 +20,8 @@ block the state is in), so:
   the context of a one-call forward of that block, and a completed block leaves the short-term
   memory (into the long-term memory, for the ∞-former) only when the next block starts; so greedy
   decoding with the carried state gives the tokens of recomputing, from scratch, the block-wise
-  forward over prompt + generated tokens (up to float rounding; `tests/test_models_streaming.py`).
+  forward over prompt + generated tokens (up to float rounding;
+  `tests/models/test_model_streaming.py`).
   Sticky memories average the attention histograms of the calls since the last update, which
   matches the block-wise histogram only approximately.
 

@@ -1,5 +1,5 @@
 """Where the long-term memory plugs into a pretrained causal LM: one small adapter per
-architecture (SPEC §7, "GPT-2").
+architecture (paper §4.2, fine-tuning GPT-2; `docs/hf.md`).
 
 An adapter names three places, as dotted attribute paths:
 

@@ -2,13 +2,13 @@
 
     text_config     the base model's config (GPT2Config, LlamaConfig, ...), saved nested in
                     config.json, so `from_pretrained` rebuilds the base with `AutoModelForCausalLM`
-    num_heads ...   the `LongTermConfig` fields (SPEC §1–6); `dim` and `out_dim` are the base's
+    num_heads ...   the `LongTermConfig` fields (paper §3); `dim` and `out_dim` are the base's
                     hidden size, and the memory has its own query projection W^Q (`model.py`)
     segment_len     L: tokens per call when a long document is streamed (`streaming.py`)
-    kl_weight       weight of the variance-KL term in the loss (SPEC §6)
+    kl_weight       weight of the variance-KL term in the loss (`variance_kl`)
 
-Defaults are the paper's GPT-2 settings (SPEC §1–4): N = 512, widths {0.005, 0.01}, λ = 0.5,
-τ = 0.5, M = 512, KL weight 1e-6.
+Defaults are the paper's GPT-2 settings (§4.2, `docs/hf.md`): N = 512, widths {0.005, 0.01},
+λ = 0.5, τ = 0.5, M = 512, KL weight 1e-6.
 """
 
 from __future__ import annotations

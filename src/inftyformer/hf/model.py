@@ -1,5 +1,5 @@
 """`InftyformerForCausalLM`: a pretrained Hugging Face causal LM (GPT-2, Llama family) with the
-∞-former's long-term memory in every block (SPEC §7, "GPT-2").
+∞-former's long-term memory in every block (paper §4.2, fine-tuning GPT-2; `docs/hf.md`).
 
 One call processes one segment of T tokens (the streaming helper cuts documents into segments of
 L = `segment_len`; the base attends within its segment):

@@ -1,4 +1,4 @@
-"""The paper's sorting task (∞-former §4.1; SPEC §9).
+"""The paper's sorting task (∞-former §4.1).
 
 A sequence of T symbols from {0..19} is drawn from a mixture whose weights move linearly from
 `p_start` (at the first position) to `p_end` (at the last); both are ∝ randint(1, 10) over the 20
