@@ -139,6 +139,12 @@ class MemoryState:
             return self
         return MemoryState(tuple(layer.reset(rows) for layer in self.layers))
 
+    def repeat_rows(self, repeats: int) -> MemoryState:
+        """Each row's memory `repeats` times in a row (row b → rows b·r … b·r + r − 1), e.g. one
+        document's memory for several replies, or for each of a beam's sequences."""
+        tensors = {k: v.repeat_interleave(repeats, dim=0) for k, v in self.tensors().items()}
+        return MemoryState.from_tensors(tensors, len(self.layers))
+
     def tensors(self) -> dict[str, torch.Tensor]:
         return {
             f"layers.{i}.{k}": v
