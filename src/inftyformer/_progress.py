@@ -1,9 +1,12 @@
 """Progress bars that do not flood a log: a tqdm bar on a terminal; elsewhere (a file, a pipe, a
 job log) one plain line every `every` updates and one at the end, instead of a stream of
-carriage-return redraws."""
+carriage-return redraws. A terminal that reports no size (0 columns: a pty opened by `script`,
+some CI runners, a tmux pane at start-up) gets a bar of a fixed width: tqdm would draw nothing."""
 
 from __future__ import annotations
 
+import io
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -17,6 +20,17 @@ def _is_terminal(stream: TextIO) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):  # closed or not a real stream
         return False
+
+
+FALLBACK_COLUMNS = 80  # the bar's width on a terminal that reports 0 columns
+
+
+def _columns(stream: TextIO) -> int:
+    """The terminal's width in columns; 0 when it reports none (or cannot be asked)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        return 0
 
 
 class LineProgress:
@@ -107,8 +121,15 @@ def progress(
     """A tqdm bar when `file` (default stderr) is a terminal; a `LineProgress` writing one line
     every `every` updates (default: about 20 lines in all) when it is not; a disabled tqdm (no
     output) when not `enabled`. `kwargs` are tqdm's (total, initial, desc, unit, unit_scale,
-    leave, dynamic_ncols)."""
+    leave, dynamic_ncols). On a terminal of 0 columns (it reports no size) the bar is
+    `FALLBACK_COLUMNS` wide, or $COLUMNS if set."""
     stream = file if file is not None else sys.stderr
+    if enabled and _is_terminal(stream) and _columns(stream) == 0:
+        kwargs.pop("dynamic_ncols", None)  # it would ask the terminal again and get 0
+        columns = os.environ.get("COLUMNS", "")
+        kwargs["ncols"] = (
+            int(columns) if columns.isdigit() and int(columns) > 0 else FALLBACK_COLUMNS
+        )
     if not enabled or _is_terminal(stream):
         return tqdm(iterable, disable=not enabled, file=stream, **kwargs)
     names = ("total", "initial", "desc", "unit", "unit_scale")

@@ -22,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -166,10 +167,10 @@ def user_errors(where: str = "choose another location") -> Callable[[Callable], 
                 return command(*args, **kwargs)
             except (typer.Exit, typer.Abort):
                 raise
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as err:
                 if _debugging(_typer_ctx):
                     raise
-                typer.echo("interrupted", err=True)
+                typer.echo(str(err) or "interrupted", err=True)
                 raise typer.Exit(EXIT_INTERRUPTED) from None
             except Exception as err:  # noqa: BLE001 - sorted into user errors and bugs below
                 if _debugging(_typer_ctx):
@@ -204,7 +205,7 @@ def split_settings(
     the native `ModelConfig`)."""
     from .config import ModelConfig
     from .tasks import get_task
-    from .training.config import field_types, split_assignment
+    from .training.config import field_types, split_assignment, unknown_setting
 
     keys = {
         "model": set(field_types(model_cls or ModelConfig)),
@@ -213,6 +214,13 @@ def split_settings(
     }
     out: dict[str, dict[str, str]] = {group: {} for group in GROUPS}
     for item in items:
+        if item.strip() in ("help", "list"):  # the whole list, on request
+            typer.echo(f"settings for --set KEY=VALUE (task {task!r}):")
+            for group in GROUPS:
+                names = ", ".join(sorted(keys[group])) or "none"
+                typer.echo(textwrap.fill(names, 100, initial_indent=f"  {group}: ",
+                                         subsequent_indent="    "))  # fmt: skip
+            raise typer.Exit(0)
         key, value = split_assignment(item)
         group, _, name = key.partition(".")
         if name and group in GROUPS:
@@ -225,10 +233,7 @@ def split_settings(
                 + " or ".join(f"{g}.{key}" for g in owners)
             )
         if not owners:
-            raise ValueError(
-                f"unknown setting {key!r}; "
-                + "; ".join(f"{g} settings: {', '.join(sorted(keys[g]))}" for g in GROUPS)
-            )
+            raise ValueError(unknown_setting(key, set().union(*keys.values())))
         out[owners[0]][key] = value
     return out
 
@@ -293,6 +298,9 @@ def build_configs(
     elif freeze_base:
         raise ValueError("--freeze-base needs --base-model")
     model_cls = PretrainedMemoryConfig if base_model is not None else ModelConfig
+    if resume:
+        name = Path(base_model).name if base_model else model or DEFAULT_MODEL
+        _check_resumable(options.get("out_dir") or _default_out_dir(task, name))
     if resume and base_model is None:
         out_dir = options.get("out_dir") or _default_out_dir(task, model or DEFAULT_MODEL)
         model_cls = type(read_configs(out_dir)[2])
@@ -313,7 +321,8 @@ def build_configs(
         )
 
     if resume:
-        out_dir = train_values.get("out_dir") or _default_out_dir(task, model or DEFAULT_MODEL)
+        name = Path(base_model).name if base_model else model or DEFAULT_MODEL
+        out_dir = train_values.get("out_dir") or _default_out_dir(task, name)
         saved_train, saved_task, saved_model = read_configs(out_dir)
         if saved_train.task != task:
             raise ValueError(f"{out_dir} holds a {saved_train.task!r} run, not {task!r}")
@@ -356,6 +365,17 @@ def _default_out_dir(task: str, model: str) -> str:
     return str(Path("runs") / f"{task}-{model}")
 
 
+def _check_resumable(out_dir: str) -> None:
+    """--resume needs a run to continue: say so when `out_dir` holds none."""
+    from .training.checkpoint import checkpoint_exists
+
+    fix = "start the run without --resume, or point --out-dir at the run to continue"
+    if not Path(out_dir).is_dir():
+        raise CommandError(f"nothing to resume: {out_dir} does not exist ({fix})")
+    if not checkpoint_exists(out_dir, "last"):
+        raise CommandError(f"nothing to resume: {out_dir} holds no checkpoint ({fix})")
+
+
 # --------------------------------------------------------------------------- train
 @app.command()
 @user_errors("choose another --out-dir (the last complete checkpoint is intact)")
@@ -376,7 +396,8 @@ def train(
         "--set",
         "-s",
         help="Override any model or train setting, e.g. --set segment_len=64 --set sticky=true "
-        "--set warmup_steps=20 (prefix model., train. or task. when ambiguous). Repeatable.",
+        "--set warmup_steps=20 (prefix model., train. or task. when ambiguous). Repeatable; "
+        "--set help lists the settings.",
     ),
     seq_len: int | None = typer.Option(
         None, "--seq-len", "-T", help="Task setting seq_len (sorting: symbols per sequence T)."
@@ -452,7 +473,8 @@ def train(
     ),
 ) -> None:
     """Train a model; evaluate on valid every --eval-every steps, keep best/last checkpoints in
-    --out-dir (plus metrics.csv and TensorBoard logs), then report test accuracy beside chance.
+    --out-dir (plus metrics.csv and TensorBoard logs), then report the test metric (accuracy
+    beside chance; perplexity for language models).
     Ctrl-C saves a checkpoint; --resume continues exactly (and refuses settings that would change
     the run, unless --allow-changes). Under `torchrun --nproc_per_node=N` the global batch is
     split across N DistributedDataParallel processes."""
@@ -521,8 +543,7 @@ def train(
     if not env.is_main:
         return
     minutes = (time.perf_counter() - start) / 60
-    if result.interrupted:
-        typer.echo(f"stopped at step {result.step} after {minutes:.1f} min; checkpoint saved")
+    if result.interrupted:  # the trainer said where it stopped and how to continue
         if result.step < train_cfg.steps and train_cfg.halt_after == 0:
             raise typer.Exit(EXIT_INTERRUPTED)
         return
@@ -559,7 +580,8 @@ def evaluate(
         "--set",
         "-s",
         help="Memory settings of the evaluation model (weights unchanged), e.g. --set mem_len=512 "
-        "--set num_samples=512, or task settings (task.KEY=VALUE). Repeatable.",
+        "--set num_samples=512, or task settings (task.KEY=VALUE). Repeatable; --set help "
+        "lists the settings.",
     ),
     batch_size: int | None = typer.Option(
         None, "--batch-size", "-b", help="Rows evaluated in parallel (lm: documents)."
@@ -577,8 +599,9 @@ def evaluate(
         "this file ('-': to stdout).",
     ),
 ) -> None:
-    """Evaluate a saved model on a split and print its metric beside chance. Language models
-    are scored over whole documents streamed with memory: perplexity, bits per byte."""
+    """Evaluate a saved model on a split of its data, or on other text (--data-dir), and print
+    its metrics: accuracy beside chance for sorting and recall; perplexity and bits per byte
+    for language models, scored over whole documents streamed with memory."""
     from .training import evaluate_run, read_configs
     from .training.config import parse_overrides
 
@@ -607,7 +630,7 @@ def evaluate(
         batch_size=batch_size,
     )
     seconds = time.perf_counter() - start
-    typer.echo(f"{split} {task_obj.describe(metrics)} ({seconds:.1f} s)")
+    typer.echo(f"{_evaluated(split, data_dir)} {task_obj.describe(metrics)} ({seconds:.1f} s)")
     typer.echo("  " + ", ".join(f"{k} {task_obj.format_metric(k, v)}" for k, v in metrics.items()))
     if memory:
         typer.echo("  evaluation memory: " + ", ".join(f"{k}={v}" for k, v in memory.items()))
@@ -637,6 +660,18 @@ def evaluate(
             "the result was written to stdout instead"
         ) from err
     typer.echo(f"  wrote {json_out}")
+
+
+def _evaluated(split: str, data_dir: str | None) -> str:
+    """What was scored, as the result line's label: the split of the run's data ('test'), or
+    the text given with --data-dir (its SPLIT/ folder when it has one)."""
+    if data_dir is None:
+        return split
+    if data_dir == "-":
+        return "standard input:"
+    if (Path(data_dir).expanduser() / split).is_dir():
+        return f"{data_dir} ({split}):"
+    return f"{data_dir}:"
 
 
 # --------------------------------------------------------------------------- generate
@@ -718,11 +753,37 @@ def generate(
         f"segments of {segment} ({seconds:.1f} s with generation)"
     )
     typer.echo(f"memory: {_memory_summary(out[1])}")
-    typer.echo(f"output:   {task.decode(new_tokens)}")
+    typer.echo(f"output:   {visible_text(task.decode(new_tokens))}")
     if expected:
-        typer.echo(f"expected: {task.decode(expected)}")
+        typer.echo(f"expected: {visible_text(task.decode(expected))}")
         hits = sum(a == b for a, b in zip(new_tokens, expected, strict=False))
         typer.echo(f"{hits}/{len(expected)} positions right (free-running, no teacher forcing)")
+
+
+_WHITESPACE_NAMES = {" ": "space", "\n": "newline", "\t": "tab", "\r": "carriage return"}
+_LONG_WHITESPACE = re.compile(r"\s{10,}")
+
+
+def _count_whitespace(text: str) -> str:
+    """'180 spaces, 20 newlines'."""
+    counts: dict[str, int] = {}
+    for ch in text:
+        counts[ch] = counts.get(ch, 0) + 1
+    parts = []
+    for ch, n in sorted(counts.items(), key=lambda item: -item[1]):
+        name = _WHITESPACE_NAMES.get(ch, f"U+{ord(ch):04X}")
+        parts.append(f"{n} {name}{'s' if n > 1 else ''}")
+    return ", ".join(parts)
+
+
+def visible_text(text: str) -> str:
+    """Generated text as a terminal can show it: whitespace that would look like nothing (a
+    byte-level model's output of 200 spaces) is described, long runs of it inside text too."""
+    if not text:
+        return "(no text: the tokens decode to nothing)"
+    if not text.strip():
+        return f"(only whitespace: {_count_whitespace(text)})"
+    return _LONG_WHITESPACE.sub(lambda m: f"[{_count_whitespace(m.group())}]", text)
 
 
 def _memory_summary(state: Any) -> str:

@@ -57,19 +57,20 @@ def test_evaluate_on_each_layout(flat_run, layout, tmp_path):
         (tmp_path / "test").mkdir()
         for i, doc in enumerate(docs):
             (tmp_path / "test" / f"{i}.txt").write_text(doc, encoding="utf-8")
-        source, expected = tmp_path, docs
+        source, expected, label = tmp_path, docs, f"{tmp_path} (test): ppl "
     elif layout == "flat":  # every file is evaluated
         for i, doc in enumerate(docs):
             (tmp_path / f"{i}.txt").write_text(doc, encoding="utf-8")
-        source, expected = tmp_path, docs
+        source, expected, label = tmp_path, docs, f"{tmp_path}: ppl "
     elif layout == "file":
         (tmp_path / "one.txt").write_text(docs[0], encoding="utf-8")
-        source, expected = tmp_path / "one.txt", docs[:1]
+        source, expected, label = tmp_path / "one.txt", docs[:1], f"{tmp_path / 'one.txt'}: ppl "
     else:
-        source, expected, stdin = "-", docs[:1], docs[0]
+        source, expected, stdin, label = "-", docs[:1], docs[0], "standard input: ppl "
     code, output = run("evaluate", out, "--data-dir", source, "--json", tmp_path / "e.json",
                        stdin=stdin)  # fmt: skip
     assert code == 0, output
+    assert output.startswith(label) and "test ppl" not in output  # the text scored, not a split
     saved = json.loads((tmp_path / "e.json").read_text())
     assert saved["details"]["num_docs"] == len(expected)
     assert saved["metrics"]["tokens"] == sum(len(d.encode("utf-8")) for d in expected)

@@ -53,6 +53,31 @@ def test_default_data_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path:
         resolve_data_dir(None)
 
 
+def test_no_data_directory_names_each_place_once_and_the_ways_to_give_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from inftyformer.data import paths
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    monkeypatch.delenv("INFTYFORMER_DATA", raising=False)
+    monkeypatch.setattr(paths, "_REPO_ROOT", repo)
+    monkeypatch.chdir(repo)  # run from the repository root: both places are ../shared/data
+    with pytest.raises(FileNotFoundError) as err:
+        resolve_data_dir(None)
+    message = str(err.value)
+    expected = str((tmp_path / "shared" / "data").resolve())
+    assert message.count(expected) == 1, message
+    assert "--data-dir" in message and "$INFTYFORMER_DATA" in message
+    monkeypatch.chdir(tmp_path)  # elsewhere: two different places, both named
+    with pytest.raises(FileNotFoundError) as err:
+        resolve_data_dir(None)
+    assert expected in str(err.value) and str(tmp_path.parent / "shared" / "data") in str(err.value)
+    monkeypatch.setenv("INFTYFORMER_DATA", str(tmp_path / "typo"))
+    with pytest.raises(FileNotFoundError, match=r"\$INFTYFORMER_DATA is .*typo, which is not a"):
+        resolve_data_dir(None)
+
+
 def test_resolve_data_dir_explicit_path(tmp_path: Path) -> None:
     assert resolve_data_dir(str(tmp_path)) == tmp_path.resolve()
     with pytest.raises(FileNotFoundError, match="missing-dir"):

@@ -54,3 +54,29 @@ def test_training_into_a_log_writes_a_few_lines(tmp_path, capsys):
     assert "\r" not in err
     lines = [line for line in err.splitlines() if line.startswith("sorting/infty: ")]
     assert len(lines) == 20 and "40/40 (100%)" in lines[-1]
+
+
+def test_a_terminal_without_a_size_still_shows_the_bar(monkeypatch):
+    """A pty nobody sized (`script`, some CI runners) reports 0 columns; tqdm draws nothing at
+    that width, so the bar takes a fixed width instead."""
+    import os
+    import pty
+    import select
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    master, slave = pty.openpty()
+    with os.fdopen(slave, "w") as terminal:
+        assert os.get_terminal_size(terminal.fileno()).columns == 0
+        bar = progress(total=5, desc="train", file=terminal, dynamic_ncols=True, mininterval=0)
+        for _ in range(5):
+            bar.update(1)
+        bar.close()
+        terminal.flush()
+        out = b""
+        while select.select([master], [], [], 0.2)[0]:
+            out += os.read(master, 65536)
+    os.close(master)
+    frames = out.decode().replace("\r\n", "\r").split("\r")
+    drawn = [f for f in frames if f.startswith("train:")]
+    assert any("3/5" in f for f in drawn) and "5/5" in drawn[-1]
+    assert max(len(f) for f in drawn) == 80

@@ -65,8 +65,11 @@ def test_truncated_or_corrupt_files_are_refused(tmp_path, target):
 
 
 def test_missing_or_garbage_manifest(tmp_path):
-    with pytest.raises(CheckpointError, match="manifest not found"):
+    with pytest.raises(CheckpointError, match="nothing does not exist"):
         load_checkpoint(tmp_path / "nothing")
+    (tmp_path / "nothing.safetensors").write_bytes(b"")  # the data without its manifest
+    with pytest.raises(CheckpointError, match="manifest not found"):
+        load_checkpoint(tmp_path / "nothing.safetensors")
     (tmp_path / "x.manifest.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="unreadable"):
         load_checkpoint(tmp_path / "x")

@@ -26,7 +26,13 @@ def _candidates() -> list[Path]:
     env = os.environ.get(DATA_ENV_VAR)
     if env:
         return [Path(env).expanduser()]
-    return [_REPO_ROOT.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"]
+    candidates = [_REPO_ROOT.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"]
+    # the two coincide when the command runs from the repository root: name each place once
+    unique: list[Path] = []
+    for candidate in candidates:
+        if candidate.resolve() not in [seen.resolve() for seen in unique]:
+            unique.append(candidate)
+    return unique
 
 
 def default_data_dir() -> Path | None:
@@ -51,9 +57,16 @@ def resolve_data_dir(path: str | Path | None = None) -> Path:
         return resolved.resolve()
     found = default_data_dir()
     if found is None:
-        tried = ", ".join(str(c) for c in _candidates())
+        env = os.environ.get(DATA_ENV_VAR)
+        if env:
+            raise FileNotFoundError(
+                f"${DATA_ENV_VAR} is {env}, which is not a directory: set it to the folder that "
+                "holds the data, or give the data with --data-dir DIR"
+            )
+        tried = " or ".join(str(c.resolve()) for c in _candidates())
         raise FileNotFoundError(
-            f"no data directory found (tried {tried}); pass a path or set ${DATA_ENV_VAR}"
+            f"no data directory found (looked for {tried}): give the data with --data-dir DIR "
+            f"or set ${DATA_ENV_VAR} to the folder that holds it"
         )
     return found
 

@@ -231,6 +231,9 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Read and verify the checkpoint designated by `path` (see :func:`resolve_checkpoint`)."""
     directory, name = resolve_checkpoint(path)
     paths = _paths(directory, name)
+    given = Path(path).expanduser()
+    if not given.exists() and not paths["manifest"].exists():
+        raise CheckpointError(_no_such_path(given))
     manifest = _read_manifest(paths["manifest"])
     files = manifest["files"]
     data: dict[str, bytes] = {}
@@ -250,6 +253,25 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     if not isinstance(meta, dict):
         raise CheckpointError(f"{paths['meta']}: metadata must be a JSON object")
     return Checkpoint(tensors=tensors, meta=meta, path=paths["manifest"])
+
+
+def _no_such_path(path: Path) -> str:
+    """'runs/lm-infy does not exist (did you mean runs/lm-infty?)': a mistyped run directory
+    is named as such, not as a missing manifest file."""
+    import difflib
+
+    text = f"{path} does not exist"
+    parent = path.parent
+    if path.name in ("best", "last") and parent.is_dir():
+        return f"{parent} holds no checkpoint (no complete '{path.name}' saved there)"
+    if not parent.is_dir():
+        return f"{text} ({parent} does not exist either)"
+    names = [p.name for p in parent.iterdir() if p.is_dir() or p.name.endswith(MANIFEST_SUFFIX)]
+    names = [n[: -len(MANIFEST_SUFFIX)] if n.endswith(MANIFEST_SUFFIX) else n for n in names]
+    close = difflib.get_close_matches(path.name, sorted(set(names)), n=3, cutoff=0.6)
+    if close:
+        return f"{text} (did you mean {' or '.join(str(parent / n) for n in close)}?)"
+    return f"{text}: give a run directory (as --out-dir was in training) or a checkpoint file"
 
 
 # --------------------------------------------------------------------------- optimizer

@@ -8,8 +8,10 @@ Both are frozen dataclasses validated at construction, so a bad value fails befo
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -227,15 +229,26 @@ def split_assignment(item: str) -> tuple[str, str]:
     return key, value
 
 
+SETTINGS_HELP = "--set help lists every setting"
+
+
+def unknown_setting(key: str, names: Iterable[str], what: str = "") -> str:
+    """'unknown model setting 'num_base' (did you mean num_basis?); --set help lists every
+    setting': the closest names only, since the full list is long."""
+    close = difflib.get_close_matches(key, sorted(names), n=3, cutoff=0.6)
+    text = f"unknown {what + ' ' if what else ''}setting {key!r}"
+    if close:
+        text += f" (did you mean {' or '.join(close)}?)"
+    return f"{text}; {SETTINGS_HELP}"
+
+
 def parse_overrides(cls: type, items: dict[str, str], what: str) -> dict[str, Any]:
     """Typed values for `items` (field name -> text) of dataclass `cls`; unknown keys are errors."""
     types_ = field_types(cls)
     out: dict[str, Any] = {}
     for key, text in items.items():
         if key not in types_:
-            raise ValueError(
-                f"unknown {what} setting {key!r}; valid keys: {', '.join(sorted(types_))}"
-            )
+            raise ValueError(unknown_setting(key, types_, what))
         out[key] = parse_value(key, text, types_[key])
     return out
 
@@ -249,4 +262,5 @@ __all__ = [
     "parse_overrides",
     "parse_value",
     "split_assignment",
+    "unknown_setting",
 ]

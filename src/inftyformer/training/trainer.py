@@ -62,6 +62,10 @@ RUN_FILES = ("best", "last")
 
 
 # --------------------------------------------------------------------------- pieces
+def _minutes(since: float) -> str:
+    return f"{(time.perf_counter() - since) / 60:.1f} min"
+
+
 def lr_factor(step: int, cfg: TrainConfig) -> float:
     """Multiplier of the base learning rate for update number `step` (0-based)."""
     if cfg.warmup_steps and step < cfg.warmup_steps:
@@ -572,7 +576,10 @@ class Trainer:
                         self.save("last")
                     if flag or step >= halt:
                         result.interrupted = True
-                        self.echo(f"stopped at step {step}; resume with --resume")
+                        self.echo(
+                            f"stopped at step {step} after {_minutes(t0)}; checkpoint saved, "
+                            "continue with --resume"
+                        )
                         break
                     if result.stopped_early:
                         self.echo(
@@ -581,11 +588,15 @@ class Trainer:
                         )
                         break
         except KeyboardInterrupt:
+            result.interrupted = True
             if not self._in_update and self._rng_at_step_start is not None:
                 # the interrupted step is lost; the RNG goes back to where it began
                 self.save("last", rng=self._rng_at_step_start)
-                self.echo(f"interrupted: checkpoint saved at step {self.step}")
-            result.interrupted = True
+                # one line, printed by whoever catches it (the command line does)
+                raise KeyboardInterrupt(
+                    f"interrupted at step {self.step} after {_minutes(t0)}; checkpoint saved, "
+                    "continue with --resume"
+                ) from None
             raise
         finally:
             bar.close()
