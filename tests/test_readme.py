@@ -14,12 +14,38 @@ def test_readme_has_snippets():
 
 
 @pytest.mark.parametrize("index", range(len(SNIPPETS)))
-def test_readme_snippet_runs(index, capsys):
+def test_readme_snippet_runs_and_warns_nothing(index, capfd):
+    """Runs as written, prints what it shows, and no warning appears that a reader did not
+    cause: neither a Python warning nor a library's log line (transformers logs its warnings
+    once per message, so that cache is cleared first)."""
+    import logging
+    import warnings
+
     import torch
 
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.warning_once.cache_clear()
+    except ImportError:
+        pass
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    library = logging.getLogger("transformers")
+    library.addHandler(handler)
     torch.manual_seed(0)
-    exec(compile(SNIPPETS[index], f"README.md snippet {index}", "exec"), {})
-    assert capsys.readouterr().out.strip()  # each snippet prints what it shows
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            exec(compile(SNIPPETS[index], f"README.md snippet {index}", "exec"), {})
+    finally:
+        library.removeHandler(handler)
+    out, err = capfd.readouterr()
+    assert out.strip()  # each snippet prints what it shows
+    assert [str(w.message) for w in caught] == []
+    assert [r.getMessage() for r in records] == []
+    assert err == ""
 
 
 def test_readme_commands_are_the_ones_ci_runs():
