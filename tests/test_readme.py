@@ -53,3 +53,21 @@ def test_readme_commands_are_the_ones_ci_runs():
     ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8")
     assert "python -m pytest -q" in text and "python -m pytest -q" in ci
     assert "inftyformer train sorting" in text
+    first = re.search(r"```bash\n(.*?)\s+#", text).group(1)  # the README's first command
+    pin = re.search(r'"torch==([\d.]+)"', ci).group(1)  # what CI installs first
+    assert first == f'pip install torch=={pin} -e ".[dev]"'
+    assert 'pip install -q -e ".[dev]"' in ci
+
+
+def test_readme_sets_up_cpu_and_gpu_machines_alike_pinned():
+    """A CPU-only machine takes torch from PyTorch's CPU index, the index CI falls back to; the
+    GPU line takes PyPI's build; both pin the torch CI tests."""
+    text = README.read_text(encoding="utf-8")
+    ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8")
+    pin = re.search(r'"torch==([\d.]+)"', ci).group(1)
+    cpu_index = re.search(r"--index-url (https://download\.pytorch\.org/whl/cpu)\b", ci).group(1)
+    lines = [line.strip() for line in text.splitlines()]
+    cpu = f'pip install torch=={pin} --index-url {cpu_index} && pip install -e ".[dev]"'
+    assert cpu in lines
+    gpu = [line for line in lines if line.startswith(f'pip install torch=={pin} -e ".[dev]" && ')]
+    assert gpu and "torch.cuda.is_available()" in gpu[0]
