@@ -31,7 +31,18 @@ from ._checks import (
     check_tensor,
 )
 from .basis import GaussianBasis, check_widths
-from .ridge import RidgeRegression, evaluate_signal, fit_coefficients
+from .ridge import (
+    RidgeRegression,
+    evaluate_signal,
+    fit_coefficients,
+    infinite_positions,
+    update_gain,
+)
+
+# The largest gain (`ridge.update_gain`) of the unbounded update accepted: below 1 with a margin,
+# so that the memory stays bounded (a constant input accumulates to at most 1 / (1 − 0.95) = 20×)
+# and the ~1% error of the estimate cannot matter.
+MAX_UPDATE_GAIN = 0.95
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,7 @@ class LongTermConfig:
     min_sigma_sq: float = 1e-4  # clamp on σ² (1e-6 is unsafe in float32)
     out_dim: int | None = None  # size of the context (default: dim)
     query_projection: bool = False  # own W^Q; otherwise queries come already projected
+    segment_len: int | None = None  # L of the updates: the update's gain is checked for it here
 
     def __post_init__(self) -> None:
         check_positive_int("dim", self.dim)
@@ -74,6 +86,9 @@ class LongTermConfig:
         check_range("min_sigma_sq", self.min_sigma_sq, 0.0, low_open=True)
         if self.out_dim is not None:
             check_positive_int("out_dim", self.out_dim)
+        if self.segment_len is not None:
+            check_positive_int("segment_len", self.segment_len)
+            check_update_gain(self, (self.segment_len,))  # other L when first used
 
     @property
     def head_dim(self) -> int:
@@ -312,9 +327,8 @@ class LongTermMemory(nn.Module):
         c = self.config
 
         def positions() -> torch.Tensor:
-            old = c.tau * torch.arange(1, c.num_samples + 1, dtype=torch.float64) / c.num_samples
-            new = c.tau + (1 - c.tau) * (torch.arange(length, dtype=torch.float64) + 0.5) / length
-            return torch.cat([old, new])
+            check_update_gain(c, (length,))  # once per L, with the matrix it makes
+            return infinite_positions(c.num_samples, c.tau, length)
 
         return self.ridge.design(
             ("infinite", c.num_samples, c.tau, length), positions, device, dtype
@@ -507,6 +521,52 @@ class LongTermMemory(nn.Module):
         return evaluate_signal(state.coefficients, self.basis, t)
 
 
+def check_update_gain(config: LongTermConfig, lengths: tuple[int, ...]) -> None:
+    """Refuse settings whose unbounded update expands the memory (paper §3.3, `ridge.update_gain`)
+    for segments of the given lengths: a ValueError naming the settings, the gain and single
+    changes that bring it below `MAX_UPDATE_GAIN`."""
+    c = config
+    for length in sorted(set(lengths)):
+        gain = _gain(c, length)
+        if gain <= MAX_UPDATE_GAIN:
+            continue
+        fixes = []
+        for name, value in _candidate_fixes(c):
+            try:
+                fixed = _gain(replace(c, segment_len=None, **{name: value}), length)
+            except ValueError:
+                continue
+            if fixed <= MAX_UPDATE_GAIN:
+                fixes.append(f"{name}={value!r} (gain {fixed:.2f})")
+        hint = "; e.g. " + " or ".join(fixes[:3]) if fixes else ""
+        raise ValueError(
+            f"the long-term memory's update expands what it stores: with num_basis={c.num_basis}, "
+            f"widths={c.widths}, ridge_lambda={c.ridge_lambda:g}, tau={c.tau:g}, "
+            f"num_samples={c.num_samples}, edge_padding={c.edge_padding} and segments of length "
+            f"{length} its gain is {gain:.2f} > {MAX_UPDATE_GAIN} (the memory would grow about "
+            f"{gain:.2f}x per segment); use wider widths, more num_samples, a smaller tau or "
+            f"fewer basis functions per width{hint}"
+        )
+
+
+def _gain(c: LongTermConfig, length: int) -> float:
+    return update_gain(
+        c.num_basis, c.widths, c.ridge_lambda, c.tau, c.num_samples, length, c.edge_padding
+    )
+
+
+def _candidate_fixes(c: LongTermConfig):
+    """Single changes to try when the update expands (for the error message)."""
+    for factor in (2, 4, 8):
+        yield "widths", tuple(min(w * factor, 1.0) for w in c.widths)
+    for factor in (2, 4):
+        yield "num_samples", c.num_samples * factor
+    yield "tau", round(c.tau * 2 / 3, 3)
+    yield "tau", round(c.tau / 2, 3)
+    if c.num_basis % (2 * len(c.widths)) == 0:
+        yield "num_basis", c.num_basis // 2
+
+
 def allowed_dtypes(parameter: torch.Tensor) -> tuple[torch.dtype, ...]:
     """The floating dtypes of tensors meeting a module whose parameters are `parameter`'s: that
     dtype, and under autocast on its device also the autocast dtype."""
@@ -527,4 +587,11 @@ def _check_generator(generator: object) -> None:
         )
 
 
-__all__ = ["LongTermConfig", "LongTermMemory", "LongTermState", "LongTermUpdate"]
+__all__ = [
+    "MAX_UPDATE_GAIN",
+    "LongTermConfig",
+    "LongTermMemory",
+    "LongTermState",
+    "LongTermUpdate",
+    "check_update_gain",
+]

@@ -16,6 +16,9 @@ N = 512) and depends only on (positions, N, widths, λ, padding), so callers cac
 
 from __future__ import annotations
 
+import math
+from functools import lru_cache
+
 import torch
 
 from ._checks import (
@@ -42,6 +45,17 @@ def edge_padding_positions(count: int) -> tuple[torch.Tensor, torch.Tensor]:
     check_positive_int("count", count, minimum=0)
     offsets = (torch.arange(count, dtype=torch.float64) + 0.5) * (0.5 / max(count, 1))
     return -0.5 + offsets, 1.0 + offsets
+
+
+def infinite_positions(num_samples: int, tau: float, length: int) -> torch.Tensor:
+    """The positions of the unbounded update's regression (paper §3.3), float64 [M + L]: the M old
+    samples squeezed to τ·i/M (i = 1..M), then the L new vectors at τ + (1 − τ)(i + ½)/L."""
+    check_positive_int("num_samples", num_samples)
+    check_positive_int("length", length)
+    i = torch.arange(1, num_samples + 1, dtype=torch.float64)
+    old = tau * i / num_samples
+    new = tau + (1 - tau) * (torch.arange(length, dtype=torch.float64) + 0.5) / length
+    return torch.cat([old, new])
 
 
 def ridge_design_matrix(
@@ -123,6 +137,54 @@ def evaluate_signal(
         B = at_least_float32(B)
         psi = basis(t.to(dtype=B.dtype, device=B.device), check=False)  # [T, N] or [batch, T, N]
         return torch.matmul(psi, B)
+
+
+def spectral_radius_bound(A: torch.Tensor, squarings: int = 12) -> float:
+    """‖A^k‖_F^{1/k} for k = 2^squarings: an upper bound on the spectral radius ρ(A) that tends to
+    it as k grows (Gelfand's formula), computed by repeated squaring with rescaling. Unlike an
+    eigenvalue solver it cannot fail to converge (rank-deficient A with many zero eigenvalues)."""
+    A = A.double()
+    log_scale = 0.0
+    for _ in range(squarings):
+        norm = float(torch.linalg.matrix_norm(A))
+        if norm == 0.0:
+            return 0.0
+        A = A / norm
+        log_scale = 2.0 * (log_scale + math.log(norm))
+        A = A @ A
+    norm = float(torch.linalg.matrix_norm(A))
+    return 0.0 if norm == 0.0 else math.exp((log_scale + math.log(norm)) / 2**squarings)
+
+
+@lru_cache(maxsize=256)
+def update_gain(
+    num_basis: int,
+    widths: tuple[float, ...],
+    ridge_lambda: float,
+    tau: float,
+    num_samples: int,
+    length: int,
+    edge_padding: bool = True,
+) -> float:
+    """How much the unbounded update (paper §3.3) can multiply what the memory holds, per update.
+
+    Read the old signal at u_i = i/M, squeeze it to τ·i/M and refit it by ridge regression
+    together with L new vectors: the new coefficients are B' = A B + G_newᵀ X with
+
+        A = G_oldᵀ Ψ(u) ∈ ℝ^{N×N},    Ψ(u)_{ij} = ψ_j(u_i),   G_old the M old rows of G_inf,
+
+    linear in the old coefficients B. Streaming applies A once per update, so the memory stays
+    bounded for every input iff the spectral radius ρ(A) < 1; at ρ(A) > 1 the coefficients grow
+    by about ρ(A) per segment whatever the input. Returns an upper bound on ρ(A), within ~1%.
+    Depends on N, the widths, λ, τ, M, the edge padding and L; sticky memories read the old
+    signal elsewhere (u from the attention histogram), which this does not cover."""
+    basis = GaussianBasis(num_basis, widths)
+    G = ridge_design_matrix(
+        basis, infinite_positions(num_samples, tau, length), ridge_lambda, edge_padding
+    )
+    u = torch.arange(1, num_samples + 1, dtype=torch.float64) / num_samples
+    A = G[:num_samples].T @ basis.float64(u)  # [N, N]
+    return spectral_radius_bound(A)
 
 
 class RidgeRegression:
