@@ -105,6 +105,7 @@ class PretrainedMemoryLM(nn.Module):
         state = self.push(prompt[:, :cut], state) if cut else state
         context = prompt[:, cut:]
         options: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": temperature > 0}
+        options["attention_mask"] = torch.ones_like(context)  # no padding: every id is a token
         if temperature > 0:
             options.update(temperature=float(temperature), top_k=top_k or 0, top_p=top_p or 1.0)
         if eos_id is not None:

@@ -538,6 +538,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         if memory is None:
             memory = self.init_memory(ids.shape[0])
         cache = self.prepare_reads(memory)
+        if kwargs.get("attention_mask") is None:  # ids without a mask are all tokens, no padding
+            kwargs["attention_mask"] = torch.ones_like(ids)
         return super().generate(ids, memory=memory, read_cache=cache, **kwargs)
 
     @torch.no_grad()
