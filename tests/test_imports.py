@@ -20,7 +20,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # each module's layer, by the first matching prefix (longest first); "" = the package itself
 LAYERS = {
-    "base": ["_checks", "_init", "_progress", "precision", "ragged"],
+    "base": ["_checks", "_files", "_init", "_progress", "precision", "ragged"],
     "math": ["basis", "ridge", "continuous_softmax", "fused_attention"],
     "memories": ["short_term_memory", "compressive_memory", "long_term_memory", "state"],
     "layers": ["relative_attention", "long_term_attention", "block", "config"],

@@ -30,6 +30,7 @@ from typing import Any
 
 import typer
 
+from ._files import write_atomic
 from .config import MODEL_TYPES
 from .tasks import TASKS
 from .training.config import TrainConfig
@@ -105,13 +106,7 @@ def write_text_atomic(path: Path, text: str) -> None:
         with open(path, "w") as f:
             f.write(text)
         return
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_atomic(path, text)
 
 
 def _os_message(err: OSError, where: str) -> str:

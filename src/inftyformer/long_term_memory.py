@@ -23,6 +23,7 @@ from torch import nn
 
 from ._checks import (
     ValueChecks,
+    check_bool,
     check_dtype,
     check_floating,
     check_positive_int,
@@ -104,6 +105,8 @@ class LongTermConfig:
         check_density(self.density, self.sigma_init)
         if self.out_dim is not None:
             check_positive_int("out_dim", self.out_dim)
+        for name in ("edge_padding", "conv_gate", "sticky", "query_projection"):
+            check_bool(name, getattr(self, name))
         if self.segment_len is not None:
             check_positive_int("segment_len", self.segment_len)
             check_update_gain(self, (self.segment_len,))  # other L when first used

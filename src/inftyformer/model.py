@@ -15,6 +15,7 @@ clears rows (documents that ended) before the call is processed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,23 @@ def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Ten
     ).view(batch, length)
     lm_loss = token_loss.sum() / (targets != IGNORE_INDEX).sum().clamp(min=1)
     return token_loss, lm_loss
+
+
+def decay_groups(module: nn.Module, lr: float, weight_decay: float) -> list[dict[str, Any]]:
+    """Optimiser groups of `module`'s trainable parameters at rate `lr`: weight decay for the
+    weight matrices, none for biases, norms and embeddings (empty groups left out)."""
+    embedding = {
+        id(p) for m in module.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
+    }
+    decay, no_decay = [], []
+    for p in module.parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or id(p) in embedding else decay).append(p)
+    groups = [
+        {"params": decay, "lr": lr, "weight_decay": weight_decay},
+        {"params": no_decay, "lr": lr, "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
 
 
 class MemoryLM(nn.Module):
@@ -100,6 +118,10 @@ class MemoryLM(nn.Module):
         device = self._param.device if device is None else device
         dtype = self._param.dtype
         return MemoryState(tuple(b.init_state(batch_size, device, dtype) for b in self.blocks))
+
+    def param_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]:
+        """The optimiser's parameter groups (`decay_groups`): one rate for all."""
+        return decay_groups(self, lr, weight_decay)
 
     def check_state(self, state: MemoryState, batch_size: int | None = None) -> None:
         """Validate a state for this model before any computation: one layer state per block,

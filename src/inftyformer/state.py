@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ._checks import ValueChecks, check_shape, check_tensor
+from ._files import atomic_path
 from .compressive_memory import CompressiveState
 from .long_term_memory import LongTermState
 from .short_term_memory import ShortTermState
@@ -139,6 +139,12 @@ class MemoryState:
             return self
         return MemoryState(tuple(layer.reset(rows) for layer in self.layers))
 
+    def repeat_rows(self, repeats: int) -> MemoryState:
+        """Each row's memory `repeats` times in a row (row b → rows b·r … b·r + r − 1), e.g. one
+        document's memory for several replies, or for each of a beam's sequences."""
+        tensors = {k: v.repeat_interleave(repeats, dim=0) for k, v in self.tensors().items()}
+        return MemoryState.from_tensors(tensors, len(self.layers))
+
     def tensors(self) -> dict[str, torch.Tensor]:
         return {
             f"layers.{i}.{k}": v
@@ -224,15 +230,8 @@ def save_state(path: str | os.PathLike, state: MemoryState) -> None:
         "num_layers": len(state.layers),
         "batch_size": state.batch_size,
     }
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={"inftyformer": json.dumps(meta)})
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"inftyformer": json.dumps(meta)})
 
 
 def load_state(

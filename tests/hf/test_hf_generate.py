@@ -4,8 +4,6 @@ memory; beams repeat each row's memory, never share one."""
 import torch
 from tiny_hf import V, tiny_memory_model
 
-from inftyformer.hf import repeat_memory
-
 PROMPT, NEW = 5, 6
 
 
@@ -48,7 +46,7 @@ def test_beam_search_reads_each_rows_own_memory(arch):
     both = model.generate(prompt, memory=memory, **beams)
     assert both.shape == (4, PROMPT + 4)
     for row in range(2):
-        row_memory = repeat_memory(memory, 1)
+        row_memory = memory.repeat_rows(1)
         row_memory = type(memory).from_tensors(
             {k: v[row : row + 1] for k, v in row_memory.tensors().items()}, len(memory.layers)
         )
@@ -56,10 +54,10 @@ def test_beam_search_reads_each_rows_own_memory(arch):
         assert torch.equal(both[2 * row : 2 * row + 2], alone)
 
 
-def test_repeat_memory_repeats_each_row_in_place():
+def test_repeat_rows_repeats_each_row_in_place():
     model = tiny_memory_model("gpt2")
     memory = stream(model, 2)
-    repeated = repeat_memory(memory, 3)
+    repeated = memory.repeat_rows(3)
     assert repeated.batch_size == 6
     coefficients = repeated.layers[1].long_term.coefficients
     assert torch.equal(

@@ -28,7 +28,6 @@ from inftyformer.tasks.dialogue import (
     find_chat_template,
     generate_reply,
     pad_batch,
-    repeat_state,
 )
 from inftyformer.training import Trainer, evaluate_run, load_run
 
@@ -270,7 +269,7 @@ def test_the_document_in_memory_changes_the_reply_scores(data):
     assert all(torch.equal(v, fresh.tensors()[k]) for k, v in cached.tensors().items())
 
 
-def test_pad_batch_and_repeat_state(data):
+def test_pad_batch_and_repeat_rows(data):
     t = task(data, placement="memory")
     rows = [t.encode(e) for e in t.examples("test")[:3]]
     inputs, targets = pad_batch(rows, EOS)
@@ -280,7 +279,7 @@ def test_pad_batch_and_repeat_state(data):
         assert bool((targets[i, n:] == IGNORE_INDEX).all()) and bool((inputs[i, n:] == EOS).all())
     model = build_model(native()).eval()
     state = t._state(model, rows[0].memory, 1)
-    three = repeat_state(state, 3)
+    three = state.repeat_rows(3)
     assert three.batch_size == 3
     for key, value in three.tensors().items():
         assert torch.equal(value[2], state.tensors()[key][0])

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from inftyformer.model import decay_groups
 from inftyformer.tasks import LMConfig
 from inftyformer.training.config import (
     TrainConfig,
@@ -92,6 +93,7 @@ def test_no_decay_for_biases_norms_and_embeddings():
     model = torch.nn.Sequential(
         torch.nn.Embedding(5, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 3)
     )
+    model.param_groups = lambda lr, wd: decay_groups(model, lr, wd)  # the model contract's
     groups = param_groups(model, 1e-3, 0.1)
     assert all(g["lr"] == g["base_lr"] == 1e-3 for g in groups)
     decay = [g for g in groups if g["weight_decay"] > 0]

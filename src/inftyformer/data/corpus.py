@@ -21,7 +21,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -30,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .._files import atomic_path
 from .._progress import progress as show_progress
 from .paths import SPLITS, check_split, resolve_data_dir
 from .tokenizer import TextTokenizer
@@ -238,14 +238,8 @@ def _cache_paths(cache_dir: Path, reader: str, split: str, key: str) -> tuple[Pa
 
 
 def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        write(f)
 
 
 def _save_cache(corpus: TokenizedCorpus, tokens_path: Path, meta_path: Path) -> None:

@@ -25,7 +25,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 
 from .adapters import ADAPTERS, BlockAdapter, supported_architectures
 from .config import InftyformerConfig
-from .model import InftyformerForCausalLM, InftyformerOutput, add_long_term_memory, repeat_memory
+from .model import InftyformerForCausalLM, InftyformerOutput, add_long_term_memory
 from .streaming import StreamOutput, stream_loss
 
 __all__ = [
@@ -37,7 +37,6 @@ __all__ = [
     "StreamOutput",
     "add_long_term_memory",
     "convert_gguf",
-    "repeat_memory",
     "smollm2_gguf_path",
     "stream_loss",
     "supported_architectures",

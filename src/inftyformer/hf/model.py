@@ -57,7 +57,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import (
     AutoConfig,
@@ -72,7 +71,7 @@ from .._init import init_projection
 from ..basis import GaussianBasis
 from ..long_term_attention import LongTermAttention, LongTermAttentionOutput, PreparedMemory
 from ..long_term_memory import LongTermMemory, LongTermState
-from ..model import IGNORE_INDEX
+from ..model import IGNORE_INDEX, token_losses
 from ..short_term_memory import ShortTermState
 from ..state import LayerState, MemoryState
 from .adapters import BlockAdapter, adapter_for
@@ -517,15 +516,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         if labels is not None:
             if logits.shape[1] != length:
                 raise ValueError("labels need the logits of every position (logits_to_keep=0)")
-            V = logits.shape[-1]
-            targets = labels[:, 1:]  # position t predicts token t + 1
-            token_loss = F.cross_entropy(
-                logits[:, :-1].reshape(-1, V).float(),
-                targets.reshape(-1),
-                ignore_index=IGNORE_INDEX,
-                reduction="none",
-            ).view(batch, length - 1)
-            lm_loss = token_loss.sum() / (targets != IGNORE_INDEX).sum().clamp(min=1)
+            # position t predicts token t + 1
+            token_loss, lm_loss = token_losses(logits[:, :-1], labels[:, 1:])
             output.loss = lm_loss + memory_loss
             output.lm_loss, output.token_loss = lm_loss, token_loss
         return output
@@ -545,6 +537,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         if memory is None:
             memory = self.init_memory(ids.shape[0])
         cache = self.prepare_reads(memory)
+        if kwargs.get("attention_mask") is None:  # ids without a mask are all tokens, no padding
+            kwargs["attention_mask"] = torch.ones_like(ids)
         return super().generate(ids, memory=memory, read_cache=cache, **kwargs)
 
     @torch.no_grad()
@@ -570,7 +564,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             expand_size, is_encoder_decoder, input_ids, **kwargs
         )
         if memory is not None:
-            kwargs["memory"] = repeat_memory(memory, expand_size)
+            kwargs["memory"] = memory.repeat_rows(expand_size)
         if cache is not None:
             kwargs["read_cache"] = tuple(p.repeat_interleave(expand_size) for p in cache)
         return input_ids, kwargs
@@ -590,12 +584,6 @@ def _waiting(h: torch.Tensor, valid: torch.Tensor | None) -> ShortTermState:
     packed = packed[:, length - width :]
     keep = torch.arange(width, device=h.device)[None, :] >= (width - count)[:, None]
     return ShortTermState(packed * keep[..., None].to(h.dtype), count.to(torch.long))
-
-
-def repeat_memory(memory: MemoryState, repeats: int) -> MemoryState:
-    """Each row's memory `repeats` times in a row (row b → rows b·r … b·r + r − 1)."""
-    tensors = {k: v.repeat_interleave(repeats, dim=0) for k, v in memory.tensors().items()}
-    return MemoryState.from_tensors(tensors, len(memory.layers))
 
 
 def add_long_term_memory(base: PreTrainedModel, **settings) -> InftyformerForCausalLM:
@@ -637,5 +625,4 @@ __all__ = [
     "InftyformerOutput",
     "LayerMemory",
     "add_long_term_memory",
-    "repeat_memory",
 ]

@@ -22,9 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from ..model import IGNORE_INDEX
+from ..model import token_losses
 from ..state import MemoryState
 from .model import InftyformerForCausalLM
 
@@ -72,16 +71,7 @@ def stream_loss(
         memory = out.memory
         memory_losses.append(out.memory_loss)
         if targets is not None:
-            logits = out.logits  # [batch, n, V]
-            target = targets[:, start : start + seg]
-            losses.append(
-                F.cross_entropy(
-                    logits.reshape(-1, logits.shape[-1]).float(),
-                    target.reshape(-1),
-                    ignore_index=IGNORE_INDEX,
-                    reduction="none",
-                ).view(target.shape)
-            )
+            losses.append(token_losses(out.logits, targets[:, start : start + seg])[0])
     return StreamOutput(
         token_loss=torch.cat(losses, dim=1) if losses else None,
         memory=memory,

@@ -100,7 +100,6 @@ from ..data.cmu_dog import (
     resolve_cmu_dog_dir,
 )
 from ..model import IGNORE_INDEX
-from ..state import MemoryState
 from .base import (
     Evaluation,
     Metric,
@@ -387,14 +386,6 @@ def pad_batch(rows: Sequence[EncodedExample], pad_id: int) -> tuple[torch.Tensor
         inputs[i, :n] = torch.tensor(row.inputs)
         targets[i, :n] = torch.tensor(row.targets)
     return inputs, targets
-
-
-def repeat_state(state: MemoryState | None, rows: int) -> MemoryState | None:
-    """A batch-1 memory repeated for `rows` rows."""
-    if state is None or rows == 1:
-        return state
-    tensors = {k: v.repeat_interleave(rows, dim=0) for k, v in state.tensors().items()}
-    return MemoryState.from_tensors(tensors, len(state.layers))
 
 
 # --------------------------------------------------------------------------- BLEU statistics
@@ -704,13 +695,14 @@ class DialogueTask(Task):
 
     def _state(self, model: nn.Module, memory: Sequence[int], rows: int) -> Any:
         state = push_document(_raw(model), memory, self.context.device)
-        return repeat_state(state, rows)
+        return None if state is None else state.repeat_rows(rows)
 
     def loss(self, model: nn.Module, batch: DialogueBatch, rows: slice, part: int) -> StepOutput:
         mine = batch.examples[rows]
         if batch.document_state is None and batch.memory:
             batch.document_state = push_document(_raw(model), batch.memory, self.context.device)
-        state = repeat_state(batch.document_state, len(mine))
+        state = batch.document_state
+        state = None if state is None else state.repeat_rows(len(mine))
         inputs, targets = pad_batch(mine, self.format.eot)
         inputs, targets = inputs.to(self.context.device), targets.to(self.context.device)
         out = model(inputs, state=state, targets=targets)
@@ -755,7 +747,8 @@ class DialogueTask(Task):
                 memory = push_document(raw, rows[0].memory, self.context.device)
                 for start in range(0, len(rows), self.context.batch_size):
                     chunk = rows[start : start + self.context.batch_size]
-                    details += self._score(raw, chunk, repeat_state(memory, len(chunk)), sums)
+                    state = None if memory is None else memory.repeat_rows(len(chunk))
+                    details += self._score(raw, chunk, state, sums)
                 if self.config.generate:
                     for row, detail in zip(rows, details[-len(rows) :], strict=True):
                         detail.update(self._generate(raw, row, memory))
@@ -900,6 +893,5 @@ __all__ = [
     "generate_reply",
     "pad_batch",
     "push_document",
-    "repeat_state",
     "speaker_format",
 ]

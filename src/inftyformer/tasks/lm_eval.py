@@ -33,13 +33,12 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._progress import progress as show_progress
 from ..data import DocumentStreams, TokenizedCorpus
 from ..data.corpus import with_bos
-from ..model import IGNORE_INDEX
+from ..model import IGNORE_INDEX, token_losses
 
 
 @dataclass(frozen=True)
@@ -214,13 +213,7 @@ def evaluate_lm(
             targets = batch.targets  # [B, L] (cpu)
             out = model(inputs, state=state, reset=batch.reset.to(device))
             state = out.state
-            logits = out.logits.float()  # [B, L, V]
-            nll = F.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]),
-                targets.to(device).reshape(-1),
-                ignore_index=IGNORE_INDEX,
-                reduction="none",
-            ).view_as(targets)  # [B, L]; 0 where not scored
+            nll, _ = token_losses(out.logits, targets.to(device))  # [B, L]; 0 where not scored
             nll = nll.double().cpu()
             scored = targets != IGNORE_INDEX  # [B, L]
             rows = batch.doc_ids >= 0

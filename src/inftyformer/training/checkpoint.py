@@ -30,6 +30,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from .._files import fsync_dir, write_atomic
+
 FORMAT = "inftyformer-checkpoint"
 VERSION = 1
 TENSORS_SUFFIX = ".safetensors"
@@ -96,35 +98,12 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` durably (fsync)."""
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        _write_bytes(tmp, data)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
@@ -241,10 +220,10 @@ def save_checkpoint(
             for role, data in blobs.items()
         },
     }
-    _write_atomic(paths["manifest"], json.dumps(manifest, indent=1).encode())  # commit point
+    write_atomic(paths["manifest"], json.dumps(manifest, indent=1).encode(), durable=True)  # commit
     for role in blobs:
         os.replace(_pending(paths[role]), paths[role])
-    _fsync_dir(directory)
+    fsync_dir(directory)
     return paths["manifest"]
 
 

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .._files import atomic_path
+
 CSV_NAME = "metrics.csv"
 CSV_HEADER = ["step", "split", "metric", "value"]
 
@@ -59,12 +61,10 @@ class MetricsLogger:
             kept = [
                 r for r in rows[1:] if len(r) == 4 and r[0].isdigit() and int(r[0]) <= resume_step
             ]
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w", newline="") as f:
+        with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(CSV_HEADER)
             writer.writerows(kept)
-        os.replace(tmp, path)
         self._file = open(path, "a", newline="")  # noqa: SIM115 - closed in close()
         self._csv = csv.writer(self._file)
         if tensorboard:

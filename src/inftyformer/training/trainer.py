@@ -77,27 +77,13 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 
 
 def param_groups(model: nn.Module, lr: float, weight_decay: float) -> list[dict[str, Any]]:
-    """Decay for weight matrices; none for biases, norms and embeddings. A model with parameter
-    groups of its own (`param_groups(lr, weight_decay)`, e.g. a pretrained model whose memory
-    learns faster) chooses for itself. Each group records its peak rate as `base_lr`."""
-    own = getattr(model, "param_groups", None)
-    if callable(own):
-        groups = own(lr, weight_decay)
-        for group in groups:
-            group["base_lr"] = group["lr"]
-        return groups
-    embedding = {
-        id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
-    }
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim < 2 or id(p) in embedding else decay).append(p)
-    groups = [
-        {"params": decay, "weight_decay": weight_decay, "lr": lr, "base_lr": lr},
-        {"params": no_decay, "weight_decay": 0.0, "lr": lr, "base_lr": lr},
-    ]
-    return [g for g in groups if g["params"]]
+    """The model's own optimiser groups (`param_groups(lr, weight_decay)` of the model contract:
+    decay for weight matrices, none for biases, norms and embeddings; a pretrained model's
+    memory at its own rate), each with its peak rate recorded as `base_lr`."""
+    groups = model.param_groups(lr, weight_decay)
+    for group in groups:
+        group["base_lr"] = group["lr"]
+    return groups
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:

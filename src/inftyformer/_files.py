@@ -1,0 +1,72 @@
+"""Whole files or nothing: every file the library writes goes through `atomic_path`.
+
+    with atomic_path(path) as tmp:    # write tmp (a name beside path: same file system)
+        save(tmp)                     # on success tmp replaces path (os.replace), on any error
+                                      # or interruption tmp is removed and path stays as it was
+
+A reader never sees half a file, and a kill leaves at most a hidden `.NAME.tmpPID` beside it
+(the checkpoint's clean-up removes those of its own files). `durable=True` also flushes the
+data to the disk (fsync of the file and its directory) before the replace returns.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def temporary_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+def fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def fsync_dir(directory: Path) -> None:
+    """Flush a directory's entries (a replace or a new file) to the disk, where the platform
+    allows it."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, *, durable: bool = False) -> Iterator[Path]:
+    """A temporary path to write `path`'s new content to (a file, or a directory the block
+    creates); it replaces `path` when the block ends without an exception."""
+    path = Path(path)
+    tmp = temporary_name(path)
+    try:
+        yield tmp
+        if durable and tmp.is_file():
+            fsync_file(tmp)
+        os.replace(tmp, path)
+        if durable:
+            fsync_dir(path.parent)
+    finally:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif tmp.exists() or tmp.is_symlink():
+            tmp.unlink()
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str, *, durable: bool = False) -> None:
+    """Write `data` (text as UTF-8) to `path`, whole or not at all."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    with atomic_path(path, durable=durable) as tmp:
+        tmp.write_bytes(raw)
+
+
+__all__ = ["atomic_path", "fsync_dir", "temporary_name", "write_atomic"]
