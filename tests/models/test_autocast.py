@@ -8,7 +8,8 @@ roundings of its inputs (2e-2 of the tensor's largest value). Read from the same
 query, μ and σ² must be exactly float32's: computed in bf16, the σ² of a narrow density (softplus
 of a logit near −6) would be ~2e-3 off. End to end (the CNN gate in bf16 moves the memory by
 ~1e-3) the tolerances hold for the paper's density; with the scores standardised, μ follows the
-memory's bf16 rounding more steeply (measured: μ 4e-3, the read of these narrow densities 2.5e-2)."""
+memory's bf16 rounding more steeply (measured: μ 4e-3, the read of these narrow densities
+2.5e-2)."""
 
 import pytest
 import torch
