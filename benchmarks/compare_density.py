@@ -13,6 +13,7 @@ density/L{i}/… metrics) at the first logged step and at the end.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import _common as common
 import compare_lm as lm
 import compare_recall as recall
 import compare_sorting as sorting
@@ -53,6 +55,7 @@ class Setup:
     recall_gaps: list[float] = field(default_factory=lambda: [1, 2, 4, 8, 16])  # × W
     recall_pairs: list[int] = field(default_factory=lambda: [2, 4])
     sorting_seq_lens: list[int] = field(default_factory=lambda: [512, 1024])
+    timing_repeats: int = 15
     quick: bool = False
 
 
@@ -172,6 +175,45 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def time_forms(jobs: list[ex.Job], forms: list[str], repeats: int) -> dict[str, Any]:
+    """Training-step time of each form on each task's model (one thread, one process): a batch
+    streams one segment into memory, then one segment forward + backward + AdamW step is timed,
+    every form round-robin (`_common.interleaved`), so that a shared machine's load falls on all
+    alike. {setting: {form: summary in ms}}."""
+    import torch
+
+    from inftyformer import MemoryLM, ModelConfig
+
+    torch.set_num_threads(1)
+    out: dict[str, Any] = {}
+    for setting in dict.fromkeys(job.key[1] for job in jobs):
+        job = next(j for j in jobs if j.key[1] == setting)
+        batch = job.spec["train"]["batch_size"]
+        steps: dict[str, Callable[[], None]] = {}
+        for form in forms:
+            settings = {**job.spec["model"], "density": "paper", "sigma_init": None}
+            config = ModelConfig.from_dict({**settings, **FORMS[form]["settings"]})
+            torch.manual_seed(0)
+            model = MemoryLM(config)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            C = config.segment_len
+            tokens = torch.randint(0, config.vocab_size, (batch, 3 * C + 1))
+            with torch.no_grad():  # memory holds two segments: the long-term read is used
+                state = model(tokens[:, :C], state=model.init_state(batch)).state
+                state = model(tokens[:, C : 2 * C], state=state).state
+
+            def step(model=model, optimizer=optimizer, state=state, tokens=tokens, C=C) -> None:
+                optimizer.zero_grad(set_to_none=True)
+                out = model(tokens[:, 2 * C : 3 * C], state=state, targets=tokens[:, 2 * C + 1 :])
+                out.loss.backward()
+                optimizer.step()
+
+            steps[form] = step
+        times = common.interleaved(steps, repeats, warmup=2)
+        out[setting] = {form: common.summarize(t) for form, t in times.items()}
+    return out
+
+
 # --------------------------------------------------------------------------- rendering
 def _runs(data: dict[str, Any], form: str, setting: str) -> list[dict[str, Any]]:
     return [r for r in data["runs"] if r["variant"] == form and r["setting"] == setting]
@@ -275,18 +317,19 @@ def render(data: dict[str, Any], out: Path) -> None:
                 rows.append([s, f, *_density_cells(runs, "first"), *_density_cells(runs, "last")])
     lines += [ex.table(head, rows, numeric_from=2), ""]
     lines += ["## Cost per training step", ""]
-    head = ["task", "form", "ms per step", "against paper"]
+    timing = data["data"].get("timing", {})
+    forms_timed = [f for f in forms if any(f in t for t in timing.values())]
+    head = ["task"] + [f"{f}, ms" for f in forms_timed] + [f"{f} / paper" for f in forms_timed]
     rows = []
-    for s in settings:
-        paper = [r["train_seconds"] / r["steps"] for r in _runs(data, "paper", s)]
-        for f in forms:
-            per = [r["train_seconds"] / r["steps"] for r in _runs(data, f, s)]
-            ratio = f"{ex.mean_std(per)[0] / ex.mean_std(paper)[0]:.2f}×" if per and paper else "–"
-            rows.append([s, f, _cell([1000 * p for p in per], 1), ratio])
-    lines += [ex.table(head, rows, numeric_from=2), ""]
+    for s, t in timing.items():
+        ms = [t[f]["median_ms"] if f in t else math.nan for f in forms_timed]
+        paper = t.get("paper", {}).get("median_ms", math.nan)
+        rows.append([s] + [f"{m:.1f}" for m in ms] + [f"{m / paper:.2f}×" for m in ms])
+    lines += [ex.table(head, rows), ""]
     lines += [
-        "Training wall time per step, one thread per run, two runs in parallel on a shared "
-        "machine: read the ratios, not the milliseconds.",
+        "One training step (forward + backward + AdamW) of one segment over a memory that holds "
+        f"two, each task's model and batch, one thread, the forms timed round-robin in one "
+        f"process, median of {data['setup'].get('timing_repeats', '?')} rounds.",
         "",
         ex.cost_line(data),
         "",
@@ -342,7 +385,11 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
         r["window"] = next((j.spec.get("window") for j in jobs if j.key[1] == r["setting"]), None)
         if r["window"] is None:
             del r["window"]
-    result = ex.report(NAME, asdict(setup), {}, {}, runs, args.workers, elapsed)
+    echo("timing one training step of each form ...")
+    if setup.quick:
+        setup.timing_repeats = 2
+    timing = time_forms(jobs, setup.forms, setup.timing_repeats)
+    result = ex.report(NAME, asdict(setup), {}, {"timing": timing}, runs, args.workers, elapsed)
     ex.write_report(out / f"{NAME}.json", result)
     render(result, out)
     echo(f"done in {elapsed / 60:.1f} min -> {out / f'{NAME}.md'}")
