@@ -13,6 +13,7 @@ density/L{i}/… metrics) at the first logged step and at the end.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import sys
 import time
@@ -347,6 +348,12 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
     parser = ex.parser(__doc__, NAME, choices=tuple(FORMS))
     parser.add_argument("--tasks", type=str, help=f"subset of {','.join(TASKS)}")
     parser.add_argument("--data-dir", type=Path, help="data root (with pg19-mini/) or a corpus")
+    parser.add_argument(
+        "--only",
+        type=str,
+        help="run only the jobs FORM:SETTING matching these comma-separated patterns "
+        "(e.g. 'narrow:recall/*,normalized:sorting/*'); the report keeps every finished job",
+    )
     args = parser.parse_args(argv)
     out, runs_dir = ex.directories(args, NAME)
     if args.render_only:
@@ -380,6 +387,14 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
     if "sorting" in setup.tasks:
         jobs += sorting_jobs(setup, runs_dir)
     store = ex.ResultStore(runs_dir / "results.jsonl", fresh=args.fresh)
+    if args.only:
+        patterns = [p.strip() for p in args.only.split(",") if p.strip()]
+        jobs = [
+            j
+            for j in jobs
+            if store.get(j.key, j.fingerprint) is not None
+            or any(fnmatch.fnmatch(f"{j.key[0]}:{j.key[1]}", p) for p in patterns)
+        ]
     runs, failed, elapsed = ex.run_jobs(jobs, store, args.workers, fn=run, echo=echo)
     for r in runs:
         r["window"] = next((j.spec.get("window") for j in jobs if j.key[1] == r["setting"]), None)
