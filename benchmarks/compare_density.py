@@ -146,6 +146,29 @@ def books_jobs(setup: Setup, runs_dir: Path, corpus: Path) -> list[ex.Job]:
     return out
 
 
+def committed_paper_runs(setup: Setup, own: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The paper form's sorting and books runs of the committed comparisons (docs/sorting.json,
+    docs/lm.json: the same recipes, made before the density setting existed, i.e. with the
+    paper's form), for the settings this sweep did not train the paper form on. Each is marked
+    with its "source"."""
+    have = {(r["variant"], r["setting"]) for r in own}
+    out = []
+    for name, task, setting_of in (
+        ("sorting.json", "sorting", lambda r: f"sorting/T{r['setting']}"),
+        ("lm.json", "books", lambda r: "books"),
+    ):
+        path = ex.ROOT / "docs" / name
+        if task not in setup.tasks or not path.exists():
+            continue
+        for r in ex.load_report(path)["runs"]:
+            setting = setting_of(r)
+            wanted = task == "books" or int(setting.split("/T")[1]) in setup.sorting_seq_lens
+            if r["variant"] == "infty" and wanted and ("paper", setting) not in have:
+                out.append({"variant": "paper", "setting": setting, "seed": r["seed"],
+                            "evals": r["evals"], "source": f"docs/{name}"})  # fmt: skip
+    return out
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Train and evaluate one job (experiment.train_and_evaluate), with its CPU time and the
     density figures the trainer logged."""
@@ -220,6 +243,27 @@ def _runs(data: dict[str, Any], form: str, setting: str) -> list[dict[str, Any]]
     return [r for r in data["runs"] if r["variant"] == form and r["setting"] == setting]
 
 
+def _form(data: dict[str, Any], form: str, settings: list[str]) -> str:
+    """The form's name, with † where its runs come from a committed report."""
+    sourced = any(r.get("source") for s in settings for r in _runs(data, form, s))
+    return f"{form} †" if sourced else form
+
+
+def _sources(data: dict[str, Any], settings: list[str]) -> list[str]:
+    """The footnote for rows taken from committed reports."""
+    sources = sorted(
+        {r["source"] for r in data["runs"] if r.get("source") and r["setting"] in settings}
+    )
+    if not sources:
+        return []
+    return [
+        f"† from {', '.join(f'`{s}`' for s in sources)}: the same recipe and seeds, trained "
+        "before the density setting existed, i.e. with the paper's form (this sweep did not "
+        "train it again; its density figures and cost are not in those reports).",
+        "",
+    ]
+
+
 def _cell(values: list[float], digits: int = 3) -> str:
     return ex.fmt_mean_std(values, digits) if values else "–"
 
@@ -285,7 +329,7 @@ def render(data: dict[str, Any], out: Path) -> None:
         lines += ["## Sorting: test accuracy", ""]
         head = ["form"] + [f"T = {s.split('/T')[1]}" for s in sorting_settings]
         rows = [
-            [f]
+            [_form(data, f, sorting_settings)]
             + [
                 _cell([r["evals"]["test"]["metrics"]["accuracy"] for r in _runs(data, f, s)])
                 for s in sorting_settings
@@ -293,14 +337,19 @@ def render(data: dict[str, Any], out: Path) -> None:
             for f in forms
         ]
         lines += [ex.table(head, rows), "", "Recipe: compare_sorting.py's (600 steps).", ""]
+        lines += _sources(data, sorting_settings)
     if "books" in settings:
         lines += ["## Books (pg19-mini): test bits per byte (lower is better)", ""]
         rows = [
-            [f, _cell([r["evals"]["test"]["metrics"]["bpb"] for r in _runs(data, f, "books")], 4)]
+            [
+                _form(data, f, ["books"]),
+                _cell([r["evals"]["test"]["metrics"]["bpb"] for r in _runs(data, f, "books")], 4),
+            ]
             for f in forms
         ]
         lines += [ex.table(["form", "test bits/byte"], rows), ""]
         lines += ["Recipe: compare_lm.py's ∞-former (250 steps, bytes).", ""]
+        lines += _sources(data, ["books"])
     lines += [
         "## Where the reads go: μ's spread across queries and median σ",
         "",
@@ -400,6 +449,8 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
         r["window"] = next((j.spec.get("window") for j in jobs if j.key[1] == r["setting"]), None)
         if r["window"] is None:
             del r["window"]
+    if "paper" in setup.forms and not setup.quick:
+        runs += committed_paper_runs(setup, runs)
     echo("timing one training step of each form ...")
     if setup.quick:
         setup.timing_repeats = 2
