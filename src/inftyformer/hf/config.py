@@ -37,6 +37,8 @@ MEMORY_FIELDS = (
     "sticky_bins",
     "sigma_0",
     "min_sigma_sq",
+    "density",
+    "sigma_init",
 )
 MODEL_FIELDS = ("segment_len", "kl_weight")
 
@@ -60,6 +62,8 @@ class InftyformerConfig(PretrainedConfig):
     sticky_bins: int = 128
     sigma_0: float = 0.05
     min_sigma_sq: float = 1e-4
+    density: str = "normalized"  # "paper" or "normalized" scores (long_term_attention.py)
+    sigma_init: float | None = None  # σ at initialisation; None: the paper's (≈ 0.83)
     segment_len: int = 512
     kl_weight: float = 1e-6
 
@@ -81,6 +85,11 @@ class InftyformerConfig(PretrainedConfig):
                 f"got {self.segment_len}"
             )
         self.long_term_config()  # validates N, widths, λ, τ, M, σ₀ with named errors
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> InftyformerConfig:
+        # a config.json saved before the density setting existed reads the scores as the paper
+        return super().from_dict({"density": "paper", **config_dict}, **kwargs)
 
     @property
     def base_architecture(self) -> str:

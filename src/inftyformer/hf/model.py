@@ -93,8 +93,7 @@ class LayerMemory(nn.Module):
         self.attention.reset_projections(std)
         nn.init.zeros_(self.attention.out.weight)
         nn.init.zeros_(self.attention.out.bias)
-        self.attention.mu_head.reset_parameters()
-        self.attention.sigma_head.reset_parameters()
+        self.attention.reset_density()
         if self.memory.gate is not None:
             self.memory.gate.reset_parameters()
 
