@@ -83,6 +83,14 @@ def check_positive_int(name: str, value: object, minimum: int = 1) -> None:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
+def check_bool(name: str, value: object) -> None:
+    """A real bool: strings such as 'false' or numbers such as 2 are refused, not read as truthy."""
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"{name} must be a bool (true or false), got {type(value).__name__} ({value!r})"
+        )
+
+
 def check_range(
     name: str,
     value: float,

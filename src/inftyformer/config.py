@@ -73,6 +73,8 @@ class ModelConfig:
     sigma_0: float = 0.05  # σ₀
     conv_gate: bool = True
     edge_padding: bool = True
+    density: str = "normalized"  # "paper" or "normalized" scores (long_term_attention.py)
+    sigma_init: float | None = None  # σ at initialisation; None: the paper's (≈ 0.83)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "widths", check_widths(self.widths))
@@ -156,7 +158,8 @@ class ModelConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown ModelConfig fields {unknown}")
-        return cls(**data)
+        # configs saved before the density setting existed read the scores as the paper does
+        return cls(**{"density": "paper", **data})
 
     def replace(self, **changes: Any) -> ModelConfig:
         return replace(self, **changes)

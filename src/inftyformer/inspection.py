@@ -56,6 +56,7 @@ import torch.nn.functional as F
 
 from ._checks import check_positive_int, check_range, check_tensor
 from .basis import GaussianBasis
+from .long_term_attention import density_statistics
 from .model import MemoryLM
 from .ridge import evaluate_signal
 
@@ -326,6 +327,19 @@ def mu_values(record: StreamRecord, layer: int) -> torch.Tensor:
     if not rec.reads:
         raise ValueError(f"layer {layer} has no long-term reads (no ∞-former memory, or empty)")
     return torch.cat([m.transpose(0, 1).reshape(m.shape[1], -1) for _, m, _ in rec.reads], dim=1)
+
+
+def mu_spread(record: StreamRecord, layer: int) -> float:
+    """μ's standard deviation across the queries of a head, averaged over rows, heads and the
+    reads of layer `layer` (`density_statistics`, as the trainer logs it)."""
+    rec = record.layers[layer]
+    if not rec.reads:
+        raise ValueError(f"layer {layer} has no long-term reads (no ∞-former memory, or empty)")
+    spreads = [
+        density_statistics(mu, s, torch.zeros(mu.shape[0], dtype=torch.bool))[1]
+        for _, mu, s in rec.reads
+    ]
+    return float(torch.stack(spreads).mean())
 
 
 # --------------------------------------------------------------------------- sticky samples
@@ -618,6 +632,9 @@ class Inspection:
     reads: list[ReadMap | None]
     sigmas: list[torch.Tensor | None]  # [H, n] per layer
     mus: list[torch.Tensor | None]
+    # μ's spread across the queries of a head, averaged over the reads (the trainer's
+    # density/L{i}/mu_spread: ≈ 0 when every query reads the same place)
+    mu_spreads: list[float | None]
     samples: list[SampleHistory | None]
     fidelity: list[Fidelity | None]
     compressed: list[Fidelity | None]
@@ -640,6 +657,7 @@ class Inspection:
                 entry["sigma"] = quantiles(s)
                 entry["sigma_median_per_head"] = [float(v) for v in s.median(dim=1).values]
                 entry["mu"] = quantiles(self.mus[i])
+                entry["mu_spread"] = self.mu_spreads[i]
                 if self.sigma_0 is not None:
                     entry["fraction_sigma_below_2_sigma0"] = float(
                         (s < 2 * self.sigma_0).double().mean()
@@ -718,6 +736,7 @@ def inspect_stream(
         reads=list(none),
         sigmas=list(none),
         mus=list(none),
+        mu_spreads=list(none),
         samples=list(none),
         fidelity=list(none),
         compressed=list(none),
@@ -730,6 +749,7 @@ def inspect_stream(
                 out.reads[i] = read_map(record, i, c.tau, bins)
                 out.sigmas[i] = sigma_values(record, i)
                 out.mus[i] = mu_values(record, i)
+                out.mu_spreads[i] = mu_spread(record, i)
             if any(s is not None for _, _, s in rec.updates):
                 out.samples[i] = sample_history(record, i, c.tau)
             if rec.updates:

@@ -5,6 +5,13 @@ Keys and values come from the memory's coefficients, one per basis function:
     K = B W^K,  V = B W^V ∈ ℝ^{N×e}                                   (split into H heads)
     s = K q / √d ∈ ℝ^N                                                 (per head and query)
     μ = sigmoid(w_μᵀ s),  σ² = softplus(w_σᵀ s) ≥ 1e-4                 (the query's density)
+
+`density="normalized"` (the default) standardises the scores over the N basis keys first,
+ŝ = (s − mean(s)) / std(s), and feeds ŝ to w_μ, w_σ. The paper's form ("paper") depends on the
+query only through s itself, which starts near zero (small W^K and queries, normalised stored
+states), so every query's density starts, and in practice stays, where the biases put it: the same
+flat read for every query. ŝ has unit spread at any scale of s, so μ and σ depend on the query
+from the first step. `sigma_init` sets σ at initialisation (the bias of w_σ).
     r = E_p[ψ] = 𝒩(μ; c, σ² + w²)                                      (continuous softmax)
     z = rᵀ V  = E_p[v(t)],  heads merged, then an output projection.
 
@@ -30,6 +37,10 @@ from .fused_attention import expected_values
 from .long_term_memory import LongTermConfig, LongTermState, allowed_dtypes
 from .precision import at_least_float32, full_precision, wide_dtype
 
+# added to the scores' variance before standardising them ("normalized"): far below the variance
+# of the scores of any memory that holds something, so that ŝ keeps unit spread at any scale
+SCORE_EPS = 1e-12
+
 
 @dataclass
 class LongTermAttentionOutput:
@@ -44,11 +55,16 @@ class PreparedMemory:
     """The parts of a read that depend on the memory only (`LongTermAttention.prepare`)."""
 
     values: torch.Tensor  # V = B W^V  [batch, H, N, d]
-    keys: torch.Tensor  # W^Kᵀ Bᵀ [w_μ, w_σ] / √d  [batch, H, d, 2]
+    keys: torch.Tensor  # W^Kᵀ Bᵀ [w_μ, w_σ] / √d (B centred over the basis if normalized) [b,H,d,2]
+    # "normalized" only: the second moment of the centred scores, K̃ᵀK̃ / (N d)  [batch, H, d, d]
+    gram: torch.Tensor | None = None
 
     def repeat_interleave(self, repeats: int) -> PreparedMemory:
+        gram = None if self.gram is None else self.gram.repeat_interleave(repeats, 0)
         return PreparedMemory(
-            self.values.repeat_interleave(repeats, 0), self.keys.repeat_interleave(repeats, 0)
+            self.values.repeat_interleave(repeats, 0),
+            self.keys.repeat_interleave(repeats, 0),
+            gram,
         )
 
 
@@ -79,6 +95,19 @@ class LongTermAttention(nn.Module):
         self.mu_head = nn.Linear(N, 1)  # w_μ, shared by the heads
         self.sigma_head = nn.Linear(N, 1)  # w_σ
         self.out = nn.Linear(e, config.out_dim or e)
+        self._init_sigma()
+
+    def reset_density(self) -> None:
+        """w_μ, w_σ anew: PyTorch's default initialisation, then σ at `config.sigma_init`."""
+        self.mu_head.reset_parameters()
+        self.sigma_head.reset_parameters()
+        self._init_sigma()
+
+    @torch.no_grad()
+    def _init_sigma(self) -> None:
+        # softplus(b) = σ_init²: b = log(exp(σ_init²) − 1); draws nothing from the RNG
+        if self.config.sigma_init is not None:
+            self.sigma_head.bias.fill_(math.log(math.expm1(self.config.sigma_init**2)))
 
     def reset_projections(self, std: float) -> None:
         """The projections (W^Q when present, W^K, W^V, the output) ~ N(0, std²), so that the
@@ -100,9 +129,19 @@ class LongTermAttention(nn.Module):
         v = self.value(B).view(batch, -1, H, d).transpose(1, 2)  # V = B W^V  [batch, H, N, d]
         with full_precision(B):
             w = torch.cat([self.mu_head.weight, self.sigma_head.weight])  # [2, N]
-            k_folded = self.key(torch.matmul(w, at_least_float32(B)))  # (wᵀ B) W^K  [b, 2, e]
+            B32 = at_least_float32(B)
+            if c.density == "paper":
+                k_folded = self.key(torch.matmul(w, B32))  # (wᵀ B) W^K  [b, 2, e]
+                gram = None
+            else:
+                # s − mean(s) = K̃ q / √d with K̃ = (B − mean_N B) W^K: centre B over the basis
+                K = self.key(B32 - B32.mean(dim=1, keepdim=True))  # K̃  [b, N, e]
+                k_folded = torch.matmul(w, K)  # wᵀ K̃  [b, 2, e]
+                K = K.view(batch, -1, H, d).transpose(1, 2)  # [b, H, N, d]
+                # mean_N (s − mean s)² = qᵀ (K̃ᵀ K̃ / (N d)) q
+                gram = torch.matmul(K.transpose(-1, -2), K) / (K.shape[2] * d)  # [b, H, d, d]
             keys = k_folded.view(batch, 2, H, d).permute(0, 2, 3, 1) / math.sqrt(d)  # [b,H,d,2]
-        return PreparedMemory(values=v, keys=keys)
+        return PreparedMemory(values=v, keys=keys, gram=gram)
 
     def forward(
         self,
@@ -146,7 +185,11 @@ class LongTermAttention(nn.Module):
         q = self.query(query) if self.query is not None else query
         q = q.view(batch, num_q, H, d).transpose(1, 2)  # [batch, H, Q, d]
         with full_precision(query):  # μ, σ² in float32 also under autocast (precision.py)
-            logits = torch.matmul(at_least_float32(q), k_heads)  # [w_μᵀ s, w_σᵀ s]  [b, H, Q, 2]
+            q32 = at_least_float32(q)
+            logits = torch.matmul(q32, k_heads)  # [w_μᵀ s, w_σᵀ s]  [b, H, Q, 2]
+            if prepared.gram is not None:  # [w_μᵀ ŝ, w_σᵀ ŝ], ŝ = (s − mean s) / std s
+                var = (torch.matmul(q32, prepared.gram) * q32).sum(-1)  # var_N(s)  [b, H, Q]
+                logits = logits * torch.rsqrt(var.clamp(min=0.0) + SCORE_EPS).unsqueeze(-1)
             mu = torch.sigmoid(logits[..., 0] + self.mu_head.bias)  # μ ∈ (0, 1)  [batch, H, Q]
             sigma_sq = F.softplus(logits[..., 1] + self.sigma_head.bias).clamp(min=c.min_sigma_sq)
 
@@ -165,3 +208,25 @@ class LongTermAttention(nn.Module):
         """z = E_p[ψ]ᵀ V per head and query: mu, sigma_sq [batch, H, Q], v [batch, H, N, d]
         → [batch, H, Q, d], fused in blocks of queries (see `query_block_elements`)."""
         return expected_values(mu, sigma_sq, v, self.basis, self.query_block_elements)
+
+
+def density_statistics(
+    mu: torch.Tensor, sigma_sq: torch.Tensor, empty: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """How much the reads of one call depend on the query, over the rows whose memory holds
+    something: (median σ, μ's spread, rows), three 0-d float64 tensors (no host synchronisation).
+
+    μ's spread is the standard deviation of μ across the queries of a head, averaged over rows and
+    heads: ≈ 0 when every query reads the same place (a flat per-layer average, not retrieval).
+    mu, sigma_sq [batch, H, Q]; empty [batch] bool. With no such row (or one query) all are 0."""
+    filled = ~empty.to(mu.device)  # [batch]
+    rows = filled.sum().double()
+    if mu.shape[-1] < 2:
+        zero = rows.new_zeros(())
+        return zero, zero, zero
+    mu, sigma_sq = mu.detach()[filled].double(), sigma_sq.detach()[filled].double()
+    if mu.numel() == 0:
+        return rows.new_zeros(()), rows.new_zeros(()), rows
+    sigma_median = sigma_sq.sqrt().median()
+    mu_spread = mu.std(dim=-1).mean()  # across queries, then over rows and heads
+    return sigma_median, mu_spread, rows

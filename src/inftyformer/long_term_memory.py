@@ -23,6 +23,7 @@ from torch import nn
 
 from ._checks import (
     ValueChecks,
+    check_bool,
     check_dtype,
     check_floating,
     check_positive_int,
@@ -43,6 +44,16 @@ from .ridge import (
 # so that the memory stays bounded (a constant input accumulates to at most 1 / (1 − 0.95) = 20×)
 # and the ~1% error of the estimate cannot matter.
 MAX_UPDATE_GAIN = 0.95
+
+DENSITY_FORMS = ("paper", "normalized")
+
+
+def check_density(density: object, sigma_init: object) -> None:
+    """The density settings of a long-term memory (shared by the native and pretrained configs)."""
+    if density not in DENSITY_FORMS:
+        raise ValueError(f"density must be one of {DENSITY_FORMS}, got {density!r}")
+    if sigma_init is not None:
+        check_range("sigma_init", sigma_init, 0.0, 10.0, low_open=True)
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,13 @@ class LongTermConfig:
     sticky_bins: int = 128
     sigma_0: float = 0.05  # σ₀ of the KL prior
     min_sigma_sq: float = 1e-4  # clamp on σ² (1e-6 is unsafe in float32)
+    # how the scores s = K q / √d become the density (long_term_attention.py): "paper" feeds s
+    # to w_μ, w_σ as in the paper's §3.2; "normalized" standardises s over the N basis keys
+    # first, so that μ and σ depend on the query however small s is (at initialisation)
+    density: str = "normalized"
+    # σ of every density at initialisation (the bias of w_σ); None: PyTorch's default
+    # initialisation of the head, the paper's (σ ≈ 0.83)
+    sigma_init: float | None = None
     out_dim: int | None = None  # size of the context (default: dim)
     query_projection: bool = False  # own W^Q; otherwise queries come already projected
     segment_len: int | None = None  # L of the updates: the update's gain is checked for it here
@@ -84,8 +102,11 @@ class LongTermConfig:
         check_positive_int("sticky_bins", self.sticky_bins)
         check_range("sigma_0", self.sigma_0, 0.0, low_open=True)
         check_range("min_sigma_sq", self.min_sigma_sq, 0.0, low_open=True)
+        check_density(self.density, self.sigma_init)
         if self.out_dim is not None:
             check_positive_int("out_dim", self.out_dim)
+        for name in ("edge_padding", "conv_gate", "sticky", "query_projection"):
+            check_bool(name, getattr(self, name))
         if self.segment_len is not None:
             check_positive_int("segment_len", self.segment_len)
             check_update_gain(self, (self.segment_len,))  # other L when first used

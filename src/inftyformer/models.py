@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ._checks import check_positive_int, check_range
 from .basis import check_widths
 from .config import MEMORY_SETTINGS, ModelConfig
+from .long_term_memory import check_density
 from .model import LMOutput
 from .state import MemoryState
 
@@ -57,6 +58,8 @@ class PretrainedMemoryConfig:
     kl_weight: float = 1e-6
     conv_gate: bool = True
     edge_padding: bool = True
+    density: str = "normalized"  # "paper" or "normalized" scores (long_term_attention.py)
+    sigma_init: float | None = None  # σ at initialisation; None: the paper's (≈ 0.83)
     vocab_size: int = 0  # read from the base's config.json
 
     def __post_init__(self) -> None:
@@ -78,6 +81,7 @@ class PretrainedMemoryConfig:
         for name in ("segment_len", "num_basis", "num_samples", "sticky_bins"):
             check_positive_int(name, getattr(self, name))
         object.__setattr__(self, "widths", check_widths(self.widths, self.num_basis))
+        check_density(self.density, self.sigma_init)
         if not self.vocab_size:
             data = json.loads(config.read_text(encoding="utf-8"))
             data = data.get("text_config", data)  # a saved memory model nests the base's
@@ -105,7 +109,8 @@ class PretrainedMemoryConfig:
         unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"unknown PretrainedMemoryConfig fields {unknown}")
-        return cls(**data)
+        # configs saved before the density setting existed read the scores as the paper does
+        return cls(**{"density": "paper", **data})
 
     def replace(self, **changes: Any) -> PretrainedMemoryConfig:
         return dataclasses.replace(self, **changes)

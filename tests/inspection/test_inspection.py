@@ -26,6 +26,7 @@ from inftyformer.inspection import (
     signal_fidelity,
     squeeze_positions,
 )
+from inftyformer.long_term_attention import density_statistics
 from inftyformer.ridge import fit_coefficients
 
 
@@ -307,6 +308,10 @@ def test_inspect_a_tiny_infinity_former(sticky: bool) -> None:
     summary = result.summary()
     assert summary["sticky"] is sticky and len(summary["layers"]) == 2
     assert 0 < summary["layers"][0]["sigma"]["median"]
+    # μ's spread across queries, as the trainer logs it: the reads of layer 1, one by one
+    by_read = [density_statistics(mu, s, torch.zeros(2, dtype=bool))[1] for _, mu, s in layer.reads]
+    assert summary["layers"][1]["mu_spread"] == pytest.approx(float(torch.stack(by_read).mean()))
+    assert summary["layers"][1]["mu_spread"] > 1e-2  # the default density depends on the query
     assert ("sample_entropy_vs_uniform" in summary["layers"][0]) is sticky
     # M = 16, τ = 0.75: a new vector falls below the first sample point after ln 16 / ln(4/3)
     assert summary["first_sample_horizon"] == pytest.approx(math.log(16) / math.log(4 / 3))

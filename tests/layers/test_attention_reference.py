@@ -2,14 +2,16 @@
 implementations written here, at a fixed initialisation (same parameters, same inputs):
 
 - `NaiveLongTerm`: what the equations say, written plainly — scores s = K q / √d materialised as
-  [batch, H, Q, N] and fed to the Linear(N, 1) heads, one Gaussian density per basis function,
-  G from an explicit inverse, ψ(u) rebuilt every update;
-- `initial_attention`: `LongTermAttention.forward` as first committed (K = B W^K built and then
-  folded with w_μ, w_σ; the continuous softmax over the whole [batch, H, Q, N] at once, plain
-  autograd).
+  [batch, H, Q, N] (standardised over N by a LayerNorm without affine for `density="normalized"`)
+  and fed to the Linear(N, 1) heads, one Gaussian density per basis function, G from an explicit
+  inverse, ψ(u) rebuilt every update;
+- `initial_attention`: `LongTermAttention.forward` as first committed, the paper's density
+  (K = B W^K built and then folded with w_μ, w_σ; the continuous softmax over the whole
+  [batch, H, Q, N] at once, plain autograd).
 
-The library folds the heads into B, fuses the continuous read in blocks with its own backward
-(fused_attention.py) and solves for G in float64; in float64 all three agree to round-off."""
+The library folds the heads into B (and, normalized, the scores' variance into a d×d matrix),
+fuses the continuous read in blocks with its own backward (fused_attention.py) and solves for G
+in float64; in float64 all three agree to round-off."""
 
 import math
 
@@ -19,6 +21,7 @@ import torch.nn.functional as F
 
 from inftyformer import LongTermAttention, LongTermConfig, LongTermMemory, LongTermState
 from inftyformer.continuous_softmax import variance_kl
+from inftyformer.long_term_attention import SCORE_EPS
 
 CONFIG = dict(dim=24, num_heads=4, num_basis=32, num_samples=24)
 
@@ -73,6 +76,8 @@ class NaiveLongTerm:
         v = att.value(coefficients).view(b, N, H, d).transpose(1, 2)
         qh = q.view(b, num_q, H, d).transpose(1, 2)  # [batch, H, Q, d]
         scores = qh @ k.transpose(-1, -2) / math.sqrt(d)  # [batch, H, Q, N]
+        if c.density == "normalized":
+            scores = F.layer_norm(scores, (N,), eps=SCORE_EPS)
         mu = torch.sigmoid(att.mu_head(scores)).squeeze(-1)  # [batch, H, Q]
         sigma_sq = F.softplus(att.sigma_head(scores)).squeeze(-1).clamp(min=c.min_sigma_sq)
         var = sigma_sq[..., None] + self.widths**2  # [batch, H, Q, N]
@@ -114,9 +119,9 @@ def initial_attention(att: LongTermAttention, query: torch.Tensor, state: LongTe
     return context, kl
 
 
-def _setup(dtype, batch=2, length=40, seed=0):
+def _setup(dtype, batch=2, length=40, seed=0, **settings):
     torch.manual_seed(seed)  # fixed initialisation, shared by every implementation
-    cfg = LongTermConfig(**CONFIG)
+    cfg = LongTermConfig(**{**CONFIG, **settings})
     mem, att = LongTermMemory(cfg).to(dtype), LongTermAttention(cfg).to(dtype)
     g = torch.Generator().manual_seed(seed + 1)
     e = cfg.dim
@@ -132,13 +137,39 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-def test_attention_matches_the_naive_form():
-    mem, att, state, _, q = _setup(torch.float64)
+@pytest.mark.parametrize("density", ["paper", "normalized"])
+@pytest.mark.parametrize("sigma_init", [None, 0.2])
+def test_attention_matches_the_naive_form(density, sigma_init):
+    mem, att, state, _, q = _setup(torch.float64, density=density, sigma_init=sigma_init)
     naive = NaiveLongTerm(mem, att)
     out = att(q, state)
     context, kl = naive.attend(q, state.coefficients)
     assert _rel(out.context, context) < 1e-12
     assert out.kl.item() == pytest.approx(kl.item(), rel=1e-12)
+
+
+def test_normalized_gradients_match_the_naive_form():
+    """Every gradient of the folded standardisation (the d×d second moment) equals autograd
+    through the materialised LayerNorm over the N scores."""
+    mem, att, state, _, q = _setup(torch.float64, density="normalized")
+    q.requires_grad_()
+    coefficients = state.coefficients.clone().requires_grad_()
+    grads = []
+    for variant in ("library", "naive"):
+        att.zero_grad(set_to_none=True)
+        q.grad = coefficients.grad = None
+        s = LongTermState(coefficients, state.attention_mass, state.observed, state.empty)
+        if variant == "library":
+            out = att(q, s)
+            context, kl = out.context, out.kl
+        else:
+            context, kl = NaiveLongTerm(mem, att).attend(q, coefficients)
+        (context.square().sum() + kl).backward()
+        got = {"q": q.grad.clone(), "B": coefficients.grad.clone()}
+        got.update({n: p.grad.clone() for n, p in att.named_parameters()})
+        grads.append(got)
+    for key in grads[0]:
+        assert _rel(grads[0][key], grads[1][key]) < 1e-10, key
 
 
 def test_update_matches_the_naive_form():
@@ -155,7 +186,7 @@ def test_update_matches_the_naive_form():
 )
 def test_update_and_attention_match_the_initial_version(dtype, tol):
     """Context, KL and every gradient (CNN gate included) of one update + attention step."""
-    mem, att, state, x, q = _setup(dtype)
+    mem, att, state, x, q = _setup(dtype, density="paper")
     q.requires_grad_()
     results = []
     for variant in ("library", "initial"):

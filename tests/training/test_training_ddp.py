@@ -65,3 +65,25 @@ def test_two_process_ddp_matches_single_process(tmp_path):
     assert torch.allclose(
         torch.tensor(losses(out)), torch.tensor(losses(tmp_path / "single")), atol=1e-5
     )
+
+
+def test_wrapping_a_model_for_ddp_warns_nothing(tmp_path):
+    """The user did not cause a deprecation warning of DDP's options: none is printed."""
+    import warnings
+
+    import torch.distributed as dist
+
+    from inftyformer.training.distributed import DistEnv, wrap_model
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            wrapped = wrap_model(torch.nn.Linear(2, 2), DistEnv(world_size=2))
+        assert isinstance(wrapped, torch.nn.parallel.DistributedDataParallel)
+        assert [str(w.message) for w in caught] == []
+        synced = getattr(wrapped, "forward_sync_buffers", getattr(wrapped, "broadcast_buffers", 1))
+        assert not synced  # buffers are not broadcast at every forward
+    finally:
+        dist.destroy_process_group()

@@ -18,6 +18,8 @@ from typing import Any
 from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
+from .._checks import check_positive_int, check_range
+from ..basis import check_widths
 from ..long_term_memory import LongTermConfig
 from .adapters import adapter_for
 
@@ -35,6 +37,8 @@ MEMORY_FIELDS = (
     "sticky_bins",
     "sigma_0",
     "min_sigma_sq",
+    "density",
+    "sigma_init",
 )
 MODEL_FIELDS = ("segment_len", "kl_weight")
 
@@ -58,28 +62,34 @@ class InftyformerConfig(PretrainedConfig):
     sticky_bins: int = 128
     sigma_0: float = 0.05
     min_sigma_sq: float = 1e-4
+    density: str = "normalized"  # "paper" or "normalized" scores (long_term_attention.py)
+    sigma_init: float | None = None  # σ at initialisation; None: the paper's (≈ 0.83)
     segment_len: int = 512
     kl_weight: float = 1e-6
 
     def __post_init__(self, **kwargs: Any) -> None:
         super().__post_init__(**kwargs)
-        self.widths = tuple(float(w) for w in self.widths)
+        self.widths = check_widths(self.widths)
         text = self.text_config
         architecture = self.base_architecture
         adapter_for(architecture)  # a clear error for an unsupported base
         if self.num_heads is None:
             self.num_heads = int(text.num_attention_heads)
-        if isinstance(self.segment_len, bool) or not isinstance(self.segment_len, int):
-            raise TypeError(f"segment_len must be an int, got {type(self.segment_len).__name__}")
+        # the same checks as the native ModelConfig (types, finiteness, ranges)
+        check_positive_int("segment_len", self.segment_len)
+        check_range("kl_weight", self.kl_weight, 0.0)
         limit = getattr(text, "max_position_embeddings", None)
         if self.segment_len < 1 or (limit is not None and self.segment_len > limit):
             raise ValueError(
                 f"segment_len must be in [1, {limit}] (the base's max_position_embeddings), "
                 f"got {self.segment_len}"
             )
-        if isinstance(self.kl_weight, bool) or not (float(self.kl_weight) >= 0):
-            raise ValueError(f"kl_weight must be >= 0, got {self.kl_weight}")
         self.long_term_config()  # validates N, widths, λ, τ, M, σ₀ with named errors
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> InftyformerConfig:
+        # a config.json saved before the density setting existed reads the scores as the paper
+        return super().from_dict({"density": "paper", **config_dict}, **kwargs)
 
     @property
     def base_architecture(self) -> str:

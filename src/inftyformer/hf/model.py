@@ -93,8 +93,7 @@ class LayerMemory(nn.Module):
         self.attention.reset_projections(std)
         nn.init.zeros_(self.attention.out.weight)
         nn.init.zeros_(self.attention.out.bias)
-        self.attention.mu_head.reset_parameters()
-        self.attention.sigma_head.reset_parameters()
+        self.attention.reset_density()
         if self.memory.gate is not None:
             self.memory.gate.reset_parameters()
 
@@ -538,6 +537,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         if memory is None:
             memory = self.init_memory(ids.shape[0])
         cache = self.prepare_reads(memory)
+        if kwargs.get("attention_mask") is None:  # ids without a mask are all tokens, no padding
+            kwargs["attention_mask"] = torch.ones_like(ids)
         return super().generate(ids, memory=memory, read_cache=cache, **kwargs)
 
     @torch.no_grad()

@@ -94,7 +94,23 @@ def wrap_model(model: nn.Module, env: DistEnv) -> nn.Module:
     if not env.distributed:
         return model
     device_ids = [env.device.index] if env.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+    return DistributedDataParallel(model, device_ids=device_ids, **_NO_BUFFER_SYNC)
+
+
+def _no_buffer_sync() -> dict[str, bool]:
+    """DDP's option not to broadcast buffers at every forward: the buffers here (basis centres
+    and widths, a pretrained model's rotary frequencies) are the same constants on every rank.
+    torch 2.13 renamed it forward_sync_buffers and warns on the old name once per process;
+    earlier versions know only broadcast_buffers."""
+    import inspect
+
+    parameters = inspect.signature(DistributedDataParallel.__init__).parameters
+    if "forward_sync_buffers" in parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
+_NO_BUFFER_SYNC = _no_buffer_sync()
 
 
 def all_reduce_sum(values: list[float], env: DistEnv) -> list[float]:

@@ -45,6 +45,7 @@ from .checkpoint import (
     unflatten_optimizer,
 )
 from .config import RUN_SETTINGS, TrainConfig
+from .density import DensityMonitor
 from .distributed import (
     DistEnv,
     all_gather_object,
@@ -226,6 +227,7 @@ class Trainer:
         seed_everything(train_cfg.seed)
         self.model = build_model(model_cfg).to(self.env.device)
         self.model.train()
+        self.density = DensityMonitor(self.model)  # per-layer σ and μ spread of every step
         self.optimizer = build_optimizer(self.model, train_cfg)
         if self.env.rank:
             seed_everything(rank_seed(train_cfg.seed, self.env.rank))
@@ -431,6 +433,7 @@ class Trainer:
         sums: dict[str, float] = {}
         means: dict[str, float] = {"loss": 0.0}
         start = time.perf_counter()
+        self.density.start()
         batch = self.task.batch(self.step)
         # every process holds the whole global batch, cut into `chunks` chunks rank-major; each
         # chunk's mean loss is scaled by its share of the batch's weight (× the number of
@@ -483,6 +486,7 @@ class Trainer:
         metrics = {"loss": means.pop("loss")}
         metrics.update(self.task.train_metrics(sums))
         metrics.update({f"aux/{k}": v for k, v in means.items()})
+        metrics.update(self.density.metrics(self.env))
         metrics["lr"] = lr
         metrics["grad_norm"] = grad_norm
         metrics["tokens_per_s"] = sums.get("tokens", 0.0) / max(elapsed, 1e-9)

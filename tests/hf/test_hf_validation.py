@@ -1,0 +1,86 @@
+"""The pretrained adapter validates its settings like the native config: the same checks (types,
+finiteness, ranges) whether the settings come from `add_long_term_memory`, from
+`InftyformerConfig` or from a saved model's config.json; strings such as 'false' are refused,
+never read as truthy."""
+
+import json
+import math
+
+import pytest
+from tiny_hf import MEMORY, tiny_base
+from transformers import AutoModelForCausalLM
+
+from inftyformer import ModelConfig
+from inftyformer.hf import add_long_term_memory
+
+BAD = [
+    ("kl_weight", math.inf),
+    ("kl_weight", math.nan),
+    ("kl_weight", -1.0),
+    ("kl_weight", "1"),
+    ("sticky", "false"),
+    ("sticky", 1),
+    ("conv_gate", "no"),
+    ("edge_padding", 2),
+    ("edge_padding", None),
+    ("widths", ["0.005", "0.01"]),
+    ("widths", [True, 0.01]),
+    ("widths", "0.01"),
+    ("tau", "0.5"),
+    ("tau", 1.0),
+    ("ridge_lambda", math.inf),
+    ("ridge_lambda", 0.0),
+    ("num_samples", 16.0),
+    ("num_basis", "16"),
+    ("sigma_0", math.nan),
+    ("min_sigma_sq", -1e-4),
+    ("sticky_bins", 0),
+    ("segment_len", True),
+    ("segment_len", 8.0),
+    ("num_heads", "4"),
+]
+
+
+def _ids(case):
+    return f"{case[0]}={case[1]!r}"
+
+
+@pytest.mark.parametrize("name, value", BAD, ids=[_ids(c) for c in BAD])
+def test_add_long_term_memory_refuses_bad_settings_by_name(name, value):
+    settings = {**MEMORY, name: value}
+    with pytest.raises((TypeError, ValueError), match=name):
+        add_long_term_memory(tiny_base("gpt2"), **settings)
+
+
+NATIVE = [c for c in BAD if c[0] != "min_sigma_sq"]  # not a setting of the native model
+
+
+@pytest.mark.parametrize("name, value", NATIVE, ids=[_ids(c) for c in NATIVE])
+def test_the_native_config_refuses_the_same_settings(name, value):
+    name = {"num_heads": "n_heads"}.get(name, name)
+    with pytest.raises((TypeError, ValueError), match=name):
+        ModelConfig(
+            vocab_size=13, d_model=32, n_heads=2, num_basis=16, num_samples=16, **{name: value}
+        )
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [c for c in BAD if c[0] not in ("num_heads",)],
+    ids=[_ids(c) for c in BAD if c[0] not in ("num_heads",)],
+)
+def test_a_saved_models_config_json_is_checked_the_same_way(name, value, tmp_path):
+    add_long_term_memory(tiny_base("gpt2"), **MEMORY).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config[name] = value
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises((TypeError, ValueError), match=name):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_valid_settings_still_load(tmp_path):
+    model = add_long_term_memory(tiny_base("llama"), **MEMORY, sticky=True, conv_gate=False)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert loaded.config.sticky is True and loaded.config.conv_gate is False
+    assert loaded.config.widths == (0.005, 0.01)

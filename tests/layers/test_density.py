@@ -1,0 +1,141 @@
+"""The density heads: with the scores standardised over the basis ("normalized", the default),
+every query's μ and σ depend on the query from the first step, whatever the scale of the scores;
+with the paper's form they start as one flat read shared by every query."""
+
+import math
+
+import pytest
+import torch
+
+from inftyformer import (
+    LongTermAttention,
+    LongTermConfig,
+    LongTermMemory,
+    MemoryLM,
+    ModelConfig,
+)
+from inftyformer.models import PretrainedMemoryConfig
+
+
+def _read(density: str, key_scale: float = 1.0, sigma_init=None, seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = LongTermConfig(
+        dim=32, num_heads=4, num_basis=32, num_samples=32, density=density, sigma_init=sigma_init
+    )
+    mem, att = LongTermMemory(cfg), LongTermAttention(cfg, None)
+    with torch.no_grad():
+        att.key.weight.mul_(key_scale)
+    g = torch.Generator().manual_seed(seed + 1)
+    state = mem.update(mem.init_state(2), torch.randn(2, 64, 32, generator=g)).detach()
+    q = torch.randn(2, 48, 32, generator=g)
+    return att(q, state)
+
+
+def _spread(mu: torch.Tensor) -> float:
+    """μ's standard deviation across the queries of a head, averaged over rows and heads."""
+    return mu.std(dim=-1).mean().item()
+
+
+def test_normalized_density_is_invariant_to_the_scale_of_the_scores():
+    """ŝ = (s − mean s)/std s: W^K a hundred times smaller gives the same densities."""
+    big, small = _read("normalized"), _read("normalized", key_scale=1e-2)
+    torch.testing.assert_close(small.mu, big.mu, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(small.sigma_sq, big.sigma_sq, rtol=1e-4, atol=1e-6)
+    assert _spread(small.mu) > 0.05
+
+
+def test_paper_density_collapses_to_one_read_when_the_scores_are_small():
+    """The failure the normalized form removes: small scores, every query the same density."""
+    paper = _read("paper", key_scale=1e-2)
+    assert _spread(paper.mu) < 1e-3
+    assert _spread(_read("normalized", key_scale=1e-2).mu) > 50 * _spread(paper.mu)
+
+
+@pytest.mark.parametrize("density", ["paper", "normalized"])
+def test_sigma_init_sets_the_initial_width(density):
+    """The bias of w_σ puts σ at sigma_init for the paper form exactly where the scores vanish,
+    and as the median for the normalized form (ŝ is centred, w_σ ~ U(±1/√N))."""
+    out = _read(density, key_scale=1e-6 if density == "paper" else 1.0, sigma_init=0.2)
+    sigma = out.sigma_sq.sqrt()
+    assert sigma.median().item() == pytest.approx(0.2, rel=0.15)
+    default = _read(density, key_scale=1e-6 if density == "paper" else 1.0)
+    # PyTorch's default bias: softplus(b) with |b| ≤ 1/√N, σ near √ln 2
+    assert default.sigma_sq.sqrt().median().item() == pytest.approx(math.sqrt(math.log(2)), 0.1)
+
+
+def test_paper_form_keeps_its_random_draws():
+    """sigma_init draws nothing: the other parameters of both forms are the same draws."""
+    torch.manual_seed(0)
+    a = LongTermAttention(LongTermConfig(dim=16, num_heads=2, num_basis=16, sigma_init=0.1))
+    torch.manual_seed(0)
+    b = LongTermAttention(LongTermConfig(dim=16, num_heads=2, num_basis=16, density="paper"))
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        if name != "sigma_head.bias":
+            assert torch.equal(p, q), name
+
+
+def test_default_cpu_small_infty_reads_depend_on_the_query_at_initialisation():
+    """At initialisation of the default cpu-small ∞-former, μ's standard deviation across the
+    queries of one batch is ≥ 1e-2 in every layer."""
+    torch.manual_seed(0)
+    config = ModelConfig.preset("cpu-small", model_type="infty", vocab_size=256)
+    assert config.density == "normalized"
+    model = MemoryLM(config).eval()
+    reads = []
+
+    def keep(module, args, out):
+        if not bool(args[1].empty.any()):  # reads of a memory that holds something
+            reads.append(out.mu)
+
+    hooks = [b.long_term_attention.register_forward_hook(keep) for b in model.blocks]
+    tokens = torch.randint(0, 256, (4, 4 * config.segment_len))
+    state = model.init_state(4)
+    with torch.no_grad():
+        for start in range(0, tokens.shape[1], config.segment_len):
+            state = model(tokens[:, start : start + config.segment_len], state=state).state
+    for h in hooks:
+        h.remove()
+    last = reads[-len(model.blocks) :]  # the last segment's reads, one per layer
+    assert len(last) == len(model.blocks)
+    for layer, mu in enumerate(last):
+        assert _spread(mu) >= 1e-2, f"layer {layer}: μ spread {_spread(mu):.2e}"
+
+
+def test_bad_density_settings_are_refused():
+    with pytest.raises(ValueError, match="density must be one of"):
+        LongTermConfig(dim=8, num_heads=2, density="softmax")
+    with pytest.raises(ValueError, match="sigma_init"):
+        LongTermConfig(dim=8, num_heads=2, sigma_init=0.0)
+    with pytest.raises(TypeError, match="sigma_init"):
+        ModelConfig(vocab_size=16, sigma_init="0.1")
+    with pytest.raises(ValueError, match="density"):
+        ModelConfig(vocab_size=16, density="Paper")
+
+
+def test_configs_saved_before_the_setting_read_the_scores_as_the_paper():
+    """A run or model folder written before `density` existed keeps the form it was trained
+    with; a new config takes the default."""
+    old = ModelConfig(vocab_size=16).to_dict()
+    del old["density"], old["sigma_init"]
+    assert ModelConfig.from_dict(old).density == "paper"
+    assert ModelConfig.from_dict({**old, "density": "normalized"}).density == "normalized"
+
+
+def test_pretrained_configs_saved_before_the_setting_read_the_scores_as_the_paper(tmp_path):
+    pytest.importorskip("transformers")
+    from inftyformer.hf.config import InftyformerConfig
+    from inftyformer.hf.tiny import write_tiny_model
+
+    base = write_tiny_model(tmp_path / "base")
+    config = PretrainedMemoryConfig(base_model=str(base))
+    assert config.density == "normalized"
+    old = config.to_dict()
+    del old["density"], old["sigma_init"]
+    assert PretrainedMemoryConfig.from_dict(old).density == "paper"
+    hf = InftyformerConfig(
+        text_config={"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2}
+    )
+    saved = hf.to_dict()
+    del saved["density"]
+    assert InftyformerConfig.from_dict(saved).density == "paper"
+    assert InftyformerConfig.from_dict(hf.to_dict()).density == "normalized"
