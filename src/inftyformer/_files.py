@@ -22,6 +22,38 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
 
 
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files or folders `atomic_path(path)` left when its process was
+    killed (`.NAME.tmpPID` of a process that no longer runs); returns what was removed."""
+    path = Path(path)
+    removed = []
+    prefix = f".{path.name}.tmp"
+    if not path.parent.is_dir():
+        return removed
+    for candidate in path.parent.iterdir():
+        pid = candidate.name[len(prefix) :]
+        if not candidate.name.startswith(prefix) or not pid.isdigit() or _running(int(pid)):
+            continue
+        if candidate.is_dir() and not candidate.is_symlink():
+            shutil.rmtree(candidate, ignore_errors=True)
+        else:
+            candidate.unlink(missing_ok=True)
+        removed.append(candidate)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # someone else's process (or a name we cannot judge): leave it
+    return True
+
+
 def fsync_file(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
@@ -69,4 +101,10 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, *, durable: bool = 
         tmp.write_bytes(raw)
 
 
-__all__ = ["atomic_path", "fsync_dir", "temporary_name", "write_atomic"]
+__all__ = [
+    "atomic_path",
+    "fsync_dir",
+    "remove_stale_temporaries",
+    "temporary_name",
+    "write_atomic",
+]

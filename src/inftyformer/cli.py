@@ -13,6 +13,7 @@ run; 130 when interrupted). Anything else is a bug and keeps its traceback; ``--
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import inspect
@@ -20,11 +21,13 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +159,36 @@ def describe_error(err: BaseException, where: str = "choose another location") -
     raise err
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is and handled like Ctrl-C: `finally` blocks and
+    context managers clean up (temporary files and folders), then one line and exit 130."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated("terminated (SIGTERM): stopped, temporary files removed")
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """While a command runs, SIGTERM raises `Terminated` (a KeyboardInterrupt) instead of
+    killing the process on the spot. Training installs its own handler inside (a clean stop
+    with a checkpoint) and restores this one after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _is_native_panic(err: BaseException) -> bool:
+    """A panic of a Rust extension (pyo3's PanicException, e.g. from the tokenizers library):
+    a BaseException, so `except Exception` does not see it."""
+    return type(err).__name__ == "PanicException"
+
+
 def user_errors(where: str = "choose another location") -> Callable[[Callable], Callable]:
     """Decorator of every command: see the module docstring. `where` completes the message of
     a write that failed (full or read-only disk, no permission), e.g. "choose another --out-dir"."""
@@ -164,10 +197,11 @@ def user_errors(where: str = "choose another location") -> Callable[[Callable], 
         @functools.wraps(command)
         def run(*args: Any, _typer_ctx: typer.Context | None = None, **kwargs: Any) -> Any:
             try:
-                return command(*args, **kwargs)
+                with _sigterm_as_interrupt():
+                    return command(*args, **kwargs)
             except (typer.Exit, typer.Abort):
                 raise
-            except KeyboardInterrupt as err:
+            except KeyboardInterrupt as err:  # Ctrl-C, and SIGTERM (`Terminated`)
                 if _debugging(_typer_ctx):
                     raise
                 typer.echo(str(err) or "interrupted", err=True)
@@ -178,6 +212,20 @@ def user_errors(where: str = "choose another location") -> Callable[[Callable], 
                 message, code = describe_error(err, where)
                 typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
                 raise typer.Exit(code) from None
+            except BaseException as err:  # a Rust library's panic; SystemExit keeps its meaning
+                if isinstance(err, (SystemExit, GeneratorExit)) or _debugging(_typer_ctx):
+                    raise
+                if not _is_native_panic(err):
+                    raise
+                first = (str(err).strip().splitlines() or [""])[0]
+                typer.secho(
+                    f"error: a native library failed ({type(err).__name__}: {first}); the input "
+                    "it was reading (a tokenizer file, a text) may be malformed — --debug shows "
+                    "where",
+                    err=True,
+                    fg=typer.colors.RED,
+                )
+                raise typer.Exit(EXIT_USAGE) from None
 
         # typer hands the context (for --debug) to a parameter annotated typer.Context
         signature = inspect.signature(command, eval_str=True)
