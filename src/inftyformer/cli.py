@@ -572,11 +572,7 @@ def train(
             size = f"{n_params / 1e6:.2f}M parameters"
             if n_trained != n_params:
                 size += f", {n_trained / 1e6:.2f}M trained"
-            what = model_cfg.model_type
-            base = getattr(model_cfg, "base_model", None)
-            if base is not None:  # a pretrained model, with the memory or without
-                memory = "long-term memory" if what == "infty" else "no memory"
-                what = f"{Path(base).name} + {memory}"
+            what = model_cfg.describe()
             shown = ", ".join(f"{k}={v}" for k, v in task_cfg.to_dict().items() if v is not None)
             typer.echo(
                 f"training {what} ({size}) on "
@@ -776,13 +772,10 @@ def generate(
     n_new = max_new_tokens if max_new_tokens is not None else task.default_new_tokens()
     if n_new < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {n_new}")
-    from .models import generate as generate_text
-
     torch.manual_seed(seed)  # pretrained models sample from torch's global generator
     gen = torch.Generator(device=dev).manual_seed(seed)
     start = time.perf_counter()
-    out = generate_text(
-        model,
+    out = model.generate(
         tokens[None].to(dev),
         max_new_tokens=n_new,
         temperature=temperature,
