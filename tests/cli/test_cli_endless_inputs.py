@@ -103,7 +103,7 @@ def test_inputs_beyond_a_pretrained_bases_positions_are_refused_by_name(tmp_path
 def test_generating_past_the_bases_positions_names_the_new_tokens(tmp_path, memory):
     pytest.importorskip("transformers")
     from inftyformer.hf.tiny import write_tiny_model
-    from inftyformer.models import PretrainedMemoryConfig, build_model, generate
+    from inftyformer.models import PretrainedMemoryConfig, build_model
 
     base = write_tiny_model(tmp_path / "base", "gpt2", max_positions=64)
     model = build_model(
@@ -112,7 +112,7 @@ def test_generating_past_the_bases_positions_names_the_new_tokens(tmp_path, memo
         )  # fmt: skip
     ).eval()
     prompt = torch.randint(0, 50, (1, 100))  # streamed: its last segment is the context
-    new, _ = generate(model, prompt, 48)  # 4 + 48 ≤ 64 positions
+    new, _ = model.generate(prompt, 48)  # 4 + 48 ≤ 64 positions
     assert new.shape[1] <= 48
     with pytest.raises(ValueError, match="max_new_tokens=61 is too many.*at most 60"):
-        generate(model, prompt, 61)
+        model.generate(prompt, 61)
