@@ -109,6 +109,14 @@ class PretrainedMemoryLM(nn.Module):
         cut = (prompt.shape[1] - 1) // L * L
         state = self.push(prompt[:, :cut], state) if cut else state
         context = prompt[:, cut:]
+        base_config = getattr(self.lm.config, "text_config", None) or self.lm.config
+        limit = getattr(base_config, "max_position_embeddings", None)
+        if isinstance(limit, int) and context.shape[1] + max_new_tokens > limit:
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens} is too many: the prompt's last segment "
+                f"({context.shape[1]} tokens) and the new tokens must fit the base model's "
+                f"{limit} positions; ask for at most {limit - context.shape[1]} new tokens"
+            )
         options: dict[str, Any] = {
             "max_new_tokens": max_new_tokens,
             "do_sample": temperature > 0,
