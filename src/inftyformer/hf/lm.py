@@ -35,7 +35,7 @@ class PretrainedMemoryLM(nn.Module):
         self.config = config
         base = AutoModelForCausalLM.from_pretrained(config.base_model, dtype=torch.float32)
         if config.memory:
-            self.lm = add_long_term_memory(base, **config.memory_settings())
+            self.lm = add_long_term_memory(base, **config.adapter_settings())
             if config.freeze_base:
                 self.lm.freeze_base()
         else:  # the base alone: no state, each segment on its own
