@@ -27,13 +27,27 @@ from ..state import MemoryState
 from .model import add_long_term_memory
 
 
+def _load_quietly(path: str) -> nn.Module:
+    """The base model in float32, without transformers' "Loading weights" bar (a second bar
+    under the run's own, on every load; the setting is restored after)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 class PretrainedMemoryLM(nn.Module):
     def __init__(self, config: PretrainedMemoryConfig) -> None:
         super().__init__()
         if not isinstance(config, PretrainedMemoryConfig):
             raise TypeError(f"config must be a PretrainedMemoryConfig, got {type(config)}")
         self.config = config
-        base = AutoModelForCausalLM.from_pretrained(config.base_model, dtype=torch.float32)
+        base = _load_quietly(config.base_model)
         if config.memory:
             self.lm = add_long_term_memory(base, **config.adapter_settings())
             if config.freeze_base:
@@ -109,6 +123,14 @@ class PretrainedMemoryLM(nn.Module):
         cut = (prompt.shape[1] - 1) // L * L
         state = self.push(prompt[:, :cut], state) if cut else state
         context = prompt[:, cut:]
+        base_config = getattr(self.lm.config, "text_config", None) or self.lm.config
+        limit = getattr(base_config, "max_position_embeddings", None)
+        if isinstance(limit, int) and context.shape[1] + max_new_tokens > limit:
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens} is too many: the prompt's last segment "
+                f"({context.shape[1]} tokens) and the new tokens must fit the base model's "
+                f"{limit} positions; ask for at most {limit - context.shape[1]} new tokens"
+            )
         options: dict[str, Any] = {
             "max_new_tokens": max_new_tokens,
             "do_sample": temperature > 0,
