@@ -33,7 +33,7 @@ from typing import Any
 
 import typer
 
-from ._files import write_atomic
+from ._files import read_user_text, write_atomic
 from .config import MODEL_TYPES
 from .tasks import TASKS
 from .training.config import TrainConfig
@@ -572,11 +572,7 @@ def train(
             size = f"{n_params / 1e6:.2f}M parameters"
             if n_trained != n_params:
                 size += f", {n_trained / 1e6:.2f}M trained"
-            what = model_cfg.model_type
-            base = getattr(model_cfg, "base_model", None)
-            if base is not None:  # a pretrained model, with the memory or without
-                memory = "long-term memory" if what == "infty" else "no memory"
-                what = f"{Path(base).name} + {memory}"
+            what = model_cfg.describe()
             shown = ", ".join(f"{k}={v}" for k, v in task_cfg.to_dict().items() if v is not None)
             typer.echo(
                 f"training {what} ({size}) on "
@@ -765,10 +761,7 @@ def generate(
     if top_p is not None and not 0 < top_p <= 1:  # (NaN fails too)
         raise ValueError(f"--top-p must be in (0, 1], got {top_p}")
     if prompt_file is not None:
-        try:
-            text = prompt_file.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{prompt_file} is not UTF-8 text (byte {err.start})") from None
+        text = read_user_text(prompt_file, "--prompt-file")
         if not text.strip():
             raise ValueError(f"{prompt_file} holds no text")
         prompt = text if prompt == "random" else text + prompt
@@ -779,13 +772,10 @@ def generate(
     n_new = max_new_tokens if max_new_tokens is not None else task.default_new_tokens()
     if n_new < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {n_new}")
-    from .models import generate as generate_text
-
     torch.manual_seed(seed)  # pretrained models sample from torch's global generator
     gen = torch.Generator(device=dev).manual_seed(seed)
     start = time.perf_counter()
-    out = generate_text(
-        model,
+    out = model.generate(
         tokens[None].to(dev),
         max_new_tokens=n_new,
         temperature=temperature,
@@ -883,11 +873,12 @@ def inspect_run(
 
     if segments < 1:
         raise ValueError(f"--segments must be >= 1, got {segments}")
+    own_text = read_user_text(text, "--text") if text is not None else None
     run = load_run(checkpoint, device)
     task = run.task(batch_size=1)
     length = segments * run.model_config.segment_len
-    if text is not None:
-        tokens = task.encode_prompt(text.read_text(encoding="utf-8"))[0][:length]
+    if own_text is not None:
+        tokens = task.encode_prompt(own_text)[0][:length]
     else:
         tokens = task.inspection_stream(split, length)
     start = time.perf_counter()

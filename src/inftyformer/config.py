@@ -164,6 +164,10 @@ class ModelConfig:
     def replace(self, **changes: Any) -> ModelConfig:
         return replace(self, **changes)
 
+    def describe(self) -> str:
+        """A name for the start line: the model type."""
+        return self.model_type
+
     def with_memory_settings(self, overrides: dict[str, Any] | None = None) -> ModelConfig:
         """This config with other memory settings for evaluation (e.g. ``mem_len=512``): only
         the fields in :data:`MEMORY_SETTINGS` may change, since they leave every weight's shape

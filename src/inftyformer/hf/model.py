@@ -452,6 +452,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             raise RuntimeError("this model was unwrapped: its hooks are gone")
         ids = self._check_ids("input_ids", input_ids, allow_ignore=False)
         batch, length = ids.shape
+        self._check_positions(length, position_ids, cache or kwargs.get("past_key_values"))
         if labels is not None:
             labels = self._check_ids("labels", labels, allow_ignore=True)
             if labels.shape != ids.shape:
@@ -521,6 +522,25 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             output.loss = lm_loss + memory_loss
             output.lm_loss, output.token_loss = lm_loss, token_loss
         return output
+
+    def _check_positions(self, length: int, position_ids: object, cache: object) -> None:
+        """Refuse a call reaching beyond the base's positions (max_position_embeddings), which
+        would fail inside the base (an IndexError in GPT-2's position table) or run where it was
+        never trained: a longer text goes in segment by segment, through the memory."""
+        limit = getattr(self.config.text_config, "max_position_embeddings", None)
+        if not isinstance(limit, int):
+            return
+        if isinstance(position_ids, torch.Tensor) and position_ids.numel():
+            end = int(position_ids.max()) + 1
+        else:
+            past = cache.get_seq_length() if hasattr(cache, "get_seq_length") else 0
+            end = int(past) + length
+        if end > limit:
+            raise ValueError(
+                f"the input reaches position {end}, but the base model has {limit} positions "
+                f"(max_position_embeddings): feed a longer text segment by segment (segment_len "
+                f"{self.config.segment_len}) with the memory carried between calls"
+            )
 
     # ------------------------------------------------------------------ generation
     def generate(self, inputs: torch.Tensor | None = None, memory=None, reset=None, **kwargs):

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..data import check_split
+from ..models import unwrap
 from .base import Evaluation, Shard, StepOutput, Task, add_sums, scored_sums
 
 
@@ -34,7 +35,7 @@ class LastBlockTask(Task):
     ) -> tuple[Any, torch.Tensor]:
         """Stream every block but the last without gradients, then the last one.
         inputs, targets [batch, S] → (the model's output on the last block, its targets)."""
-        raw = getattr(model, "module", model)  # the model itself under DistributedDataParallel
+        raw = unwrap(model)  # gradients go through `model` (a DDP wrapper synchronises them)
         device = self.context.device
         inputs, targets = inputs.to(device), targets.to(device)
         state = raw.init_state(inputs.shape[0], device)
