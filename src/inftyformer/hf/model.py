@@ -66,7 +66,7 @@ from transformers import (
 )
 from transformers.utils import ModelOutput
 
-from .._checks import check_token_ids
+from .._checks import STATE_MAGNITUDE, check_token_ids
 from .._init import init_projection
 from ..basis import GaussianBasis
 from ..long_term_attention import LongTermAttention, LongTermAttentionOutput, PreparedMemory
@@ -290,7 +290,20 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                     long_term=layer.memory.init_state(batch_size, device, p.dtype),
                 )
                 for layer in self.long_term
-            )
+            ),
+            self.memory_source,
+        )
+
+    @property
+    def memory_source(self) -> str:
+        """The provenance stamped on this model's memory states: the base it stores the hidden
+        states of. A state stamped by another base (e.g. a Llama memory given to a GPT-2 model
+        of the same shapes) is refused by `check_memory`."""
+        text = self.config.text_config
+        return (
+            f"pretrained {self.config.base_architecture} (model_type {text.model_type}, hidden "
+            f"size {self.config.hidden_size}, {self.num_layers} layers, vocabulary "
+            f"{text.vocab_size})"
         )
 
     def check_memory(self, memory: object, batch_size: int) -> MemoryState:
@@ -298,6 +311,11 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         `batch_size` rows."""
         if not isinstance(memory, MemoryState):
             raise ValueError(f"memory must be a MemoryState or None, got {type(memory).__name__}")
+        if memory.source is not None and memory.source != self.memory_source:
+            raise ValueError(
+                f"memory was made by {memory.source}; this model is {self.memory_source}: a "
+                "memory holds one base model's hidden states and cannot be read by another"
+            )
         if len(memory.layers) != self.num_layers:
             raise ValueError(
                 f"memory has {len(memory.layers)} layers, the model has {self.num_layers}"
@@ -314,9 +332,14 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                 raise ValueError(f"{name} must be a LayerState with a long_term state")
             if state.compressed is not None:
                 raise ValueError(f"{name}.compressed must be None for this model")
-            state.short_term.check(f"{name}.short_term", batch_size, d, 1 << 30)
-            try:
-                layer.memory.check_state(state.long_term)
+            # what waits is one call's hidden states: at most the base's positions
+            state.short_term.check(f"{name}.short_term", batch_size, d, self._positions())
+            if not isinstance(state.long_term, LongTermState):
+                raise ValueError(f"{name}.long_term must be a LongTermState")
+            try:  # like a native model's states: dtypes, shapes, values within STATE_MAGNITUDE
+                state.long_term.check(
+                    layer.memory.config, "state", layer.memory.state_dtypes(), None, STATE_MAGNITUDE
+                )
             except (TypeError, ValueError) as err:
                 raise ValueError(f"{name}.long_term: {err}") from err
             if state.long_term.batch_size != batch_size:
@@ -394,7 +417,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                     long_term=lt.detach(),
                 )
                 for lt in states
-            )
+            ),
+            memory.source,
         )
 
     # ------------------------------------------------------------------ inputs
@@ -509,7 +533,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         logits = base_out.logits
         output = InftyformerOutput(
             logits=logits,
-            memory=MemoryState(tuple(layers)),
+            memory=MemoryState(tuple(layers), self.memory_source),
             cache=getattr(base_out, "cache", None),
             kl=kl,
             memory_loss=memory_loss,
@@ -522,6 +546,10 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             output.loss = lm_loss + memory_loss
             output.lm_loss, output.token_loss = lm_loss, token_loss
         return output
+
+    def _positions(self) -> int:
+        limit = getattr(self.config.text_config, "max_position_embeddings", None)
+        return limit if isinstance(limit, int) and limit > 0 else 1 << 30
 
     def _check_positions(self, length: int, position_ids: object, cache: object) -> None:
         """Refuse a call reaching beyond the base's positions (max_position_embeddings), which
