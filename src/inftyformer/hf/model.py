@@ -311,11 +311,6 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         `batch_size` rows."""
         if not isinstance(memory, MemoryState):
             raise ValueError(f"memory must be a MemoryState or None, got {type(memory).__name__}")
-        if memory.source is not None and memory.source != self.memory_source:
-            raise ValueError(
-                f"memory was made by {memory.source}; this model is {self.memory_source}: a "
-                "memory holds one base model's hidden states and cannot be read by another"
-            )
         if len(memory.layers) != self.num_layers:
             raise ValueError(
                 f"memory has {len(memory.layers)} layers, the model has {self.num_layers}"
@@ -352,6 +347,12 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                     f"{name} is on {state.long_term.coefficients.device}, the model on {device}: "
                     "use memory.to(device)"
                 )
+        # provenance last: a memory of other shapes is named by its shapes above
+        if memory.source is not None and memory.source != self.memory_source:
+            raise ValueError(
+                f"memory was made by {memory.source}; this model is {self.memory_source}: a "
+                "memory holds one base model's hidden states and cannot be read by another"
+            )
         return memory
 
     def prepare_memory(
