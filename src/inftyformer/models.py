@@ -47,6 +47,9 @@ class PretrainedMemoryConfig:
     # short run (Adam moves a weight by about the learning rate per step), so reads stay flat
     density_lr: float | None = None
     segment_len: int = 256  # L: tokens per call when a document is streamed
+    # W: previous tokens each call recomputes as context (None: one segment, as far as the
+    # base's positions allow; 0: each segment attends within itself; `docs/hf.md`)
+    window: int | None = None
     num_basis: int = 512  # N
     widths: tuple[float, ...] = (0.005, 0.01)
     ridge_lambda: float = 0.5  # λ
@@ -80,6 +83,8 @@ class PretrainedMemoryConfig:
         check_range("kl_weight", self.kl_weight, 0.0)
         for name in ("segment_len", "num_basis", "num_samples", "sticky_bins"):
             check_positive_int(name, getattr(self, name))
+        if self.window is not None:
+            check_positive_int("window", self.window, minimum=0)
         object.__setattr__(self, "widths", check_widths(self.widths, self.num_basis))
         check_density(self.density, self.sigma_init)
         if not self.vocab_size:
@@ -109,8 +114,9 @@ class PretrainedMemoryConfig:
         unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"unknown PretrainedMemoryConfig fields {unknown}")
-        # configs saved before the density setting existed read the scores as the paper does
-        return cls(**{"density": "paper", **data})
+        # configs saved before the density setting existed read the scores as the paper does,
+        # before the window existed each segment attended within itself
+        return cls(**{"density": "paper", "window": 0, **data})
 
     def replace(self, **changes: Any) -> PretrainedMemoryConfig:
         return dataclasses.replace(self, **changes)
@@ -133,6 +139,7 @@ class PretrainedMemoryConfig:
 # N, the widths or the gate (they shape weights), nor whether the memory or the base trains
 PRETRAINED_MEMORY_SETTINGS = (
     "segment_len",
+    "window",
     "num_samples",
     "tau",
     "ridge_lambda",
