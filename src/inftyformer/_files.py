@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,74 @@ from pathlib import Path
 
 def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files or folders `atomic_path(path)` left when its process was
+    killed (`.NAME.tmpPID` of a process that no longer runs); returns what was removed."""
+    path = Path(path)
+    removed = []
+    prefix = f".{path.name}.tmp"
+    if not path.parent.is_dir():
+        return removed
+    for candidate in path.parent.iterdir():
+        pid = candidate.name[len(prefix) :]
+        if not candidate.name.startswith(prefix) or not pid.isdigit() or _running(int(pid)):
+            continue
+        if candidate.is_dir() and not candidate.is_symlink():
+            shutil.rmtree(candidate, ignore_errors=True)
+        else:
+            candidate.unlink(missing_ok=True)
+        removed.append(candidate)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # someone else's process (or a name we cannot judge): leave it
+    return True
+
+
+# The most a text option (--prompt-file, inspect --text) reads: far beyond any prompt (a novel is
+# ~1 MB), small enough that a wrong file is refused instead of filling the memory.
+MAX_TEXT_BYTES = 64 * 2**20
+
+
+def read_user_text(path: str | os.PathLike, option: str, limit: int = MAX_TEXT_BYTES) -> str:
+    """The UTF-8 text of a file a user named with `option`. Refused with a ValueError naming the
+    option and the file: something that is not a regular file (a FIFO, a device such as
+    /dev/zero, a socket: reading might never end or never return), more than `limit` bytes
+    (also when a file grows while it is read), bytes that are not UTF-8."""
+    path = Path(path)
+    mode = os.stat(path).st_mode  # FileNotFoundError / PermissionError name the file
+    if stat.S_ISDIR(mode):
+        raise ValueError(f"{option} {path} is a directory; give a text file")
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a device or socket"
+        raise ValueError(
+            f"{option} {path} is {kind}, not a regular file: it may never end; save the text "
+            "to a file first"
+        )
+    too_long = ValueError(
+        f"{option} {path} holds more than {limit / 2**20:g} MiB, more than {option} reads; "
+        "give a shorter text (or evaluate a corpus with evaluate --data-dir)"
+    )
+    if os.stat(path).st_size > limit:
+        raise too_long
+    with open(path, "rb") as f:
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise too_long
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{option} {path} is not UTF-8 text (byte {err.start})") from None
 
 
 def fsync_file(path: Path) -> None:
@@ -69,4 +138,12 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, *, durable: bool = 
         tmp.write_bytes(raw)
 
 
-__all__ = ["atomic_path", "fsync_dir", "temporary_name", "write_atomic"]
+__all__ = [
+    "atomic_path",
+    "MAX_TEXT_BYTES",
+    "fsync_dir",
+    "read_user_text",
+    "remove_stale_temporaries",
+    "temporary_name",
+    "write_atomic",
+]

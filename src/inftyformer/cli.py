@@ -13,6 +13,7 @@ run; 130 when interrupted). Anything else is a bug and keeps its traceback; ``--
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import inspect
@@ -20,17 +21,19 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from ._files import write_atomic
+from ._files import read_user_text, write_atomic
 from .config import MODEL_TYPES
 from .tasks import TASKS
 from .training.config import TrainConfig
@@ -156,6 +159,36 @@ def describe_error(err: BaseException, where: str = "choose another location") -
     raise err
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is and handled like Ctrl-C: `finally` blocks and
+    context managers clean up (temporary files and folders), then one line and exit 130."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated("terminated (SIGTERM): stopped, temporary files removed")
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """While a command runs, SIGTERM raises `Terminated` (a KeyboardInterrupt) instead of
+    killing the process on the spot. Training installs its own handler inside (a clean stop
+    with a checkpoint) and restores this one after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _is_native_panic(err: BaseException) -> bool:
+    """A panic of a Rust extension (pyo3's PanicException, e.g. from the tokenizers library):
+    a BaseException, so `except Exception` does not see it."""
+    return type(err).__name__ == "PanicException"
+
+
 def user_errors(where: str = "choose another location") -> Callable[[Callable], Callable]:
     """Decorator of every command: see the module docstring. `where` completes the message of
     a write that failed (full or read-only disk, no permission), e.g. "choose another --out-dir"."""
@@ -164,10 +197,11 @@ def user_errors(where: str = "choose another location") -> Callable[[Callable], 
         @functools.wraps(command)
         def run(*args: Any, _typer_ctx: typer.Context | None = None, **kwargs: Any) -> Any:
             try:
-                return command(*args, **kwargs)
+                with _sigterm_as_interrupt():
+                    return command(*args, **kwargs)
             except (typer.Exit, typer.Abort):
                 raise
-            except KeyboardInterrupt as err:
+            except KeyboardInterrupt as err:  # Ctrl-C, and SIGTERM (`Terminated`)
                 if _debugging(_typer_ctx):
                     raise
                 typer.echo(str(err) or "interrupted", err=True)
@@ -178,6 +212,20 @@ def user_errors(where: str = "choose another location") -> Callable[[Callable], 
                 message, code = describe_error(err, where)
                 typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
                 raise typer.Exit(code) from None
+            except BaseException as err:  # a Rust library's panic; SystemExit keeps its meaning
+                if isinstance(err, (SystemExit, GeneratorExit)) or _debugging(_typer_ctx):
+                    raise
+                if not _is_native_panic(err):
+                    raise
+                first = (str(err).strip().splitlines() or [""])[0]
+                typer.secho(
+                    f"error: a native library failed ({type(err).__name__}: {first}); the input "
+                    "it was reading (a tokenizer file, a text) may be malformed — --debug shows "
+                    "where",
+                    err=True,
+                    fg=typer.colors.RED,
+                )
+                raise typer.Exit(EXIT_USAGE) from None
 
         # typer hands the context (for --debug) to a parameter annotated typer.Context
         signature = inspect.signature(command, eval_str=True)
@@ -524,11 +572,7 @@ def train(
             size = f"{n_params / 1e6:.2f}M parameters"
             if n_trained != n_params:
                 size += f", {n_trained / 1e6:.2f}M trained"
-            what = model_cfg.model_type
-            base = getattr(model_cfg, "base_model", None)
-            if base is not None:  # a pretrained model, with the memory or without
-                memory = "long-term memory" if what == "infty" else "no memory"
-                what = f"{Path(base).name} + {memory}"
+            what = model_cfg.describe()
             shown = ", ".join(f"{k}={v}" for k, v in task_cfg.to_dict().items() if v is not None)
             typer.echo(
                 f"training {what} ({size}) on "
@@ -628,6 +672,7 @@ def evaluate(
         memory_settings=memory,
         task_settings=task_values,
         batch_size=batch_size,
+        progress=_stderr_is_terminal(),  # a bar for a person waiting; a log gets the result only
     )
     seconds = time.perf_counter() - start
     typer.echo(f"{_evaluated(split, data_dir)} {task_obj.describe(metrics)} ({seconds:.1f} s)")
@@ -660,6 +705,13 @@ def evaluate(
             "the result was written to stdout instead"
         ) from err
     typer.echo(f"  wrote {json_out}")
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _evaluated(split: str, data_dir: str | None) -> str:
@@ -717,10 +769,7 @@ def generate(
     if top_p is not None and not 0 < top_p <= 1:  # (NaN fails too)
         raise ValueError(f"--top-p must be in (0, 1], got {top_p}")
     if prompt_file is not None:
-        try:
-            text = prompt_file.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{prompt_file} is not UTF-8 text (byte {err.start})") from None
+        text = read_user_text(prompt_file, "--prompt-file")
         if not text.strip():
             raise ValueError(f"{prompt_file} holds no text")
         prompt = text if prompt == "random" else text + prompt
@@ -731,13 +780,10 @@ def generate(
     n_new = max_new_tokens if max_new_tokens is not None else task.default_new_tokens()
     if n_new < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {n_new}")
-    from .models import generate as generate_text
-
     torch.manual_seed(seed)  # pretrained models sample from torch's global generator
     gen = torch.Generator(device=dev).manual_seed(seed)
     start = time.perf_counter()
-    out = generate_text(
-        model,
+    out = model.generate(
         tokens[None].to(dev),
         max_new_tokens=n_new,
         temperature=temperature,
@@ -835,11 +881,12 @@ def inspect_run(
 
     if segments < 1:
         raise ValueError(f"--segments must be >= 1, got {segments}")
+    own_text = read_user_text(text, "--text") if text is not None else None
     run = load_run(checkpoint, device)
     task = run.task(batch_size=1)
     length = segments * run.model_config.segment_len
-    if text is not None:
-        tokens = task.encode_prompt(text.read_text(encoding="utf-8"))[0][:length]
+    if own_text is not None:
+        tokens = task.encode_prompt(own_text)[0][:length]
     else:
         tokens = task.inspection_stream(split, length)
     start = time.perf_counter()

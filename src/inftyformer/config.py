@@ -18,7 +18,7 @@ from typing import Any
 
 from ._checks import check_positive_int, check_range
 from .basis import check_widths
-from .long_term_memory import LongTermConfig
+from .long_term_memory import CHANGEABLE_SETTINGS, LongTermConfig
 
 MODEL_TYPES = ("transformer", "xl", "compressive", "infty")
 
@@ -29,12 +29,7 @@ MEMORY_SETTINGS = (
     "segment_len",
     "mem_len",
     "compressed_len",
-    "num_samples",
-    "tau",
-    "ridge_lambda",
-    "sticky",
-    "sticky_bins",
-    "edge_padding",
+    *CHANGEABLE_SETTINGS,  # the long-term memory's
     "dropout",
     "attention_dropout",
 )
@@ -163,6 +158,10 @@ class ModelConfig:
 
     def replace(self, **changes: Any) -> ModelConfig:
         return replace(self, **changes)
+
+    def describe(self) -> str:
+        """A name for the start line: the model type."""
+        return self.model_type
 
     def with_memory_settings(self, overrides: dict[str, Any] | None = None) -> ModelConfig:
         """This config with other memory settings for evaluation (e.g. ``mem_len=512``): only

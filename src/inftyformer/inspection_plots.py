@@ -32,84 +32,154 @@ def _title(result: Inspection, what: str) -> str:
     )
 
 
+# sizes that stay readable where the PNGs are shown (a documentation page, an image viewer)
+TITLE, LABEL, TICK = 13, 11.5, 10.5
+QUERY_COLOUR = "#00e5ff"  # the queries' segment: bright against the colour map, and on white
+FUTURE_COLOUR = "0.82"  # positions the queries cannot have seen yet
+HEADS_ALIKE = 0.15  # total-variation distance under which a layer's heads are drawn as one
+
+
+def _head_spread(mass) -> float:
+    """The largest mean total-variation distance between a head's read mass and the heads'
+    mean (0: the heads read alike) over the layers' query segments; mass [S, H, B]."""
+    mean = mass.mean(1, keepdims=True)
+    total = mean.sum(-1).clip(min=1e-12)  # [S, 1]
+    return float((0.5 * abs(mass - mean).sum(-1) / total).mean(0).max())
+
+
+def _positions_axis(ax, C: int, end: float) -> None:
+    """Token positions, linear over the first segment and logarithmic beyond, written out."""
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_xscale("symlog", linthresh=C, linscale=0.5)
+    ax.set_xlim(0, end)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
+
+
 def plot_reads(result: Inspection, path: str | Path, dpi: int = 80) -> Path | None:
-    """Per layer and head: the read mass (mean over each segment's queries) over the absolute
-    positions of the past, one row per segment; log colour scale, and a position axis linear
-    over the first segment and logarithmic beyond, so that reads of the distant start show."""
+    """Per layer: the read mass (mean over each segment's queries) over the absolute positions
+    of the past, one row per segment of queries; log colour scale, and a position axis linear
+    over the first segment and logarithmic beyond, so that reads of the distant start show.
+    A layer's heads are drawn as one panel (their mean) when they read alike, which is usual;
+    otherwise every head has its panel. Grey: positions the queries have not seen yet."""
     layers = [i for i, r in enumerate(result.reads) if r is not None]
     if not layers:
         return None
+    import numpy as np
     from matplotlib.colors import LogNorm
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     plt = _pyplot()
     heads = result.reads[layers[0]].mass.shape[1]
-    fig, axes = plt.subplots(
-        len(layers), heads, figsize=(2.6 * heads + 1, 2.4 * len(layers) + 0.6), squeeze=False
-    )
+    spread = max(_head_spread(result.reads[i].mass.numpy()) for i in layers)
+    per_head = heads > 1 and spread > HEADS_ALIKE
+    if per_head:  # one row per layer, one panel per head
+        shape, size = (len(layers), heads), (3.2 * heads + 1.0, 3.1 * len(layers) + 1.5)
+    else:  # one panel per layer, side by side
+        shape, size = (1, len(layers)), (3.7 * len(layers) + 1.0, 4.9)
+    fig, axes = plt.subplots(*shape, figsize=size, squeeze=False, layout="constrained")
     C = result.segment_len
-    for row, i in enumerate(layers):
+    image = None
+    for n, i in enumerate(layers):
         r = result.reads[i]
         calls = r.calls.numpy()
         rows = [*(calls - 0.5), calls[-1] + 0.5]
-        for h in range(heads):
-            ax = axes[row][h]
-            mass = r.mass[:, h].numpy()  # [S, B]
+        end = float(r.bin_edges[-1])
+        masses = r.mass.numpy()  # [S, H, B]
+        panels = [(h, masses[:, h]) for h in range(heads)] if per_head else [(None, masses.mean(1))]
+        for h, mass in panels:
+            ax = axes[n][h] if per_head else axes[0][n]
             top = float(mass.max()) or 1.0
             image = ax.pcolormesh(
                 r.bin_edges.numpy(),
                 rows,
-                mass.clip(min=top * 1e-5),
-                norm=LogNorm(vmin=top * 1e-5, vmax=top),
+                mass.clip(min=top * 1e-4),
+                norm=LogNorm(vmin=top * 1e-4, vmax=top),
                 cmap="magma",
                 shading="flat",
             )
-            ax.plot(calls * C, calls, color="cyan", lw=0.6, ls="--")
-            ax.set_xscale("symlog", linthresh=C, linscale=0.5)
-            ax.set_xlim(0, float(r.bin_edges[-1]))
-            first = float(r.first_segment[:, h].mean())
-            ax.set_title(f"layer {i}, head {h}: {first:.0%} on segment 0", fontsize=7)
-            ax.tick_params(labelsize=6)
-            if row == len(layers) - 1:
-                ax.set_xlabel("position read (token)", fontsize=7)
-            if h == 0:
-                ax.set_ylabel("segment of the queries", fontsize=7)
-        fig.colorbar(image, ax=axes[row][-1], fraction=0.05).ax.tick_params(labelsize=6)
+            ax.fill_betweenx(calls, calls * C, end, color=FUTURE_COLOUR, lw=0)
+            ax.plot(calls * C, calls, color=QUERY_COLOUR, lw=2.2)
+            _positions_axis(ax, C, end)
+            ax.set_ylim(rows[0], rows[-1])
+            which = slice(None) if h is None else h
+            distance = float(np.mean(r.mean_distance.numpy()[:, which])) / C
+            outside = float(np.mean(r.outside.numpy()[:, which]))
+            name = f"layer {i}" + ("" if h is None else f", head {h}")
+            ax.set_title(
+                f"{name}: on average {distance:.1f} segments back\n"
+                f"{outside:.0%} of each read outside the memory",
+                fontsize=LABEL,
+            )
+            ax.tick_params(labelsize=TICK)
+            ax.set_xlabel("position read (token)", fontsize=LABEL)
+            if (h or 0) == 0 and (per_head or n == 0):  # the first panel of a row
+                ax.set_ylabel("segment of the queries", fontsize=LABEL)
+    bar = fig.colorbar(image, ax=axes, fraction=0.04, pad=0.01, aspect=30)
+    bar.set_label("share of the read mass (log)", fontsize=LABEL)
+    bar.ax.tick_params(labelsize=TICK)
+    how = "one panel per head" if per_head else f"mean of the {heads} heads, which read alike"
     fig.suptitle(
         _title(result, "where the long-term reads land")
-        + "\nmass per position bin, mean over a segment's queries; dashed: the queries",
-        fontsize=8,
+        + f"\nrow: a segment's queries; bright: read a lot, black: not read ({how})",
+        fontsize=TITLE,
     )
-    fig.tight_layout()
+    fig.legend(
+        handles=[
+            Line2D([], [], color=QUERY_COLOUR, lw=2.2, label="start of the queries' segment"),
+            Patch(color=FUTURE_COLOUR, label="not yet seen"),
+        ],
+        loc="outside lower center",
+        ncols=2,
+        fontsize=LABEL,
+        frameon=False,
+    )
     return _save(fig, path, dpi)
 
 
 def plot_sigma(result: Inspection, path: str | Path, dpi: int = 80) -> Path | None:
-    """Per layer: the distribution of σ of the reads (one histogram per head), against σ₀."""
+    """Per layer: the distribution of σ of the reads (one histogram per head, one for the layer
+    when its heads are alike), against σ₀, the width the KL term pulls σ towards."""
     layers = [i for i, s in enumerate(result.sigmas) if s is not None]
     if not layers:
         return None
     import numpy as np
 
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(layers), figsize=(3.2 * len(layers), 2.6), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(layers), figsize=(3.7 * len(layers) + 0.6, 4.2), squeeze=False, layout="constrained"
+    )
     low = min(float(result.sigmas[i].min()) for i in layers)
     high = max(float(result.sigmas[i].max()) for i in layers)
     low = min(low, result.sigma_0 or low) * 0.8
     edges = np.geomspace(max(low, 1e-3), max(high * 1.25, low * 2), 60)
     for ax, i in zip(axes[0], layers, strict=True):
         s = result.sigmas[i].numpy()
-        for h in range(s.shape[0]):
-            ax.hist(s[h], bins=edges, histtype="step", label=f"head {h}")
+        medians = np.median(s, axis=1)
+        alike = bool(np.all(np.abs(np.log(medians / np.median(s))) < 0.1))
+        if alike:  # the heads' histograms would lie on top of each other
+            ax.hist(s.ravel(), bins=edges, color="C0", alpha=0.8, label="all heads")
+        else:
+            for h in range(s.shape[0]):
+                ax.hist(s[h], bins=edges, histtype="step", lw=1.8, label=f"head {h}")
         if result.sigma_0:
-            ax.axvline(result.sigma_0, color="k", ls="--", lw=1, label="σ₀")
+            ax.axvline(result.sigma_0, color="k", ls="--", lw=1.8,
+                       label=f"σ₀ = {result.sigma_0:g} (the KL term's target)")  # fmt: skip
         ax.set_xscale("log")
-        ax.set_title(f"layer {i}: median σ = {float(np.median(s)):.3g}", fontsize=8)
-        ax.set_xlabel("σ of a read (t ∈ [0, 1])", fontsize=7)
-        ax.tick_params(labelsize=6)
-        ax.legend(fontsize=6)
-    axes[0][0].set_ylabel("reads", fontsize=7)
-    fig.suptitle(_title(result, "width of the long-term reads"), fontsize=8)
-    fig.tight_layout()
+        ax.set_title(f"layer {i}: median σ = {float(np.median(s)):.3g}", fontsize=LABEL)
+        ax.set_xlabel("σ of a read (memory: t ∈ [0, 1])", fontsize=LABEL)
+        ax.tick_params(labelsize=TICK)
+        ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda y, _: f"{y:,.0f}"))
+    axes[0][0].set_ylabel("reads", fontsize=LABEL)
+    handles, labels = axes[0][-1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels),
+               fontsize=LABEL, frameon=False)  # fmt: skip
+    fig.suptitle(
+        _title(result, "how wide the long-term reads are")
+        + "\nsmall σ: a read picks out one part of the memory; σ near 1: it averages all of it",
+        fontsize=TITLE,
+    )
     return _save(fig, path, dpi)
 
 
@@ -119,8 +189,14 @@ def plot_samples(result: Inspection, path: str | Path, dpi: int = 80) -> Path | 
     layers = [i for i, s in enumerate(result.samples) if s is not None]
     if not layers or not result.sticky:
         return None
+    from matplotlib.lines import Line2D
+
     plt = _pyplot()
-    fig, axes = plt.subplots(len(layers), 2, figsize=(8, 2.4 * len(layers) + 0.6), squeeze=False)
+    fig, axes = plt.subplots(
+        len(layers), 2, figsize=(9.5, 3.2 * len(layers) + 1.6), squeeze=False,
+        layout="constrained",
+    )  # fmt: skip
+    C = result.segment_len
     for row, i in enumerate(layers):
         s = result.samples[i]
         calls = s.calls.numpy()
@@ -128,25 +204,33 @@ def plot_samples(result: Inspection, path: str | Path, dpi: int = 80) -> Path | 
         left, right = axes[row]
         style = dict(aspect="auto", origin="lower", cmap="viridis", interpolation="nearest")
         left.imshow(s.t_hist.numpy().T, extent=(*span, 0, 1), **style)
-        left.set_ylabel(f"layer {i}\nsample position u", fontsize=7)
-        C = result.segment_len
+        left.set_ylabel("sample position u\n(0: oldest, 1: newest)", fontsize=LABEL)
+        left.set_title(f"layer {i}: over the memory", fontsize=LABEL)
         right.pcolormesh([*(calls - 0.5), calls[-1] + 0.5], s.abs_edges.numpy(),
                          s.abs_hist.numpy().T, cmap="viridis", shading="flat")  # fmt: skip
         right.set_yscale("symlog", linthresh=C, linscale=0.5)
         right.set_ylim(0, float(s.abs_edges[-1]))
-        right.plot(calls, calls * C, color="w", lw=0.6, ls="--")
-        right.set_ylabel("position sampled (token)", fontsize=7)
-        right.set_title(f"{float(s.first_segment.mean()):.0%} on segment 0", fontsize=7)
+        right.yaxis.set_major_formatter(plt.FuncFormatter(lambda y, _: f"{y:,.0f}"))
+        right.plot(calls, calls * C, color=QUERY_COLOUR, lw=2.2)
+        right.set_ylabel("position sampled (token)", fontsize=LABEL)
+        first = float(s.first_segment.mean())
+        right.set_title(
+            f"layer {i}: in the stream ({first:.0%} on its first segment)", fontsize=LABEL
+        )
         for ax in (left, right):
-            ax.tick_params(labelsize=6)
-            if row == len(layers) - 1:
-                ax.set_xlabel("segment (update)", fontsize=7)
-    fig.suptitle(
-        _title(result, "sticky memories: where the M resampling points went")
-        + "\nuniform = no preference; dashed: the current segment",
-        fontsize=8,
+            ax.tick_params(labelsize=TICK)
+            ax.set_xlabel("segment (update)", fontsize=LABEL)
+    fig.legend(
+        handles=[Line2D([], [], color=QUERY_COLOUR, lw=2.2, label="start of the current segment")],
+        loc="outside lower center",
+        fontsize=LABEL,
+        frameon=False,
     )
-    fig.tight_layout()
+    fig.suptitle(
+        _title(result, "where the M resampling points went")
+        + "\nbright: many points; an even colour: no preference",
+        fontsize=TITLE,
+    )
     return _save(fig, path, dpi)
 
 
@@ -155,42 +239,62 @@ def plot_fidelity(
 ) -> Path | None:
     """Cosine, centred cosine and relative error between stored vectors and what is read back
     at their place, against their age in segments; one line per entry of `curves` (label →
-    Fidelity), dotted: the same score for a memory returning the mean stored vector."""
+    Fidelity), dotted: the same score for a memory returning the mean stored vector. Each
+    panel's title says which way is better (the error panel: lower)."""
     curves = {k: v for k, v in curves.items() if v is not None}
     if not curves:
         return None
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3))
+    fig, axes = plt.subplots(1, 3, figsize=(12.5, 4.4), layout="constrained")
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    panels = (
-        ("cosine", "cosine(read back, stored)", "baseline_cosine"),
-        ("centred_cosine", "cosine after removing the mean vector", None),
-        ("rel_error", "‖read back − stored‖ / ‖stored‖", "baseline_rel_error"),
-    )
+    panels = (  # (field, title: what and which way is better, y label, baseline field)
+        ("cosine", "similarity: higher is better", "cosine(read back, stored)",
+         "baseline_cosine"),
+        ("centred_cosine", "specific to the vector: higher is better",
+         "cosine after removing the mean vector", None),
+        ("rel_error", "error: LOWER is better", "‖read back − stored‖ / ‖stored‖",
+         "baseline_rel_error"),
+    )  # fmt: skip
+    oldest = 1
     for n, (label, fid) in enumerate(curves.items()):
         colour = colours[n % len(colours)]
-        for ax, (field, _, baseline) in zip(axes, panels, strict=True):
+        for ax, (field, _, _, baseline) in zip(axes, panels, strict=True):
             pairs = [(a, v) for a, v in zip(fid.ages, getattr(fid, field), strict=True)
                      if not math.isnan(v)]  # fmt: skip
             if pairs:
-                ax.plot(*zip(*pairs, strict=True), marker="o", ms=3, color=colour, label=label)
+                ax.plot(*zip(*pairs, strict=True), marker="o", ms=4, lw=1.8, color=colour,
+                        label=label)  # fmt: skip
+                oldest = max(oldest, max(a for a, _ in pairs))
             if baseline is not None and not math.isnan(getattr(fid, baseline)):
-                ax.axhline(getattr(fid, baseline), color=colour, ls=":", lw=1)
-    for ax, (_, ylabel, _) in zip(axes, panels, strict=True):
-        ax.set_ylabel(ylabel, fontsize=7)
-        ax.set_xscale("symlog", linthresh=1)
-        ax.set_xlabel("age k (segments since the vector entered)", fontsize=7)
-        ax.tick_params(labelsize=6)
+                ax.axhline(getattr(fid, baseline), color=colour, ls=":", lw=1.5)
+    ticks = [t for t in (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000) if t <= oldest]
+    for ax, (_, what, ylabel, _) in zip(axes, panels, strict=True):
+        ax.set_title(what, fontsize=LABEL)
+        ax.set_ylabel(ylabel, fontsize=LABEL)
+        ax.set_xscale("symlog", linthresh=1, linscale=0.6)
+        ax.set_xlim(-0.15, oldest * 1.15)  # no negative ages: no "−10⁰" tick
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x:g}"))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("age (segments since stored)", fontsize=LABEL)
+        ax.tick_params(labelsize=TICK)
         ax.grid(alpha=0.3)
     axes[0].axhline(0, color="grey", lw=0.6)
     axes[1].axhline(0, color="grey", lw=0.6)
-    axes[0].legend(fontsize=6)
+    handles = [*axes[0].get_legend_handles_labels()[0],
+               Line2D([], [], color="0.3", ls=":", lw=1.5,
+                      label="dotted: a memory that returns the mean vector")]  # fmt: skip
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4),
+               fontsize=LABEL, frameon=False)  # fmt: skip
     fig.suptitle(
         (title or "fidelity of the memory by age")
-        + "\ndotted: the same score for a memory that returns the mean stored vector",
-        fontsize=8,
+        + "\nhow well a stored vector is read back, as it ages",
+        fontsize=TITLE,
     )
-    fig.tight_layout()
     return _save(fig, path, dpi)
 
 

@@ -14,6 +14,7 @@ clears rows (documents that ended) before the call is processed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import streaming
 from ._checks import ValueChecks, check_positive_int, check_token_ids
 from ._init import init_projection
 from .block import LayerTrace, MemoryBlock
@@ -122,6 +124,32 @@ class MemoryLM(nn.Module):
     def param_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]:
         """The optimiser's parameter groups (`decay_groups`): one rate for all."""
         return decay_groups(self, lr, weight_decay)
+
+    # ------------------------------------------------------------------ streaming
+    def push(self, tokens: torch.Tensor, state: MemoryState | None = None) -> MemoryState:
+        """The state after streaming tokens [batch, T] (any T ≥ 1) in block-aligned calls, no
+        gradients (`streaming.push`)."""
+        return streaming.push(self, tokens, state)[1]
+
+    def generate(
+        self,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        state: MemoryState | None = None,
+        generator: torch.Generator | None = None,
+        end_ids: Sequence[int] = (),
+        with_state: bool = True,
+    ) -> tuple[torch.Tensor, MemoryState]:
+        """Continue prompt [batch, T0] by `max_new_tokens` tokens, one call per token with the
+        carried memory (`streaming.generate`): (new tokens, the state after prompt and new
+        tokens). Every token is generated; the caller cuts at `end_ids`. The state comes for
+        free here, so `with_state` changes nothing."""
+        return streaming.generate(
+            self, prompt, max_new_tokens, temperature, top_k, top_p, state, generator
+        )
 
     def check_state(self, state: MemoryState, batch_size: int | None = None) -> None:
         """Validate a state for this model before any computation: one layer state per block,

@@ -1,4 +1,4 @@
-"""The models the trainer builds, in one place.
+"""The model contract and the model kinds, in one place.
 
     kind          settings                    model
     "native"      `ModelConfig`               `MemoryLM`: the four model types on one backbone
@@ -6,9 +6,9 @@
                                               family) with the ∞-former's long-term memory in
                                               every block (`inftyformer.hf`, extra [hf])
 
-Both speak the `MemoryLM` contract the tasks use: ``model(tokens, state=, targets=, reset=)`` →
-`LMOutput` (targets aligned with tokens: position t predicts targets[t]), ``init_state(batch,
-device)``, and ``config.segment_len`` / ``config.vocab_size``.
+Every kind implements `LanguageModel` (below), and the tasks, the trainer and the command line
+call nothing else; a new kind is a config class and a model class, registered with
+`register_model_kind`.
 """
 
 from __future__ import annotations
@@ -16,16 +16,21 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from ._checks import check_positive_int, check_range
 from .basis import check_widths
 from .config import MEMORY_SETTINGS, ModelConfig
-from .long_term_memory import check_density
+from .long_term_memory import CHANGEABLE_SETTINGS, check_density
+from .model import LMOutput
+from .state import MemoryState
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,9 @@ class PretrainedMemoryConfig:
     # short run (Adam moves a weight by about the learning rate per step), so reads stay flat
     density_lr: float | None = None
     segment_len: int = 256  # L: tokens per call when a document is streamed
+    # W: previous tokens each call recomputes as context (None: one segment, as far as the
+    # base's positions allow; 0: each segment attends within itself; `docs/hf.md`)
+    window: int | None = None
     num_basis: int = 512  # N
     widths: tuple[float, ...] = (0.005, 0.01)
     ridge_lambda: float = 0.5  # λ
@@ -75,6 +83,8 @@ class PretrainedMemoryConfig:
         check_range("kl_weight", self.kl_weight, 0.0)
         for name in ("segment_len", "num_basis", "num_samples", "sticky_bins"):
             check_positive_int(name, getattr(self, name))
+        if self.window is not None:
+            check_positive_int("window", self.window, minimum=0)
         object.__setattr__(self, "widths", check_widths(self.widths, self.num_basis))
         check_density(self.density, self.sigma_init)
         if not self.vocab_size:
@@ -86,7 +96,10 @@ class PretrainedMemoryConfig:
     def model_type(self) -> str:
         return "infty" if self.memory else "transformer"  # the memory it adds, or none
 
-    def memory_settings(self) -> dict[str, Any]:
+    def describe(self) -> str:
+        return f"{Path(self.base_model).name} + {'long-term' if self.memory else 'no'} memory"
+
+    def adapter_settings(self) -> dict[str, Any]:
         """The `inftyformer.hf.add_long_term_memory` settings."""
         skip = {"base_model", "memory", "freeze_base", "memory_lr", "density_lr", "vocab_size"}
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
@@ -101,8 +114,9 @@ class PretrainedMemoryConfig:
         unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"unknown PretrainedMemoryConfig fields {unknown}")
-        # configs saved before the density setting existed read the scores as the paper does
-        return cls(**{"density": "paper", **data})
+        # configs saved before the density setting existed read the scores as the paper does,
+        # before the window existed each segment attended within itself
+        return cls(**{"density": "paper", "window": 0, **data})
 
     def replace(self, **changes: Any) -> PretrainedMemoryConfig:
         return dataclasses.replace(self, **changes)
@@ -125,12 +139,8 @@ class PretrainedMemoryConfig:
 # N, the widths or the gate (they shape weights), nor whether the memory or the base trains
 PRETRAINED_MEMORY_SETTINGS = (
     "segment_len",
-    "num_samples",
-    "tau",
-    "ridge_lambda",
-    "sticky",
-    "sticky_bins",
-    "edge_padding",
+    "window",
+    *CHANGEABLE_SETTINGS,  # the long-term memory's
     "sigma_0",
     "kl_weight",
     "memory_lr",
@@ -147,6 +157,7 @@ class ModelKind:
     name: str
     config: type
     model: str  # "module:Class"
+    changeable: tuple[str, ...]  # settings a trained model may change (resume, evaluation)
     extra: str | None = None  # the pip extra the model class needs
 
     def model_class(self) -> type[nn.Module]:
@@ -172,15 +183,21 @@ def register_model_kind(kind: ModelKind) -> ModelKind:
     return kind
 
 
-register_model_kind(ModelKind("native", ModelConfig, "inftyformer.model:MemoryLM"))
+register_model_kind(ModelKind("native", ModelConfig, "inftyformer.model:MemoryLM", MEMORY_SETTINGS))
 register_model_kind(
-    ModelKind("pretrained", PretrainedMemoryConfig, "inftyformer.hf.lm:PretrainedMemoryLM", "hf")
+    ModelKind(
+        "pretrained",
+        PretrainedMemoryConfig,
+        "inftyformer.hf.lm:PretrainedMemoryLM",
+        PRETRAINED_MEMORY_SETTINGS,
+        extra="hf",
+    )
 )
 
 
-def memory_settings(config: Any) -> tuple[str, ...]:
+def changeable_settings(config: Any) -> tuple[str, ...]:
     """The settings of `config` that a trained model may change (its weights stay usable)."""
-    return MEMORY_SETTINGS if isinstance(config, ModelConfig) else PRETRAINED_MEMORY_SETTINGS
+    return MODEL_KINDS[model_kind(config)].changeable
 
 
 def model_kind(config: Any) -> str:
@@ -196,29 +213,78 @@ def config_from_dict(kind: str, data: dict[str, Any]) -> Any:
     return MODEL_KINDS[kind].config.from_dict(data)
 
 
-def build_model(config: Any) -> nn.Module:
+def build_model(config: Any) -> LanguageModel:
     """The model `config` describes (weights freshly initialised, or the base's pretrained)."""
     return MODEL_KINDS[model_kind(config)].model_class()(config)
 
 
-def generate(model: nn.Module, prompt: Any, max_new_tokens: int, **sampling: Any) -> Any:
-    """Continue prompt [batch, T0] with either kind of model: (new tokens, memory after them).
-    `sampling`: temperature, top_k, top_p, and for the native model a torch `generator`."""
-    if hasattr(model, "lm"):  # a pretrained model: Hugging Face's generate, reading the memory
-        sampling.pop("generator", None)
-        return model.generate(prompt, max_new_tokens, **sampling)
-    from .streaming import generate as stream_generate
+class LanguageModel(Protocol):
+    """What every model kind implements (`MemoryLM`, `hf.lm.PretrainedMemoryLM`):
 
-    return stream_generate(model, prompt, max_new_tokens, **sampling)
+        model(tokens, state=, targets=, reset=, generator=) → LMOutput
+            tokens [batch, L] one segment (L ≤ config.segment_len); targets [batch, L] aligned
+            with them (position t predicts targets[t], −100 ignored): LMOutput.loss, .lm_loss,
+            .token_loss; the new state in LMOutput.state; reset [batch] clears rows first
+        init_state(batch_size, device) → an empty memory (None for a model without one)
+        push(tokens, state) → the memory after streaming tokens [batch, T] of any length
+        generate(prompt, max_new_tokens, temperature, top_k, top_p, state, generator, end_ids,
+                 with_state) → (new tokens [batch, ≤ max_new_tokens], the memory after them)
+        param_groups(lr, weight_decay) → the optimiser's parameter groups
+        config.segment_len, config.vocab_size, config.model_type ("transformer": no memory),
+        config.describe() (a name for the start line)
+
+    The memory state is a `MemoryState`, passed in and returned, never kept on the model."""
+
+    config: Any
+    training: bool
+
+    def __call__(
+        self,
+        tokens: torch.Tensor,
+        state: MemoryState | None = None,
+        targets: torch.Tensor | None = None,
+        reset: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> LMOutput: ...
+
+    def init_state(
+        self, batch_size: int, device: torch.device | str | None = None
+    ) -> MemoryState | None: ...
+
+    def push(
+        self, tokens: torch.Tensor, state: MemoryState | None = None
+    ) -> MemoryState | None: ...
+
+    def generate(
+        self,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        state: MemoryState | None = None,
+        generator: torch.Generator | None = None,
+        end_ids: Sequence[int] = (),
+        with_state: bool = True,
+    ) -> tuple[torch.Tensor, MemoryState | None]: ...
+
+    def param_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]: ...
+
+
+def unwrap(model: nn.Module) -> LanguageModel:
+    """The model itself, also when the trainer hands it over wrapped in DistributedDataParallel
+    (the wrapper's forward synchronises gradients; everything else is the model's)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 __all__ = [
+    "LanguageModel",
     "MODEL_KINDS",
     "ModelKind",
     "register_model_kind",
     "PRETRAINED_MEMORY_SETTINGS",
-    "memory_settings",
-    "generate",
+    "changeable_settings",
+    "unwrap",
     "PretrainedMemoryConfig",
     "build_model",
     "config_from_dict",

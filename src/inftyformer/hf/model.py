@@ -2,25 +2,44 @@
 ∞-former's long-term memory in every block (paper §4.2, fine-tuning GPT-2; `docs/hf.md`).
 
 One call processes one segment of T tokens (the streaming helper cuts documents into segments of
-L = `segment_len`; the base attends within its segment):
+L = `segment_len`). Like the paper's model, each segment also attends to a short-term window of
+the W = `window` tokens before it (default one segment, W = L), and the long-term memory holds
+the text that left the window:
 
-1. The segment that the previous call stored (its blocks' normalised attention inputs, waiting in
-   `LayerState.short_term`) enters each block's long-term memory (`LongTermMemory.update`: first
-   fit, or squeeze-resample-refit) at the START of this call, inside this call's graph, so the
-   CNN gate gets gradient from this call's loss; the stored coefficients come in detached.
+0. The window (`MemoryState.window`: the previous W token ids per row, right-aligned with valid
+   lengths, reset per row at document boundaries) is recomputed before the segment as unscored
+   context: the base runs on [window; segment] with positions 0 … W + T − 1 counted over the
+   valid tokens, and only the segment's logits are returned. Choice: recomputation rather than
+   cached keys/values, because it is exact for every architecture. GPT-2's learned absolute
+   positions enter every layer's keys, so cached keys could not be moved to new positions;
+   Llama's rotary keys could, but a cache made while the previous segment attended to its own
+   window would carry information from further back than the base would see. Recomputed, the
+   logits of segment k at initialisation are exactly the base's for segment k with segment
+   k − 1 before it. Cost: the base runs on W + T tokens per call (`docs/hf.md`). Positions
+   never pass the base's `max_position_embeddings` (W + L is checked by the config, a longer
+   call is refused, `generate` shortens the window to fit). W = 0 is the older behaviour: each
+   segment attends within itself.
+1. The inputs that left the window (waiting in `LayerState.short_term`: each block's normalised
+   attention inputs, computed in the previous call) enter each block's long-term memory
+   (`LongTermMemory.update`: first fit, or squeeze-resample-refit) at the START of this call,
+   inside this call's graph, so the CNN gate gets gradient from this call's loss; the stored
+   coefficients come in detached.
 2. The base model runs unchanged. In block i, two forward hooks (`adapters.py`):
        h_i = norm_i(x)                  the normalised attention input, recorded
        a_i = W_o Attn(h_i) + LTM_i(h_i) the continuous read is added to the output projection's
                                         output, before the residual (and, for GPT-2, before the
                                         residual dropout)
+   at every position, the window's too (they read the memory of the text before them).
    LTM_i has its own W^Q, W^K, W^V and output projection (`LongTermAttention` with
    `query_projection=True`): queries W^Q h_i, keys/values from the memory's coefficients.
    Choice: its own W^Q rather than the block's query projection, because that works the same
    for every architecture (GPT-2's fused c_attn, Llama's grouped-query heads, rotary positions
    applied inside the attention) and stays trainable when the base is frozen.
 3. The new memory is returned, detached: each layer's long-term state after step 1 (with the
-   sticky histogram of this call's reads), and this call's h_i waiting in `short_term`
-   (the valid positions only, right-aligned, per row: `attention_mask` zeros are not stored).
+   sticky histogram of this call's reads); the window moves on to the last W valid tokens; the
+   h_i of the tokens that left it (with L-token calls and W = L: the previous segment, as
+   recomputed in this call; with W = 0: this segment) wait in `short_term` (valid positions
+   only, right-aligned, per row: `attention_mask` zeros are not stored).
 
 At initialisation the read's output projection is zero (weight and bias), so the logits equal
 the base model's exactly (`tests/hf`); W^Q, W^K, W^V ~ N(0, initializer_range²).
@@ -41,10 +60,13 @@ with an empty memory read exactly 0), so DistributedDataParallel needs no
 `find_unused_parameters`.
 
 Generation (`generate`): the memory is read-only. The waiting segment is fitted once before
-generating; then every step reads the same long-term memory, so greedy `generate` gives the tokens
-of recomputing `model(prompt + tokens so far, memory=m)` at every step. Beam search and
-`num_return_sequences` repeat each row's memory for its beams (`repeat_interleave`); since all the
-beams of a row read the same, unchanging memory, reordering beams needs nothing else.
+generating; the first step runs the window before the prompt, the base's key/value cache keeps
+both, and every step reads the same long-term memory, so greedy `generate` gives the tokens of
+recomputing `model(prompt + tokens so far, memory=m)` at every step. A call that continues a
+non-empty cache writes nothing (its memory: the one it read, nothing waiting). Beam search and
+`num_return_sequences` repeat each row's memory (window included) for its beams
+(`repeat_interleave`); since all the beams of a row read the same, unchanging memory, reordering
+beams needs nothing else.
 """
 
 from __future__ import annotations
@@ -66,16 +88,17 @@ from transformers import (
 )
 from transformers.utils import ModelOutput
 
-from .._checks import check_token_ids
+from .._checks import STATE_MAGNITUDE, check_token_ids
 from .._init import init_projection
 from ..basis import GaussianBasis
 from ..long_term_attention import LongTermAttention, LongTermAttentionOutput, PreparedMemory
 from ..long_term_memory import LongTermMemory, LongTermState
 from ..model import IGNORE_INDEX, token_losses
 from ..short_term_memory import ShortTermState
-from ..state import LayerState, MemoryState
+from ..state import LayerState, MemoryState, TokenWindow
 from .adapters import BlockAdapter, adapter_for
 from .config import MEMORY_FIELDS, MODEL_FIELDS, InftyformerConfig
+from .window import WindowedInputs, pack
 
 
 class LayerMemory(nn.Module):
@@ -290,7 +313,21 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                     long_term=layer.memory.init_state(batch_size, device, p.dtype),
                 )
                 for layer in self.long_term
-            )
+            ),
+            TokenWindow.empty(batch_size, device) if self.config.window else None,
+            self.memory_source,
+        )
+
+    @property
+    def memory_source(self) -> str:
+        """The provenance stamped on this model's memory states: the base it stores the hidden
+        states of. A state stamped by another base (e.g. a Llama memory given to a GPT-2 model
+        of the same shapes) is refused by `check_memory`."""
+        text = self.config.text_config
+        return (
+            f"pretrained {self.config.base_architecture} (model_type {text.model_type}, hidden "
+            f"size {self.config.hidden_size}, {self.num_layers} layers, vocabulary "
+            f"{text.vocab_size})"
         )
 
     def check_memory(self, memory: object, batch_size: int) -> MemoryState:
@@ -314,9 +351,16 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                 raise ValueError(f"{name} must be a LayerState with a long_term state")
             if state.compressed is not None:
                 raise ValueError(f"{name}.compressed must be None for this model")
-            state.short_term.check(f"{name}.short_term", batch_size, d, 1 << 30)
-            try:
-                layer.memory.check_state(state.long_term)
+            # what waits is one call's hidden states: at most the base's positions
+            state.short_term.check(
+                f"{name}.short_term", batch_size, d, self._position_limit or 1 << 30
+            )
+            if not isinstance(state.long_term, LongTermState):
+                raise ValueError(f"{name}.long_term must be a LongTermState")
+            try:  # like a native model's states: dtypes, shapes, values within STATE_MAGNITUDE
+                state.long_term.check(
+                    layer.memory.config, "state", layer.memory.state_dtypes(), None, STATE_MAGNITUDE
+                )
             except (TypeError, ValueError) as err:
                 raise ValueError(f"{name}.long_term: {err}") from err
             if state.long_term.batch_size != batch_size:
@@ -329,7 +373,43 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                     f"{name} is on {state.long_term.coefficients.device}, the model on {device}: "
                     "use memory.to(device)"
                 )
+        self._check_window(memory.window, batch_size, device)
+        # provenance last: a memory of other shapes is named by its shapes above
+        if memory.source is not None and memory.source != self.memory_source:
+            raise ValueError(
+                f"memory was made by {memory.source}; this model is {self.memory_source}: a "
+                "memory holds one base model's hidden states and cannot be read by another"
+            )
         return memory
+
+    def _check_window(self, window: TokenWindow | None, batch_size: int, device) -> None:
+        size = self.config.window
+        if not size:
+            if window is not None:
+                raise ValueError(
+                    "memory has a token window, but this model attends within each call "
+                    "(window=0): was the memory made by a model with a window?"
+                )
+            return
+        if window is None:
+            raise ValueError(
+                f"memory has no token window, but this model attends to the previous {size} "
+                "tokens (window > 0): was the memory made by a model with window=0?"
+            )
+        window.check(batch_size)
+        if window.tokens.shape[1] > size:
+            raise ValueError(
+                f"memory.window holds {window.tokens.shape[1]} tokens, more than this model's "
+                f"window of {size}"
+            )
+        if window.tokens.device != device:
+            raise ValueError(
+                f"memory.window is on {window.tokens.device}, the model on {device}: "
+                "use memory.to(device)"
+            )
+        vocab = self.config.text_config.vocab_size
+        if window.tokens.numel() and int(window.tokens.max()) >= vocab:
+            raise ValueError(f"memory.window.tokens must be in [0, {vocab})")
 
     def prepare_memory(
         self, memory: MemoryState | None, batch_size: int, reset: torch.Tensor | None = None
@@ -394,10 +474,17 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                     long_term=lt.detach(),
                 )
                 for lt in states
-            )
+            ),
+            memory.window,
+            memory.source,
         )
 
     # ------------------------------------------------------------------ inputs
+    @property
+    def _position_limit(self) -> int | None:
+        limit = getattr(self.config.text_config, "max_position_embeddings", None)
+        return None if limit is None else int(limit)
+
     def _check_ids(self, name: str, ids: object, allow_ignore: bool) -> torch.Tensor:
         vocab = self.config.text_config.vocab_size
         ignore = IGNORE_INDEX if allow_ignore else None
@@ -452,6 +539,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             raise RuntimeError("this model was unwrapped: its hooks are gone")
         ids = self._check_ids("input_ids", input_ids, allow_ignore=False)
         batch, length = ids.shape
+        self._check_positions(length, position_ids, cache or kwargs.get("past_key_values"))
         if labels is not None:
             labels = self._check_ids("labels", labels, allow_ignore=True)
             if labels.shape != ids.shape:
@@ -461,9 +549,16 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                 )
         valid = self._check_mask(attention_mask, batch, length)
         memory = self.prepare_memory(memory, batch, reset)
+        past = 0 if cache is None else int(cache.get_seq_length())
 
         # 1. what the previous call stored enters the long-term memory, in this call's graph
         long_term, unused = self._fit_waiting(memory, generator)
+
+        # the short-term window: the previous tokens, recomputed before this call's as context
+        # (a call that continues a base cache has them in the cache already)
+        inputs = WindowedInputs.build(
+            memory.window, ids, valid, attention_mask, position_ids, past, self._position_limit
+        )
 
         # 2. the base model, with the reads added by the hooks
         call = _Call(
@@ -476,15 +571,18 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             reads=[None] * self.num_layers,
             prepared=read_cache,
         )
+        keep = logits_to_keep
+        if inputs.context and isinstance(keep, torch.Tensor):
+            keep = keep + inputs.context  # indices into this call's positions
         token = _ACTIVE.set(call)
         try:
             base_out = self.base(
-                input_ids=ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
+                input_ids=inputs.ids,
+                attention_mask=inputs.attention_mask,
+                position_ids=inputs.position_ids,
                 cache=cache,
                 use_cache=use_cache,
-                logits_to_keep=logits_to_keep,
+                logits_to_keep=keep,
                 **kwargs,
             )
         finally:
@@ -493,22 +591,35 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             missing = [i for i, r in enumerate(call.reads) if r is None]
             raise RuntimeError(f"the long-term memory of blocks {missing} was not read")
 
-        # 3. the new memory: long-term after step 1 (+ sticky histogram), this segment waiting
+        # 3. the new memory: long-term after step 1 (+ sticky histogram); what left the window
+        # waits (this segment, without a window), the window moves on. A call continuing a
+        # cache (generation) writes nothing.
+        if past:
+            leaving, window = None, memory.window
+        else:
+            leaving, window = inputs.advance(self.config.window)
         layers = []
         for i, layer in enumerate(self.long_term):
             read = call.reads[i]
             lt = layer.memory.observe(long_term[i], read.mu, read.sigma_sq)
-            h = call.normed[i].detach()  # [batch, T, d]
-            layers.append(LayerState(short_term=_waiting(h, valid), long_term=lt.detach()))
+            if past:
+                d = self.config.hidden_size
+                h = call.normed[i]
+                waiting = ShortTermState.empty(batch, d, h.device, h.dtype)
+            else:
+                waiting = ShortTermState(*pack(call.normed[i].detach(), leaving))
+            layers.append(LayerState(short_term=waiting, long_term=lt.detach()))
         kl = torch.stack([r.kl for r in call.reads]).mean()
         memory_loss = self.config.kl_weight * kl
         for zero in unused:
             memory_loss = memory_loss + zero
 
         logits = base_out.logits
+        if inputs.context and isinstance(logits_to_keep, int) and logits_to_keep == 0:
+            logits = logits[:, inputs.context :]  # the window's positions are context only
         output = InftyformerOutput(
             logits=logits,
-            memory=MemoryState(tuple(layers)),
+            memory=MemoryState(tuple(layers), window, self.memory_source),
             cache=getattr(base_out, "cache", None),
             kl=kl,
             memory_loss=memory_loss,
@@ -521,6 +632,25 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             output.loss = lm_loss + memory_loss
             output.lm_loss, output.token_loss = lm_loss, token_loss
         return output
+
+    def _check_positions(self, length: int, position_ids: object, cache: object) -> None:
+        """Refuse a call reaching beyond the base's positions (max_position_embeddings), which
+        would fail inside the base (an IndexError in GPT-2's position table) or run where it was
+        never trained: a longer text goes in segment by segment, through the memory."""
+        limit = getattr(self.config.text_config, "max_position_embeddings", None)
+        if not isinstance(limit, int):
+            return
+        if isinstance(position_ids, torch.Tensor) and position_ids.numel():
+            end = int(position_ids.max()) + 1
+        else:
+            past = cache.get_seq_length() if hasattr(cache, "get_seq_length") else 0
+            end = int(past) + length
+        if end > limit:
+            raise ValueError(
+                f"the input reaches position {end}, but the base model has {limit} positions "
+                f"(max_position_embeddings): feed a longer text segment by segment (segment_len "
+                f"{self.config.segment_len}) with the memory carried between calls"
+            )
 
     # ------------------------------------------------------------------ generation
     def generate(self, inputs: torch.Tensor | None = None, memory=None, reset=None, **kwargs):
@@ -536,10 +666,28 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             memory = self.consolidate(self.prepare_memory(memory, ids.shape[0], reset))
         if memory is None:
             memory = self.init_memory(ids.shape[0])
+        memory = self._window_within_positions(memory, ids.shape[1], kwargs)
         cache = self.prepare_reads(memory)
         if kwargs.get("attention_mask") is None:  # ids without a mask are all tokens, no padding
             kwargs["attention_mask"] = torch.ones_like(ids)
         return super().generate(ids, memory=memory, read_cache=cache, **kwargs)
+
+    def _window_within_positions(self, memory: MemoryState, prompt: int, options) -> MemoryState:
+        """The memory with its window shortened (oldest tokens first) so that the window, the
+        prompt and the new tokens fit the base's positions."""
+        window, limit = memory.window, self._position_limit
+        if window is None or limit is None or not window.tokens.shape[1]:
+            return memory
+        config = options.get("generation_config") or self.generation_config
+        new = options.get("max_new_tokens", config.max_new_tokens)
+        if new is None:
+            new = options.get("max_length", config.max_length) - prompt
+        room = max(limit - prompt - int(new), 0)
+        if window.tokens.shape[1] <= room:
+            return memory
+        width = window.tokens.shape[1]
+        short = TokenWindow(window.tokens[:, width - room :], window.length.clamp(max=room))
+        return MemoryState(memory.layers, short, memory.source)
 
     @torch.no_grad()
     def prepare_reads(self, memory: MemoryState) -> tuple[PreparedMemory, ...]:
@@ -570,28 +718,13 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         return input_ids, kwargs
 
 
-def _waiting(h: torch.Tensor, valid: torch.Tensor | None) -> ShortTermState:
-    """This call's normalised inputs h [batch, T, d] as a right-aligned ragged segment: only
-    the valid positions (attention_mask ≠ 0), oldest first."""
-    batch, length, _ = h.shape
-    if valid is None:
-        return ShortTermState(h, torch.full((batch,), length, dtype=torch.long, device=h.device))
-    count = valid.sum(1)  # [batch]
-    # invalid positions first, then the valid ones in their order (stable sort of 0/1)
-    order = torch.sort(valid.to(torch.int8), dim=1, stable=True).indices  # [batch, T]
-    packed = torch.gather(h, 1, order[..., None].expand_as(h))
-    width = int(count.max())
-    packed = packed[:, length - width :]
-    keep = torch.arange(width, device=h.device)[None, :] >= (width - count)[:, None]
-    return ShortTermState(packed * keep[..., None].to(h.dtype), count.to(torch.long))
-
-
 def add_long_term_memory(base: PreTrainedModel, **settings) -> InftyformerForCausalLM:
     """Wrap a pretrained causal LM (GPT-2 or Llama family) with a long-term memory per block.
 
     `settings`: any `LongTermConfig` field (num_heads, num_basis, widths, ridge_lambda, tau,
     num_samples, edge_padding, conv_gate, sticky, sticky_bins, sigma_0, min_sigma_sq) plus
-    segment_len and kl_weight. The base's weights are used as they are (not copied); right after
+    segment_len, window (previous tokens each call attends to; None: one segment, 0: none) and
+    kl_weight. The base's weights are used as they are (not copied); right after
     wrapping, the logits equal the base's."""
     if not isinstance(base, PreTrainedModel):
         raise TypeError(f"base must be a transformers PreTrainedModel, got {type(base).__name__}")
@@ -603,9 +736,11 @@ def add_long_term_memory(base: PreTrainedModel, **settings) -> InftyformerForCau
             f"unknown long-term memory settings {unknown}; allowed: {sorted(allowed)} "
             "(dim and out_dim are the base's hidden size)"
         )
-    if "segment_len" not in settings:
-        limit = getattr(base.config, "max_position_embeddings", None) or 512
-        settings["segment_len"] = min(512, int(limit))
+    if "segment_len" not in settings:  # room for the window (one segment unless set)
+        limit = int(getattr(base.config, "max_position_embeddings", None) or 512)
+        window = settings.get("window")
+        room = limit if window == 0 else limit // 2 if window is None else limit - int(window)
+        settings["segment_len"] = max(1, min(512, room))
     # the same config object as the base's: its attention implementation must not change
     config = InftyformerConfig(
         text_config=base.config,

@@ -2,8 +2,9 @@
 
 `stream_loss` cuts tokens [batch, T] into consecutive segments of L = `segment_len` (the last
 one shorter), calls the model once per segment and carries the memory: a token sees the earlier
-tokens of its own segment through the base model's attention, and every earlier segment only
-through the long-term memory (detached between calls). Rows are parallel streams; `reset`
+tokens of its own segment and the model's window (by default the previous segment) through the
+base model's attention, and everything before the window only through the long-term memory
+(detached between calls). Rows are parallel streams; `reset`
 [batch] clears rows before the first segment (their document starts here).
 
 The targets are aligned with the tokens (targets[:, t] is the token that follows tokens[:, t];

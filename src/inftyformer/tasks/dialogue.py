@@ -100,6 +100,7 @@ from ..data.cmu_dog import (
     resolve_cmu_dog_dir,
 )
 from ..model import IGNORE_INDEX
+from ..models import LanguageModel, unwrap
 from .base import (
     Evaluation,
     Metric,
@@ -432,33 +433,17 @@ def bleu_from_statistics(sums: dict[str, float]) -> float:
 
 
 # --------------------------------------------------------------------------- model helpers
-def _raw(model: nn.Module) -> nn.Module:
-    return getattr(model, "module", model)  # the model itself under DistributedDataParallel
-
-
-def _has_memory(model_config: Any) -> bool:
-    memory = getattr(model_config, "memory", None)
-    if memory is not None:  # a pretrained model: with or without long-term memory
-        return bool(memory)
-    return model_config.model_type != "transformer"
-
-
 @torch.no_grad()
-def push_document(model: nn.Module, tokens: Sequence[int], device: torch.device) -> Any:
+def push_document(model: LanguageModel, tokens: Sequence[int], device: torch.device) -> Any:
     """The memory (batch 1) after streaming `tokens` through the model; None when empty."""
     if not tokens:
         return None
-    ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)
-    if hasattr(model, "lm"):  # a pretrained model (PretrainedMemoryLM)
-        return model.push(ids)
-    from ..streaming import push
-
-    return push(model, ids)[1]
+    return model.push(torch.tensor([list(tokens)], dtype=torch.long, device=device))
 
 
 @torch.no_grad()
 def generate_reply(
-    model: nn.Module,
+    model: LanguageModel,
     prompt: Sequence[int],
     state: Any,
     end_ids: Sequence[int],
@@ -473,28 +458,19 @@ def generate_reply(
     device = next(model.parameters()).device
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        if hasattr(model, "lm"):  # Hugging Face's generate, reading the memory (read-only)
-            options: dict[str, Any] = dict(
-                max_new_tokens=max_new_tokens,
-                do_sample=temperature > 0,
-                eos_token_id=list(end_ids),
-                pad_token_id=end_ids[0],
-                attention_mask=torch.ones_like(ids),
-            )
-            if temperature > 0:
-                options.update(temperature=float(temperature), top_p=float(top_p), top_k=0)
-            if model.config.memory:
-                options["memory"] = state
-            new = model.lm.generate(ids, **options)[0, ids.shape[1] :].tolist()
-        else:
-            from ..streaming import generate
-
-            generator = torch.Generator(device=device).manual_seed(seed)
-            out, _ = generate(
-                model, ids, max_new_tokens, temperature, None, top_p, state, generator
-            )
-            new = out[0].tolist()
+        torch.manual_seed(seed)  # a pretrained model samples from the global generator
+        generator = torch.Generator(device=device).manual_seed(seed)
+        out, _ = model.generate(
+            ids,
+            max_new_tokens,
+            temperature,
+            top_p=top_p,
+            state=state,
+            generator=generator,
+            end_ids=list(end_ids),
+            with_state=False,
+        )
+        new = out[0].tolist()
     ends = set(end_ids)
     for i, token in enumerate(new):
         if token in ends:
@@ -573,7 +549,7 @@ class DialogueTask(Task):
     @classmethod
     def check(cls, config: DialogueConfig, model_config: Any) -> None:
         resolve_cmu_dog_dir(config.data_dir)
-        if config.placement == "memory" and not _has_memory(model_config):
+        if config.placement == "memory" and model_config.model_type == "transformer":
             raise ValueError(
                 "placement 'memory' needs a model with memory; this one has none "
                 "(choose placement context or none)"
@@ -694,13 +670,13 @@ class DialogueTask(Task):
         return DialogueBatch(rows, rows[0].memory)
 
     def _state(self, model: nn.Module, memory: Sequence[int], rows: int) -> Any:
-        state = push_document(_raw(model), memory, self.context.device)
+        state = push_document(unwrap(model), memory, self.context.device)
         return None if state is None else state.repeat_rows(rows)
 
     def loss(self, model: nn.Module, batch: DialogueBatch, rows: slice, part: int) -> StepOutput:
         mine = batch.examples[rows]
         if batch.document_state is None and batch.memory:
-            batch.document_state = push_document(_raw(model), batch.memory, self.context.device)
+            batch.document_state = push_document(unwrap(model), batch.memory, self.context.device)
         state = batch.document_state
         state = None if state is None else state.repeat_rows(len(mine))
         inputs, targets = pad_batch(mine, self.format.eot)
@@ -737,7 +713,7 @@ class DialogueTask(Task):
         groups: dict[tuple, list[EncodedExample]] = defaultdict(list)
         for example in encoded:
             groups[example.key].append(example)
-        raw = _raw(model)
+        raw = unwrap(model)
         was_training = raw.training
         raw.eval()
         sums: dict[str, float] = {"nll": 0.0, "count": 0.0, "examples": 0.0}

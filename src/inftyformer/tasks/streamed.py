@@ -16,7 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._progress import progress as show_progress
 from ..data import check_split
+from ..models import unwrap
 from .base import Evaluation, Shard, StepOutput, Task, add_sums, scored_sums
 
 
@@ -34,7 +36,7 @@ class LastBlockTask(Task):
     ) -> tuple[Any, torch.Tensor]:
         """Stream every block but the last without gradients, then the last one.
         inputs, targets [batch, S] → (the model's output on the last block, its targets)."""
-        raw = getattr(model, "module", model)  # the model itself under DistributedDataParallel
+        raw = unwrap(model)  # gradients go through `model` (a DDP wrapper synchronises them)
         device = self.context.device
         inputs, targets = inputs.to(device), targets.to(device)
         state = raw.init_state(inputs.shape[0], device)
@@ -78,7 +80,9 @@ class LastBlockTask(Task):
         model.eval()
         total: dict[str, float] = {}
         try:
-            for index in range(num_batches):
+            batches = show_progress(range(num_batches), desc=f"evaluating {split}",
+                                    enabled=self.context.progress, leave=False)  # fmt: skip
+            for index in batches:
                 inputs, targets = data.batch(index)
                 rows = shard.rows(inputs.shape[0])
                 out, last_targets = self._run(model, inputs[rows], targets[rows], False)
