@@ -74,7 +74,8 @@ def render(data: dict[str, Any], out: Path) -> None:
             m["model_type"], m["model_type"]
         ) + (" (sticky memories)" if m.get("sticky") and m["model_type"] == "infty" else "")
         lines += [
-            f"## {entry['name']}: {kind} on {entry['task']}",
+            f"## {entry['name']}: {kind} on {entry['task']}"
+            + f" (density: {m.get('density', 'paper')})",
             "",
             f"Run `RUNS/{entry['run']}`: {entry['steps']} training steps; {m['n_layers']} layers, "
             f"d_model {m['d_model']}, {m['n_heads']} heads, segment {m['segment_len']}, "
@@ -103,7 +104,7 @@ def render(data: dict[str, Any], out: Path) -> None:
         infty = m["model_type"] == "infty"
         key = "fidelity" if infty else "compressed_fidelity"
         if infty:
-            head += ["median σ (p10–p90)", "σ < 2σ₀", "read mass outside [0, 1]",
+            head += ["median σ (p10–p90)", "μ spread", "σ < 2σ₀", "read mass outside [0, 1]",
                      "mean read distance", "reads on segment 0"]  # fmt: skip
             if m.get("sticky"):
                 head.append("samples on segment 0")
@@ -117,6 +118,7 @@ def render(data: dict[str, Any], out: Path) -> None:
                 sig = layer.get("sigma", {})
                 row += [
                     f"{_f(sig.get('median'))} ({_f(sig.get('p10'))}–{_f(sig.get('p90'))})",
+                    _f(layer.get("mu_spread"), 2),
                     _f(layer.get("fraction_sigma_below_2_sigma0"), 2),
                     _f(layer.get("read_mass_outside"), 2),
                     f"{_f(layer.get('read_mean_distance_tokens'), 4)} tokens",
@@ -159,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--segments", type=int, default=128, help="stream length in segments")
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
     parser.add_argument("--render", action="store_true", help="redraw from OUT/memory.json")
+    parser.add_argument(
+        "--add", action="store_true", help="keep OUT/memory.json's other runs (same names replaced)"
+    )
     args = parser.parse_args(argv)
     path = args.out / "memory.json"
     if args.render:
@@ -173,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"expected NAME=RUN_DIR, got {item!r}")
         entries.append(inspect(name, Path(run), args.out, args.segments))
         print(f"{name}: {entries[-1]['cpu_seconds']:.0f} CPU-s", flush=True)
+    if args.add and path.exists():
+        names = {e["name"] for e in entries}
+        old = [e for e in json.loads(path.read_text())["runs"] if e["name"] not in names]
+        entries = old + entries
     data = {"segments": args.segments, "machine": machine_info(), "runs": entries}
     path.write_text(json.dumps(data, indent=1) + "\n")
     render(data, args.out)
