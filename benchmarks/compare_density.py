@@ -424,17 +424,18 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
     if args.quick:
         setup.seeds = setup.seeds[:1]
     jobs: list[ex.Job] = []
-    if "recall" in setup.tasks:
-        jobs += recall_jobs(setup, runs_dir)
-    if "books" in setup.tasks:  # the longest runs before the sorting ones, to end together
-        from inftyformer.data import resolve_corpus_dir
+    for task in setup.tasks:  # in the order given: the longest first ends the pool sooner
+        if task == "recall":
+            jobs += recall_jobs(setup, runs_dir)
+        elif task == "sorting":
+            jobs += sorting_jobs(setup, runs_dir)
+        else:
+            from inftyformer.data import resolve_corpus_dir
 
-        try:
-            jobs += books_jobs(setup, runs_dir, resolve_corpus_dir(args.data_dir))
-        except (FileNotFoundError, ValueError) as err:
-            echo(f"books skipped: no corpus ({err})")
-    if "sorting" in setup.tasks:
-        jobs += sorting_jobs(setup, runs_dir)
+            try:
+                jobs += books_jobs(setup, runs_dir, resolve_corpus_dir(args.data_dir))
+            except (FileNotFoundError, ValueError) as err:
+                echo(f"books skipped: no corpus ({err})")
     store = ex.ResultStore(runs_dir / "results.jsonl", fresh=args.fresh)
     if args.only:
         patterns = [p.strip() for p in args.only.split(",") if p.strip()]
