@@ -247,6 +247,10 @@ class DialogueTask(Task):
             self._documents = load_documents(self.config.data_dir)
         return self._documents
 
+    def check_data(self, splits: Sequence[str]) -> None:
+        for split in splits:
+            self.examples(split)  # refuses a split without examples
+
     def examples(self, split: str) -> list[DialogueExample]:
         """The examples of `split` (train: without the conversations valid or test also hold)."""
         check_split(split)
