@@ -75,8 +75,11 @@ class LineProgress:
         if self.total:
             done += f"/{self._amount(self.total)} ({100 * self.n / self.total:.0f}%)"
         text = f"{self.desc}: " if self.desc else ""
-        text += f"{done} {tqdm.format_interval(elapsed)} elapsed, {self._amount(rate)} "
-        text += f"{self.unit}/s"
+        text += f"{done} {tqdm.format_interval(elapsed)} elapsed, "
+        if 0 < rate < 1 and not self.unit_scale:  # slow steps: "281 s/it", not "0.003554 it/s"
+            text += f"{1 / rate:.3g} s/{self.unit}"
+        else:
+            text += f"{self._amount(rate)} {self.unit}/s"
         return text + (f", {self.postfix}" if self.postfix else "")
 
     def _show(self) -> None:

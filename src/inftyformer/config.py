@@ -18,7 +18,7 @@ from typing import Any
 
 from ._checks import check_positive_int, check_range
 from .basis import check_widths
-from .long_term_memory import LongTermConfig
+from .long_term_memory import CHANGEABLE_SETTINGS, LongTermConfig
 
 MODEL_TYPES = ("transformer", "xl", "compressive", "infty")
 
@@ -29,12 +29,7 @@ MEMORY_SETTINGS = (
     "segment_len",
     "mem_len",
     "compressed_len",
-    "num_samples",
-    "tau",
-    "ridge_lambda",
-    "sticky",
-    "sticky_bins",
-    "edge_padding",
+    *CHANGEABLE_SETTINGS,  # the long-term memory's
     "dropout",
     "attention_dropout",
 )

@@ -56,6 +56,22 @@ def check_density(density: object, sigma_init: object) -> None:
         check_range("sigma_init", sigma_init, 0.0, 10.0, low_open=True)
 
 
+# The settings of a trained long-term memory that may change (`--resume --allow-changes`, or
+# evaluation with other memory settings): how the memory is updated, not N, the widths, the gate
+# or the density heads, which shape its weights or what they learned. Each model kind adds its
+# own (the native short-term lengths and dropout, the pretrained model's learning rates).
+CHANGEABLE_SETTINGS = (
+    "num_samples",
+    "tau",
+    "ridge_lambda",
+    "sticky",
+    "sticky_bins",
+    "edge_padding",
+)
+# what the model around the memory decides, never a user's setting
+DERIVED_SETTINGS = ("dim", "out_dim", "query_projection", "segment_len")
+
+
 @dataclass(frozen=True)
 class LongTermConfig:
     """Hyper-parameters of the long-term memory and its continuous attention.

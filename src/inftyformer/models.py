@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ._checks import check_positive_int, check_range
 from .basis import check_widths
 from .config import MEMORY_SETTINGS, ModelConfig
-from .long_term_memory import check_density
+from .long_term_memory import CHANGEABLE_SETTINGS, check_density
 from .model import LMOutput
 from .state import MemoryState
 
@@ -99,7 +99,7 @@ class PretrainedMemoryConfig:
     def describe(self) -> str:
         return f"{Path(self.base_model).name} + {'long-term' if self.memory else 'no'} memory"
 
-    def memory_settings(self) -> dict[str, Any]:
+    def adapter_settings(self) -> dict[str, Any]:
         """The `inftyformer.hf.add_long_term_memory` settings."""
         skip = {"base_model", "memory", "freeze_base", "memory_lr", "density_lr", "vocab_size"}
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
@@ -140,12 +140,7 @@ class PretrainedMemoryConfig:
 PRETRAINED_MEMORY_SETTINGS = (
     "segment_len",
     "window",
-    "num_samples",
-    "tau",
-    "ridge_lambda",
-    "sticky",
-    "sticky_bins",
-    "edge_padding",
+    *CHANGEABLE_SETTINGS,  # the long-term memory's
     "sigma_0",
     "kl_weight",
     "memory_lr",
@@ -162,6 +157,7 @@ class ModelKind:
     name: str
     config: type
     model: str  # "module:Class"
+    changeable: tuple[str, ...]  # settings a trained model may change (resume, evaluation)
     extra: str | None = None  # the pip extra the model class needs
 
     def model_class(self) -> type[nn.Module]:
@@ -187,15 +183,21 @@ def register_model_kind(kind: ModelKind) -> ModelKind:
     return kind
 
 
-register_model_kind(ModelKind("native", ModelConfig, "inftyformer.model:MemoryLM"))
+register_model_kind(ModelKind("native", ModelConfig, "inftyformer.model:MemoryLM", MEMORY_SETTINGS))
 register_model_kind(
-    ModelKind("pretrained", PretrainedMemoryConfig, "inftyformer.hf.lm:PretrainedMemoryLM", "hf")
+    ModelKind(
+        "pretrained",
+        PretrainedMemoryConfig,
+        "inftyformer.hf.lm:PretrainedMemoryLM",
+        PRETRAINED_MEMORY_SETTINGS,
+        extra="hf",
+    )
 )
 
 
-def memory_settings(config: Any) -> tuple[str, ...]:
+def changeable_settings(config: Any) -> tuple[str, ...]:
     """The settings of `config` that a trained model may change (its weights stay usable)."""
-    return MEMORY_SETTINGS if isinstance(config, ModelConfig) else PRETRAINED_MEMORY_SETTINGS
+    return MODEL_KINDS[model_kind(config)].changeable
 
 
 def model_kind(config: Any) -> str:
@@ -281,7 +283,7 @@ __all__ = [
     "ModelKind",
     "register_model_kind",
     "PRETRAINED_MEMORY_SETTINGS",
-    "memory_settings",
+    "changeable_settings",
     "unwrap",
     "PretrainedMemoryConfig",
     "build_model",

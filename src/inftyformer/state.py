@@ -165,8 +165,13 @@ class LayerState:
 class MemoryState:
     layers: tuple[LayerState, ...]
     window: TokenWindow | None = None
+    # provenance: which kind of model made the state (e.g. the pretrained base it belongs to),
+    # kept through detach/to/reset/repeat_rows and saved files; a model refuses another's state
+    source: str | None = None
 
     def __post_init__(self) -> None:
+        if self.source is not None and not isinstance(self.source, str):
+            raise TypeError(f"MemoryState.source must be a str or None, got {self.source!r}")
         if self.window is not None and not isinstance(self.window, TokenWindow):
             kind = type(self.window).__name__
             raise TypeError(f"MemoryState.window must be a TokenWindow or None, got {kind}")
@@ -199,11 +204,13 @@ class MemoryState:
         return self.layers[0].short_term.memory.device
 
     def detach(self) -> MemoryState:
-        return MemoryState(tuple(layer.detach() for layer in self.layers), self.window)
+        return MemoryState(
+            tuple(layer.detach() for layer in self.layers), self.window, source=self.source
+        )
 
     def to(self, device: torch.device | str) -> MemoryState:
         window = None if self.window is None else self.window.to(device)
-        return MemoryState(tuple(layer.to(device) for layer in self.layers), window)
+        return MemoryState(tuple(layer.to(device) for layer in self.layers), window, self.source)
 
     def reset(self, rows: torch.Tensor) -> MemoryState:
         """Clear the rows flagged by the bool mask `rows` [batch] (their document ended)."""
@@ -213,13 +220,13 @@ class MemoryState:
         if not bool(rows.any()):
             return self
         window = None if self.window is None else self.window.reset(rows)
-        return MemoryState(tuple(layer.reset(rows) for layer in self.layers), window)
+        return MemoryState(tuple(layer.reset(rows) for layer in self.layers), window, self.source)
 
     def repeat_rows(self, repeats: int) -> MemoryState:
         """Each row's memory `repeats` times in a row (row b → rows b·r … b·r + r − 1), e.g. one
         document's memory for several replies, or for each of a beam's sequences."""
         tensors = {k: v.repeat_interleave(repeats, dim=0) for k, v in self.tensors().items()}
-        return MemoryState.from_tensors(tensors, len(self.layers))
+        return MemoryState.from_tensors(tensors, len(self.layers), self.source)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {
@@ -279,7 +286,10 @@ class MemoryState:
 
     @classmethod
     def from_tensors(
-        cls, tensors: dict[str, torch.Tensor], num_layers: int | None = None
+        cls,
+        tensors: dict[str, torch.Tensor],
+        num_layers: int | None = None,
+        source: str | None = None,
     ) -> MemoryState:
         """The inverse of `tensors()`; `num_layers` defaults to the layers the keys name."""
         if num_layers is None:
@@ -297,7 +307,7 @@ class MemoryState:
             except ValueError as err:
                 raise ValueError(f"layers[{i}]: {err}") from None
         window = {k[len("window.") :]: v for k, v in tensors.items() if k.startswith("window.")}
-        return cls(tuple(layers), TokenWindow.from_tensors(window) if window else None)
+        return cls(tuple(layers), TokenWindow.from_tensors(window) if window else None, source)
 
 
 def save_state(path: str | os.PathLike, state: MemoryState) -> None:
@@ -312,6 +322,8 @@ def save_state(path: str | os.PathLike, state: MemoryState) -> None:
         "num_layers": len(state.layers),
         "batch_size": state.batch_size,
     }
+    if state.source is not None:
+        meta["source"] = state.source
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata={"inftyformer": json.dumps(meta)})
 
@@ -356,7 +368,10 @@ def load_state(
             )
     try:
         tensors = load_file(str(path), device=str(device))
-        state = MemoryState.from_tensors(tensors, meta["num_layers"])
+        source = meta.get("source")
+        if source is not None and not isinstance(source, str):
+            raise ValueError(f"the state's metadata has a source that is not a string: {source!r}")
+        state = MemoryState.from_tensors(tensors, meta["num_layers"], source)
         expected = set(state.tensors())
         unexpected = sorted(set(tensors) - expected - {f"layers.{i}.observed" for i in range(
             meta["num_layers"])})  # fmt: skip

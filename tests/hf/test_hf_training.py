@@ -67,6 +67,19 @@ def test_the_tokenizer_and_vocabulary_come_from_the_base_model(setup):
         PretrainedMemoryConfig(base_model=str(base), num_basis=7)  # not a multiple of 2 widths
 
 
+def test_loading_the_base_model_draws_no_second_bar(setup, capfd):
+    """transformers draws a "Loading weights" bar on every load, under the run's own bar: the
+    load is quiet, and transformers' setting is as it was after."""
+    from transformers.utils import logging as hf_logging
+
+    base, _, _ = setup
+    capfd.readouterr()
+    assert hf_logging.is_progress_bar_enabled()
+    build_model(PretrainedMemoryConfig(base_model=str(base), num_basis=8, segment_len=16))
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()
+
+
 def test_param_groups_split_memory_and_base(setup):
     base, _, _ = setup
     model = build_model(

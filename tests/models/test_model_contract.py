@@ -61,7 +61,7 @@ def test_registering_a_kind_twice_is_refused():
     from inftyformer.models import register_model_kind
 
     with pytest.raises(ValueError, match="already registered"):
-        register_model_kind(ModelKind("native", ModelConfig, "inftyformer.model:MemoryLM"))
+        register_model_kind(ModelKind("native", ModelConfig, "inftyformer.model:MemoryLM", ()))
 
 
 def test_callers_use_only_the_contract():
@@ -73,3 +73,28 @@ def test_callers_use_only_the_contract():
                         r"getattr\(model_c(onfi)?g"):  # fmt: skip
             found += [f"{path.name}: {m.group(0)}" for m in re.finditer(pattern, text)]
     assert found == []
+
+
+def test_one_list_of_the_memory_settings_that_may_change():
+    """Every kind lets the long-term memory's changeable settings change, and only settings its
+    config has; the pretrained model's memory fields are LongTermConfig's."""
+    import dataclasses
+
+    from inftyformer.long_term_memory import CHANGEABLE_SETTINGS, LongTermConfig
+    from inftyformer.models import changeable_settings
+
+    lt_fields = {f.name for f in dataclasses.fields(LongTermConfig)}
+    assert set(CHANGEABLE_SETTINGS) <= lt_fields
+    for kind in MODEL_KINDS.values():
+        names = {f.name for f in dataclasses.fields(kind.config)}
+        assert set(CHANGEABLE_SETTINGS) <= set(kind.changeable) <= names, kind.name
+    config = ModelConfig(vocab_size=8)
+    assert changeable_settings(config) == MODEL_KINDS["native"].changeable
+    assert "num_basis" not in changeable_settings(config)  # it shapes the weights
+    with pytest.raises(ValueError, match="num_basis"):
+        config.with_memory_settings({"num_basis": 64})
+    pytest.importorskip("transformers")
+    from inftyformer.hf.config import MEMORY_FIELDS, InftyformerConfig
+
+    assert set(MEMORY_FIELDS) <= lt_fields and "dim" not in MEMORY_FIELDS
+    assert all(hasattr(InftyformerConfig, name) for name in MEMORY_FIELDS)

@@ -80,3 +80,16 @@ def test_a_terminal_without_a_size_still_shows_the_bar(monkeypatch):
     drawn = [f for f in frames if f.startswith("train:")]
     assert any("3/5" in f for f in drawn) and "5/5" in drawn[-1]
     assert max(len(f) for f in drawn) == 80
+
+
+def test_slow_steps_are_shown_as_seconds_per_step(monkeypatch):
+    import inftyformer._progress as module
+
+    clock = iter([0.0, 281.0, 600.0])
+    monkeypatch.setattr(module.time, "perf_counter", lambda: next(clock))
+    out = io.StringIO()
+    bar = LineProgress(total=4, desc="lm", every=1, file=out)
+    bar.update(1)  # one step in 281 s
+    assert "281 s/it" in out.getvalue() and "it/s" not in out.getvalue()
+    bar.update(3)  # four steps in 600 s: still slower than one a second
+    assert out.getvalue().splitlines()[-1].endswith("150 s/it")

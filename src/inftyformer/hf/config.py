@@ -17,6 +17,7 @@ Defaults are the paper's GPT-2 settings (§4.2, `docs/hf.md`): N = 512, widths {
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
@@ -24,26 +25,11 @@ from transformers.configuration_utils import SubConfigSpec
 
 from .._checks import check_positive_int, check_range
 from ..basis import check_widths
-from ..long_term_memory import LongTermConfig
+from ..long_term_memory import DERIVED_SETTINGS, LongTermConfig
 from .adapters import adapter_for
 
 # the LongTermConfig fields a user may set; dim, out_dim and query_projection follow from the base
-MEMORY_FIELDS = (
-    "num_heads",
-    "num_basis",
-    "widths",
-    "ridge_lambda",
-    "tau",
-    "num_samples",
-    "edge_padding",
-    "conv_gate",
-    "sticky",
-    "sticky_bins",
-    "sigma_0",
-    "min_sigma_sq",
-    "density",
-    "sigma_init",
-)
+MEMORY_FIELDS = tuple(f.name for f in fields(LongTermConfig) if f.name not in DERIVED_SETTINGS)
 MODEL_FIELDS = ("segment_len", "window", "kl_weight")
 
 

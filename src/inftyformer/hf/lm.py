@@ -27,15 +27,29 @@ from ..state import MemoryState
 from .model import add_long_term_memory
 
 
+def _load_quietly(path: str) -> nn.Module:
+    """The base model in float32, without transformers' "Loading weights" bar (a second bar
+    under the run's own, on every load; the setting is restored after)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 class PretrainedMemoryLM(nn.Module):
     def __init__(self, config: PretrainedMemoryConfig) -> None:
         super().__init__()
         if not isinstance(config, PretrainedMemoryConfig):
             raise TypeError(f"config must be a PretrainedMemoryConfig, got {type(config)}")
         self.config = config
-        base = AutoModelForCausalLM.from_pretrained(config.base_model, dtype=torch.float32)
+        base = _load_quietly(config.base_model)
         if config.memory:
-            self.lm = add_long_term_memory(base, **config.memory_settings())
+            self.lm = add_long_term_memory(base, **config.adapter_settings())
             if config.freeze_base:
                 self.lm.freeze_base()
         else:  # the base alone: no state, each segment on its own

@@ -88,7 +88,7 @@ from transformers import (
 )
 from transformers.utils import ModelOutput
 
-from .._checks import check_token_ids
+from .._checks import STATE_MAGNITUDE, check_token_ids
 from .._init import init_projection
 from ..basis import GaussianBasis
 from ..long_term_attention import LongTermAttention, LongTermAttentionOutput, PreparedMemory
@@ -315,6 +315,19 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                 for layer in self.long_term
             ),
             TokenWindow.empty(batch_size, device) if self.config.window else None,
+            self.memory_source,
+        )
+
+    @property
+    def memory_source(self) -> str:
+        """The provenance stamped on this model's memory states: the base it stores the hidden
+        states of. A state stamped by another base (e.g. a Llama memory given to a GPT-2 model
+        of the same shapes) is refused by `check_memory`."""
+        text = self.config.text_config
+        return (
+            f"pretrained {self.config.base_architecture} (model_type {text.model_type}, hidden "
+            f"size {self.config.hidden_size}, {self.num_layers} layers, vocabulary "
+            f"{text.vocab_size})"
         )
 
     def check_memory(self, memory: object, batch_size: int) -> MemoryState:
@@ -338,9 +351,16 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                 raise ValueError(f"{name} must be a LayerState with a long_term state")
             if state.compressed is not None:
                 raise ValueError(f"{name}.compressed must be None for this model")
-            state.short_term.check(f"{name}.short_term", batch_size, d, 1 << 30)
-            try:
-                layer.memory.check_state(state.long_term)
+            # what waits is one call's hidden states: at most the base's positions
+            state.short_term.check(
+                f"{name}.short_term", batch_size, d, self._position_limit or 1 << 30
+            )
+            if not isinstance(state.long_term, LongTermState):
+                raise ValueError(f"{name}.long_term must be a LongTermState")
+            try:  # like a native model's states: dtypes, shapes, values within STATE_MAGNITUDE
+                state.long_term.check(
+                    layer.memory.config, "state", layer.memory.state_dtypes(), None, STATE_MAGNITUDE
+                )
             except (TypeError, ValueError) as err:
                 raise ValueError(f"{name}.long_term: {err}") from err
             if state.long_term.batch_size != batch_size:
@@ -354,6 +374,12 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                     "use memory.to(device)"
                 )
         self._check_window(memory.window, batch_size, device)
+        # provenance last: a memory of other shapes is named by its shapes above
+        if memory.source is not None and memory.source != self.memory_source:
+            raise ValueError(
+                f"memory was made by {memory.source}; this model is {self.memory_source}: a "
+                "memory holds one base model's hidden states and cannot be read by another"
+            )
         return memory
 
     def _check_window(self, window: TokenWindow | None, batch_size: int, device) -> None:
@@ -450,6 +476,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                 for lt in states
             ),
             memory.window,
+            memory.source,
         )
 
     # ------------------------------------------------------------------ inputs
@@ -592,7 +619,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             logits = logits[:, inputs.context :]  # the window's positions are context only
         output = InftyformerOutput(
             logits=logits,
-            memory=MemoryState(tuple(layers), window),
+            memory=MemoryState(tuple(layers), window, self.memory_source),
             cache=getattr(base_out, "cache", None),
             kl=kl,
             memory_loss=memory_loss,
@@ -660,7 +687,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             return memory
         width = window.tokens.shape[1]
         short = TokenWindow(window.tokens[:, width - room :], window.length.clamp(max=room))
-        return MemoryState(memory.layers, short)
+        return MemoryState(memory.layers, short, memory.source)
 
     @torch.no_grad()
     def prepare_reads(self, memory: MemoryState) -> tuple[PreparedMemory, ...]:

@@ -26,6 +26,7 @@ from .base import (
     register_task,
 )
 from .dialogue import DialogueConfig, DialogueTask
+from .facts import FactsConfig, FactsTask
 from .lm import LanguageModelTask, LMConfig
 from .recall import RecallConfig, RecallTask
 from .sorting import SortingConfig, SortingTask
@@ -35,6 +36,8 @@ __all__ = [
     "DialogueConfig",
     "DialogueTask",
     "Evaluation",
+    "FactsConfig",
+    "FactsTask",
     "LMConfig",
     "LanguageModelTask",
     "Metric",

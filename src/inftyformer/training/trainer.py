@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from .._checks import NonFiniteError
 from .._progress import progress
-from ..models import build_model, memory_settings, model_kind
+from ..models import build_model, changeable_settings, model_kind
 from ..tasks import RunContext, Shard, Task, TaskConfig, get_task
 from ..tasks.base import add_sums
 from .checkpoint import (
@@ -287,7 +287,7 @@ class Trainer:
                 f"not {self.cfg.task!r}"
             )
         model_now = self.model_cfg.to_dict()
-        changeable = memory_settings(self.model_cfg)
+        changeable = changeable_settings(self.model_cfg)
         fixed = changed(saved_model, model_now, sorted(set(model_now) - set(changeable)))
         if fixed:
             raise CheckpointError(

@@ -1,0 +1,306 @@
+"""Facts hidden in real books, asked for later (``inftyformer train facts``): a retrieval signal
+for training a memory on natural text, and the pass-key test on held-out books.
+
+Plain language-model loss on books gives a memory little reason to retrieve anything precise;
+this task asks for it. Each example is a window of a real book with one fact written into it,
+d tokens before a question about it; the answer's tokens are scored::
+
+    [book text … | FACT | book text … | QUESTION | ANSWER]
+                         <-------- d tokens ------->
+
+    training (train books):   "Mara's locker number is 4821." … "What is Mara's locker
+                              number? It is" → " 4821"   (several wordings, 3-4 and 6-7 digits)
+    evaluation (valid/test):  "The pass key is 48213. Remember it. 48213 is the pass key." …
+                              "What is the pass key? The pass key is" → " 48213"
+
+Evaluation facts differ from training ones in wording and key format (five digits are never
+trained), and come from other books (the corpus's valid/test splits), so a model that scores on
+them retrieves rather than remembers. Each batch draws one distance d from ``distance`` (all rows
+share it, so their blocks line up); every row draws its book window, wording and key. The stream
+is a whole number of segments of C = ``segment_len`` and the answer ends the last one: every
+segment but the last streams into the memory without gradients (as in sorting and recall,
+`streamed.py`), the last is scored. The loss is the answer's mean NLL plus ``lm_weight`` × the
+mean next-token NLL of the rest of the last segment (ordinary language modelling, so the model
+keeps reading books well).
+
+Metrics: ``exact`` (the share of answers whose every token is the argmax: greedy decoding would
+write the answer exactly; the headline), ``accuracy`` (per answer token), ``loss`` (answer NLL
+per token), ``examples``. With a pretrained model the task uses the base's tokenizer
+(``--base-model`` sets ``tokenizer``); evaluating at other distances is a task-settings override,
+e.g. ``evaluate_run(run, task_settings={"distance": 4000})``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .._checks import check_positive_int, check_range
+from ..data import TextTokenizer, check_split, load_split, load_tokenizer, resolve_data_dir
+from ..data.corpus import text_layout
+from ..model import IGNORE_INDEX
+from .base import Evaluation, Metric, RunContext, Shard, StepOutput, TaskConfig, register_task
+from .streamed import LastBlockTask
+
+# (statement, question); the answer is " {key}"
+TRAIN_FACTS = (
+    ("{name}'s locker number is {key}.", "What is {name}'s locker number? It is"),
+    ("The code to the {place} is {key}. Do not forget it.", "The code to the {place} is"),
+    ("Remember this: the {place} ticket reads {key}.", "What did the {place} ticket read? It read"),
+    ("{name} wrote the number {key} on a slip of paper.", "What number did {name} write? It was"),
+)
+EVAL_FACTS = (
+    (
+        "The pass key is {key}. Remember it. {key} is the pass key.",
+        "What is the pass key? The pass key is",
+    ),
+)
+NAMES = ("Mara", "Tobias", "Ines", "Walter", "Odile", "Ruben", "Hana", "Piet", "Lucia", "Anton")
+PLACES = ("garden gate", "north tower", "cellar", "harbour office", "old mill", "library annex")
+# digits per key: five is never trained, so the pass-key test is a format the model has not seen
+TRAIN_DIGITS = (3, 4, 6, 7)
+EVAL_DIGITS = (5,)
+_SPLIT_ENTROPY = {"train": 0xFAC7_0001, "valid": 0xFAC7_0002, "test": 0xFAC7_0003}
+
+
+@dataclass(frozen=True)
+class FactsConfig(TaskConfig):
+    data_dir: str | None = None  # books: a corpus directory or a data root with pg19-mini/
+    tokenizer: str = "gpt2"  # bytes, gpt2, or a tokenizer.json (a pretrained run: the base's)
+    distance: tuple[int, ...] = (300, 700, 1500)  # tokens from the fact's end to the question's
+    lm_weight: float = 0.1  # weight of the last segment's language-model loss
+    lead: int = 16  # at least this many book tokens before the fact
+
+    def __post_init__(self) -> None:
+        if self.data_dir is not None and (not isinstance(self.data_dir, str) or not self.data_dir):
+            raise TypeError(f"data_dir must be a non-empty string or None, got {self.data_dir!r}")
+        if not isinstance(self.tokenizer, str) or not self.tokenizer:
+            raise ValueError(f"tokenizer must be a non-empty string, got {self.tokenizer!r}")
+        items = (self.distance,) if isinstance(self.distance, int) else self.distance
+        if isinstance(items, (str, bytes)) or not isinstance(items, (tuple, list)) or not items:
+            raise TypeError(f"distance must be an int or a non-empty list of ints, got {items!r}")
+        for d in items:
+            check_positive_int("distance", d)
+        object.__setattr__(self, "distance", tuple(int(d) for d in items))
+        check_range("lm_weight", self.lm_weight, 0.0)
+        check_positive_int("lead", self.lead, minimum=0)
+
+
+@dataclass(frozen=True)
+class Fact:
+    statement: list[int]  # the fact as tokens, between newlines
+    question: list[int]  # the question, after a newline
+    answer: list[int]  # " {key}"
+    key: str
+
+
+class FactsDataset:
+    """Batches of one split: `batch(index)` is a pure function of (seed, split, index)."""
+
+    def __init__(
+        self,
+        config: FactsConfig,
+        tokenizer: TextTokenizer,
+        books: Any,  # TokenizedCorpus of the split
+        batch_size: int,
+        block: int,
+        split: str,
+        seed: int,
+    ) -> None:
+        self.config, self.tokenizer, self.books = config, tokenizer, books
+        self.batch_size, self.block, self.split, self.seed = batch_size, block, split, seed
+        self.templates = TRAIN_FACTS if split == "train" else EVAL_FACTS
+        self.digits = TRAIN_DIGITS if split == "train" else EVAL_DIGITS
+        lengths = np.diff(books.doc_offsets)
+        if lengths.size == 0 or int(lengths.max()) < 1:
+            raise ValueError(f"the {split} split holds no book text")
+        self._lengths = lengths
+
+    def rng(self, index: int) -> np.random.Generator:
+        seq = np.random.SeedSequence([self.seed, _SPLIT_ENTROPY[self.split]], spawn_key=(index,))
+        return np.random.default_rng(seq)
+
+    def fact(self, rng: np.random.Generator) -> Fact:
+        statement, question = self.templates[int(rng.integers(len(self.templates)))]
+        digits = int(rng.choice(self.digits))
+        key = str(int(rng.integers(10 ** (digits - 1), 10**digits)))
+        names = {"name": NAMES[int(rng.integers(len(NAMES)))], "key": key}
+        names["place"] = PLACES[int(rng.integers(len(PLACES)))]
+        enc = self.tokenizer.encode
+        return Fact(
+            enc("\n" + statement.format(**names) + "\n"),
+            enc("\n" + question.format(**names)),
+            enc(" " + key),
+            key,
+        )
+
+    def book_text(self, rng: np.random.Generator, length: int) -> np.ndarray:
+        """`length` consecutive tokens of one book (books shorter than that are repeated)."""
+        doc = int(rng.integers(len(self._lengths)))
+        start, n = int(self.books.doc_offsets[doc]), int(self._lengths[doc])
+        tokens = np.asarray(self.books.tokens[start : start + n], dtype=np.int64)
+        if n < length:
+            tokens = np.tile(tokens, -(-length // n))
+        offset = int(rng.integers(len(tokens) - length + 1))
+        return tokens[offset : offset + length]
+
+    def batch(self, index: int, distance: int | None = None):
+        """(inputs, answer targets, language-model targets), LongTensors [B, S], and the
+        batch's distance d."""
+        check_positive_int("index", index, minimum=0)
+        rng = self.rng(index)
+        d = int(rng.choice(self.config.distance)) if distance is None else distance
+        facts = [self.fact(rng) for _ in range(self.batch_size)]
+        for f in facts:
+            if len(f.question) > d:
+                raise ValueError(f"distance {d} is shorter than the question ({len(f.question)})")
+        need = max(self.config.lead + len(f.statement) + d + len(f.answer) for f in facts)
+        S = -(-need // self.block) * self.block
+        inputs = np.empty((self.batch_size, S), dtype=np.int64)
+        answer = np.full((self.batch_size, S), IGNORE_INDEX, dtype=np.int64)
+        for row, f in enumerate(facts):
+            text = self.book_text(rng, S)  # one window of a book, cut where the parts go
+            lead = S - len(f.statement) - d - len(f.answer)
+            after = d - len(f.question)
+            parts = [text[:lead], f.statement, text[lead : lead + after], f.question, f.answer]
+            inputs[row] = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+            first = S - len(f.answer)  # position of the answer's first token
+            answer[row, first - 1 : S - 1] = f.answer  # position i predicts token i + 1
+        lm = np.full_like(inputs, IGNORE_INDEX)
+        lm[:, :-1] = inputs[:, 1:]
+        lm[answer != IGNORE_INDEX] = IGNORE_INDEX  # the answer is scored once, as the answer
+        return torch.from_numpy(inputs), torch.from_numpy(answer), torch.from_numpy(lm), d
+
+
+def _answer_sums(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+    """Answer NLL, per-token hits and exact answers (every token the argmax), per batch."""
+    mask = targets != IGNORE_INDEX  # [B, C]
+    lg = logits.detach().float()
+    hit = (lg.argmax(-1) == targets) | ~mask  # [B, C]
+    nll = nn.functional.cross_entropy(
+        lg[mask], targets[mask], reduction="sum"
+    )  # over answer tokens
+    rows = mask.any(-1)
+    return {
+        "nll": float(nll),
+        "correct": float(((lg.argmax(-1) == targets) & mask).sum()),
+        "count": float(mask.sum()),
+        "exact": float((hit.all(-1) & rows).sum()),
+        "examples": float(rows.sum()),
+    }
+
+
+@register_task("facts")
+class FactsTask(LastBlockTask):
+    """See the module docstring."""
+
+    summary = "facts written into books and asked for later (retrieval on real text)"
+    Config = FactsConfig
+    metrics = (
+        Metric("exact", ".4f", higher_is_better=True),
+        Metric("accuracy", ".4f"),
+        Metric("loss", ".4f"),
+        Metric("examples", ".0f"),
+    )
+    progress_metrics = ("exact",)
+
+    def __init__(self, config: FactsConfig, model_config: Any, context: RunContext) -> None:
+        super().__init__(config, model_config, context)
+        self.tokenizer = _tokenizer(config)
+        if self.tokenizer.vocab_size > model_config.vocab_size:
+            raise ValueError(
+                f"the tokenizer has {self.tokenizer.vocab_size} ids, the model's vocabulary "
+                f"only {model_config.vocab_size}"
+            )
+        self._datasets: dict[str, FactsDataset] = {}
+
+    def dataset(self, split: str) -> FactsDataset:
+        if split not in self._datasets:
+            books = load_split(
+                resolve_data_dir(self.config.data_dir), check_split(split), self.tokenizer,
+                self.context.progress,
+            )  # fmt: skip
+            self._datasets[split] = FactsDataset(
+                self.config, self.tokenizer, books, self.context.batch_size,
+                self.model_config.segment_len, split, self.context.seed,
+            )  # fmt: skip
+        return self._datasets[split]
+
+    @classmethod
+    def model_overrides(cls, config: FactsConfig) -> dict[str, Any]:
+        return {"vocab_size": _tokenizer(config).vocab_size}
+
+    @classmethod
+    def check(cls, config: FactsConfig, model_config: Any) -> None:
+        text_layout(resolve_data_dir(config.data_dir), "train")
+
+    def blocks(self, length: int, segment_len: int) -> list[tuple[int, int]]:
+        return [(start, start + segment_len) for start in range(0, length, segment_len)]
+
+    # ---- training: the answer's loss plus lm_weight × the last segment's LM loss
+    def batch(self, step: int) -> Any:
+        return self.dataset("train").batch(step)
+
+    def loss(self, model: nn.Module, batch: Any, rows: slice, part: int) -> StepOutput:
+        inputs, answer, lm, _ = batch
+        out, last_answer = self._run(model, inputs[rows], answer[rows], with_grad=True)
+        C = last_answer.shape[1]
+        lm_last = lm[rows, -C:].to(out.logits.device)
+        loss = out.loss
+        if self.config.lm_weight > 0 and bool((lm_last != IGNORE_INDEX).any()):
+            lm_loss = nn.functional.cross_entropy(
+                out.logits.flatten(0, 1).float(), lm_last.flatten(), ignore_index=IGNORE_INDEX
+            )
+            loss = loss + self.config.lm_weight * lm_loss
+        sums = _answer_sums(out.logits, last_answer)
+        sums["tokens"] = float(inputs[rows].numel())
+        return StepOutput(loss, sums, {k: float(v.detach()) for k, v in out.aux.items()})
+
+    def train_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        out = super().train_metrics(sums)
+        if sums.get("examples"):
+            out["exact"] = sums["exact"] / sums["examples"]
+        return out
+
+    # ---- evaluation
+    @torch.no_grad()
+    def evaluate(
+        self, model: nn.Module, split: str, num_batches: int | None, shard: Shard
+    ) -> Evaluation:
+        if num_batches is None or num_batches < 1:
+            raise ValueError(f"the facts task evaluates a number of batches, got {num_batches}")
+        data = self.dataset(check_split(split))
+        was_training = model.training
+        model.eval()
+        total: dict[str, float] = {}
+        try:
+            for index in range(num_batches):
+                inputs, answer, _, _ = data.batch(index)
+                rows = shard.rows(inputs.shape[0])
+                out, last = self._run(model, inputs[rows], answer[rows], with_grad=False)
+                for k, v in _answer_sums(out.logits, last).items():
+                    total[k] = total.get(k, 0.0) + v
+        finally:
+            model.train(was_training)
+        return Evaluation(total)
+
+    def eval_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        examples = max(sums.get("examples", 0.0), 1.0)
+        return {
+            **self.scored_metrics(sums),
+            "exact": sums.get("exact", 0.0) / examples,
+            "examples": sums.get("examples", 0.0),
+        }
+
+
+def _tokenizer(config: FactsConfig) -> TextTokenizer:
+    near = Path(config.data_dir).expanduser() if config.data_dir else None
+    return load_tokenizer(config.tokenizer, near if near is not None and near.is_dir() else None)
+
+
+__all__ = ["EVAL_FACTS", "TRAIN_FACTS", "FactsConfig", "FactsDataset", "FactsTask"]

@@ -1,0 +1,123 @@
+"""The facts task: a fact written into a real book window d tokens before its question, the
+answer scored; evaluation facts differ from training ones in wording, key format and books."""
+
+import re
+
+import pytest
+import torch
+from tiny_models import tiny, tiny_train
+
+from inftyformer.data import load_split, load_tokenizer
+from inftyformer.model import IGNORE_INDEX
+from inftyformer.tasks import FactsConfig, FactsTask, RunContext
+from inftyformer.tasks.facts import FactsDataset, _answer_sums
+from inftyformer.training import Trainer, read_metrics
+
+BOOK = "It was a bright cold day in April, and the clocks were striking thirteen. " * 40
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    for split, n in (("train", 3), ("valid", 1), ("test", 2)):
+        (tmp_path / "books" / split).mkdir(parents=True)
+        for i in range(n):
+            text = f"{split} book {i}. " + BOOK[: 900 + 300 * i]
+            (tmp_path / "books" / split / f"{i}.txt").write_text(text, encoding="utf-8")
+    return tmp_path / "books"
+
+
+def _dataset(corpus, split, distance=(120,), batch=3, block=64):
+    tokenizer = load_tokenizer("bytes")
+    books = load_split(corpus, split, tokenizer)
+    config = FactsConfig(data_dir=str(corpus), tokenizer="bytes", distance=distance)
+    return FactsDataset(config, tokenizer, books, batch, block, split, seed=0), tokenizer
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_the_fact_lies_d_tokens_before_the_end_of_its_question(corpus, split):
+    data, tok = _dataset(corpus, split)
+    inputs, answer, lm, d = data.batch(5)
+    assert d == 120 and inputs.shape[1] % 64 == 0
+    for row in range(inputs.shape[0]):
+        text = tok.decode(inputs[row].tolist())
+        scored = answer[row] != IGNORE_INDEX
+        key = tok.decode(answer[row][scored].tolist()).strip()
+        assert key.isdigit() and text.endswith(" " + key)
+        # the statement ends (with its newline) exactly d tokens before the question's end
+        end_of_question = inputs.shape[1] - len(tok.encode(" " + key))
+        before = tok.decode(inputs[row, : end_of_question - d].tolist())
+        assert key in before.splitlines()[-1] and before.endswith("\n")
+        if split == "train":
+            assert len(key) != 5 and "pass key" not in text
+        else:
+            assert len(key) == 5 and text.rstrip(" 0123456789").endswith("The pass key is")
+        # the answer is scored once: the language-model targets skip it, and cover the rest
+        assert not bool((lm[row][scored] != IGNORE_INDEX).any())
+        assert int((lm[row] != IGNORE_INDEX).sum()) == inputs.shape[1] - 1 - int(scored.sum())
+
+
+def test_batches_are_a_function_of_seed_split_and_index(corpus):
+    data, _ = _dataset(corpus, "train", distance=(100, 200))
+    a, b = data.batch(3), data.batch(3)
+    assert all(torch.equal(x, y) for x, y in zip(a[:3], b[:3], strict=True)) and a[3] == b[3]
+    assert {data.batch(i)[3] for i in range(20)} == {100, 200}
+    test, _ = _dataset(corpus, "test", distance=(100, 200))
+    assert not torch.equal(test.batch(3)[0], a[0]) or test.batch(3)[3] != a[3]
+
+
+def test_exact_answers_by_hand():
+    targets = torch.full((2, 4), IGNORE_INDEX)
+    targets[0, 1:3] = torch.tensor([3, 1])
+    targets[1, 2:4] = torch.tensor([2, 2])
+    logits = torch.zeros(2, 4, 5)
+    logits[0, 1, 3] = logits[0, 2, 1] = 5.0  # row 0: both answer tokens right
+    logits[1, 2, 2] = logits[1, 3, 4] = 5.0  # row 1: one of two right
+    sums = _answer_sums(logits, targets)
+    assert sums["examples"] == 2 and sums["exact"] == 1
+    assert sums["count"] == 4 and sums["correct"] == 3
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="distance"):
+        FactsConfig(distance=(0,))
+    with pytest.raises(TypeError, match="distance"):
+        FactsConfig(distance="300")
+    with pytest.raises(ValueError, match="lm_weight"):
+        FactsConfig(lm_weight=-1.0)
+
+
+def test_a_distance_shorter_than_the_question_is_refused(corpus):
+    data, _ = _dataset(corpus, "test", distance=(4,))
+    with pytest.raises(ValueError, match="shorter than the question"):
+        data.batch(0)
+
+
+def test_trains_and_evaluates_through_the_trainer(corpus, tmp_path):
+    task = FactsConfig(data_dir=str(corpus), tokenizer="bytes", distance=(80, 150))
+    model = tiny("infty", vocab_size=257, segment_len=32, dropout=0.0)
+    run = tiny_train(tmp_path / "run", task="facts", steps=3, batch_size=2, eval_every=3)
+    result = Trainer(run, task, model, echo=lambda s: None).fit()
+    assert result.finished
+    rows = read_metrics(run.out_dir)
+    test = {r["metric"]: r["value"] for r in rows if r["split"] == "test"}
+    assert 0.0 <= test["exact"] <= 1.0 and 0.0 <= test["accuracy"] <= 1.0
+    assert test["examples"] == run.test_batches * run.batch_size
+    assert {r["metric"] for r in rows if r["split"] == "train"} >= {"lm_loss", "exact"}
+
+
+def test_a_pretrained_base_trains_its_memory_on_facts(corpus, tmp_path):
+    pytest.importorskip("transformers")
+    from inftyformer.hf.tiny import write_tiny_model
+    from inftyformer.models import PretrainedMemoryConfig
+
+    base = write_tiny_model(tmp_path / "base", "llama", max_positions=64)
+    model = PretrainedMemoryConfig(
+        base_model=str(base), freeze_base=True, segment_len=32, num_basis=16, num_samples=32
+    )
+    task = FactsConfig(data_dir=str(corpus), tokenizer=str(base), distance=(60,))
+    run = tiny_train(tmp_path / "run", task="facts", steps=2, batch_size=2, eval_every=2)
+    assert Trainer(run, task, model, echo=lambda s: None).fit().finished
+    fresh = FactsTask(task, model, RunContext(batch_size=2, seed=0))
+    inputs, answer, _, _ = fresh.dataset("test").batch(0)
+    key = fresh.tokenizer.decode(answer[0][answer[0] != IGNORE_INDEX].tolist())
+    assert re.fullmatch(r" ?\d{5}", key)
