@@ -672,6 +672,7 @@ def evaluate(
         memory_settings=memory,
         task_settings=task_values,
         batch_size=batch_size,
+        progress=_stderr_is_terminal(),  # a bar for a person waiting; a log gets the result only
     )
     seconds = time.perf_counter() - start
     typer.echo(f"{_evaluated(split, data_dir)} {task_obj.describe(metrics)} ({seconds:.1f} s)")
@@ -704,6 +705,13 @@ def evaluate(
             "the result was written to stdout instead"
         ) from err
     typer.echo(f"  wrote {json_out}")
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _evaluated(split: str, data_dir: str | None) -> str:

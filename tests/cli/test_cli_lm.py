@@ -168,3 +168,12 @@ def test_inspection_stream_is_the_start_of_a_long_enough_document(corpus):
     assert stream.tolist() == [task.tokenizer.eos_id] + list(first[:29])
     longest = max(docs, key=len)
     assert stream.new_tensor(list(longest)).equal(task.inspection_stream("test", 10**6)[1:])
+
+
+def test_an_empty_test_split_is_refused_before_training(corpus, tmp_path):
+    for f in (corpus / "test").glob("*.txt"):
+        f.write_text("")  # the test split holds no text
+    code, out = run("train", "lm", "--data-dir", corpus, "-o", tmp_path / "r", *TINY)
+    assert code != 0 and "test split" in out and "holds no text" in out
+    assert "step 3" not in out  # not a single step was trained (nor evaluated)
+    assert not (tmp_path / "r" / "last").exists()

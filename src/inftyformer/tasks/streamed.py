@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._progress import progress as show_progress
 from ..data import check_split
 from ..models import unwrap
 from .base import Evaluation, Shard, StepOutput, Task, add_sums, scored_sums
@@ -79,7 +80,9 @@ class LastBlockTask(Task):
         model.eval()
         total: dict[str, float] = {}
         try:
-            for index in range(num_batches):
+            batches = show_progress(range(num_batches), desc=f"evaluating {split}",
+                                    enabled=self.context.progress, leave=False)  # fmt: skip
+            for index in batches:
                 inputs, targets = data.batch(index)
                 rows = shard.rows(inputs.shape[0])
                 out, last_targets = self._run(model, inputs[rows], targets[rows], False)

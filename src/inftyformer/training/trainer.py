@@ -554,6 +554,9 @@ class Trainer:
             self._echo = tqdm.write
         if resumed_at is not None:
             self.echo(f"resumed from {self.out_dir / 'last'} at step {self.step}")
+        # an empty or broken evaluation split is found now, not after the training
+        evaluated = (("valid", cfg.eval_batches), ("test", cfg.test_batches))
+        self.task.check_data([split for split, batches in evaluated if batches])
         t0 = time.perf_counter()
         halt = cfg.halt_after if cfg.halt_after else math.inf
         try:
