@@ -18,17 +18,12 @@ from tiny_models import tiny, tiny_train
 from typer.testing import CliRunner
 
 from inftyformer.cli import app
+from inftyformer.metrics import bleu_from_statistics, bleu_statistics
 from inftyformer.model import IGNORE_INDEX, LMOutput, MemoryLM
 from inftyformer.models import build_model
 from inftyformer.tasks import DialogueConfig, DialogueTask, RunContext, Shard, get_task
-from inftyformer.tasks.dialogue import (
-    DEFAULT_INSTRUCTION,
-    bleu_from_statistics,
-    bleu_statistics,
-    find_chat_template,
-    generate_reply,
-    pad_batch,
-)
+from inftyformer.tasks.chat import DEFAULT_INSTRUCTION, find_chat_template
+from inftyformer.tasks.dialogue_examples import generate_reply, pad_batch
 from inftyformer.training import Trainer, evaluate_run, load_run
 
 pytest.importorskip("sacrebleu")
