@@ -22,7 +22,6 @@ import math
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -752,8 +751,10 @@ def bench(
     """Time training steps on the sorting task (tokens/s, s/step, parameters) for each model,
     or run one of the scripts in benchmarks/."""
     if script is not None:
-        raise typer.Exit(_run_script(script, args or []))
-    from .training.bench import quick_benchmark
+        from .bench import run_script
+
+        raise typer.Exit(run_script(script, args or []))
+    from .bench import quick_benchmark
 
     names = [m.strip() for m in models.split(",") if m.strip()]
     for name in names:
@@ -775,37 +776,6 @@ def bench(
             f"{row['model']:<12} {row['params']:>10,} {row['seconds_per_step']:>8.2f} "
             f"{row['tokens_per_s']:>10.0f}"
         )
-
-
-BENCHMARK_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-
-
-def benchmark_scripts(root: Path | None = None) -> dict[str, Path]:
-    """The project's benchmark scripts by name: benchmarks/*.py of the source tree, helpers
-    (names starting with _) excluded."""
-    root = Path(__file__).resolve().parents[2] if root is None else root
-    folder = root / "benchmarks"
-    if not folder.is_dir():
-        return {}
-    return {
-        p.stem: p
-        for p in sorted(folder.glob("*.py"))
-        if BENCHMARK_NAME.fullmatch(p.stem) and p.is_file()
-    }
-
-
-def _run_script(script: str, args: list[str]) -> int:
-    """Run one of the project's benchmark scripts, by name only: no paths, nothing outside
-    benchmarks/."""
-    scripts = benchmark_scripts()
-    name = script[: -len(".py")] if script.endswith(".py") else script
-    if not BENCHMARK_NAME.fullmatch(name) or name not in scripts:
-        available = ", ".join(scripts) or "none (the scripts live in the source tree)"
-        raise ValueError(
-            f"no benchmark script {script!r}: --script takes the name of one of the project's "
-            f"benchmarks ({available})"
-        )
-    return subprocess.call([sys.executable, str(scripts[name]), *args], env=dict(os.environ))
 
 
 # --------------------------------------------------------------------------- convert-gguf
