@@ -102,7 +102,7 @@ def data(tmp_path_factory) -> Path:
 def save_chat_model(directory: Path, config_template: bool = False) -> Path:
     """A byte-level BPE with ChatML special tokens and a chat template, and a tiny random
     Llama of its vocabulary (nothing is downloaded)."""
-    from inftyformer.hf.tiny import write_tiny_model
+    from tiny_pretrained import write_tiny_model
 
     corpus = [" ".join(WORDS)] * 20 + ["system user assistant"] * 5
     return write_tiny_model(directory, chat=True, corpus=corpus, vocab_size=320,
@@ -189,7 +189,7 @@ def test_chat_template_layout_by_hand(data, chat_model):
 def test_chat_template_is_found_in_tokenizer_config(tmp_path):
     pytest.importorskip("transformers")
     directory = save_chat_model(tmp_path / "m", config_template=True)
-    from inftyformer.hf.tiny import CHATML
+    from tiny_pretrained import CHATML
 
     assert find_chat_template(directory) == CHATML
     assert find_chat_template(tmp_path) is None
