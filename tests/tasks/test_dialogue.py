@@ -497,3 +497,19 @@ def test_real_cmu_dog_examples(shared_data):
         assert len(e.tokens) <= 512 and e.memory[-1] == t.tokenizer.eos_id
         assert t.tokenizer.decode(list(e.memory)).startswith("Document:\n")
         assert e.tokens[e.prompt_len - 2 :][:2] == tuple(t.tokenizer.encode("B:"))
+
+
+def test_the_data_fingerprint_follows_each_splits_files(data, tmp_path):
+    import shutil
+
+    copy = tmp_path / "cmu-dog"
+    shutil.copytree(data, copy)
+    before = task(copy).data_fingerprint(["train", "valid", "test"])
+    lines = (copy / "test.jsonl").read_text().splitlines()
+    (copy / "test.jsonl").write_text("\n".join(lines[::-1]) + "\n")  # same conversations, reordered
+    after = task(copy).data_fingerprint(["train", "valid", "test"])
+    assert after["valid"] == before["valid"]
+    assert after["test"] != before["test"] and after["train"] != before["train"]  # held out
+    (copy / "test.jsonl").write_text("")
+    with pytest.raises(ValueError, match="the test split of CMU-DoG gives no examples"):
+        task(copy).check_data(["valid", "test"])
