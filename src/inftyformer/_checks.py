@@ -57,7 +57,14 @@ def check_token_ids(
     ignore_index: int | None = None,
 ) -> torch.Tensor:
     """Token ids [batch, length] (non-empty, integers in [0, vocab_size), or `ignore_index`
-    where given) as int64 on `device`; a ValueError naming `name` and the bad values otherwise."""
+    where given) as int64 on `device`; a ValueError naming `name` and the bad values otherwise.
+    `device` is the model's: a model on the `meta` device (parameters without data, e.g. built
+    under `torch.device("meta")` and never loaded) is refused here, before any computation."""
+    if torch.device(device).type == "meta":
+        raise ValueError(
+            "the model is on the meta device: its parameters hold no data. Load its weights "
+            "(e.g. load_state_dict(..., assign=True)) or build it on a real device (cpu, cuda)"
+        )
     if not isinstance(ids, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
     if ids.dim() != 2:

@@ -22,6 +22,7 @@ def _is_terminal(stream: TextIO) -> bool:
         return False
 
 
+TRANSIENT_SECONDS = 30.0  # in a log, a transient bar's lines come at most this often
 FALLBACK_COLUMNS = 80  # the bar's width on a terminal that reports 0 columns
 
 
@@ -50,8 +51,13 @@ class LineProgress:
         unit_scale: bool = False,
         every: int | None = None,
         file: TextIO | None = None,
+        min_seconds: float = 0.0,
+        final: bool = True,
     ) -> None:
         self.iterable = iterable
+        # a line at most every `min_seconds`; `final`: one at the end (a transient bar's
+        # counterpart in a log has none: its result follows)
+        self.min_seconds, self.final = min_seconds, final
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)  # type: ignore[arg-type]
         self.total = total
@@ -62,7 +68,7 @@ class LineProgress:
         self.every = max(1, every if every is not None else (total or 2000) // 20)
         self.file = file if file is not None else sys.stderr
         self.postfix = ""
-        self.start = time.perf_counter()
+        self.start = self.last_time = time.perf_counter()
         self.closed = False
 
     def _amount(self, value: float) -> str:
@@ -90,13 +96,18 @@ class LineProgress:
     def update(self, n: int = 1) -> None:
         self.n += n
         if self.n - self.last_shown >= self.every:
+            if self.min_seconds:
+                now = time.perf_counter()
+                if now - self.last_time < self.min_seconds:
+                    return
+                self.last_time = now
             self._show()
 
     def set_postfix(self, values: Mapping[str, Any] | None = None, refresh: bool = True) -> None:
         self.postfix = ", ".join(f"{k}={v}" for k, v in (values or {}).items())
 
     def close(self) -> None:
-        if not self.closed and self.n != self.last_shown:
+        if self.final and not self.closed and self.n != self.last_shown:
             self._show()
         self.closed = True
 
@@ -123,8 +134,9 @@ def progress(
 ) -> Any:
     """A tqdm bar when `file` (default stderr) is a terminal; a `LineProgress` writing one line
     every `every` updates (default: about 20 lines in all) when it is not; a disabled tqdm (no
-    output) when not `enabled`. `kwargs` are tqdm's (total, initial, desc, unit, unit_scale,
-    leave, dynamic_ncols). On a terminal of 0 columns (it reports no size) the bar is
+    output) when not `enabled`. A transient bar (leave=False) writes to a log only every
+    `TRANSIENT_SECONDS` and not at its end. `kwargs` are tqdm's (total, initial, desc, unit,
+    unit_scale, leave, dynamic_ncols). On a terminal of 0 columns (it reports no size) the bar is
     `FALLBACK_COLUMNS` wide, or $COLUMNS if set."""
     stream = file if file is not None else sys.stderr
     if enabled and _is_terminal(stream) and _columns(stream) == 0:
@@ -137,6 +149,9 @@ def progress(
         return tqdm(iterable, disable=not enabled, file=stream, **kwargs)
     names = ("total", "initial", "desc", "unit", "unit_scale")
     known = {k: kwargs[k] for k in names if k in kwargs}
+    if kwargs.get("leave") is False:  # a transient bar (an evaluation inside a run): in a log,
+        # a line only when it takes long, none at the end (its result is printed next)
+        known.update(min_seconds=TRANSIENT_SECONDS, final=False)
     return LineProgress(iterable, every=every, file=stream, **known)
 
 

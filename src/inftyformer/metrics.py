@@ -43,13 +43,17 @@ use them, so importing this module needs none of them.
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from collections import Counter
 from collections.abc import Sequence
 
 __all__ = [
+    "BLEU_ORDER",
     "SETUP_COMMAND",
+    "bleu_from_statistics",
+    "bleu_statistics",
     "WordNetMissingError",
     "dialogue_scores",
     "meteor",
@@ -229,3 +233,47 @@ def dialogue_scores(predictions: list[str], references: list[str]) -> dict[str, 
         "rouge1_authors": _mean_percent(rouge1_recall),
         "rougeL_authors": _mean_percent(rouge_l_recall),
     }
+
+
+# corpus BLEU from statistics that add up over shards (the dialogue task's evaluation)
+BLEU_ORDER = 4
+
+
+def _sacrebleu():
+    try:
+        from sacrebleu.metrics import BLEU
+    except ImportError as error:
+        raise ImportError(
+            f"the dialogue metrics need sacrebleu: `pip install -e '.[dialogue]'` or "
+            f"`{SETUP_COMMAND}`"
+        ) from error
+    return BLEU
+
+
+def bleu_statistics(predictions: list[str], references: list[str]) -> dict[str, float]:
+    """sacreBLEU's sufficient statistics of a corpus (its defaults: 13a tokens, 4-grams): matching
+    and total n-grams per order, hypothesis and reference lengths. They add up over corpora."""
+    score = _sacrebleu()().corpus_score(list(predictions), [list(references)])
+    stats = {"bleu_sys_len": float(score.sys_len), "bleu_ref_len": float(score.ref_len)}
+    for n in range(BLEU_ORDER):
+        stats[f"bleu_correct_{n + 1}"] = float(score.counts[n])
+        stats[f"bleu_total_{n + 1}"] = float(score.totals[n])
+    return stats
+
+
+def bleu_from_statistics(sums: dict[str, float]) -> float:
+    """Corpus BLEU (percent; exponential smoothing, as `sacrebleu.corpus_bleu`) from summed
+    statistics; NaN when nothing was generated."""
+    if not sums.get("bleu_ref_len"):
+        return math.nan
+    return float(
+        _sacrebleu()
+        .compute_bleu(
+            correct=[int(sums[f"bleu_correct_{n + 1}"]) for n in range(BLEU_ORDER)],
+            total=[int(sums[f"bleu_total_{n + 1}"]) for n in range(BLEU_ORDER)],
+            sys_len=int(sums["bleu_sys_len"]),
+            ref_len=int(sums["bleu_ref_len"]),
+            smooth_method="exp",
+        )
+        .score
+    )

@@ -296,3 +296,32 @@ def test_example_arguments_are_checked(tmp_path):
     with pytest.raises(TypeError, match="conversation must be a Conversation"):
         dialogue_examples({"turns": []}, documents)
     assert dialogue_examples(conversation, documents, min_history=3) == []
+
+
+def test_read_errors_name_the_file(tmp_path, monkeypatch):
+    import errno
+
+    folder = _write(tmp_path / "a")
+    with open(folder / "train.jsonl", "ab") as f:
+        f.write(b'{"id": "caf\xe9"}\n')  # Latin-1, not UTF-8
+    with pytest.raises(ValueError, match=r"train\.jsonl: not UTF-8 text"):
+        load_cmu_dog(folder, "train")
+    (folder / "docs.json").write_bytes(b'{"0": "\xff"}')
+    with pytest.raises(ValueError, match=r"docs\.json: not UTF-8 text"):
+        load_documents(folder)
+
+    class Failing:  # a read failing half-way (EIO), as from a bad disk: raised without a name
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def __iter__(self):
+            raise OSError(errno.EIO, "Input/output error")
+
+    folder = _write(tmp_path / "b")
+    monkeypatch.setattr(Path, "open", lambda self, *a, **k: Failing())
+    with pytest.raises(OSError) as caught:
+        load_cmu_dog(folder, "train")
+    assert caught.value.filename == str(folder / "train.jsonl")

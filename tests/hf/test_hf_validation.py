@@ -136,3 +136,43 @@ def test_a_pretrained_memory_is_checked_like_a_native_state():
             long[f"layers.{i}.short_term.length"] = torch.tensor([65])
         with pytest.raises(ValueError, match="short_term"):
             model(ids, memory=MemoryState.from_tensors(long, 2, memory.source))
+
+
+def test_from_pretrained_refuses_weights_that_do_not_fit(tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    model = add_long_term_memory(tiny_base("gpt2"), **MEMORY)
+    model.save_pretrained(tmp_path / "ok")
+    loaded, info = AutoModelForCausalLM.from_pretrained(tmp_path / "ok", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+
+    # the memory's weights missing from the file: refused, not re-initialised
+    model.save_pretrained(tmp_path / "no-memory")
+    weights = load_file(tmp_path / "no-memory" / "model.safetensors")
+    kept = {k: v for k, v in weights.items() if not k.startswith("long_term.1.")}
+    save_file(kept, tmp_path / "no-memory" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"missing \(they would be initialised at random\)"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "no-memory")
+
+    # the layer count in config.json changed: raised → missing, lowered → unexpected weights
+    for layers, pattern in ((3, "missing"), (1, "unexpected")):
+        folder = tmp_path / f"layers{layers}"
+        model.save_pretrained(folder)
+        config = json.loads((folder / "config.json").read_text())
+        config["text_config"]["n_layer"] = layers
+        (folder / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ValueError, match=f"do not fit .*{pattern}"):
+            AutoModelForCausalLM.from_pretrained(folder)
+    assert torch.equal(loaded.long_term[0].attention.mu_head.weight,
+                       model.long_term[0].attention.mu_head.weight)  # fmt: skip
+
+
+def test_labels_on_a_one_token_input_score_nothing():
+    import torch
+
+    model = add_long_term_memory(tiny_base("gpt2"), **MEMORY)
+    ids = torch.randint(0, 61, (2, 1))
+    out = model(ids, labels=ids)  # the shift leaves no position to predict
+    assert out.token_loss.shape == (2, 0) and float(out.lm_loss) == 0.0
+    assert torch.isfinite(out.loss)

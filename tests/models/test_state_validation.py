@@ -300,3 +300,25 @@ def test_config_bound_follows_the_block_semantics():
     assert c.replace(model_type="infty").max_short_term_len == 16 + 2 * 8 - 1
     assert c.replace(model_type="compressive", compression_rate=3).max_short_term_len == 16 + 7 + 2
     assert c.replace(model_type="transformer", mem_len=0).max_short_term_len == 7
+
+
+@pytest.mark.parametrize("model_type", ["infty", "xl"])
+def test_a_model_on_the_meta_device_is_refused_clearly(model_type):
+    model = MemoryLM(tiny(model_type)).to("meta")
+    for device in ("cpu", "meta"):
+        with pytest.raises(ValueError, match="meta device: its parameters hold no data"):
+            model(torch.zeros(1, 8, dtype=torch.long, device=device))
+
+
+def test_a_pretrained_memory_model_on_the_meta_device_is_refused_clearly():
+    pytest.importorskip("transformers")
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from inftyformer.hf import add_long_term_memory
+
+    base = GPT2LMHeadModel(
+        GPT2Config(vocab_size=61, n_embd=32, n_layer=1, n_head=2, n_positions=64)
+    )
+    model = add_long_term_memory(base, num_basis=16, num_samples=16, segment_len=8).to("meta")
+    with pytest.raises(ValueError, match="meta device"):
+        model(torch.zeros(1, 8, dtype=torch.long))

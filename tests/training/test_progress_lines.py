@@ -54,6 +54,21 @@ def test_training_into_a_log_writes_a_few_lines(tmp_path, capsys):
     assert "\r" not in err
     lines = [line for line in err.splitlines() if line.startswith("sorting/infty: ")]
     assert len(lines) == 20 and "40/40 (100%)" in lines[-1]
+    assert len(err.splitlines()) == 20  # the quick evaluations inside add nothing
+
+
+def test_a_transient_bar_writes_to_a_log_only_when_it_takes_long(monkeypatch):
+    import inftyformer._progress as module
+
+    now = [0.0]
+    monkeypatch.setattr(module.time, "perf_counter", lambda: now[0])
+    out = io.StringIO()
+    bar = progress(total=8, desc="evaluating test", leave=False, file=out)
+    for _ in range(8):  # 8 batches of 10 s: a line at most every 30 s, none at the end
+        now[0] += 10.0
+        bar.update(1)
+    bar.close()
+    assert [line.split()[2] for line in out.getvalue().splitlines()] == ["3/8", "6/8"]
 
 
 def test_a_terminal_without_a_size_still_shows_the_bar(monkeypatch):

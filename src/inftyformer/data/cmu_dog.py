@@ -35,8 +35,9 @@ Data quirks, kept as they are (the reader adds and removes nothing):
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -235,7 +236,9 @@ def load_documents(data_dir: str | Path | None = None) -> dict[int, MovieDocumen
     """The movie documents of ``docs.json``, keyed by ``wikiDocumentIdx`` (ascending)."""
     path = _required_file(resolve_cmu_dog_dir(data_dir), DOCS_FILE)
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        with _reading(path):
+            text = path.read_text(encoding="utf-8")
+        raw = json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: not valid JSON ({error})") from None
     if not isinstance(raw, dict):
@@ -299,6 +302,20 @@ def _parse_conversation(record: Any, where: str) -> Conversation:
         raise ValueError(f"{where}: {error}") from None
 
 
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """Errors while reading `path` name it: bytes that are not UTF-8 (a ValueError), and
+    operating-system errors raised without a file name (e.g. EIO in the middle of a read)."""
+    try:
+        yield
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text ({error.reason})") from None
+    except OSError as error:
+        if error.filename is None:
+            error.filename = str(path)
+        raise
+
+
 def load_cmu_dog(data_dir: str | Path | None, split: str) -> list[Conversation]:
     """The conversations of one split (``"train"``, ``"valid"`` or ``"test"``), in file order.
 
@@ -309,7 +326,7 @@ def load_cmu_dog(data_dir: str | Path | None, split: str) -> list[Conversation]:
     check_split(split)
     path = _required_file(resolve_cmu_dog_dir(data_dir), f"{split}.jsonl")
     conversations = []
-    with path.open(encoding="utf-8") as lines:
+    with _reading(path), path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue

@@ -225,6 +225,35 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         self.post_init()
 
     # ------------------------------------------------------------------ initialisation
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, refusing weights that do not fit the config: a
+        tensor missing from the files (e.g. the memory's, or a layer after the layer count in
+        config.json was raised) would otherwise be initialised at random without a word, and
+        an unexpected one (the layer count lowered) dropped."""
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        tied = set(getattr(model, "all_tied_weights_keys", None) or ())
+        missing = sorted(k for k in info.get("missing_keys", ()) if k not in tied)
+        unexpected = sorted(info.get("unexpected_keys", ()))
+        mismatched = sorted(str(k) for k in info.get("mismatched_keys", ()))
+        problems = [
+            f"{len(found)} {what} (e.g. {', '.join(found[:3])})"
+            for what, found in (
+                ("missing (they would be initialised at random)", missing),
+                ("unexpected", unexpected),
+                ("of another shape", mismatched),
+            )
+            if found
+        ]
+        if problems:
+            where = args[0] if args else kwargs.get("pretrained_model_name_or_path", "")
+            raise ValueError(
+                f"{where}: the weights do not fit the model its config.json describes: "
+                + "; ".join(problems)
+            )
+        return (model, info) if want_info else model
+
     @property
     def _init_std(self) -> float:
         return float(getattr(self.config.text_config, "initializer_range", None) or 0.02)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -195,6 +195,18 @@ class Task(ABC):
         return {"lm_loss": sums["nll"] / sums["count"]} if sums.get("count") else {}
 
     # ---- evaluation
+    def check_data(self, splits: Sequence[str]) -> None:
+        """Load the evaluation `splits` a run will use, so that a missing, broken or empty one
+        is refused before training instead of after it (tasks with generated data load nothing;
+        what is loaded is kept for the evaluations)."""
+        return None
+
+    def data_fingerprint(self, splits: Sequence[str]) -> dict[str, str]:
+        """{split: a hash of its contents} of the data a run trains (`train`) and evaluates on,
+        recorded in checkpoints: a resume refuses data whose contents changed. Empty for tasks
+        whose data is generated from the settings (those are compared as settings)."""
+        return {}
+
     @abstractmethod
     def evaluate(
         self, model: nn.Module, split: str, num_batches: int | None, shard: Shard

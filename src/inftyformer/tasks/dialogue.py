@@ -15,36 +15,9 @@ also occur in valid or test (CMU-DoG repeats 108 of them); valid and test are us
 ``merge_turns`` joins consecutive turns of one speaker first (off by default: every utterance is
 one example, as the authors scored them).
 
-Speakers. The speaker who writes the reply is always the one the model speaks for:
+Speakers: :mod:`inftyformer.tasks.chat` (a chat template, or speaker marks).
 
-- a tokenizer with a chat template (a Hugging Face model directory with ``chat_template.jinja``
-  or a ``chat_template`` in ``tokenizer_config.json``, e.g. SmolLM2's ChatML): the reply's
-  speaker is ``assistant``, the other ``user``; the window opens with a system message holding
-  ``instruction``; the end of a turn is the tokenizer's ``eos_token`` (``<|im_end|>``);
-- otherwise (GPT-2 BPE, bytes): every turn is ``"A: text"`` (the other speaker) or ``"B: text"``
-  (the reply's speaker) followed by the end-of-text id, which ends a turn.
-
-``speaker_format`` forces one of them ("chat" / "marks"; default "auto").
-
-The window (one call of at most ``segment_len`` tokens)::
-
-    [prefix] [history: whole turns, newest kept, <= max_context tokens] [reply prompt] [reply] [eot]
-
-The loss covers the reply's tokens and its end-of-turn token only (targets −100 elsewhere; the
-reply is cut to ``max_reply`` tokens, rarely needed: 99% of replies are shorter than 60 tokens).
-The room kept for the reply is always ``max_reply`` tokens, so the prompt of an example is the
-same whether its reply is scored (teacher forcing) or generated. ``placement`` puts the document
-
-- ``"memory"``: into the long-term memory first: the document (a system message ``Document:
-  ...`` in the chat format, ``Document: ...`` + end-of-text otherwise) is streamed through the
-  model in segments of ``segment_len`` (no gradient: the memory is detached between calls
-  anyway; the last segment waits and enters the memory at the start of the window's call, inside
-  its graph, so the CNN gate learns), then the window, whose prefix is the instruction's system
-  message (chat) or nothing;
-- ``"context"``: into the window, as much of it as fits: the prefix is a system message holding
-  the instruction and then ``Document:`` with the document's first tokens, cut so that prefix +
-  history + reply room = ``segment_len``;
-- ``"none"``: nowhere (the window as for "memory", with an empty memory).
+The window and where the document goes (``placement``): :mod:`inftyformer.tasks.dialogue_examples`.
 
 ``other_document`` (a control) gives each conversation the document of another movie (the next
 document id, cyclically) instead of its own.
@@ -75,14 +48,12 @@ per-example scores go into ``Evaluation.details``.
 
 from __future__ import annotations
 
-import json
+import hashlib
 import math
 import time
-import zlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -99,8 +70,9 @@ from ..data.cmu_dog import (
     merge_consecutive_turns,
     resolve_cmu_dog_dir,
 )
+from ..metrics import bleu_from_statistics, bleu_statistics
 from ..model import IGNORE_INDEX
-from ..models import LanguageModel, unwrap
+from ..models import unwrap
 from .base import (
     Evaluation,
     Metric,
@@ -113,18 +85,25 @@ from .base import (
     register_task,
     scored_sums,
 )
+from .chat import (
+    SPEAKER_FORMATS,
+    speaker_format,
+)
+from .dialogue_examples import (
+    DOCUMENT_HEADER,
+    SECTION_SEPARATOR,
+    EncodedExample,
+    document_key,
+    example_seed,
+    generate_reply,
+    lay_out,
+    pad_batch,
+    push_document,
+)
 
 PLACEMENTS = ("memory", "context", "none")
 GROUNDINGS = ("full", "section")
-SPEAKER_FORMATS = ("auto", "chat", "marks")
-DEFAULT_INSTRUCTION = (
-    "You are chatting with another person about a movie. Reply with one short message."
-)
-DOCUMENT_HEADER = "Document:\n"
-SECTION_SEPARATOR = "\n\n"
-MARKS = {"user": "A", "assistant": "B"}  # speaker marks: the other speaker, the reply's speaker
 GENERATION_METRICS = ("f1", "rouge1", "rougeL", "meteor", "rouge1_authors", "rougeL_authors")
-BLEU_ORDER = 4
 
 
 # --------------------------------------------------------------------------- settings
@@ -183,304 +162,6 @@ class DialogueConfig(TaskConfig):
                 f"max_new_tokens ({self.max_new_tokens}) must be <= max_reply "
                 f"({self.max_reply}), the room the window keeps for the reply"
             )
-
-
-# --------------------------------------------------------------------------- speaker formats
-def _model_directory(spec: str) -> Path | None:
-    """The directory a tokenizer spec points into (a model directory or a tokenizer.json's)."""
-    if spec in ("bytes", "gpt2"):
-        return None
-    path = Path(spec).expanduser()
-    return path if path.is_dir() else path.parent
-
-
-def _tokenizer_config(directory: Path | None) -> dict[str, Any]:
-    path = None if directory is None else directory / "tokenizer_config.json"
-    if path is None or not path.is_file():
-        return {}
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def _token_text(value: Any) -> str | None:
-    """A special token of tokenizer_config.json: a string or {"content": ...}."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) and value else None
-
-
-def find_chat_template(directory: Path | None) -> str | None:
-    """The chat template of a Hugging Face model directory: ``chat_template.jinja``, else the
-    ``chat_template`` of ``tokenizer_config.json`` (a string, or the one named "default")."""
-    if directory is None:
-        return None
-    path = directory / "chat_template.jinja"
-    if path.is_file():
-        return path.read_text(encoding="utf-8")
-    template = _tokenizer_config(directory).get("chat_template")
-    if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default")
-    return template if isinstance(template, str) and template else None
-
-
-class SpeakerMarks:
-    """``"A: text"`` / ``"B: text"`` turns, each followed by the end-of-text id (`eot`)."""
-
-    name = "marks"
-
-    def __init__(self, tokenizer: TextTokenizer, instruction: str) -> None:
-        self.tokenizer = tokenizer
-        self.eot = tokenizer.eos_id
-        self.instruction = instruction
-
-    def system(self, content: str) -> list[int]:
-        """A free-standing text: its tokens and the end of text (nothing when empty)."""
-        return self.tokenizer.encode(content) + [self.eot] if content else []
-
-    def system_parts(self, head: str) -> tuple[list[int], list[int]]:
-        """(tokens before, tokens after) a truncatable text that follows `head`."""
-        return self.tokenizer.encode(head), [self.eot]
-
-    def dialogue(
-        self, history: Sequence[tuple[str, str]], reply: str
-    ) -> tuple[list[list[int]], list[int], list[int]]:
-        """(tokens of each history turn, the reply prompt, the reply's tokens without its end
-        of turn) for history [(role, text)] and the reply's text."""
-        encode = self.tokenizer.encode
-        turns = [encode(f"{MARKS[role]}: {text}") + [self.eot] for role, text in history]
-        return turns, encode(f"{MARKS['assistant']}:"), encode(" " + reply)
-
-
-class ChatFormat:
-    """A tokenizer's chat template (Jinja, rendered as Hugging Face renders it). Each message's
-    tokens are the difference between the rendering of the conversation up to it and up to the
-    one before (the template must render conversations prefix by prefix: checked)."""
-
-    name = "chat"
-
-    def __init__(self, tokenizer: TextTokenizer, template: str, config: dict, instruction: str):
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message: str) -> None:
-            raise TemplateError(message)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
-        self.template = env.from_string(template)
-        self.special = {
-            k: t for k in ("bos_token", "eos_token") if (t := _token_text(config.get(k)))
-        }
-        eot = self.special.get("eos_token")
-        if eot is None:
-            raise ValueError("a chat template needs an eos_token in tokenizer_config.json")
-        ids = tokenizer.encode(eot)
-        if len(ids) != 1:
-            raise ValueError(f"the end-of-turn token {eot!r} is not one token: {ids}")
-        self.tokenizer, self.eot, self.eot_text = tokenizer, ids[0], eot
-        self.instruction = instruction
-
-    def render(self, messages: list[dict[str, str]], generation_prompt: bool = False) -> str:
-        return self.template.render(
-            messages=messages, add_generation_prompt=generation_prompt, **self.special
-        )
-
-    def _suffix(self, longer: str, shorter: str, what: str) -> str:
-        if not longer.startswith(shorter):
-            raise ValueError(
-                f"the chat template does not render conversations prefix by prefix ({what})"
-            )
-        return longer[len(shorter) :]
-
-    def system(self, content: str) -> list[int]:
-        return self.tokenizer.encode(self.render([{"role": "system", "content": content}]))
-
-    def system_parts(self, head: str) -> tuple[list[int], list[int]]:
-        marker = "\x00DOCUMENT\x00"
-        text = self.render([{"role": "system", "content": head + marker}])
-        before, found, after = text.partition(marker)
-        if not found:
-            raise ValueError("the chat template does not keep a system message's text as is")
-        return self.tokenizer.encode(before), self.tokenizer.encode(after)
-
-    def dialogue(
-        self, history: Sequence[tuple[str, str]], reply: str
-    ) -> tuple[list[list[int]], list[int], list[int]]:
-        messages = [{"role": "system", "content": self.instruction}]
-        previous = self.render(messages)
-        turns = []
-        for role, text in history:
-            messages.append({"role": role, "content": text})
-            rendered = self.render(messages)
-            turns.append(self.tokenizer.encode(self._suffix(rendered, previous, "a turn")))
-            previous = rendered
-        prompt = self._suffix(self.render(messages, True), previous, "the generation prompt")
-        full = self.render([*messages, {"role": "assistant", "content": reply}])
-        rest = self._suffix(self._suffix(full, previous, "the reply"), prompt, "the reply")
-        if not rest.startswith(reply) or not rest[len(reply) :].startswith(self.eot_text):
-            raise ValueError(
-                f"the chat template does not render a reply as its text then {self.eot_text!r}"
-            )
-        return turns, self.tokenizer.encode(prompt), self.tokenizer.encode(reply)
-
-
-def speaker_format(
-    tokenizer: TextTokenizer, spec: str, choice: str = "auto", instruction: str | None = None
-) -> SpeakerMarks | ChatFormat:
-    """The chat template of the tokenizer's model directory when it has one (or `choice` is
-    "chat"), else speaker marks. `instruction` None: the default system message (chat) or
-    none (marks)."""
-    directory = _model_directory(spec)
-    template = find_chat_template(directory)
-    if choice == "chat" and template is None:
-        raise ValueError(f"speaker_format 'chat': the tokenizer {spec!r} has no chat template")
-    if template is not None and choice != "marks":
-        text = DEFAULT_INSTRUCTION if instruction is None else instruction
-        return ChatFormat(tokenizer, template, _tokenizer_config(directory), text)
-    return SpeakerMarks(tokenizer, instruction or "")
-
-
-# --------------------------------------------------------------------------- examples
-@dataclass(frozen=True)
-class EncodedExample:
-    """One example laid out for the model (module docstring).
-
-    tokens      the window: prefix, history, reply prompt, reply, end of turn
-    prompt_len  tokens[:prompt_len] is what generation continues (the reply starts there)
-    memory      the document's tokens for the long-term memory (empty unless placement memory)
-    """
-
-    key: tuple  # the document the example is about (batches share one)
-    tokens: tuple[int, ...]
-    prompt_len: int
-    memory: tuple[int, ...]
-    reference: str
-    conversation_id: str
-    reply_index: int
-    doc_id: int
-    previous: str  # the last history turn, for reports
-
-    @property
-    def inputs(self) -> list[int]:
-        return list(self.tokens[:-1])
-
-    @property
-    def targets(self) -> list[int]:
-        """Aligned with inputs: position t predicts tokens[t + 1], scored on the reply only."""
-        start = self.prompt_len - 1
-        return [IGNORE_INDEX] * start + list(self.tokens[self.prompt_len :])
-
-
-def document_key(example: DialogueExample) -> tuple:
-    """Examples with equal keys have the same document (and, with sections, the same section)."""
-    section = example.reply.section if len(example.document) == 1 else -1
-    return (example.doc_id, section)
-
-
-def pad_batch(rows: Sequence[EncodedExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs [B, T], targets [B, T]) right-padded with `pad_id` and −100."""
-    length = max(len(r.tokens) - 1 for r in rows)
-    inputs = torch.full((len(rows), length), pad_id, dtype=torch.long)
-    targets = torch.full((len(rows), length), IGNORE_INDEX, dtype=torch.long)
-    for i, row in enumerate(rows):
-        n = len(row.tokens) - 1
-        inputs[i, :n] = torch.tensor(row.inputs)
-        targets[i, :n] = torch.tensor(row.targets)
-    return inputs, targets
-
-
-# --------------------------------------------------------------------------- BLEU statistics
-def _sacrebleu():
-    try:
-        from sacrebleu.metrics import BLEU
-    except ImportError as error:
-        from ..metrics import SETUP_COMMAND
-
-        raise ImportError(
-            f"the dialogue metrics need sacrebleu: `pip install -e '.[dialogue]'` or "
-            f"`{SETUP_COMMAND}`"
-        ) from error
-    return BLEU
-
-
-def bleu_statistics(predictions: list[str], references: list[str]) -> dict[str, float]:
-    """sacreBLEU's sufficient statistics of a corpus (its defaults: 13a tokens, 4-grams): matching
-    and total n-grams per order, hypothesis and reference lengths. They add up over corpora."""
-    score = _sacrebleu()().corpus_score(list(predictions), [list(references)])
-    stats = {"bleu_sys_len": float(score.sys_len), "bleu_ref_len": float(score.ref_len)}
-    for n in range(BLEU_ORDER):
-        stats[f"bleu_correct_{n + 1}"] = float(score.counts[n])
-        stats[f"bleu_total_{n + 1}"] = float(score.totals[n])
-    return stats
-
-
-def bleu_from_statistics(sums: dict[str, float]) -> float:
-    """Corpus BLEU (percent; exponential smoothing, as `sacrebleu.corpus_bleu`) from summed
-    statistics; NaN when nothing was generated."""
-    if not sums.get("bleu_ref_len"):
-        return math.nan
-    return float(
-        _sacrebleu()
-        .compute_bleu(
-            correct=[int(sums[f"bleu_correct_{n + 1}"]) for n in range(BLEU_ORDER)],
-            total=[int(sums[f"bleu_total_{n + 1}"]) for n in range(BLEU_ORDER)],
-            sys_len=int(sums["bleu_sys_len"]),
-            ref_len=int(sums["bleu_ref_len"]),
-            smooth_method="exp",
-        )
-        .score
-    )
-
-
-# --------------------------------------------------------------------------- model helpers
-@torch.no_grad()
-def push_document(model: LanguageModel, tokens: Sequence[int], device: torch.device) -> Any:
-    """The memory (batch 1) after streaming `tokens` through the model; None when empty."""
-    if not tokens:
-        return None
-    return model.push(torch.tensor([list(tokens)], dtype=torch.long, device=device))
-
-
-@torch.no_grad()
-def generate_reply(
-    model: LanguageModel,
-    prompt: Sequence[int],
-    state: Any,
-    end_ids: Sequence[int],
-    *,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int,
-) -> list[int]:
-    """New tokens after `prompt` (batch 1), reading `state`, cut before the first of `end_ids`.
-    Sampling is seeded with `seed` (torch's global generator is restored afterwards)."""
-    device = next(model.parameters()).device
-    ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)  # a pretrained model samples from the global generator
-        generator = torch.Generator(device=device).manual_seed(seed)
-        out, _ = model.generate(
-            ids,
-            max_new_tokens,
-            temperature,
-            top_p=top_p,
-            state=state,
-            generator=generator,
-            end_ids=list(end_ids),
-            with_state=False,
-        )
-        new = out[0].tolist()
-    ends = set(end_ids)
-    for i, token in enumerate(new):
-        if token in ends:
-            return new[:i]
-    return new
-
-
-def example_seed(seed: int, conversation_id: str, reply_index: int) -> int:
-    """The sampling seed of one example (independent of sharding and order)."""
-    return zlib.crc32(f"{seed}:{conversation_id}:{reply_index}".encode())
 
 
 # --------------------------------------------------------------------------- the task
@@ -567,6 +248,23 @@ class DialogueTask(Task):
             self._documents = load_documents(self.config.data_dir)
         return self._documents
 
+    def check_data(self, splits: Sequence[str]) -> None:
+        for split in splits:
+            self.examples(split)  # refuses a split without examples
+
+    def data_fingerprint(self, splits: Sequence[str]) -> dict[str, str]:
+        """A hash of the files each split's examples come from: the documents and the split's
+        conversations (train's also depend on the held-out valid and test ones)."""
+        folder = resolve_cmu_dog_dir(self.config.data_dir)
+        out = {}
+        for split in splits:
+            digest = hashlib.sha256()
+            sources = ("train", "valid", "test") if split == "train" else (split,)
+            for name in ("docs.json", *(f"{s}.jsonl" for s in sources)):
+                digest.update(name.encode() + b"\0" + (folder / name).read_bytes())
+            out[split] = digest.hexdigest()[:32]
+        return out
+
     def examples(self, split: str) -> list[DialogueExample]:
         """The examples of `split` (train: without the conversations valid or test also hold)."""
         check_split(split)
@@ -608,51 +306,11 @@ class DialogueTask(Task):
         return self._doc_cache[key]
 
     def encode(self, example: DialogueExample) -> EncodedExample:
-        """Lay `example` out for the model (module docstring)."""
-        c, fmt = self.config, self.format
-        reply = example.reply
-        history = [
-            ("assistant" if t.speaker == reply.speaker else "user", t.text.strip())
-            for t in example.history
-        ]
-        turns, prompt, content = fmt.dialogue(history, reply.text.strip())
-        answer = content[: c.max_reply - 1] + [fmt.eot]
+        """Lay `example` out for the model (`dialogue_examples.lay_out`)."""
+        c = self.config
         document, memory = self._document(example)
-        if c.placement == "context":
-            instruction = fmt.instruction + SECTION_SEPARATOR if fmt.instruction else ""
-            head, tail = fmt.system_parts(instruction + DOCUMENT_HEADER)
-            fixed = len(head) + len(tail)
-        else:
-            prefix = fmt.system(fmt.instruction)
-            fixed = len(prefix)
-        room = self.model_config.segment_len - len(prompt) - c.max_reply - fixed
-        budget = min(c.max_context, room)
-        if budget < 1:
-            raise ValueError(
-                f"segment_len {self.model_config.segment_len} leaves no room for the history "
-                f"(prefix {fixed}, reply prompt {len(prompt)}, max_reply {c.max_reply} tokens)"
-            )
-        kept: list[int] = []
-        for turn in reversed(turns):  # newest first, whole turns
-            if len(kept) + len(turn) > budget:
-                if not kept:  # not even the last turn fits: its end
-                    kept = turn[-budget:]
-                break
-            kept = turn + kept
-        if c.placement == "context":
-            prefix = head + document[: max(0, room - len(kept))] + tail
-        tokens = prefix + kept + prompt + answer
-        return EncodedExample(
-            key=document_key(example),
-            tokens=tuple(tokens),
-            prompt_len=len(prefix) + len(kept) + len(prompt),
-            memory=memory,
-            reference=reply.text.strip(),
-            conversation_id=example.conversation_id,
-            reply_index=example.reply_index,
-            doc_id=example.doc_id,
-            previous=example.history[-1].text.strip() if example.history else "",
-        )
+        return lay_out(example, self.format, document, memory, self.model_config.segment_len,
+                       c.max_context, c.max_reply, c.placement)  # fmt: skip
 
     # ------------------------------------------------------------------ training
     def batch(self, step: int) -> DialogueBatch:
@@ -855,19 +513,4 @@ def _tokenizer(config: DialogueConfig) -> TextTokenizer:
     return load_tokenizer(config.tokenizer, near)
 
 
-__all__ = [
-    "DEFAULT_INSTRUCTION",
-    "ChatFormat",
-    "DialogueBatch",
-    "DialogueConfig",
-    "DialogueTask",
-    "EncodedExample",
-    "SpeakerMarks",
-    "bleu_from_statistics",
-    "bleu_statistics",
-    "find_chat_template",
-    "generate_reply",
-    "pad_batch",
-    "push_document",
-    "speaker_format",
-]
+__all__ = ["DialogueBatch", "DialogueConfig", "DialogueTask"]

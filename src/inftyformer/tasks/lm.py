@@ -28,6 +28,7 @@ UTF-8 byte) and ``tokens``; the headline is perplexity (lower is better).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,13 @@ class LanguageModelTask(Task):
                 raise ValueError(f"the {name} split of {source} holds no text")
             self._splits[name] = corpus
         return self._splits[name]
+
+    def data_fingerprint(self, splits: Sequence[str]) -> dict[str, str]:
+        return {name: self.split(name).fingerprint() for name in splits}
+
+    def check_data(self, splits: Sequence[str]) -> None:
+        for name in splits:
+            self.split(name)  # refuses a split without text
 
     @property
     def streams(self) -> DocumentStreams:
