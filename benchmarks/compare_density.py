@@ -31,11 +31,11 @@ import experiment as ex
 NAME = "density"
 FORMS: dict[str, dict[str, Any]] = {  # name -> (settings, label)
     "paper": {
-        "settings": {"density": "paper"},
-        "label": "paper: sigmoid(w_μᵀ s), softplus(w_σᵀ s)",
+        "settings": {"density": "paper", "sigma_init": None},
+        "label": "sigmoid(w_μᵀ s), softplus(w_σᵀ s), as in the paper",
     },
     "normalized": {
-        "settings": {"density": "normalized"},
+        "settings": {"density": "normalized", "sigma_init": None},
         "label": "s standardised over the basis first",
     },
     "narrow": {
