@@ -8,8 +8,9 @@ its per-token cost relative to the base model.
 Writes docs/benchmarks/pretrained_cost.{json,md} (--tiny: pretrained_cost_tiny.*).
 
 Checks (numbers, not pass/fail):
-- parity at initialisation: max |Δlogit| between the base and the model with memory over three
-  consecutive segments (the memory filled from the second on), for the given model (Llama family)
+- parity at initialisation: max |Δlogit| between the base (given the previous segment, the
+  model's default window) and the model with memory over three consecutive segments, for the
+  given model (Llama family)
   and for a random GPT-2 (GPT-2 small's shape; tiny with --tiny);
 - generation: the read's output projection set to N(0, 0.02²) so that the memory matters, then
   greedy `generate` from a memory vs recomputing `model(text so far, memory=m)` at every step;
@@ -18,9 +19,10 @@ Checks (numbers, not pass/fail):
 
 Cost: batch 4, L = 256, one torch thread, eval mode; the memory model in steady state (a filled
 long-term memory and a waiting segment, so every timed call fits L vectors into the memory
-(resample + refit) and reads it in every block). Forward (no gradients) and forward + backward
-(all parameters trainable), the base and the memory model taking turns; medians of the
-per-round ratios.
+(resample + refit) and reads it in every block), with its default window (the base runs on the
+previous segment too: `benchmarks/bench_window.py` separates the two costs). Forward (no
+gradients) and forward + backward (all parameters trainable), the base and the memory model
+taking turns; medians of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -96,13 +98,16 @@ def book_ids(tokenizer, vocab: int, rows: int, length: int) -> tuple[torch.Tenso
 # ----------------------------------------------------------------------------- checks
 @torch.no_grad()
 def parity(base, ids: torch.Tensor, segment_len: int) -> list[float]:
-    """max |Δlogit| of each segment: the base alone vs the model with memory (just wrapped)."""
+    """max |Δlogit| of each segment: the base (on the segment, with the model's window of
+    earlier tokens before it) vs the model with memory (just wrapped)."""
     from inftyformer.hf import add_long_term_memory
 
-    reference = [
-        base(ids[:, i : i + segment_len]).logits for i in range(0, ids.shape[1], segment_len)
-    ]
     model = add_long_term_memory(base, segment_len=segment_len).eval()
+    back = model.config.window
+    reference = [
+        base(ids[:, max(i - back, 0) : i + segment_len]).logits[:, -segment_len:]
+        for i in range(0, ids.shape[1], segment_len)
+    ]
     memory, deltas = None, []
     for i, want in zip(range(0, ids.shape[1], segment_len), reference, strict=True):
         out = model(ids[:, i : i + segment_len], memory=memory)
@@ -263,7 +268,8 @@ def markdown(result: dict[str, Any]) -> str:
         "## Parity at initialisation",
         "",
         "The read's output projection starts at zero, so the model with memory must give the "
-        "base's logits exactly, also once the memory holds earlier segments (segments 2 and 3). "
+        "base's logits exactly (segment k with the model's window, the previous segment, before "
+        "it), also once the memory holds earlier segments. "
         f"Batch {s['batch']}, segments of L = {s['segment_len']}.",
         "",
         common.markdown_table(

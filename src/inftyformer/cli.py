@@ -4,37 +4,40 @@ Tasks come from the registry (`inftyformer.tasks.TASKS`): `train TASK` builds th
 settings from the options that name them (`--seq-len`, `--data-dir`, `--tokenizer`, …, and
 `--set task.KEY=VALUE`), so a new task needs no change here.
 
-One error path: every command runs inside `user_errors`, which turns the failures a user can
-cause or meet (bad settings, missing or corrupt files, a full or read-only disk, a diverged run,
-running out of memory) into one line ``error: …`` on stderr and an exit code (2; 3 for a diverged
-run; 130 when interrupted). Anything else is a bug and keeps its traceback; ``--debug`` (or
-``INFTYFORMER_DEBUG=1``) shows the traceback of every error.
+Every command runs inside `errors.user_errors`: one line ``error: …`` and an exit code.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import functools
-import inspect
 import json
 import math
-import os
 import re
-import signal
-import subprocess
 import sys
-import textwrap
-import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from ._files import read_user_text, write_atomic
+from ._files import read_user_text
 from .config import MODEL_TYPES
+from .configure import (
+    DEFAULT_PRESET,
+    build_configs,
+    split_settings,
+    task_settings,
+)
+from .errors import (  # the exit codes are also read by scripts and tests
+    DEBUG_ENV,
+    EXIT_DIVERGED,  # noqa: F401
+    EXIT_INTERRUPTED,  # noqa: F401
+    EXIT_USAGE,  # noqa: F401
+    CommandError,
+    check_output_file,
+    os_message,
+    user_errors,
+    write_text_atomic,
+)
 from .tasks import TASKS
 from .training.config import TrainConfig
 
@@ -44,12 +47,6 @@ app = typer.Typer(
     add_completion=False,
 )
 
-DEFAULT_PRESET = "cpu-small"
-DEFAULT_MODEL = "infty"
-EXIT_USAGE = 2  # a user's mistake or the machine's state: bad input, missing file, full disk ...
-EXIT_DIVERGED = 3  # training diverged (a NaN or infinite loss or gradient)
-EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM (a checkpoint was saved)
-DEBUG_ENV = "INFTYFORMER_DEBUG"
 _D = TrainConfig()  # defaults shown in --help
 _TASK_HELP = "; ".join(f"'{name}': {cls.summary}" for name, cls in sorted(TASKS.items()))
 
@@ -65,363 +62,6 @@ def main(
 ) -> None:
     """The ∞-former (Infinite Memory Transformer) and its baselines: train, evaluate, generate."""
     ctx.obj = {"debug": debug}
-
-
-# --------------------------------------------------------------------------- the one error path
-def _debugging(ctx: typer.Context | None) -> bool:
-    if os.environ.get(DEBUG_ENV, "").strip().lower() in {"1", "true", "yes", "on"}:
-        return True
-    obj = ctx.find_root().obj if ctx is not None else None
-    return bool(isinstance(obj, dict) and obj.get("debug"))
-
-
-class CommandError(Exception):
-    """A failure a command describes itself (message and exit code)."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def check_output_file(path: Path, option: str) -> None:
-    """Refuse an output file that cannot be written before any work is done: a directory, a
-    parent that is a file, a place without write permission. Creates missing parents."""
-    if path.is_dir():
-        raise ValueError(f"{option} {path} is a directory; give a file name, e.g. {path}/out.json")
-    parent = path.parent
-    existing = parent
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ValueError(f"{option} {path}: {existing} is a file, not a directory")
-    if not os.access(existing, os.W_OK):
-        raise ValueError(f"{option} {path}: no permission to write in {existing}")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"{option} {path}: cannot create {parent} ({err.strerror})") from None
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write a whole file or nothing (temporary file, then os.replace). Something that exists
-    and is not a regular file (/dev/stdout, a pipe) is written to directly, never replaced."""
-    if path.exists() and not path.is_file():
-        with open(path, "w") as f:
-            f.write(text)
-        return
-    write_atomic(path, text)
-
-
-def _os_message(err: OSError, where: str) -> str:
-    """One line for an operating-system error: what failed on which file, and the fix."""
-    target = f" {err.filename}" if err.filename else ""
-    if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        place = f" to write{target}" if target else ""
-        return f"no space left on the device{place}: free some space or {where}"
-    if err.errno == errno.EROFS:
-        return f"cannot write{target}: the file system is read-only; {where}"
-    if err.errno in (errno.EACCES, errno.EPERM):
-        return f"permission denied:{target or ' ' + str(err)}; {where}"
-    if isinstance(err, IsADirectoryError):
-        return f"{err.filename} is a directory, a file was expected"
-    if isinstance(err, (FileNotFoundError, FileExistsError, NotADirectoryError)) and (
-        err.strerror is None
-    ):
-        return str(err)  # raised by this package with its own message
-    if err.strerror and err.filename:
-        return f"{err.strerror}: {err.filename}"
-    return str(err) or type(err).__name__
-
-
-def describe_error(err: BaseException, where: str = "choose another location") -> tuple[str, int]:
-    """(one-line message, exit code) for an error a user can cause or meet; raises `err` again
-    when it is a bug (those keep their traceback)."""
-    import torch
-
-    from .training import CheckpointError, DivergedError
-
-    if isinstance(err, CommandError):
-        return str(err), err.code
-    if isinstance(err, DivergedError):
-        return str(err), EXIT_DIVERGED
-    if isinstance(err, OSError):
-        return _os_message(err, where), EXIT_USAGE
-    if isinstance(err, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))):
-        return (
-            "out of memory: try a smaller --batch-size, a shorter sequence or a smaller model",
-            EXIT_USAGE,
-        )
-    if isinstance(err, RuntimeError) and "can't allocate memory" in str(err):
-        first = str(err).splitlines()[0]
-        return f"out of memory ({first}): try a smaller --batch-size or model", EXIT_USAGE
-    if isinstance(err, (CheckpointError, ValueError, TypeError)):
-        return str(err), EXIT_USAGE
-    raise err
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the command is and handled like Ctrl-C: `finally` blocks and
-    context managers clean up (temporary files and folders), then one line and exit 130."""
-
-
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated("terminated (SIGTERM): stopped, temporary files removed")
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """While a command runs, SIGTERM raises `Terminated` (a KeyboardInterrupt) instead of
-    killing the process on the spot. Training installs its own handler inside (a clean stop
-    with a checkpoint) and restores this one after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _is_native_panic(err: BaseException) -> bool:
-    """A panic of a Rust extension (pyo3's PanicException, e.g. from the tokenizers library):
-    a BaseException, so `except Exception` does not see it."""
-    return type(err).__name__ == "PanicException"
-
-
-def user_errors(where: str = "choose another location") -> Callable[[Callable], Callable]:
-    """Decorator of every command: see the module docstring. `where` completes the message of
-    a write that failed (full or read-only disk, no permission), e.g. "choose another --out-dir"."""
-
-    def decorate(command: Callable) -> Callable:
-        @functools.wraps(command)
-        def run(*args: Any, _typer_ctx: typer.Context | None = None, **kwargs: Any) -> Any:
-            try:
-                with _sigterm_as_interrupt():
-                    return command(*args, **kwargs)
-            except (typer.Exit, typer.Abort):
-                raise
-            except KeyboardInterrupt as err:  # Ctrl-C, and SIGTERM (`Terminated`)
-                if _debugging(_typer_ctx):
-                    raise
-                typer.echo(str(err) or "interrupted", err=True)
-                raise typer.Exit(EXIT_INTERRUPTED) from None
-            except Exception as err:  # noqa: BLE001 - sorted into user errors and bugs below
-                if _debugging(_typer_ctx):
-                    raise
-                message, code = describe_error(err, where)
-                typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-                raise typer.Exit(code) from None
-            except BaseException as err:  # a Rust library's panic; SystemExit keeps its meaning
-                if isinstance(err, (SystemExit, GeneratorExit)) or _debugging(_typer_ctx):
-                    raise
-                if not _is_native_panic(err):
-                    raise
-                first = (str(err).strip().splitlines() or [""])[0]
-                typer.secho(
-                    f"error: a native library failed ({type(err).__name__}: {first}); the input "
-                    "it was reading (a tokenizer file, a text) may be malformed — --debug shows "
-                    "where",
-                    err=True,
-                    fg=typer.colors.RED,
-                )
-                raise typer.Exit(EXIT_USAGE) from None
-
-        # typer hands the context (for --debug) to a parameter annotated typer.Context
-        signature = inspect.signature(command, eval_str=True)
-        extra = inspect.Parameter(
-            "_typer_ctx", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=typer.Context
-        )
-        run.__signature__ = signature.replace(parameters=[*signature.parameters.values(), extra])
-        run.__annotations__ = {**command.__annotations__, "_typer_ctx": typer.Context}
-        return run
-
-    return decorate
-
-
-# --------------------------------------------------------------------------- configuration
-GROUPS = ("model", "train", "task")
-
-
-def split_settings(
-    items: list[str], task: str, model_cls: type | None = None
-) -> dict[str, dict[str, str]]:
-    """`--set key=value` items → {"model": {...}, "train": {...}, "task": {...}}.
-
-    A key may be prefixed `model.`, `train.` or `task.`; a bare key goes to the one group that
-    has it (an error if several or none do). `model_cls`: the model settings' class (default:
-    the native `ModelConfig`)."""
-    from .config import ModelConfig
-    from .tasks import get_task
-    from .training.config import field_types, split_assignment, unknown_setting
-
-    keys = {
-        "model": set(field_types(model_cls or ModelConfig)),
-        "train": set(field_types(TrainConfig)) - {"task"},
-        "task": set(field_types(get_task(task).Config)),
-    }
-    out: dict[str, dict[str, str]] = {group: {} for group in GROUPS}
-    for item in items:
-        if item.strip() in ("help", "list"):  # the whole list, on request
-            typer.echo(f"settings for --set KEY=VALUE (task {task!r}):")
-            for group in GROUPS:
-                names = ", ".join(sorted(keys[group])) or "none"
-                typer.echo(textwrap.fill(names, 100, initial_indent=f"  {group}: ",
-                                         subsequent_indent="    "))  # fmt: skip
-            raise typer.Exit(0)
-        key, value = split_assignment(item)
-        group, _, name = key.partition(".")
-        if name and group in GROUPS:
-            out[group][name] = value
-            continue
-        owners = [g for g in GROUPS if key in keys[g]]
-        if len(owners) > 1:
-            raise ValueError(
-                f"{key!r} is a setting of {' and '.join(owners)}: write "
-                + " or ".join(f"{g}.{key}" for g in owners)
-            )
-        if not owners:
-            raise ValueError(unknown_setting(key, set().union(*keys.values())))
-        out[owners[0]][key] = value
-    return out
-
-
-def task_settings(
-    task: str, options: dict[str, Any], text: dict[str, str], flags: dict[str, str] | None = None
-) -> dict[str, Any]:
-    """Typed task settings from command-line options (setting name → value, None: not given)
-    and `--set` texts; an option the task has no setting for is an error naming the task's
-    settings. `flags` names the option of a setting when it is not `--setting-name`."""
-    from .tasks import get_task
-    from .training.config import field_types, parse_overrides
-
-    config_cls = get_task(task).Config
-    names = set(field_types(config_cls))
-    values: dict[str, Any] = {}
-    for key, value in options.items():
-        if value is None:
-            continue
-        if key not in names:
-            flag = (flags or {}).get(key, "--" + key.replace("_", "-"))
-            raise ValueError(
-                f"{flag} is not a setting of task {task!r} (its settings: "
-                f"{', '.join(sorted(names)) or 'none'})"
-            )
-        values[key] = value
-    values.update(parse_overrides(config_cls, text, f"task {task!r}"))
-    return values
-
-
-def build_configs(
-    task: str,
-    *,
-    model: str | None,
-    preset: str | None,
-    settings: list[str],
-    options: dict[str, Any],
-    task_options: dict[str, Any],
-    resume: bool,
-    base_model: str | None = None,
-    freeze_base: bool = False,
-) -> tuple[TrainConfig, Any, Any]:
-    """(TrainConfig, task settings, model settings) from the defaults, or from the run being
-    resumed, then the explicit options and `--set` items (later wins). With `base_model` the
-    model is that pretrained causal LM plus long-term memory (`PretrainedMemoryConfig`), and a
-    task with a `tokenizer` setting takes the model's own tokenizer unless told otherwise."""
-    import dataclasses
-
-    from .config import ModelConfig
-    from .models import PretrainedMemoryConfig
-    from .tasks import get_task
-    from .training import read_configs
-    from .training.config import field_types, parse_overrides
-
-    task_cls = get_task(task)
-    if base_model is not None:
-        if preset is not None or model not in (None, "infty", "transformer"):
-            raise ValueError(
-                "--base-model brings its own model: drop --preset; --model is infty (with "
-                "long-term memory, the default) or transformer (the base alone)"
-            )
-    elif freeze_base:
-        raise ValueError("--freeze-base needs --base-model")
-    model_cls = PretrainedMemoryConfig if base_model is not None else ModelConfig
-    if resume:
-        name = Path(base_model).name if base_model else model or DEFAULT_MODEL
-        _check_resumable(options.get("out_dir") or _default_out_dir(task, name))
-    if resume and base_model is None:
-        out_dir = options.get("out_dir") or _default_out_dir(task, model or DEFAULT_MODEL)
-        model_cls = type(read_configs(out_dir)[2])
-    text = split_settings(settings, task, model_cls)
-    train_values = {k: v for k, v in options.items() if v is not None}
-    train_values.update(parse_overrides(TrainConfig, text["train"], "train"))
-    model_values = parse_overrides(model_cls, text["model"], "model")
-    task_values = task_settings(task, task_options, text["task"])
-    if model is not None and model not in MODEL_TYPES:
-        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODEL_TYPES)}")
-    if "model_type" in model_values:
-        raise ValueError("choose the model with --model, not --set model_type")
-    if base_model is not None:
-        if "tokenizer" in field_types(task_cls.Config):
-            task_values.setdefault("tokenizer", base_model)
-        model_values.update(
-            base_model=base_model, freeze_base=freeze_base, memory=model != "transformer"
-        )
-
-    if resume:
-        name = Path(base_model).name if base_model else model or DEFAULT_MODEL
-        out_dir = train_values.get("out_dir") or _default_out_dir(task, name)
-        saved_train, saved_task, saved_model = read_configs(out_dir)
-        if saved_train.task != task:
-            raise ValueError(f"{out_dir} holds a {saved_train.task!r} run, not {task!r}")
-        if model is not None and model != saved_model.model_type:
-            raise ValueError(
-                f"{out_dir} holds a {saved_model.model_type!r} model, not {model!r}; "
-                "drop --model or pick the right --out-dir"
-            )
-        train_values["out_dir"] = str(out_dir)
-        train_values.setdefault("halt_after", 0)  # a halt is for one session, not the run
-        train_cfg = dataclasses.replace(saved_train, **train_values)
-        task_cfg = dataclasses.replace(saved_task, **task_values)
-        if preset is not None:
-            base = ModelConfig.preset(preset, model_type=saved_model.model_type)
-            model_cfg = base.replace(**task_cls.model_overrides(task_cfg), **model_values)
-        else:
-            model_cfg = saved_model.replace(**model_values)
-        return train_cfg, task_cfg, model_cfg
-
-    model = model or DEFAULT_MODEL
-    train_values.setdefault(
-        "out_dir", _default_out_dir(task, Path(base_model).name if base_model else model)
-    )
-    train_cfg = TrainConfig(task=task, **train_values)
-    task_cfg = task_cls.Config(**task_values)
-    if base_model is not None:
-        model_cfg = PretrainedMemoryConfig(**model_values)
-        task_cls.check(task_cfg, model_cfg)
-        return train_cfg, task_cfg, model_cfg
-    model_cfg = ModelConfig.preset(
-        preset or DEFAULT_PRESET,
-        model_type=model,
-        **{**task_cls.model_overrides(task_cfg), **model_values},
-    )
-    task_cls.check(task_cfg, model_cfg)
-    return train_cfg, task_cfg, model_cfg
-
-
-def _default_out_dir(task: str, model: str) -> str:
-    return str(Path("runs") / f"{task}-{model}")
-
-
-def _check_resumable(out_dir: str) -> None:
-    """--resume needs a run to continue: say so when `out_dir` holds none."""
-    from .training.checkpoint import checkpoint_exists
-
-    fix = "start the run without --resume, or point --out-dir at the run to continue"
-    if not Path(out_dir).is_dir():
-        raise CommandError(f"nothing to resume: {out_dir} does not exist ({fix})")
-    if not checkpoint_exists(out_dir, "last"):
-        raise CommandError(f"nothing to resume: {out_dir} holds no checkpoint ({fix})")
 
 
 # --------------------------------------------------------------------------- train
@@ -701,7 +341,7 @@ def evaluate(
     except OSError as err:
         typer.echo(document)  # the evaluation is not lost
         raise CommandError(
-            f"could not write --json {json_out} ({_os_message(err, 'choose another path')}); "
+            f"could not write --json {json_out} ({os_message(err, 'choose another path')}); "
             "the result was written to stdout instead"
         ) from err
     typer.echo(f"  wrote {json_out}")
@@ -934,8 +574,10 @@ def bench(
     """Time training steps on the sorting task (tokens/s, s/step, parameters) for each model,
     or run one of the scripts in benchmarks/."""
     if script is not None:
-        raise typer.Exit(_run_script(script, args or []))
-    from .training.bench import quick_benchmark
+        from .bench import run_script
+
+        raise typer.Exit(run_script(script, args or []))
+    from .bench import quick_benchmark
 
     names = [m.strip() for m in models.split(",") if m.strip()]
     for name in names:
@@ -957,37 +599,6 @@ def bench(
             f"{row['model']:<12} {row['params']:>10,} {row['seconds_per_step']:>8.2f} "
             f"{row['tokens_per_s']:>10.0f}"
         )
-
-
-BENCHMARK_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-
-
-def benchmark_scripts(root: Path | None = None) -> dict[str, Path]:
-    """The project's benchmark scripts by name: benchmarks/*.py of the source tree, helpers
-    (names starting with _) excluded."""
-    root = Path(__file__).resolve().parents[2] if root is None else root
-    folder = root / "benchmarks"
-    if not folder.is_dir():
-        return {}
-    return {
-        p.stem: p
-        for p in sorted(folder.glob("*.py"))
-        if BENCHMARK_NAME.fullmatch(p.stem) and p.is_file()
-    }
-
-
-def _run_script(script: str, args: list[str]) -> int:
-    """Run one of the project's benchmark scripts, by name only: no paths, nothing outside
-    benchmarks/."""
-    scripts = benchmark_scripts()
-    name = script[: -len(".py")] if script.endswith(".py") else script
-    if not BENCHMARK_NAME.fullmatch(name) or name not in scripts:
-        available = ", ".join(scripts) or "none (the scripts live in the source tree)"
-        raise ValueError(
-            f"no benchmark script {script!r}: --script takes the name of one of the project's "
-            f"benchmarks ({available})"
-        )
-    return subprocess.call([sys.executable, str(scripts[name]), *args], env=dict(os.environ))
 
 
 # --------------------------------------------------------------------------- convert-gguf

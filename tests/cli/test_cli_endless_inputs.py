@@ -102,7 +102,8 @@ def test_inputs_beyond_a_pretrained_bases_positions_are_refused_by_name(tmp_path
 @pytest.mark.parametrize("memory", [True, False])
 def test_generating_past_the_bases_positions_names_the_new_tokens(tmp_path, memory):
     pytest.importorskip("transformers")
-    from inftyformer.hf.tiny import write_tiny_model
+    from tiny_pretrained import write_tiny_model
+
     from inftyformer.models import PretrainedMemoryConfig, build_model
 
     base = write_tiny_model(tmp_path / "base", "gpt2", max_positions=64)

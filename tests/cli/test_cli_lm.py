@@ -177,3 +177,32 @@ def test_an_empty_test_split_is_refused_before_training(corpus, tmp_path):
     assert code != 0 and "test split" in out and "holds no text" in out
     assert "step 3" not in out  # not a single step was trained (nor evaluated)
     assert not (tmp_path / "r" / "last").exists()
+
+
+def test_resume_refuses_training_data_whose_contents_changed(corpus, tmp_path):
+    part = tmp_path / "part"
+    code, out = run("train", "lm", "--data-dir", corpus, "-o", part, *TINY, "--set", "halt_after=3")
+    assert code == 0, out
+    first = sorted((corpus / "train").glob("*.txt"))[0]
+    text = first.read_text()
+    first.write_text(text.replace("the", "THE"))  # same files, same count, other contents
+    resume = ["train", "lm", "-o", part, "--resume", "--no-progress", "--set", "halt_after=0"]
+    code, out = run(*resume)
+    assert code == 2 and "contents of the train data changed since step 3" in out, out
+    code, out = run(*resume, "--allow-changes")  # accepted when asked, and recorded
+    assert code == 0 and "note: the train data changed since step 3" in out, out
+    meta = json.loads((part / "last.json").read_text())
+    assert any("data.train" in entry["changes"] for entry in meta["history"])
+    first.write_text(text)  # the original text: the recorded fingerprint moved with the run
+    code, out = run(*resume)
+    assert code == 2 and "contents of the train data changed" in out
+
+
+def test_resume_with_unchanged_data_is_accepted(corpus, tmp_path):
+    part = tmp_path / "part"
+    code, out = run("train", "lm", "--data-dir", corpus, "-o", part, *TINY, "--set", "halt_after=3")
+    assert code == 0, out
+    for f in (corpus / "valid").glob("*.txt"):  # rewritten with the same bytes: the same data
+        f.write_bytes(f.read_bytes())
+    code, out = run("train", "lm", "-o", part, "--resume", "--no-progress", "--set", "halt_after=0")
+    assert code == 0 and "resumed" in out, out

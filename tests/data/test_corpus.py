@@ -335,3 +335,33 @@ def test_load_split_reads_each_layout(tmp_path: Path) -> None:
     parts = [load_split(flat, split, tok) for split in SPLITS]
     assert sum(p.num_docs for p in parts) == 5 and all(p.num_docs for p in parts)
     assert load_split(flat / "3.txt", "valid", tok).num_tokens == 4
+
+
+def test_a_rewritten_cache_file_is_noticed_and_rebuilt(tmp_path: Path) -> None:
+    root = _make_corpus(tmp_path / "corpus")
+    cache = tmp_path / "cache"
+    tok = ByteTokenizer()
+    first = load_corpus(root, "train", tok, cache_dir=cache, progress=False)
+    expected, fingerprint = np.array(first.tokens), first.fingerprint()  # first maps the file
+    (tokens_file,) = cache.glob("*.tokens.npy")
+    tampered = np.load(tokens_file).copy()
+    tampered[:5] = (tampered[:5] + 1) % 256  # other ids, all in range: looks valid
+    np.save(tokens_file, tampered)
+    with pytest.warns(UserWarning, match="does not match the hash recorded beside it"):
+        again = load_corpus(root, "train", tok, cache_dir=cache, progress=False)
+    assert not again.from_cache  # tokenised again from the text
+    np.testing.assert_array_equal(again.tokens, expected)
+    assert again.fingerprint() == fingerprint
+    third = load_corpus(root, "train", tok, cache_dir=cache, progress=False)  # repaired
+    assert third.from_cache and third.fingerprint() == fingerprint
+
+
+def test_the_fingerprint_follows_the_contents_not_the_counts(tmp_path: Path) -> None:
+    tok = ByteTokenizer()
+    root = _make_corpus(tmp_path / "corpus")
+    before = load_corpus(root, "train", tok, use_cache=False, progress=False)
+    path = sorted((root / "train").glob("*.txt"))[0]
+    path.write_text(path.read_text().swapcase(), encoding="utf-8")  # same length, other text
+    after = load_corpus(root, "train", tok, use_cache=False, progress=False)
+    assert after.num_tokens == before.num_tokens and after.num_docs == before.num_docs
+    assert after.fingerprint() != before.fingerprint()

@@ -89,10 +89,10 @@ def test_the_examples_are_refused_through_the_model_and_the_standalone_memory(se
 
 def test_the_pretrained_adapter_refuses_expanding_settings(tmp_path):
     pytest.importorskip("transformers")
+    from tiny_pretrained import write_tiny_model
     from transformers import AutoConfig
 
     from inftyformer.hf import InftyformerConfig
-    from inftyformer.hf.tiny import write_tiny_model
 
     base = AutoConfig.from_pretrained(write_tiny_model(tmp_path / "base", "gpt2"))
     with pytest.raises(ValueError, match="expands"):

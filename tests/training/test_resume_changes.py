@@ -140,3 +140,36 @@ def test_a_checkpoint_with_non_finite_weights_is_refused_by_name(finished):
     save_checkpoint(path.parent, "best", tensors, ckpt.meta)
     with pytest.raises(CheckpointError, match=r"best\.manifest\.json: the weights hold NaN"):
         load_run(path)
+
+
+def test_a_damaged_newest_checkpoint_says_whether_best_can_be_used(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    cfg = tiny_train(tmp_path / "run", steps=4, eval_every=2, halt_after=3)
+    Trainer(cfg, SORT, tiny_sorting(), echo=quiet).fit()
+    out = Path(cfg.out_dir)
+    best_step = load_checkpoint(out / "best").meta["step"]
+    data = bytearray((out / "last.safetensors").read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte in the newest checkpoint
+    (out / "last.safetensors").write_bytes(bytes(data))
+    resume = dataclasses.replace(cfg, halt_after=0)
+    with pytest.raises(CheckpointError) as caught:
+        Trainer(resume, SORT, tiny_sorting(), resume=True, echo=quiet)
+    message = str(caught.value)
+    assert f"The 'best' checkpoint (step {best_step}) is intact" in message
+    assert "\n" not in message
+    # the command it gives works: the run continues from best
+    command = message.split("copy it over the newest (")[1].split(") and resume")[0]
+    subprocess.run(command, shell=True, check=True)
+    trainer = Trainer(resume, SORT, tiny_sorting(), resume=True, echo=quiet)
+    assert trainer.step == best_step
+    assert trainer.fit().step == 4
+
+    # the best one damaged too: nothing to resume, said so
+    for name in ("last", "best"):
+        data = bytearray((out / f"{name}.safetensors").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (out / f"{name}.safetensors").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="'best' checkpoint is damaged too.*--overwrite"):
+        Trainer(resume, SORT, tiny_sorting(), resume=True, echo=quiet)

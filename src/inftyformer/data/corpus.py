@@ -10,7 +10,9 @@ comes from the cache) plus document offsets, UTF-8 byte counts (for bits per byt
 
 Cache: ``$INFTYFORMER_CACHE`` or ``~/.cache/inftyformer``; the key hashes the format version, the
 tokenizer identity, the reader, the split, every file name and every file's contents, so a changed
-source file or tokenizer triggers a rebuild and an unchanged one loads instantly. Files are written
+source file or tokenizer triggers a rebuild and an unchanged one loads instantly. The hash of each
+token file is kept beside it (in its metadata): a token file changed after it was written (e.g.
+rewritten with other, in-range ids) is noticed, with a warning, and rebuilt. Files are written
 to a temporary name and moved into place with ``os.replace`` (readers never see half a file).
 """
 
@@ -35,7 +37,7 @@ from .paths import SPLITS, check_split, resolve_data_dir
 from .tokenizer import TextTokenizer
 
 CACHE_ENV_VAR = "INFTYFORMER_CACHE"
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: the token file's hash in its metadata
 CORPUS_SUBDIR = "pg19-mini"  # the default corpus, inside the data directory
 
 # WikiText top-level heading: " = Title = " (sub-headings look like " = = Sub = = ").
@@ -90,6 +92,16 @@ class TokenizedCorpus:
             raise ValueError(f"doc_names must have {num_docs} entries, got {len(self.doc_names)}")
         if not 0 <= self.eos_id < self.vocab_size:
             raise ValueError(f"eos_id must be in [0, vocab_size), got {self.eos_id}")
+
+    def fingerprint(self) -> str:
+        """A hash of the contents (tokens, document boundaries, byte counts, tokenizer): two
+        corpora with the same counts but other text differ. Recorded by a run to notice changed
+        data on resume."""
+        digest = hashlib.sha256()
+        for array in (self.tokens, self.doc_offsets, self.doc_bytes):
+            digest.update(np.ascontiguousarray(array).tobytes())
+        digest.update(self.tokenizer_name.encode())
+        return digest.hexdigest()[:32]
 
     @classmethod
     def from_documents(
@@ -256,8 +268,17 @@ def _save_cache(corpus: TokenizedCorpus, tokens_path: Path, meta_path: Path) -> 
         "tokenizer_name": corpus.tokenizer_name,
     }
     _atomic_write(tokens_path, lambda f: np.save(f, np.ascontiguousarray(corpus.tokens)))
+    meta["tokens_sha256"] = _file_sha256(tokens_path)  # a rewritten token file is noticed
     # The metadata goes last: its presence means the token file is complete.
     _atomic_write(meta_path, lambda f: f.write(json.dumps(meta).encode()))
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _load_cache(tokens_path: Path, meta_path: Path) -> TokenizedCorpus | None:
@@ -266,6 +287,13 @@ def _load_cache(tokens_path: Path, meta_path: Path) -> TokenizedCorpus | None:
     try:
         meta = json.loads(meta_path.read_text())
         if meta.get("format") != CACHE_FORMAT_VERSION:
+            return None
+        if meta.get("tokens_sha256") != _file_sha256(tokens_path):
+            warnings.warn(
+                f"the corpus cache {tokens_path} does not match the hash recorded beside it "
+                "(changed or corrupted since it was written): tokenising again",
+                stacklevel=4,
+            )
             return None
         tokens = np.load(tokens_path, mmap_mode="r")
         if tokens.shape != (meta["num_tokens"],) or tokens.dtype.str != meta["dtype"]:

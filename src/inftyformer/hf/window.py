@@ -85,8 +85,9 @@ class WindowedInputs:
         if position_ids is not None:  # given from the first token after the window
             own = position_ids.to(ids.device)[:, -length:] + window.length[:, None]
             positions = torch.cat([positions[:, :context], own.expand(batch, -1)], dim=1)
-        run_valid = None if bool(full.all()) else full[:, -run_ids.shape[1] :]
-        return cls(run_ids, full.long(), positions, context, run_valid)
+        if bool(full.all()):  # no padding anywhere: no mask, as for the base on plain text
+            return cls(run_ids, None, positions, context, None)
+        return cls(run_ids, full.long(), positions, context, full[:, -run_ids.shape[1] :])
 
     def advance(self, size: int) -> tuple[torch.Tensor | None, TokenWindow | None]:
         """After a call that ran `ids`: which positions leave the window (bool [batch, S], None:

@@ -201,6 +201,12 @@ class Task(ABC):
         what is loaded is kept for the evaluations)."""
         return None
 
+    def data_fingerprint(self, splits: Sequence[str]) -> dict[str, str]:
+        """{split: a hash of its contents} of the data a run trains (`train`) and evaluates on,
+        recorded in checkpoints: a resume refuses data whose contents changed. Empty for tasks
+        whose data is generated from the settings (those are compared as settings)."""
+        return {}
+
     @abstractmethod
     def evaluate(
         self, model: nn.Module, split: str, num_batches: int | None, shard: Shard

@@ -167,6 +167,9 @@ class LanguageModelTask(Task):
             self._splits[name] = corpus
         return self._splits[name]
 
+    def data_fingerprint(self, splits: Sequence[str]) -> dict[str, str]:
+        return {name: self.split(name).fingerprint() for name in splits}
+
     def check_data(self, splits: Sequence[str]) -> None:
         for name in splits:
             self.split(name)  # refuses a split without text

@@ -107,11 +107,6 @@ def rank_seed(seed: int, rank: int) -> int:
     return seed if rank == 0 else (seed * 1_000_003 + rank * 7_919) % 2**63
 
 
-def config_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    keys = sorted(set(a) | set(b))
-    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys if a.get(k) != b.get(k)]
-
-
 def changed(a: dict[str, Any], b: dict[str, Any], keys: Any = None) -> dict[str, list[Any]]:
     """{key: [old, new]} for the keys (default: all) whose values differ."""
     keys = sorted(set(a) | set(b)) if keys is None else keys
@@ -209,7 +204,10 @@ class Trainer:
                     f"cannot resume: no checkpoint 'last' in {self.out_dir} "
                     "(start without --resume, or point --out-dir at the run)"
                 )
-            checkpoint = load_checkpoint(self.out_dir / "last")
+            try:
+                checkpoint = load_checkpoint(self.out_dir / "last")
+            except CheckpointError as err:
+                raise CheckpointError(f"{err}. {self._fallback(err)}") from None
             self._check_resumable(checkpoint, allow_changes)
         elif any(checkpoint_exists(self.out_dir, n) for n in RUN_FILES):
             if not overwrite:
@@ -246,8 +244,13 @@ class Trainer:
         self.tokens_seen = 0.0
         self._in_update = False
         self._rng_at_step_start: dict[str, Any] | None = None
+        self._data_fingerprint: dict[str, str] | None = None
         if checkpoint is not None:
-            self._restore(checkpoint)
+            self._check_same_data(checkpoint, allow_changes)
+            try:
+                self._restore(checkpoint)
+            except CheckpointError as err:
+                raise CheckpointError(f"{err}. {self._fallback(err)}") from None
         self.ddp_model = wrap_model(self.model, self.env)
 
     # ------------------------------------------------------------------ helpers
@@ -265,6 +268,23 @@ class Trainer:
             if (self.out_dir / extra).exists():
                 (self.out_dir / extra).unlink()
         shutil.rmtree(self.out_dir / "tensorboard", ignore_errors=True)
+
+    def _fallback(self, error: CheckpointError) -> str:
+        """What a run whose newest checkpoint is damaged can do: whether the 'best' one is
+        intact (and how to continue from it), or that nothing is left to resume."""
+        out = self.out_dir
+        if not checkpoint_exists(out, "best"):
+            return "There is no other checkpoint to resume from: start again with --overwrite"
+        try:
+            best = load_checkpoint(out / "best")
+        except CheckpointError as err:
+            return f"The 'best' checkpoint is damaged too ({err}): start again with --overwrite"
+        return (
+            f"The 'best' checkpoint (step {best.meta.get('step')}) is intact: to continue from "
+            f'it, copy it over the newest (cd {out} && for f in best.*; do cp "$f" '
+            f'"last${{f#best}}"; done) and resume; `inftyformer evaluate {out / "best"}` '
+            "evaluates it as it is"
+        )
 
     def _check_resumable(self, ckpt: Checkpoint, allow_changes: bool) -> None:
         meta = ckpt.meta
@@ -323,6 +343,44 @@ class Trainer:
         )
         self.echo(f"note: changing the run from step {meta.get('step')}: {shown}")
 
+    def _fingerprint(self) -> dict[str, str]:
+        if self._data_fingerprint is None:  # the data does not change during a run
+            self._data_fingerprint = self.task.data_fingerprint(self._data_splits())
+        return self._data_fingerprint
+
+    def _data_splits(self) -> list[str]:
+        """The splits a run reads: train, and those it evaluates."""
+        evaluated = (("valid", self.cfg.eval_batches), ("test", self.cfg.test_batches))
+        return ["train", *(split for split, batches in evaluated if batches)]
+
+    def _check_same_data(self, ckpt: Checkpoint, allow_changes: bool) -> None:
+        """Refuse to resume on data whose contents changed since the checkpoint (the same
+        number of files with other text included), like a changed setting."""
+        saved = ckpt.meta.get("data_fingerprint")
+        if not isinstance(saved, dict) or not saved:
+            return  # a checkpoint from before fingerprints, or generated data
+        now = self.task.data_fingerprint(sorted(saved))
+        moved = sorted(split for split in saved if now.get(split) != saved[split])
+        if not moved:
+            return
+        shown = ", ".join(moved)
+        if not allow_changes:
+            raise CheckpointError(
+                f"resuming would change the run in {self.out_dir}: the contents of the "
+                f"{shown} data changed since step {ckpt.meta.get('step')} (same settings, "
+                "other text). Restore the data to continue the run as it was, or allow the "
+                "change explicitly (--allow-changes; it is recorded in the run's history)"
+            )
+        changes = {f"data.{split}": [saved[split], now.get(split)] for split in moved}
+        self.history.append(
+            {
+                "step": int(ckpt.meta.get("step", 0)),
+                "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "changes": changes,
+            }
+        )
+        self.echo(f"note: the {shown} data changed since step {ckpt.meta.get('step')}")
+
     # ------------------------------------------------------------------ checkpoints
     def _rank_state(self, rng: dict[str, Any] | None = None) -> dict[str, Any]:
         return {
@@ -372,6 +430,7 @@ class Trainer:
             "world_size": self.env.world_size,
             "ranks": rank_meta,
             "history": self.history,  # changes allowed on resume: step, time, {setting: [old, new]}
+            "data_fingerprint": self._fingerprint(),
         }
         save_checkpoint(self.out_dir, name, tensors, meta)
         barrier(self.env)  # nobody reads it before it is whole
