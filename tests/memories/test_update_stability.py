@@ -123,6 +123,10 @@ GRID = list(
 )
 
 
+# the issue's two examples as grid points (N, widths, λ, τ, M)
+ISSUE_POINTS = [(16, (0.01,), 1.0, 0.75, 16), (64, (0.005, 0.01), 1.0, 0.75, 64)]
+
+
 def _stream(config: LongTermConfig, segments: int, L: int) -> list[float]:
     torch.manual_seed(0)
     memory = LongTermMemory(config)
@@ -137,6 +141,7 @@ def _stream(config: LongTermConfig, segments: int, L: int) -> list[float]:
 
 
 def _sweep(grid, L, segments):
+    grid = [*grid, *ISSUE_POINTS]
     accepted = refused = 0
     for N, widths, lam, tau, M in grid:
         if N % len(widths):
@@ -155,6 +160,8 @@ def _sweep(grid, L, segments):
         # bounded: after the first updates the coefficients stop growing
         assert max(peaks[segments // 2 :]) <= 5 * max(peaks[:10]) + 1e-6, (settings, gain)
     assert accepted and refused  # the grid crosses the boundary
+    for N, widths, lam, tau, M in ISSUE_POINTS:  # refused at every segment length
+        assert update_gain(N, widths, lam, tau, M, L) > MAX_UPDATE_GAIN
     return accepted, refused
 
 
