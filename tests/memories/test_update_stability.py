@@ -87,14 +87,13 @@ def test_the_examples_are_refused_through_the_model_and_the_standalone_memory(se
         memory.update(state, torch.randn(1, 16, 32))
 
 
-def test_the_pretrained_adapter_refuses_expanding_settings(tmp_path):
+def test_the_pretrained_adapter_refuses_expanding_settings():
     pytest.importorskip("transformers")
-    from tiny_pretrained import write_tiny_model
-    from transformers import AutoConfig
+    from transformers import GPT2Config
 
     from inftyformer.hf import InftyformerConfig
 
-    base = AutoConfig.from_pretrained(write_tiny_model(tmp_path / "base", "gpt2"))
+    base = GPT2Config(vocab_size=61, n_embd=32, n_layer=1, n_head=2, n_positions=64)
     with pytest.raises(ValueError, match="expands"):
         InftyformerConfig(text_config=base, **EXPANDING[0])
     InftyformerConfig(text_config=base, segment_len=16)  # the paper's GPT-2 settings: accepted
@@ -166,7 +165,7 @@ def _sweep(grid, L, segments):
 
 
 def test_every_accepted_setting_stays_bounded_over_200_segments():
-    _sweep(GRID[::3], L=8, segments=200)
+    _sweep(GRID[::5], L=8, segments=200)
 
 
 @pytest.mark.slow
