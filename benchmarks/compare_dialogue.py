@@ -346,7 +346,7 @@ def sample_replies(runs: dict[str, Any], rows: list[str], count: int) -> list[st
 # --------------------------------------------------------------------------- main
 def tiny_chat_base(directory: Path) -> str:
     """A tiny random Llama and a byte-level BPE with ChatML special tokens and template."""
-    from inftyformer.hf.tiny import write_tiny_model
+    write_tiny_model = ex.tiny_model_writer()
 
     corpus = ["the movie was about a toy and its friends, said the user"] * 20
     return str(write_tiny_model(directory, chat=True, corpus=corpus, vocab_size=400,

@@ -322,7 +322,7 @@ def plot(runs: dict[str, Any], rows: list[str], path: Path) -> None:
 # --------------------------------------------------------------------------- main
 def tiny_base(directory: Path) -> str:
     """A tiny random Llama and a byte-level BPE tokenizer trained on a few words (--quick)."""
-    from inftyformer.hf.tiny import write_tiny_model
+    write_tiny_model = ex.tiny_model_writer()
 
     return str(write_tiny_model(directory))
 

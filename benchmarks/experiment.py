@@ -40,6 +40,17 @@ ROOT = Path(__file__).resolve().parents[1]
 FORMAT = 2  # layout of the report JSON (format 1: the scripts before this module)
 
 
+def tiny_model_writer() -> Any:
+    """`write_tiny_model` of the tests' fixtures (tests/tiny_pretrained.py), for the --quick runs:
+    tiny random model directories, nothing downloaded."""
+    tests = str(ROOT / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    from tiny_pretrained import write_tiny_model
+
+    return write_tiny_model
+
+
 def default_base_model() -> str:
     """The pretrained model the comparisons use when no --base-model is given:
     $INFTYFORMER_PRETRAINED, else models/smollm2-135m in the checkout (the README's conversion

@@ -38,8 +38,8 @@ def evaluate(rows: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from inftyformer.data import load_tokenizer
-    from inftyformer.hf.passkey import passkey_accuracy
     from inftyformer.models import PretrainedMemoryConfig, build_model
+    from inftyformer.tasks.passkey import passkey_accuracy
     from inftyformer.training import load_run
 
     torch.set_num_threads(1)
@@ -75,7 +75,7 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
         f"sentence to the end of the prompt) in a prompt of about {setup['tokens']:,} tokens, "
         "streamed in segments of L tokens: everything but the last, partial segment goes "
         "through the memory first; the model then answers greedily from that last segment. "
-        f"Exact match over {setup['samples']} keys per distance (`inftyformer.hf.passkey`).",
+        f"Exact match over {setup['samples']} keys per distance (`inftyformer.tasks.passkey`).",
         "",
     ]
     distances = [str(d) for d in setup["distances"]]

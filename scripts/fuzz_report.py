@@ -44,6 +44,10 @@ TARGETS = {
     ),
     "test_fuzz_load_state_corrupted_files_many": "`load_state` (truncated, flipped, metadata)",
     "test_fuzz_cli_set_items_many": "`--set KEY=VALUE` items → configs",
+    "test_fuzz_hf_settings_many": "`add_long_term_memory(base, **settings)` (pretrained adapter)",
+    "test_fuzz_hf_forward_many": (
+        "`InftyformerForCausalLM.forward` (input_ids, labels, attention_mask, reset, memory)"
+    ),
 }
 
 

@@ -28,7 +28,7 @@ LAYERS = {
     "pretrained": ["hf"],
     "tasks": ["data", "metrics", "tasks", "inspection"],
     "training": ["training"],
-    "interface": ["cli", "configure", "demo", "inspection_plots", "bench"],
+    "interface": ["cli", "configure", "errors", "demo", "inspection_plots", "bench"],
 }
 ORDER = list(LAYERS)
 

@@ -4,41 +4,39 @@ Tasks come from the registry (`inftyformer.tasks.TASKS`): `train TASK` builds th
 settings from the options that name them (`--seq-len`, `--data-dir`, `--tokenizer`, …, and
 `--set task.KEY=VALUE`), so a new task needs no change here.
 
-One error path: every command runs inside `user_errors`, which turns the failures a user can
-cause or meet (bad settings, missing or corrupt files, a full or read-only disk, a diverged run,
-running out of memory) into one line ``error: …`` on stderr and an exit code (2; 3 for a diverged
-run; 130 when interrupted). Anything else is a bug and keeps its traceback; ``--debug`` (or
-``INFTYFORMER_DEBUG=1``) shows the traceback of every error.
+Every command runs inside `errors.user_errors`: one line ``error: …`` and an exit code.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import functools
-import inspect
 import json
 import math
-import os
 import re
-import signal
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from ._files import read_user_text, write_atomic
+from ._files import read_user_text
 from .config import MODEL_TYPES
 from .configure import (
     DEFAULT_PRESET,
     build_configs,
     split_settings,
     task_settings,
+)
+from .errors import (  # the exit codes are also read by scripts and tests
+    DEBUG_ENV,
+    EXIT_DIVERGED,  # noqa: F401
+    EXIT_INTERRUPTED,  # noqa: F401
+    EXIT_USAGE,  # noqa: F401
+    CommandError,
+    check_output_file,
+    os_message,
+    user_errors,
+    write_text_atomic,
 )
 from .tasks import TASKS
 from .training.config import TrainConfig
@@ -49,10 +47,6 @@ app = typer.Typer(
     add_completion=False,
 )
 
-EXIT_USAGE = 2  # a user's mistake or the machine's state: bad input, missing file, full disk ...
-EXIT_DIVERGED = 3  # training diverged (a NaN or infinite loss or gradient)
-EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM (a checkpoint was saved)
-DEBUG_ENV = "INFTYFORMER_DEBUG"
 _D = TrainConfig()  # defaults shown in --help
 _TASK_HELP = "; ".join(f"'{name}': {cls.summary}" for name, cls in sorted(TASKS.items()))
 
@@ -68,178 +62,6 @@ def main(
 ) -> None:
     """The ∞-former (Infinite Memory Transformer) and its baselines: train, evaluate, generate."""
     ctx.obj = {"debug": debug}
-
-
-# --------------------------------------------------------------------------- the one error path
-def _debugging(ctx: typer.Context | None) -> bool:
-    if os.environ.get(DEBUG_ENV, "").strip().lower() in {"1", "true", "yes", "on"}:
-        return True
-    obj = ctx.find_root().obj if ctx is not None else None
-    return bool(isinstance(obj, dict) and obj.get("debug"))
-
-
-class CommandError(Exception):
-    """A failure a command describes itself (message and exit code)."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def check_output_file(path: Path, option: str) -> None:
-    """Refuse an output file that cannot be written before any work is done: a directory, a
-    parent that is a file, a place without write permission. Creates missing parents."""
-    if path.is_dir():
-        raise ValueError(f"{option} {path} is a directory; give a file name, e.g. {path}/out.json")
-    parent = path.parent
-    existing = parent
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ValueError(f"{option} {path}: {existing} is a file, not a directory")
-    if not os.access(existing, os.W_OK):
-        raise ValueError(f"{option} {path}: no permission to write in {existing}")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"{option} {path}: cannot create {parent} ({err.strerror})") from None
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write a whole file or nothing (temporary file, then os.replace). Something that exists
-    and is not a regular file (/dev/stdout, a pipe) is written to directly, never replaced."""
-    if path.exists() and not path.is_file():
-        with open(path, "w") as f:
-            f.write(text)
-        return
-    write_atomic(path, text)
-
-
-def _os_message(err: OSError, where: str) -> str:
-    """One line for an operating-system error: what failed on which file, and the fix."""
-    target = f" {err.filename}" if err.filename else ""
-    if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        place = f" to write{target}" if target else ""
-        return f"no space left on the device{place}: free some space or {where}"
-    if err.errno == errno.EROFS:
-        return f"cannot write{target}: the file system is read-only; {where}"
-    if err.errno in (errno.EACCES, errno.EPERM):
-        return f"permission denied:{target or ' ' + str(err)}; {where}"
-    if isinstance(err, IsADirectoryError):
-        return f"{err.filename} is a directory, a file was expected"
-    if isinstance(err, (FileNotFoundError, FileExistsError, NotADirectoryError)) and (
-        err.strerror is None
-    ):
-        return str(err)  # raised by this package with its own message
-    if err.strerror and err.filename:
-        return f"{err.strerror}: {err.filename}"
-    return str(err) or type(err).__name__
-
-
-def describe_error(err: BaseException, where: str = "choose another location") -> tuple[str, int]:
-    """(one-line message, exit code) for an error a user can cause or meet; raises `err` again
-    when it is a bug (those keep their traceback)."""
-    import torch
-
-    from .training import CheckpointError, DivergedError
-
-    if isinstance(err, CommandError):
-        return str(err), err.code
-    if isinstance(err, DivergedError):
-        return str(err), EXIT_DIVERGED
-    if isinstance(err, OSError):
-        return _os_message(err, where), EXIT_USAGE
-    if isinstance(err, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))):
-        return (
-            "out of memory: try a smaller --batch-size, a shorter sequence or a smaller model",
-            EXIT_USAGE,
-        )
-    if isinstance(err, RuntimeError) and "can't allocate memory" in str(err):
-        first = str(err).splitlines()[0]
-        return f"out of memory ({first}): try a smaller --batch-size or model", EXIT_USAGE
-    if isinstance(err, (CheckpointError, ValueError, TypeError)):
-        return str(err), EXIT_USAGE
-    raise err
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the command is and handled like Ctrl-C: `finally` blocks and
-    context managers clean up (temporary files and folders), then one line and exit 130."""
-
-
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated("terminated (SIGTERM): stopped, temporary files removed")
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """While a command runs, SIGTERM raises `Terminated` (a KeyboardInterrupt) instead of
-    killing the process on the spot. Training installs its own handler inside (a clean stop
-    with a checkpoint) and restores this one after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _is_native_panic(err: BaseException) -> bool:
-    """A panic of a Rust extension (pyo3's PanicException, e.g. from the tokenizers library):
-    a BaseException, so `except Exception` does not see it."""
-    return type(err).__name__ == "PanicException"
-
-
-def user_errors(where: str = "choose another location") -> Callable[[Callable], Callable]:
-    """Decorator of every command: see the module docstring. `where` completes the message of
-    a write that failed (full or read-only disk, no permission), e.g. "choose another --out-dir"."""
-
-    def decorate(command: Callable) -> Callable:
-        @functools.wraps(command)
-        def run(*args: Any, _typer_ctx: typer.Context | None = None, **kwargs: Any) -> Any:
-            try:
-                with _sigterm_as_interrupt():
-                    return command(*args, **kwargs)
-            except (typer.Exit, typer.Abort):
-                raise
-            except KeyboardInterrupt as err:  # Ctrl-C, and SIGTERM (`Terminated`)
-                if _debugging(_typer_ctx):
-                    raise
-                typer.echo(str(err) or "interrupted", err=True)
-                raise typer.Exit(EXIT_INTERRUPTED) from None
-            except Exception as err:  # noqa: BLE001 - sorted into user errors and bugs below
-                if _debugging(_typer_ctx):
-                    raise
-                message, code = describe_error(err, where)
-                typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-                raise typer.Exit(code) from None
-            except BaseException as err:  # a Rust library's panic; SystemExit keeps its meaning
-                if isinstance(err, (SystemExit, GeneratorExit)) or _debugging(_typer_ctx):
-                    raise
-                if not _is_native_panic(err):
-                    raise
-                first = (str(err).strip().splitlines() or [""])[0]
-                typer.secho(
-                    f"error: a native library failed ({type(err).__name__}: {first}); the input "
-                    "it was reading (a tokenizer file, a text) may be malformed — --debug shows "
-                    "where",
-                    err=True,
-                    fg=typer.colors.RED,
-                )
-                raise typer.Exit(EXIT_USAGE) from None
-
-        # typer hands the context (for --debug) to a parameter annotated typer.Context
-        signature = inspect.signature(command, eval_str=True)
-        extra = inspect.Parameter(
-            "_typer_ctx", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=typer.Context
-        )
-        run.__signature__ = signature.replace(parameters=[*signature.parameters.values(), extra])
-        run.__annotations__ = {**command.__annotations__, "_typer_ctx": typer.Context}
-        return run
-
-    return decorate
 
 
 # --------------------------------------------------------------------------- train
@@ -519,7 +341,7 @@ def evaluate(
     except OSError as err:
         typer.echo(document)  # the evaluation is not lost
         raise CommandError(
-            f"could not write --json {json_out} ({_os_message(err, 'choose another path')}); "
+            f"could not write --json {json_out} ({os_message(err, 'choose another path')}); "
             "the result was written to stdout instead"
         ) from err
     typer.echo(f"  wrote {json_out}")
@@ -752,8 +574,10 @@ def bench(
     """Time training steps on the sorting task (tokens/s, s/step, parameters) for each model,
     or run one of the scripts in benchmarks/."""
     if script is not None:
-        raise typer.Exit(_run_script(script, args or []))
-    from .training.bench import quick_benchmark
+        from .bench import run_script
+
+        raise typer.Exit(run_script(script, args or []))
+    from .bench import quick_benchmark
 
     names = [m.strip() for m in models.split(",") if m.strip()]
     for name in names:
@@ -775,37 +599,6 @@ def bench(
             f"{row['model']:<12} {row['params']:>10,} {row['seconds_per_step']:>8.2f} "
             f"{row['tokens_per_s']:>10.0f}"
         )
-
-
-BENCHMARK_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-
-
-def benchmark_scripts(root: Path | None = None) -> dict[str, Path]:
-    """The project's benchmark scripts by name: benchmarks/*.py of the source tree, helpers
-    (names starting with _) excluded."""
-    root = Path(__file__).resolve().parents[2] if root is None else root
-    folder = root / "benchmarks"
-    if not folder.is_dir():
-        return {}
-    return {
-        p.stem: p
-        for p in sorted(folder.glob("*.py"))
-        if BENCHMARK_NAME.fullmatch(p.stem) and p.is_file()
-    }
-
-
-def _run_script(script: str, args: list[str]) -> int:
-    """Run one of the project's benchmark scripts, by name only: no paths, nothing outside
-    benchmarks/."""
-    scripts = benchmark_scripts()
-    name = script[: -len(".py")] if script.endswith(".py") else script
-    if not BENCHMARK_NAME.fullmatch(name) or name not in scripts:
-        available = ", ".join(scripts) or "none (the scripts live in the source tree)"
-        raise ValueError(
-            f"no benchmark script {script!r}: --script takes the name of one of the project's "
-            f"benchmarks ({available})"
-        )
-    return subprocess.call([sys.executable, str(scripts[name]), *args], env=dict(os.environ))
 
 
 # --------------------------------------------------------------------------- convert-gguf

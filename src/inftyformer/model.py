@@ -50,7 +50,7 @@ def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Ten
     them (position t predicts targets[t])."""
     batch, length = targets.shape
     token_loss = F.cross_entropy(
-        logits.reshape(batch * length, -1).float(),
+        logits.reshape(batch * length, logits.shape[-1]).float(),  # also for 0 positions
         targets.reshape(-1),
         ignore_index=IGNORE_INDEX,
         reduction="none",

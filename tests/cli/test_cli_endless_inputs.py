@@ -102,7 +102,8 @@ def test_inputs_beyond_a_pretrained_bases_positions_are_refused_by_name(tmp_path
 @pytest.mark.parametrize("memory", [True, False])
 def test_generating_past_the_bases_positions_names_the_new_tokens(tmp_path, memory):
     pytest.importorskip("transformers")
-    from inftyformer.hf.tiny import write_tiny_model
+    from tiny_pretrained import write_tiny_model
+
     from inftyformer.models import PretrainedMemoryConfig, build_model
 
     base = write_tiny_model(tmp_path / "base", "gpt2", max_positions=64)
@@ -116,3 +117,18 @@ def test_generating_past_the_bases_positions_names_the_new_tokens(tmp_path, memo
     assert new.shape[1] <= 48
     with pytest.raises(ValueError, match="max_new_tokens=61 is too many.*at most 60"):
         model.generate(prompt, 61)
+
+
+def test_standard_input_is_read_up_to_the_limit(monkeypatch):
+    import io
+    import sys
+
+    from inftyformer.data import corpus
+    from inftyformer.data.tokenizer import ByteTokenizer
+
+    monkeypatch.setattr(corpus, "MAX_TEXT_BYTES", 1000)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"x" * 1001)))
+    with pytest.raises(ValueError, match="standard input holds more than"):
+        corpus.load_split("-", "test", ByteTokenizer())
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"x" * 1000)))
+    assert corpus.load_split("-", "test", ByteTokenizer()).num_tokens == 1000

@@ -242,7 +242,8 @@ def test_save_pretrained_round_trip_gives_identical_logits(arch, tmp_path):
 def test_models_and_runs_saved_before_the_window_keep_attending_within_segments(tmp_path):
     import json
 
-    from inftyformer.hf.tiny import write_tiny_model
+    from tiny_pretrained import write_tiny_model
+
     from inftyformer.models import PretrainedMemoryConfig
 
     model = tiny_memory_model("llama")
@@ -348,10 +349,10 @@ def test_a_base_wrapped_twice_reads_once():
 
 
 def test_tiny_model_directories_load_like_real_ones(tmp_path):
+    from tiny_pretrained import CHATML, write_tiny_model
     from transformers import AutoModelForCausalLM
 
     from inftyformer.data import load_tokenizer
-    from inftyformer.hf.tiny import CHATML, write_tiny_model
 
     for arch in ARCHITECTURES:
         path = write_tiny_model(tmp_path / arch, arch, chat=True)
@@ -369,7 +370,8 @@ def test_tiny_model_directories_load_like_real_ones(tmp_path):
 
 
 def test_inspection_refuses_a_pretrained_model_by_name(tmp_path):
-    from inftyformer.hf.tiny import write_tiny_model
+    from tiny_pretrained import write_tiny_model
+
     from inftyformer.inspection import record_stream
     from inftyformer.models import PretrainedMemoryConfig, build_model
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 from tiny_models import torchrun_cli
+from tiny_pretrained import write_tiny_model
 from typer.testing import CliRunner
 
 from inftyformer.cli import app
-from inftyformer.hf.tiny import write_tiny_model
 from inftyformer.models import PretrainedMemoryConfig, build_model
 from inftyformer.training import load_checkpoint, read_metrics
 

@@ -166,3 +166,13 @@ def test_from_pretrained_refuses_weights_that_do_not_fit(tmp_path):
             AutoModelForCausalLM.from_pretrained(folder)
     assert torch.equal(loaded.long_term[0].attention.mu_head.weight,
                        model.long_term[0].attention.mu_head.weight)  # fmt: skip
+
+
+def test_labels_on_a_one_token_input_score_nothing():
+    import torch
+
+    model = add_long_term_memory(tiny_base("gpt2"), **MEMORY)
+    ids = torch.randint(0, 61, (2, 1))
+    out = model(ids, labels=ids)  # the shift leaves no position to predict
+    assert out.token_loss.shape == (2, 0) and float(out.lm_loss.detach()) == 0.0
+    assert torch.isfinite(out.loss)

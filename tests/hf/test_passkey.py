@@ -5,8 +5,8 @@ import pytest
 from test_hf_training import save_pretrained
 
 from inftyformer.data import ByteTokenizer, load_tokenizer
-from inftyformer.hf.passkey import NEEDLE, answer_of, make_example, passkey_accuracy
 from inftyformer.models import PretrainedMemoryConfig, build_model
+from inftyformer.tasks.passkey import NEEDLE, answer_of, make_example, passkey_accuracy
 
 
 @pytest.mark.parametrize("distance", [0, 100, 700])

@@ -123,8 +123,9 @@ def test_configs_saved_before_the_setting_read_the_scores_as_the_paper():
 
 def test_pretrained_configs_saved_before_the_setting_read_the_scores_as_the_paper(tmp_path):
     pytest.importorskip("transformers")
+    from tiny_pretrained import write_tiny_model
+
     from inftyformer.hf.config import InftyformerConfig
-    from inftyformer.hf.tiny import write_tiny_model
 
     base = write_tiny_model(tmp_path / "base")
     config = PretrainedMemoryConfig(base_model=str(base))

@@ -102,7 +102,7 @@ def data(tmp_path_factory) -> Path:
 def save_chat_model(directory: Path, config_template: bool = False) -> Path:
     """A byte-level BPE with ChatML special tokens and a chat template, and a tiny random
     Llama of its vocabulary (nothing is downloaded)."""
-    from inftyformer.hf.tiny import write_tiny_model
+    from tiny_pretrained import write_tiny_model
 
     corpus = [" ".join(WORDS)] * 20 + ["system user assistant"] * 5
     return write_tiny_model(directory, chat=True, corpus=corpus, vocab_size=320,
@@ -189,7 +189,7 @@ def test_chat_template_layout_by_hand(data, chat_model):
 def test_chat_template_is_found_in_tokenizer_config(tmp_path):
     pytest.importorskip("transformers")
     directory = save_chat_model(tmp_path / "m", config_template=True)
-    from inftyformer.hf.tiny import CHATML
+    from tiny_pretrained import CHATML
 
     assert find_chat_template(directory) == CHATML
     assert find_chat_template(tmp_path) is None
@@ -497,3 +497,19 @@ def test_real_cmu_dog_examples(shared_data):
         assert len(e.tokens) <= 512 and e.memory[-1] == t.tokenizer.eos_id
         assert t.tokenizer.decode(list(e.memory)).startswith("Document:\n")
         assert e.tokens[e.prompt_len - 2 :][:2] == tuple(t.tokenizer.encode("B:"))
+
+
+def test_the_data_fingerprint_follows_each_splits_files(data, tmp_path):
+    import shutil
+
+    copy = tmp_path / "cmu-dog"
+    shutil.copytree(data, copy)
+    before = task(copy).data_fingerprint(["train", "valid", "test"])
+    lines = (copy / "test.jsonl").read_text().splitlines()
+    (copy / "test.jsonl").write_text("\n".join(lines[::-1]) + "\n")  # same conversations, reordered
+    after = task(copy).data_fingerprint(["train", "valid", "test"])
+    assert after["valid"] == before["valid"]
+    assert after["test"] != before["test"] and after["train"] != before["train"]  # held out
+    (copy / "test.jsonl").write_text("")
+    with pytest.raises(ValueError, match="the test split of CMU-DoG gives no examples"):
+        task(copy).check_data(["valid", "test"])

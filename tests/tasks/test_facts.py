@@ -107,7 +107,8 @@ def test_trains_and_evaluates_through_the_trainer(corpus, tmp_path):
 
 def test_a_pretrained_base_trains_its_memory_on_facts(corpus, tmp_path):
     pytest.importorskip("transformers")
-    from inftyformer.hf.tiny import write_tiny_model
+    from tiny_pretrained import write_tiny_model
+
     from inftyformer.models import PretrainedMemoryConfig
 
     base = write_tiny_model(tmp_path / "base", "llama", max_positions=64)

@@ -48,6 +48,7 @@ per-example scores go into ``Evaluation.details``.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections import defaultdict
@@ -250,6 +251,19 @@ class DialogueTask(Task):
     def check_data(self, splits: Sequence[str]) -> None:
         for split in splits:
             self.examples(split)  # refuses a split without examples
+
+    def data_fingerprint(self, splits: Sequence[str]) -> dict[str, str]:
+        """A hash of the files each split's examples come from: the documents and the split's
+        conversations (train's also depend on the held-out valid and test ones)."""
+        folder = resolve_cmu_dog_dir(self.config.data_dir)
+        out = {}
+        for split in splits:
+            digest = hashlib.sha256()
+            sources = ("train", "valid", "test") if split == "train" else (split,)
+            for name in ("docs.json", *(f"{s}.jsonl" for s in sources)):
+                digest.update(name.encode() + b"\0" + (folder / name).read_bytes())
+            out[split] = digest.hexdigest()[:32]
+        return out
 
     def examples(self, split: str) -> list[DialogueExample]:
         """The examples of `split` (train: without the conversations valid or test also hold)."""

@@ -107,11 +107,6 @@ def rank_seed(seed: int, rank: int) -> int:
     return seed if rank == 0 else (seed * 1_000_003 + rank * 7_919) % 2**63
 
 
-def config_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    keys = sorted(set(a) | set(b))
-    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys if a.get(k) != b.get(k)]
-
-
 def changed(a: dict[str, Any], b: dict[str, Any], keys: Any = None) -> dict[str, list[Any]]:
     """{key: [old, new]} for the keys (default: all) whose values differ."""
     keys = sorted(set(a) | set(b)) if keys is None else keys

@@ -1,17 +1,23 @@
-"""A quick training-speed benchmark: seconds per sorting step and tokens/s for each model type."""
+"""`inftyformer bench`: a quick training-speed benchmark (seconds per sorting step and tokens/s
+for each model type), and the project's benchmark scripts run by name (`--script`)."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..config import ModelConfig
-from ..model import MemoryLM
-from ..tasks import RunContext, SortingConfig, SortingTask
-from .config import TrainConfig
-from .trainer import build_optimizer, seed_everything
+from .config import ModelConfig
+from .model import MemoryLM
+from .tasks import RunContext, SortingConfig, SortingTask
+from .training.config import TrainConfig
+from .training.trainer import build_optimizer, seed_everything
 
 
 def quick_benchmark(
@@ -66,4 +72,35 @@ def quick_benchmark(
     return rows
 
 
-__all__ = ["quick_benchmark"]
+BENCHMARK_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+
+def benchmark_scripts(root: Path | None = None) -> dict[str, Path]:
+    """The project's benchmark scripts by name: benchmarks/*.py of the source tree, helpers
+    (names starting with _) excluded."""
+    root = Path(__file__).resolve().parents[2] if root is None else root
+    folder = root / "benchmarks"
+    if not folder.is_dir():
+        return {}
+    return {
+        p.stem: p
+        for p in sorted(folder.glob("*.py"))
+        if BENCHMARK_NAME.fullmatch(p.stem) and p.is_file()
+    }
+
+
+def run_script(script: str, args: list[str]) -> int:
+    """Run one of the project's benchmark scripts, by name only: no paths, nothing outside
+    benchmarks/."""
+    scripts = benchmark_scripts()
+    name = script[: -len(".py")] if script.endswith(".py") else script
+    if not BENCHMARK_NAME.fullmatch(name) or name not in scripts:
+        available = ", ".join(scripts) or "none (the scripts live in the source tree)"
+        raise ValueError(
+            f"no benchmark script {script!r}: --script takes the name of one of the project's "
+            f"benchmarks ({available})"
+        )
+    return subprocess.call([sys.executable, str(scripts[name]), *args], env=dict(os.environ))
+
+
+__all__ = ["BENCHMARK_NAME", "benchmark_scripts", "quick_benchmark", "run_script"]
