@@ -109,11 +109,13 @@ def problems_of(s: dict) -> list[str]:
         bad.append("widths")
     elif "num_basis" not in bad and s["num_basis"] % len(widths):
         bad.append("num_basis")
-    for name, low_open in (("ridge_lambda", True), ("sigma_0", True), ("min_sigma_sq", True),
-                           ("kl_weight", False)):  # fmt: skip
+    for name, low_open, high in (("ridge_lambda", True, math.inf), ("sigma_0", True, MAX_WIDTH),
+                                 ("min_sigma_sq", True, MAX_WIDTH**2),
+                                 ("kl_weight", False, math.inf)):  # fmt: skip
         if name in s:
             v = s[name]
-            if not (_real(v) and math.isfinite(v) and (v > 0 if low_open else v >= 0)):
+            if not (_real(v) and math.isfinite(v) and (v > 0 if low_open else v >= 0)
+                    and v <= high):  # fmt: skip
                 bad.append(name)
     if "tau" in s and not (_real(s["tau"]) and 0 < s["tau"] < 1):
         bad.append("tau")

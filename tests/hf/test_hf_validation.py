@@ -33,6 +33,8 @@ BAD = [
     ("num_samples", 16.0),
     ("num_basis", "16"),
     ("sigma_0", math.nan),
+    ("sigma_0", 1e300),  # finite, but overflows float32 in the densities
+    ("min_sigma_sq", 1e300),
     ("min_sigma_sq", -1e-4),
     ("sticky_bins", 0),
     ("segment_len", True),
