@@ -83,6 +83,7 @@ def run_demo(
         tau=tau,
         num_samples=num_samples,
         conv_gate=False,
+        segment_len=segment_len,  # settings whose update expands are refused here
     )
     memory = LongTermMemory(config).eval()
     signal = random_walk(length, dim, segment_len / 4, g)  # [T, e]

@@ -75,12 +75,15 @@ def plot_reads(result: Inspection, path: str | Path, dpi: int = 80) -> Path | No
     spread = max(_head_spread(result.reads[i].mass.numpy()) for i in layers)
     per_head = heads > 1 and spread > HEADS_ALIKE
     if per_head:  # one row per layer, one panel per head
-        shape, size = (len(layers), heads), (3.2 * heads + 1.0, 3.1 * len(layers) + 1.5)
+        shape, size = (len(layers), heads), (3.9 * heads + 1.0, 3.1 * len(layers) + 1.5)
     else:  # one panel per layer, side by side
         shape, size = (1, len(layers)), (3.7 * len(layers) + 1.0, 4.9)
     fig, axes = plt.subplots(*shape, figsize=size, squeeze=False, layout="constrained")
     C = result.segment_len
     image = None
+    # one colour scale for every panel, so that the colour bar holds for all of them
+    top = max(float(result.reads[i].mass.max()) for i in layers) or 1.0
+    norm = LogNorm(vmin=top * 1e-4, vmax=top)
     for n, i in enumerate(layers):
         r = result.reads[i]
         calls = r.calls.numpy()
@@ -90,12 +93,11 @@ def plot_reads(result: Inspection, path: str | Path, dpi: int = 80) -> Path | No
         panels = [(h, masses[:, h]) for h in range(heads)] if per_head else [(None, masses.mean(1))]
         for h, mass in panels:
             ax = axes[n][h] if per_head else axes[0][n]
-            top = float(mass.max()) or 1.0
             image = ax.pcolormesh(
                 r.bin_edges.numpy(),
                 rows,
                 mass.clip(min=top * 1e-4),
-                norm=LogNorm(vmin=top * 1e-4, vmax=top),
+                norm=norm,
                 cmap="magma",
                 shading="flat",
             )
@@ -106,12 +108,11 @@ def plot_reads(result: Inspection, path: str | Path, dpi: int = 80) -> Path | No
             which = slice(None) if h is None else h
             distance = float(np.mean(r.mean_distance.numpy()[:, which])) / C
             outside = float(np.mean(r.outside.numpy()[:, which]))
-            name = f"layer {i}" + ("" if h is None else f", head {h}")
-            ax.set_title(
-                f"{name}: on average {distance:.1f} segments back\n"
-                f"{outside:.0%} of each read outside the memory",
-                fontsize=LABEL,
-            )
+            if h is None:
+                what = f"layer {i}: on average {distance:.1f} segments back\n{outside:.0%} of each"
+            else:
+                what = f"layer {i}, head {h}: {distance:.1f} segments back\n{outside:.0%} of each"
+            ax.set_title(f"{what} read outside the memory", fontsize=LABEL)
             ax.tick_params(labelsize=TICK)
             ax.set_xlabel("position read (token)", fontsize=LABEL)
             if (h or 0) == 0 and (per_head or n == 0):  # the first panel of a row
@@ -119,10 +120,12 @@ def plot_reads(result: Inspection, path: str | Path, dpi: int = 80) -> Path | No
     bar = fig.colorbar(image, ax=axes, fraction=0.04, pad=0.01, aspect=30)
     bar.set_label("share of the read mass (log)", fontsize=LABEL)
     bar.ax.tick_params(labelsize=TICK)
-    how = "one panel per head" if per_head else f"mean of the {heads} heads, which read alike"
+    how = ""
+    if heads > 1:
+        how = " (one panel per head)" if per_head else f" (mean of the {heads} heads: alike)"
     fig.suptitle(
         _title(result, "where the long-term reads land")
-        + f"\nrow: a segment's queries; bright: read a lot, black: not read ({how})",
+        + f"\nrow: a segment's queries; bright: read a lot, black: not read{how}",
         fontsize=TITLE,
     )
     fig.legend(

@@ -31,7 +31,7 @@ from ._checks import (
     check_shape,
     check_tensor,
 )
-from .basis import GaussianBasis, check_widths
+from .basis import MAX_WIDTH, GaussianBasis, check_widths
 from .ridge import (
     RidgeRegression,
     evaluate_signal,
@@ -116,8 +116,10 @@ class LongTermConfig:
         check_range("tau", self.tau, 0.0, 1.0, low_open=True, high_open=True)
         check_positive_int("num_samples", self.num_samples)
         check_positive_int("sticky_bins", self.sticky_bins)
-        check_range("sigma_0", self.sigma_0, 0.0, low_open=True)
-        check_range("min_sigma_sq", self.min_sigma_sq, 0.0, low_open=True)
+        # at most the widest basis function (and its square): larger values overflow float32
+        # where the densities are computed (σ² = 1e300 passed a finiteness check, then failed)
+        check_range("sigma_0", self.sigma_0, 0.0, MAX_WIDTH, low_open=True)
+        check_range("min_sigma_sq", self.min_sigma_sq, 0.0, MAX_WIDTH**2, low_open=True)
         check_density(self.density, self.sigma_init)
         if self.out_dim is not None:
             check_positive_int("out_dim", self.out_dim)

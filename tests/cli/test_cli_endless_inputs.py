@@ -117,3 +117,18 @@ def test_generating_past_the_bases_positions_names_the_new_tokens(tmp_path, memo
     assert new.shape[1] <= 48
     with pytest.raises(ValueError, match="max_new_tokens=61 is too many.*at most 60"):
         model.generate(prompt, 61)
+
+
+def test_standard_input_is_read_up_to_the_limit(monkeypatch):
+    import io
+    import sys
+
+    from inftyformer.data import corpus
+    from inftyformer.data.tokenizer import ByteTokenizer
+
+    monkeypatch.setattr(corpus, "MAX_TEXT_BYTES", 1000)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"x" * 1001)))
+    with pytest.raises(ValueError, match="standard input holds more than"):
+        corpus.load_split("-", "test", ByteTokenizer())
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"x" * 1000)))
+    assert corpus.load_split("-", "test", ByteTokenizer()).num_tokens == 1000

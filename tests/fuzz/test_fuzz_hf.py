@@ -109,11 +109,13 @@ def problems_of(s: dict) -> list[str]:
         bad.append("widths")
     elif "num_basis" not in bad and s["num_basis"] % len(widths):
         bad.append("num_basis")
-    for name, low_open in (("ridge_lambda", True), ("sigma_0", True), ("min_sigma_sq", True),
-                           ("kl_weight", False)):  # fmt: skip
+    for name, low_open, high in (("ridge_lambda", True, math.inf), ("sigma_0", True, MAX_WIDTH),
+                                 ("min_sigma_sq", True, MAX_WIDTH**2),
+                                 ("kl_weight", False, math.inf)):  # fmt: skip
         if name in s:
             v = s[name]
-            if not (_real(v) and math.isfinite(v) and (v > 0 if low_open else v >= 0)):
+            if not (_real(v) and math.isfinite(v) and (v > 0 if low_open else v >= 0)
+                    and v <= high):  # fmt: skip
                 bad.append(name)
     if "tau" in s and not (_real(s["tau"]) and 0 < s["tau"] < 1):
         bad.append("tau")
@@ -144,7 +146,8 @@ def check_settings(args):
     with torch.no_grad():
         out = model(ids)
         assert torch.allclose(out.logits, model_base(ids).logits, atol=1e-5)
-        again = model(ids, memory=out.memory)  # the memory it made is read back
+        again = model(ids, memory=out.memory)  # the first segment is now the window
+        again = model(ids, memory=again.memory)  # and now in the memory, read back
     assert finite(again.logits)
     model.unwrap()  # the base is shared: the next example wraps it afresh
 

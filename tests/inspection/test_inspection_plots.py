@@ -81,7 +81,7 @@ def test_reads_draw_a_layer_once_when_its_heads_read_alike(result, tmp_path, mon
     )  # fmt: skip
     fig = draw(alike, tmp_path, monkeypatch, "reads.png")["reads.png"]
     assert len(panels(fig)) == layers
-    assert f"mean of the {heads} heads" in fig._suptitle.get_text()
+    assert f"mean of the {heads} heads: alike" in fig._suptitle.get_text()
     apart = [r.mass.clone() for r in result.reads]
     for mass in apart:  # head 1 reads elsewhere
         mass[:, 1] = mass[:, 0].flip(-1)

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .._files import atomic_path
+from .._files import MAX_TEXT_BYTES, atomic_path
 from .._progress import progress as show_progress
 from .paths import SPLITS, check_split, resolve_data_dir
 from .tokenizer import TextTokenizer
@@ -585,7 +585,13 @@ def load_split(
     check_split(split)
     layout, root = text_layout(source, split)
     if layout == "stdin":
-        text = _decode(sys.stdin.buffer.read(), Path("<stdin>"))
+        raw = sys.stdin.buffer.read(MAX_TEXT_BYTES + 1)  # a stream may never end (/dev/zero)
+        if len(raw) > MAX_TEXT_BYTES:
+            raise ValueError(
+                f"standard input holds more than {MAX_TEXT_BYTES / 2**20:g} MiB, more than is "
+                "read from it: save the text to files and pass their folder or file"
+            )
+        text = _decode(raw, Path("<stdin>"))
         if not text.strip():
             raise ValueError("standard input holds no text")
         return tokenize_documents([text], ["stdin"], tokenizer, progress)
