@@ -69,7 +69,7 @@ class ModelConfig:
     conv_gate: bool = True
     edge_padding: bool = True
     density: str = "normalized"  # "paper" or "normalized" scores (long_term_attention.py)
-    sigma_init: float | None = 0.1  # σ at start (docs/density.md); None: ≈ 0.83, the paper's
+    sigma_init: float | None = None  # σ at initialisation; None: the paper's (≈ 0.83)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "widths", check_widths(self.widths))
@@ -154,7 +154,7 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"unknown ModelConfig fields {unknown}")
         # configs saved before the density setting existed read the scores as the paper does
-        return cls(**{"density": "paper", "sigma_init": None, **data})
+        return cls(**{"density": "paper", **data})
 
     def replace(self, **changes: Any) -> ModelConfig:
         return replace(self, **changes)

@@ -97,9 +97,9 @@ class LongTermConfig:
     # to w_μ, w_σ as in the paper's §3.2; "normalized" standardises s over the N basis keys
     # first, so that μ and σ depend on the query however small s is (at initialisation)
     density: str = "normalized"
-    # σ of every density at initialisation (the bias of w_σ; 0.1 chosen by the sweep in
-    # docs/density.md); None: PyTorch's default initialisation of the head, the paper's (σ ≈ 0.83)
-    sigma_init: float | None = 0.1
+    # σ of every density at initialisation (the bias of w_σ); None: PyTorch's default
+    # initialisation of the head, the paper's (σ ≈ 0.83)
+    sigma_init: float | None = None
     out_dim: int | None = None  # size of the context (default: dim)
     query_projection: bool = False  # own W^Q; otherwise queries come already projected
     segment_len: int | None = None  # L of the updates: the update's gain is checked for it here

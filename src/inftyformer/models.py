@@ -62,7 +62,7 @@ class PretrainedMemoryConfig:
     conv_gate: bool = True
     edge_padding: bool = True
     density: str = "normalized"  # "paper" or "normalized" scores (long_term_attention.py)
-    sigma_init: float | None = 0.1  # σ at start (docs/density.md); None: ≈ 0.83, the paper's
+    sigma_init: float | None = None  # σ at initialisation; None: the paper's (≈ 0.83)
     vocab_size: int = 0  # read from the base's config.json
 
     def __post_init__(self) -> None:
@@ -116,7 +116,7 @@ class PretrainedMemoryConfig:
             raise ValueError(f"unknown PretrainedMemoryConfig fields {unknown}")
         # configs saved before the density setting existed read the scores as the paper does,
         # before the window existed each segment attended within itself
-        return cls(**{"density": "paper", "sigma_init": None, "window": 0, **data})
+        return cls(**{"density": "paper", "window": 0, **data})
 
     def replace(self, **changes: Any) -> PretrainedMemoryConfig:
         return dataclasses.replace(self, **changes)

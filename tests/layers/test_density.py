@@ -79,7 +79,7 @@ def test_default_cpu_small_infty_reads_depend_on_the_query_at_initialisation():
     queries of one batch is ≥ 1e-2 in every layer."""
     torch.manual_seed(0)
     config = ModelConfig.preset("cpu-small", model_type="infty", vocab_size=256)
-    assert config.density == "normalized" and config.sigma_init == 0.1
+    assert config.density == "normalized"
     model = MemoryLM(config).eval()
     reads = []
 
@@ -118,7 +118,6 @@ def test_configs_saved_before_the_setting_read_the_scores_as_the_paper():
     old = ModelConfig(vocab_size=16).to_dict()
     del old["density"], old["sigma_init"]
     assert ModelConfig.from_dict(old).density == "paper"
-    assert ModelConfig.from_dict(old).sigma_init is None  # PyTorch's default bias, as then
     assert ModelConfig.from_dict({**old, "density": "normalized"}).density == "normalized"
 
 
@@ -130,16 +129,14 @@ def test_pretrained_configs_saved_before_the_setting_read_the_scores_as_the_pape
 
     base = write_tiny_model(tmp_path / "base")
     config = PretrainedMemoryConfig(base_model=str(base))
-    assert config.density == "normalized" and config.sigma_init == 0.1
+    assert config.density == "normalized"
     old = config.to_dict()
     del old["density"], old["sigma_init"]
     assert PretrainedMemoryConfig.from_dict(old).density == "paper"
-    assert PretrainedMemoryConfig.from_dict(old).sigma_init is None
     hf = InftyformerConfig(
         text_config={"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2}
     )
     saved = hf.to_dict()
-    del saved["density"], saved["sigma_init"]
+    del saved["density"]
     assert InftyformerConfig.from_dict(saved).density == "paper"
-    assert InftyformerConfig.from_dict(saved).sigma_init is None
     assert InftyformerConfig.from_dict(hf.to_dict()).density == "normalized"

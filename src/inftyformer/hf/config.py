@@ -53,7 +53,7 @@ class InftyformerConfig(PretrainedConfig):
     sigma_0: float = 0.05
     min_sigma_sq: float = 1e-4
     density: str = "normalized"  # "paper" or "normalized" scores (long_term_attention.py)
-    sigma_init: float | None = 0.1  # σ at start (docs/density.md); None: ≈ 0.83, the paper's
+    sigma_init: float | None = None  # σ at initialisation; None: the paper's (≈ 0.83)
     segment_len: int = 512
     window: int | None = None  # None: one segment, within the base's positions; 0: none
     kl_weight: float = 1e-6
@@ -90,9 +90,7 @@ class InftyformerConfig(PretrainedConfig):
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> InftyformerConfig:
         # a config.json saved before the density setting existed reads the scores as the paper,
         # one saved before the window existed attends within each segment
-        return super().from_dict(
-            {"density": "paper", "sigma_init": None, "window": 0, **config_dict}, **kwargs
-        )
+        return super().from_dict({"density": "paper", "window": 0, **config_dict}, **kwargs)
 
     @property
     def base_architecture(self) -> str:
