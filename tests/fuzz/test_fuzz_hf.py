@@ -146,7 +146,8 @@ def check_settings(args):
     with torch.no_grad():
         out = model(ids)
         assert torch.allclose(out.logits, model_base(ids).logits, atol=1e-5)
-        again = model(ids, memory=out.memory)  # the memory it made is read back
+        again = model(ids, memory=out.memory)  # the first segment is now the window
+        again = model(ids, memory=again.memory)  # and now in the memory, read back
     assert finite(again.logits)
     model.unwrap()  # the base is shared: the next example wraps it afresh
 
