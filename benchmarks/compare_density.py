@@ -313,6 +313,8 @@ def render(data: dict[str, Any], out: Path) -> None:
             for s in recall_settings:
                 for f in forms:
                     runs = _runs(data, f, s)
+                    if not runs:
+                        continue
                     accs = [
                         [r["evals"][f"G{g}-P{pairs}"]["metrics"]["accuracy"] for r in runs]
                         for g in gaps
@@ -335,6 +337,7 @@ def render(data: dict[str, Any], out: Path) -> None:
                 for s in sorting_settings
             ]
             for f in forms
+            if any(_runs(data, f, s) for s in sorting_settings)
         ]
         lines += [ex.table(head, rows), "", "Recipe: compare_sorting.py's (600 steps).", ""]
         lines += _sources(data, sorting_settings)
@@ -346,6 +349,7 @@ def render(data: dict[str, Any], out: Path) -> None:
                 _cell([r["evals"]["test"]["metrics"]["bpb"] for r in _runs(data, f, "books")], 4),
             ]
             for f in forms
+            if _runs(data, f, "books")
         ]
         lines += [ex.table(["form", "test bits/byte"], rows), ""]
         lines += ["Recipe: compare_lm.py's ∞-former (250 steps, bytes).", ""]
@@ -362,19 +366,22 @@ def render(data: dict[str, Any], out: Path) -> None:
     rows = []
     for s in settings:
         for f in forms:
-            runs = _runs(data, f, s)
+            runs = [r for r in _runs(data, f, s) if r.get("density")]
             if runs:
                 rows.append([s, f, *_density_cells(runs, "first"), *_density_cells(runs, "last")])
     lines += [ex.table(head, rows, numeric_from=2), ""]
     lines += ["## Cost per training step", ""]
     timing = data["data"].get("timing", {})
     forms_timed = [f for f in forms if any(f in t for t in timing.values())]
-    head = ["task"] + [f"{f}, ms" for f in forms_timed] + [f"{f} / paper" for f in forms_timed]
+    others = [f for f in forms_timed if f != "paper"]
+    head = ["task"] + [f"{f}, ms" for f in forms_timed] + [f"{f} / paper" for f in others]
     rows = []
     for s, t in timing.items():
-        ms = [t[f]["median_ms"] if f in t else math.nan for f in forms_timed]
-        paper = t.get("paper", {}).get("median_ms", math.nan)
-        rows.append([s] + [f"{m:.1f}" for m in ms] + [f"{m / paper:.2f}×" for m in ms])
+        ms = {f: t[f]["median_ms"] if f in t else math.nan for f in forms_timed}
+        paper = ms.get("paper", math.nan)
+        rows.append(
+            [s] + [f"{ms[f]:.1f}" for f in forms_timed] + [f"{ms[f] / paper:.2f}×" for f in others]
+        )
     lines += [ex.table(head, rows), ""]
     lines += [
         "One training step (forward + backward + AdamW) of one segment over a memory that holds "
