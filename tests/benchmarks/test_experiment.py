@@ -8,6 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
+import compare_density
 import compare_lm
 import compare_sorting
 import experiment as ex
@@ -170,6 +171,7 @@ def test_pool_runs_what_the_store_lacks(tmp_path):
         (compare_sorting, DOCS / "sorting.json"),
         (compare_sorting, DOCS / "sorting_long" / "sorting.json"),
         (compare_lm, DOCS / "lm.json"),
+        (compare_density, DOCS / "density.json"),
     ],
 )
 def test_committed_reports_render_from_their_json(module, report, tmp_path):
