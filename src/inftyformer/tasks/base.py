@@ -27,11 +27,13 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from ..data import TextTokenizer, load_tokenizer
 from ..model import IGNORE_INDEX
 
 
@@ -113,6 +115,23 @@ class Evaluation:
 
     sums: dict[str, float]
     details: dict[str, Any] = field(default_factory=dict)
+
+
+def fitting_tokenizer(tokenizer: TextTokenizer, model_config: Any) -> TextTokenizer:
+    """`tokenizer`, refused when it has more ids than the model's vocabulary."""
+    if tokenizer.vocab_size > model_config.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.vocab_size} ids, the model's vocabulary "
+            f"only {model_config.vocab_size}"
+        )
+    return tokenizer
+
+
+def tokenizer_near_data(name: str, data_dir: str | None) -> TextTokenizer:
+    """Tokenizer `name` (bytes, gpt2 or a tokenizer.json); "gpt2" is looked for beside the
+    data directory first."""
+    near = Path(data_dir).expanduser() if data_dir else None
+    return load_tokenizer(name, near if near is not None and near.is_dir() else None)
 
 
 def add_sums(total: dict[str, float], more: dict[str, float], weight: float = 1.0) -> None:

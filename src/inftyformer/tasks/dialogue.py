@@ -82,6 +82,7 @@ from .base import (
     Task,
     TaskConfig,
     add_sums,
+    fitting_tokenizer,
     register_task,
     scored_sums,
 )
@@ -207,12 +208,7 @@ class DialogueTask(Task):
 
     def __init__(self, config: DialogueConfig, model_config: Any, context: RunContext) -> None:
         super().__init__(config, model_config, context)
-        self.tokenizer = _tokenizer(config)
-        if self.tokenizer.vocab_size > model_config.vocab_size:
-            raise ValueError(
-                f"the tokenizer has {self.tokenizer.vocab_size} ids, the model's vocabulary "
-                f"only {model_config.vocab_size}"
-            )
+        self.tokenizer = fitting_tokenizer(_tokenizer(config), model_config)
         self.format = speaker_format(
             self.tokenizer, config.tokenizer, config.speaker_format, config.instruction
         )

@@ -33,7 +33,6 @@ e.g. ``evaluate_run(run, task_settings={"distance": 4000})``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,10 +40,20 @@ import torch
 from torch import nn
 
 from .._checks import check_positive_int, check_range
-from ..data import TextTokenizer, check_split, load_split, load_tokenizer, resolve_data_dir
+from ..data import TextTokenizer, check_split, load_split, resolve_data_dir
 from ..data.corpus import text_layout
 from ..model import IGNORE_INDEX
-from .base import Evaluation, Metric, RunContext, Shard, StepOutput, TaskConfig, register_task
+from .base import (
+    Evaluation,
+    Metric,
+    RunContext,
+    Shard,
+    StepOutput,
+    TaskConfig,
+    fitting_tokenizer,
+    register_task,
+    tokenizer_near_data,
+)
 from .streamed import LastBlockTask
 
 # (statement, question); the answer is " {key}"
@@ -211,12 +220,7 @@ class FactsTask(LastBlockTask):
 
     def __init__(self, config: FactsConfig, model_config: Any, context: RunContext) -> None:
         super().__init__(config, model_config, context)
-        self.tokenizer = _tokenizer(config)
-        if self.tokenizer.vocab_size > model_config.vocab_size:
-            raise ValueError(
-                f"the tokenizer has {self.tokenizer.vocab_size} ids, the model's vocabulary "
-                f"only {model_config.vocab_size}"
-            )
+        self.tokenizer = fitting_tokenizer(_tokenizer(config), model_config)
         self._datasets: dict[str, FactsDataset] = {}
 
     def dataset(self, split: str) -> FactsDataset:
@@ -299,8 +303,7 @@ class FactsTask(LastBlockTask):
 
 
 def _tokenizer(config: FactsConfig) -> TextTokenizer:
-    near = Path(config.data_dir).expanduser() if config.data_dir else None
-    return load_tokenizer(config.tokenizer, near if near is not None and near.is_dir() else None)
+    return tokenizer_near_data(config.tokenizer, config.data_dir)
 
 
 __all__ = ["EVAL_FACTS", "TRAIN_FACTS", "FactsConfig", "FactsDataset", "FactsTask"]

@@ -43,7 +43,6 @@ from ..data import (
     TokenizedCorpus,
     check_split,
     load_split,
-    load_tokenizer,
     resolve_data_dir,
 )
 from ..data.corpus import (
@@ -63,8 +62,10 @@ from .base import (
     StepOutput,
     Task,
     TaskConfig,
+    fitting_tokenizer,
     register_task,
     scored_sums,
+    tokenizer_near_data,
 )
 from .lm_eval import LMEvalConfig, evaluate_lm
 
@@ -95,8 +96,7 @@ class LMConfig(TaskConfig):
 
 def _tokenizer(config: LMConfig) -> TextTokenizer:
     """`config.tokenizer`; "gpt2" is looked for beside the training data first."""
-    near = Path(config.data_dir).expanduser() if config.data_dir else None
-    return load_tokenizer(config.tokenizer, near if near is not None and near.is_dir() else None)
+    return tokenizer_near_data(config.tokenizer, config.data_dir)
 
 
 @register_task("lm")
@@ -115,12 +115,7 @@ class LanguageModelTask(Task):
 
     def __init__(self, config: LMConfig, model_config: Any, context: RunContext) -> None:
         super().__init__(config, model_config, context)
-        self.tokenizer = _tokenizer(config)
-        if self.tokenizer.vocab_size > model_config.vocab_size:
-            raise ValueError(
-                f"the tokenizer has {self.tokenizer.vocab_size} ids, the model's vocabulary "
-                f"only {model_config.vocab_size}"
-            )
+        self.tokenizer = fitting_tokenizer(_tokenizer(config), model_config)
         self.token_bytes = token_byte_lengths(self.tokenizer)
         self._splits: dict[str, TokenizedCorpus] = {}
         self._streams: DocumentStreams | None = None
