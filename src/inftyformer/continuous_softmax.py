@@ -87,8 +87,11 @@ def variance_kl(sigma_sq: torch.Tensor, sigma_0: float, *, check: bool = True) -
             "sigma_sq must be positive and finite everywhere",
         )
         values.run()
-    ratio = sigma_sq / (sigma_0 * sigma_0)
+    # at least float32: near σ = σ₀ the three terms cancel, and in bfloat16 their rounding
+    # (~4e-3 each) made the KL negative; the result has the input's dtype
+    wide = sigma_sq.float() if sigma_sq.dtype in (torch.float16, torch.bfloat16) else sigma_sq
+    ratio = wide / (sigma_0 * sigma_0)
     # log(σ²/σ₀²) from the logarithms, not from the ratio: in a narrow dtype the ratio may
     # overflow to inf (or underflow to 0), and inf − log(inf) would be NaN where the KL is inf
-    log_ratio = torch.log(sigma_sq) - 2.0 * math.log(sigma_0)
-    return 0.5 * (ratio - log_ratio - 1.0)
+    log_ratio = torch.log(wide) - 2.0 * math.log(sigma_0)
+    return (0.5 * (ratio - log_ratio - 1.0)).to(sigma_sq.dtype)

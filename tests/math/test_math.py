@@ -216,3 +216,16 @@ def test_fit_of_a_constant_is_close_inside_the_interval(length, num_centers, lam
     recon = evaluate_signal(fit_coefficients(X, G), basis, t)[0]  # [length, 2]
     inside = (t > 0.2) & (t < 0.8)
     assert (recon[inside] - 3.0).abs().max() < 0.05 * 3.0
+
+
+def test_variance_kl_is_never_negative_in_bfloat16():
+    """Near σ = σ₀ the KL's three terms cancel; computed in bfloat16 their rounding made it
+    negative (found by the fuzzing run: σ² = 0.0021 against σ₀² = 0.0025)."""
+    from inftyformer.continuous_softmax import variance_kl
+
+    sigma_sq = torch.linspace(0.0015, 0.0035, 401).bfloat16()
+    kl = variance_kl(sigma_sq, 0.05)
+    assert kl.dtype == torch.bfloat16
+    assert bool((kl >= 0).all())
+    want = variance_kl(sigma_sq.double(), 0.05)
+    torch.testing.assert_close(kl.double(), want, rtol=1e-2, atol=1e-4)
