@@ -122,7 +122,9 @@ class LongTermAttention(nn.Module):
 
         The scores s = K q / √d [batch, H, Q, N], K = B W^K, only ever enter through w_μᵀ s and
         w_σᵀ s, and w_μᵀ s = qᵀ (Kᵀ w_μ) / √d = qᵀ W^Kᵀ (Bᵀ w_μ) / √d (W^K has no bias): the two
-        heads are folded into B first, so that neither s nor K [batch, N, e] is ever built."""
+        heads are folded into B first, so that neither s nor K [batch, N, e] is ever built.
+        Normalized: the same with B centred over the basis (s − mean s), which needs K̃ once to
+        give var_N(s) = qᵀ (K̃ᵀ K̃ / (N d)) q through a d×d matrix per head; s is never built."""
         c = self.config
         batch, H, d = state.batch_size, c.num_heads, c.head_dim
         B = state.coefficients.to(wide_dtype(dtype))  # [batch, N, e]
