@@ -44,14 +44,13 @@ from ..data import TextTokenizer, check_split, load_split, resolve_data_dir
 from ..data.corpus import text_layout
 from ..model import IGNORE_INDEX
 from .base import (
-    Evaluation,
     Metric,
     RunContext,
-    Shard,
     StepOutput,
     TaskConfig,
     fitting_tokenizer,
     register_task,
+    scored_sums,
     tokenizer_near_data,
 )
 from .streamed import LastBlockTask
@@ -187,18 +186,13 @@ class FactsDataset:
 
 
 def _answer_sums(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
-    """Answer NLL, per-token hits and exact answers (every token the argmax), per batch."""
+    """`scored_sums` of the answer tokens, plus exact answers (every token the argmax) and
+    examples, per batch."""
     mask = targets != IGNORE_INDEX  # [B, C]
-    lg = logits.detach().float()
-    hit = (lg.argmax(-1) == targets) | ~mask  # [B, C]
-    nll = nn.functional.cross_entropy(
-        lg[mask], targets[mask], reduction="sum"
-    )  # over answer tokens
+    hit = (logits.detach().argmax(-1) == targets) | ~mask  # [B, C]
     rows = mask.any(-1)
     return {
-        "nll": float(nll),
-        "correct": float(((lg.argmax(-1) == targets) & mask).sum()),
-        "count": float(mask.sum()),
+        **scored_sums(logits, targets),
         "exact": float((hit.all(-1) & rows).sum()),
         "examples": float(rows.sum()),
     }
@@ -261,7 +255,7 @@ class FactsTask(LastBlockTask):
                 out.logits.flatten(0, 1).float(), lm_last.flatten(), ignore_index=IGNORE_INDEX
             )
             loss = loss + self.config.lm_weight * lm_loss
-        sums = _answer_sums(out.logits, last_answer)
+        sums = self.batch_sums(out.logits, last_answer)
         sums["tokens"] = float(inputs[rows].numel())
         return StepOutput(loss, sums, {k: float(v.detach()) for k, v in out.aux.items()})
 
@@ -271,27 +265,13 @@ class FactsTask(LastBlockTask):
             out["exact"] = sums["exact"] / sums["examples"]
         return out
 
-    # ---- evaluation
-    @torch.no_grad()
-    def evaluate(
-        self, model: nn.Module, split: str, num_batches: int | None, shard: Shard
-    ) -> Evaluation:
-        if num_batches is None or num_batches < 1:
-            raise ValueError(f"the facts task evaluates a number of batches, got {num_batches}")
-        data = self.dataset(check_split(split))
-        was_training = model.training
-        model.eval()
-        total: dict[str, float] = {}
-        try:
-            for index in range(num_batches):
-                inputs, answer, _, _ = data.batch(index)
-                rows = shard.rows(inputs.shape[0])
-                out, last = self._run(model, inputs[rows], answer[rows], with_grad=False)
-                for k, v in _answer_sums(out.logits, last).items():
-                    total[k] = total.get(k, 0.0) + v
-        finally:
-            model.train(was_training)
-        return Evaluation(total)
+    # ---- evaluation: the shared loop (`streamed.py`), on this task's batches and sums
+    def eval_batch(self, split: str, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, answer, _, _ = self.dataset(split).batch(index)
+        return inputs, answer
+
+    def batch_sums(self, logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+        return _answer_sums(logits, targets)
 
     def eval_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         examples = max(sums.get("examples", 0.0), 1.0)

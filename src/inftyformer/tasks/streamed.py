@@ -71,7 +71,7 @@ class LastBlockTask(Task):
     def evaluate(
         self, model: nn.Module, split: str, num_batches: int | None, shard: Shard
     ) -> Evaluation:
-        data = self.datasets[check_split(split)]
+        check_split(split)
         if num_batches is None or num_batches < 1:
             raise ValueError(
                 f"the {self.name} task evaluates a number of batches, got {num_batches}"
@@ -83,13 +83,21 @@ class LastBlockTask(Task):
             batches = show_progress(range(num_batches), desc=f"evaluating {split}",
                                     enabled=self.context.progress, leave=False)  # fmt: skip
             for index in batches:
-                inputs, targets = data.batch(index)
+                inputs, targets = self.eval_batch(split, index)
                 rows = shard.rows(inputs.shape[0])
                 out, last_targets = self._run(model, inputs[rows], targets[rows], False)
-                add_sums(total, scored_sums(out.logits, last_targets))
+                add_sums(total, self.batch_sums(out.logits, last_targets))
         finally:
             model.train(was_training)
         return Evaluation(total)
+
+    def eval_batch(self, split: str, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) [batch, S] of evaluation batch `index` of `split`."""
+        return self.datasets[split].batch(index)
+
+    def batch_sums(self, logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+        """The statistics of one scored block (`scored_sums`: nll, correct, count)."""
+        return scored_sums(logits, targets)
 
     def scored_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         """Mean loss and accuracy over the scored positions."""
