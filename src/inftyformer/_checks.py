@@ -172,3 +172,23 @@ class ValueChecks:
         if bool(failed.any()):
             error, message = errors[int(failed.nonzero()[0, 0])]
             raise error(message)
+
+
+def check_memory_layers(layers: object, num_layers: int | None) -> list[int] | None:
+    """`memory_layers` as a sorted list of distinct block indices in [0, num_layers), or None."""
+    if layers is None:
+        return None
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, (list, tuple)) or not layers:
+        raise ValueError(
+            f"memory_layers must be a non-empty list of block indices or None, got {layers!r}"
+        )
+    for i in layers:
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+            raise ValueError(f"memory_layers must hold block indices (ints >= 0), got {layers!r}")
+        if num_layers is not None and i >= num_layers:
+            raise ValueError(
+                f"memory_layers holds block {i}, but the base has {num_layers} blocks (0-based)"
+            )
+    if len(set(layers)) != len(layers):
+        raise ValueError(f"memory_layers holds a block twice: {list(layers)}")
+    return sorted(int(i) for i in layers)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ._checks import check_positive_int, check_range
+from ._checks import check_memory_layers, check_positive_int, check_range
 from .basis import check_widths
 from .config import MEMORY_SETTINGS, ModelConfig
 from .long_term_memory import CHANGEABLE_SETTINGS, check_density
@@ -63,6 +63,7 @@ class PretrainedMemoryConfig:
     edge_padding: bool = True
     density: str = "normalized"  # "paper" or "normalized" scores (long_term_attention.py)
     sigma_init: float | None = None  # σ at initialisation; None: the paper's (≈ 0.83)
+    memory_layers: tuple[int, ...] | None = None  # the blocks with a memory; None: every block
     vocab_size: int = 0  # read from the base's config.json
 
     def __post_init__(self) -> None:
@@ -87,9 +88,13 @@ class PretrainedMemoryConfig:
             check_positive_int("window", self.window, minimum=0)
         object.__setattr__(self, "widths", check_widths(self.widths, self.num_basis))
         check_density(self.density, self.sigma_init)
+        data = json.loads(config.read_text(encoding="utf-8"))
+        data = data.get("text_config", data)  # a saved memory model nests the base's
+        if self.memory_layers is not None:
+            blocks = data.get("num_hidden_layers", data.get("n_layer"))
+            layers = check_memory_layers(self.memory_layers, blocks)
+            object.__setattr__(self, "memory_layers", tuple(layers))
         if not self.vocab_size:
-            data = json.loads(config.read_text(encoding="utf-8"))
-            data = data.get("text_config", data)  # a saved memory model nests the base's
             object.__setattr__(self, "vocab_size", int(data["vocab_size"]))
 
     @property
@@ -107,6 +112,8 @@ class PretrainedMemoryConfig:
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["widths"] = list(self.widths)
+        if self.memory_layers is not None:
+            out["memory_layers"] = list(self.memory_layers)
         return out
 
     @classmethod

@@ -10,6 +10,9 @@
                     holds what left it. None: one segment (W = L), as far as the base's positions
                     allow (W + L ≤ max_position_embeddings); 0: each call attends within itself
     kl_weight       weight of the variance-KL term in the loss (`variance_kl`)
+    memory_layers   the blocks (0-based) that get a long-term memory; None: every block. A few
+                    late blocks train far fewer parameters, and the backward pass stops at the
+                    first of them when the base is frozen (`docs/hf.md`)
 
 Defaults are the paper's GPT-2 settings (§4.2, `docs/hf.md`): N = 512, widths {0.005, 0.01},
 λ = 0.5, τ = 0.5, M = 512, KL weight 1e-6.
@@ -23,14 +26,14 @@ from typing import Any
 from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
-from .._checks import check_positive_int, check_range
+from .._checks import check_memory_layers, check_positive_int, check_range
 from ..basis import check_widths
 from ..long_term_memory import DERIVED_SETTINGS, LongTermConfig
 from .adapters import adapter_for
 
 # the LongTermConfig fields a user may set; dim, out_dim and query_projection follow from the base
 MEMORY_FIELDS = tuple(f.name for f in fields(LongTermConfig) if f.name not in DERIVED_SETTINGS)
-MODEL_FIELDS = ("segment_len", "window", "kl_weight")
+MODEL_FIELDS = ("segment_len", "window", "kl_weight", "memory_layers")
 
 
 class InftyformerConfig(PretrainedConfig):
@@ -57,6 +60,7 @@ class InftyformerConfig(PretrainedConfig):
     segment_len: int = 512
     window: int | None = None  # None: one segment, within the base's positions; 0: none
     kl_weight: float = 1e-6
+    memory_layers: list[int] | None = None  # None: every block
 
     def __post_init__(self, **kwargs: Any) -> None:
         super().__post_init__(**kwargs)
@@ -84,7 +88,17 @@ class InftyformerConfig(PretrainedConfig):
                 f"window + segment_len must be at most {limit} (the base's "
                 f"max_position_embeddings), got {self.window} + {self.segment_len}"
             )
+        self.memory_layers = check_memory_layers(
+            self.memory_layers, getattr(text, "num_hidden_layers", None)
+        )
         self.long_term_config()  # validates N, widths, λ, τ, M, σ₀ with named errors
+
+    @property
+    def memory_blocks(self) -> list[int]:
+        """The blocks with a long-term memory, in order."""
+        if self.memory_layers is not None:
+            return list(self.memory_layers)
+        return list(range(int(self.text_config.num_hidden_layers)))
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> InftyformerConfig:

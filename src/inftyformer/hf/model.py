@@ -146,13 +146,13 @@ class InftyformerOutput(ModelOutput):
 @dataclass
 class _Call:
     owner: int  # the model whose hooks act in this call
-    norms: list[nn.Module]  # per block: the module whose output is h_i
-    outputs: list[nn.Module]  # per block: the attention output projection
-    layers: nn.ModuleList  # per block: LayerMemory
-    long_term: list[LongTermState]  # per block: the memory this call reads
-    normed: list[torch.Tensor | None]  # per block: h_i [batch, T, d]
+    norms: list[nn.Module]  # per memory layer: the module whose output is h_i
+    outputs: list[nn.Module]  # per memory layer: the attention output projection
+    layers: nn.ModuleList  # per memory layer: LayerMemory
+    long_term: list[LongTermState]  # per memory layer: the memory this call reads
+    normed: list[torch.Tensor | None]  # per memory layer: h_i [batch, T, d]
     reads: list[LongTermAttentionOutput | None]
-    prepared: tuple[PreparedMemory, ...] | None = None  # per block, for an unchanging memory
+    prepared: tuple[PreparedMemory, ...] | None = None  # per memory layer, unchanging memory
 
 
 _OWNERS = itertools.count()
@@ -200,15 +200,21 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             base_model = AutoModelForCausalLM.from_config(config.text_config)
         self.adapter: BlockAdapter = adapter_for(type(base_model).__name__)
         self.base = base_model
-        n_layers = len(self.adapter.block_list(base_model))
+        n_blocks = len(self.adapter.block_list(base_model))
+        self.memory_blocks = config.memory_blocks  # which blocks read a memory; i indexes these
+        if self.memory_blocks and self.memory_blocks[-1] >= n_blocks:
+            raise ValueError(
+                f"memory_layers holds block {self.memory_blocks[-1]}, but the base has "
+                f"{n_blocks} blocks"
+            )
         lt_config = config.long_term_config()
-        self.long_term = nn.ModuleList(LayerMemory(lt_config) for _ in range(n_layers))
+        self.long_term = nn.ModuleList(LayerMemory(lt_config) for _ in self.memory_blocks)
         self._owner = next(_OWNERS)  # a base wrapped twice: only the calling model's hooks act
         self._hooks = []
         for i, (norm, out) in enumerate(
             zip(
-                self.adapter.attention_inputs(base_model),
-                self.adapter.attention_outputs(base_model),
+                self._blocks(self.adapter.attention_inputs),
+                self._blocks(self.adapter.attention_outputs),
                 strict=True,
             )
         ):
@@ -223,6 +229,11 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         if getattr(base_model, "generation_config", None) is not None:
             self.generation_config = copy.deepcopy(base_model.generation_config)
         self.post_init()
+
+    def _blocks(self, modules_of) -> list[nn.Module]:
+        """`modules_of(base)` (one module per block) for the blocks with a memory."""
+        modules = modules_of(self.base)
+        return [modules[b] for b in self.memory_blocks]
 
     # ------------------------------------------------------------------ initialisation
     @classmethod
@@ -357,6 +368,11 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             f"pretrained {self.config.base_architecture} (model_type {text.model_type}, hidden "
             f"size {self.config.hidden_size}, {self.num_layers} layers, vocabulary "
             f"{text.vocab_size})"
+            + (
+                ""
+                if self.config.memory_layers is None
+                else f", memory in blocks {self.memory_blocks}"
+            )
         )
 
     def check_memory(self, memory: object, batch_size: int) -> MemoryState:
@@ -592,8 +608,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         # 2. the base model, with the reads added by the hooks
         call = _Call(
             owner=self._owner,
-            norms=self.adapter.attention_inputs(self.base),
-            outputs=self.adapter.attention_outputs(self.base),
+            norms=self._blocks(self.adapter.attention_inputs),
+            outputs=self._blocks(self.adapter.attention_outputs),
             layers=self.long_term,
             long_term=long_term,
             normed=[None] * self.num_layers,
@@ -617,7 +633,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         finally:
             _ACTIVE.reset(token)
         if any(r is None for r in call.reads):
-            missing = [i for i, r in enumerate(call.reads) if r is None]
+            missing = [self.memory_blocks[i] for i, r in enumerate(call.reads) if r is None]
             raise RuntimeError(f"the long-term memory of blocks {missing} was not read")
 
         # 3. the new memory: long-term after step 1 (+ sticky histogram); what left the window
@@ -748,13 +764,15 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
 
 
 def add_long_term_memory(base: PreTrainedModel, **settings) -> InftyformerForCausalLM:
-    """Wrap a pretrained causal LM (GPT-2 or Llama family) with a long-term memory per block.
+    """Wrap a pretrained causal LM (GPT-2 or Llama family) with a long-term memory per block
+    (or per block of `memory_layers`).
 
     `settings`: any `LongTermConfig` field (num_heads, num_basis, widths, ridge_lambda, tau,
     num_samples, edge_padding, conv_gate, sticky, sticky_bins, sigma_0, min_sigma_sq) plus
-    segment_len, window (previous tokens each call attends to; None: one segment, 0: none) and
-    kl_weight. The base's weights are used as they are (not copied); right after
-    wrapping, the logits equal the base's."""
+    segment_len, window (previous tokens each call attends to; None: one segment, 0: none),
+    kl_weight and memory_layers (the blocks with a memory; None: every block). The base's
+    weights are used as they are (not copied); right after wrapping, the logits equal the
+    base's."""
     if not isinstance(base, PreTrainedModel):
         raise TypeError(f"base must be a transformers PreTrainedModel, got {type(base).__name__}")
     adapter_for(type(base).__name__)
