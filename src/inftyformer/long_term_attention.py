@@ -23,6 +23,8 @@ so DistributedDataParallel needs no `find_unused_parameters`.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -210,6 +212,24 @@ class LongTermAttention(nn.Module):
         """z = E_p[ψ]ᵀ V per head and query: mu, sigma_sq [batch, H, Q], v [batch, H, N, d]
         → [batch, H, Q, d], fused in blocks of queries (see `query_block_elements`)."""
         return expected_values(mu, sigma_sq, v, self.basis, self.query_block_elements)
+
+
+@contextmanager
+def record_reads(model: nn.Module) -> Iterator[list[list[LongTermAttentionOutput]]]:
+    """Every read of every `LongTermAttention` in `model` while the block runs: one list per
+    layer (in module order), one output per call, with their graphs, for a loss on where the
+    reads land (the facts task's `read_weight`)."""
+    layers = [m for m in model.modules() if isinstance(m, LongTermAttention)]
+    reads: list[list[LongTermAttentionOutput]] = [[] for _ in layers]
+    handles = [
+        layer.register_forward_hook(lambda module, args, out, i=i: reads[i].append(out))
+        for i, layer in enumerate(layers)
+    ]
+    try:
+        yield reads
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def density_statistics(

@@ -58,6 +58,17 @@ def infinite_positions(num_samples: int, tau: float, length: int) -> torch.Tenso
     return torch.cat([old, new])
 
 
+def squeezed_position(
+    cell: torch.Tensor, first: torch.Tensor, age: torch.Tensor, tau: float
+) -> torch.Tensor:
+    """Where a vector of a fitted segment lies in [0, 1] after `age` further unbounded updates
+    without sticky sampling (paper §3.3): its segment placed it at (i + ½)/L (`cell`) when the
+    memory was empty (`first`), else at τ + (1 − τ)(i + ½)/L (`infinite_positions`), and every
+    update since squeezed the old signal linearly into [0, τ]. Tensors of one shape."""
+    placed = torch.where(first, cell, tau + (1 - tau) * cell)
+    return placed * tau ** age.to(placed.dtype)
+
+
 def ridge_design_matrix(
     basis: GaussianBasis, positions: torch.Tensor, ridge_lambda: float, edge_padding: bool = True
 ) -> torch.Tensor:

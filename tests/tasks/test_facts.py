@@ -36,7 +36,7 @@ def _dataset(corpus, split, distance=(120,), batch=3, block=64):
 @pytest.mark.parametrize("split", ["train", "test"])
 def test_the_fact_lies_d_tokens_before_the_end_of_its_question(corpus, split):
     data, tok = _dataset(corpus, split)
-    inputs, answer, lm, d = data.batch(5)
+    inputs, answer, lm, d, key_at = data.batch(5)
     assert d == 120 and inputs.shape[1] % 64 == 0
     for row in range(inputs.shape[0]):
         text = tok.decode(inputs[row].tolist())
@@ -47,6 +47,9 @@ def test_the_fact_lies_d_tokens_before_the_end_of_its_question(corpus, split):
         end_of_question = inputs.shape[1] - len(tok.encode(" " + key))
         before = tok.decode(inputs[row, : end_of_question - d].tolist())
         assert key in before.splitlines()[-1] and before.endswith("\n")
+        # key_at: where the key's tokens begin, inside the statement
+        at = int(key_at[row])
+        assert tok.decode(inputs[row, at : at + len(key) + 1].tolist()).strip() == key
         if split == "train":
             assert len(key) != 5 and "pass key" not in text
         else:
@@ -119,6 +122,71 @@ def test_a_pretrained_base_trains_its_memory_on_facts(corpus, tmp_path):
     run = tiny_train(tmp_path / "run", task="facts", steps=2, batch_size=2, eval_every=2)
     assert Trainer(run, task, model, echo=lambda s: None).fit().finished
     fresh = FactsTask(task, model, RunContext(batch_size=2, seed=0))
-    inputs, answer, _, _ = fresh.dataset("test").batch(0)
+    inputs, answer, *_ = fresh.dataset("test").batch(0)
     key = fresh.tokenizer.decode(answer[0][answer[0] != IGNORE_INDEX].tolist())
     assert re.fullmatch(r" ?\d{5}", key)
+
+
+def test_read_targets_follow_the_memory_updates():
+    """The key's place in [0, 1] as the unbounded update moves it: a memory fed one spike at the
+    key's position (zeros elsewhere), segment by segment, peaks where `read_targets` says."""
+    from inftyformer.long_term_memory import LongTermConfig, LongTermMemory
+    from inftyformer.tasks.facts import read_targets
+
+    C, tau, blocks = 32, 0.5, 6
+    memory = LongTermMemory(
+        LongTermConfig(dim=1, num_heads=1, num_basis=256, widths=(0.005,), tau=tau,
+                       num_samples=256, conv_gate=False, ridge_lambda=1e-3)
+    )  # fmt: skip
+    grid = torch.linspace(0, 1, 4001, dtype=torch.float64)
+    for window in (0, C):
+        for key in (5, 40, 70, 100):
+            t, known = read_targets(torch.tensor([key]), blocks * C, C, window, tau)
+            fitted = blocks - 1 - window // C
+            assert bool(known) == (key // C < fitted)
+            if not bool(known):
+                continue
+            x = torch.zeros(1, fitted * C, 1, dtype=torch.float64)
+            x[0, key, 0] = 1.0
+            state = memory.init_state(1, "cpu", torch.float64)
+            for b in range(fitted):
+                state = memory.update(state, x[:, b * C : (b + 1) * C])
+            signal = memory.basis(grid) @ state.coefficients[0, :, 0].double()  # [grid]
+            assert (
+                abs(float(grid[signal.argmax()]) - float(t))
+                < 0.6 * tau ** (fitted - 1 - key // C) / C + 2e-3
+            )
+
+
+def test_read_supervision_pulls_the_answers_reads_to_the_key(corpus, tmp_path):
+    """With read_weight the loss holds the NLL of the key's place under the answer's reads, and
+    its gradient moves μ there: a few steps on one batch lower it."""
+    pytest.importorskip("transformers")
+    from tiny_pretrained import write_tiny_model
+
+    from inftyformer.models import PretrainedMemoryConfig, build_model
+
+    base = write_tiny_model(tmp_path / "base", "llama", max_positions=64)
+    config = PretrainedMemoryConfig(
+        base_model=str(base), freeze_base=True, segment_len=32, num_basis=16, num_samples=32,
+        memory_lr=1e-2,
+    )  # fmt: skip
+    task_config = FactsConfig(
+        data_dir=str(corpus), tokenizer=str(base), distance=(100,), read_weight=1.0, lm_weight=0
+    )
+    FactsTask.check(task_config, config)
+    task = FactsTask(task_config, config, RunContext(batch_size=2, seed=0))
+    model = build_model(config)
+    batch = task.batch(0)
+    optimiser = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    first = task.loss(model, batch, slice(None), 0)
+    for _ in range(15):
+        optimiser.zero_grad()
+        out = task.loss(model, batch, slice(None), 0)
+        out.loss.backward()
+        optimiser.step()
+    assert out.means["read_nll"] < first.means["read_nll"] - 0.3
+    with pytest.raises(ValueError, match="sticky=false"):
+        FactsTask.check(task_config, config.replace(sticky=True))
+    with pytest.raises(ValueError, match="window is 0 or one segment"):
+        FactsTask.check(task_config, config.replace(window=16))

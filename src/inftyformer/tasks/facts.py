@@ -23,6 +23,11 @@ segment but the last streams into the memory without gradients (as in sorting an
 mean next-token NLL of the rest of the last segment (ordinary language modelling, so the model
 keeps reading books well).
 
+``read_weight`` > 0 adds read supervision: the key's place in the memory is known (blocks of C,
+a window of 0 or C tokens, no sticky sampling: `read_targets`), so the loss also holds the mean
+NLL of that place under the answer's reads, N(t*; μ, σ²), over every memory layer and head
+(paper §3.2's densities, told where to look while training; evaluation never sees it).
+
 Metrics: ``exact`` (the share of answers whose every token is the argmax: greedy decoding would
 write the answer exactly; the headline), ``accuracy`` (per answer token), ``loss`` (answer NLL
 per token), ``examples``. With a pretrained model the task uses the base's tokenizer
@@ -42,7 +47,9 @@ from torch import nn
 from .._checks import check_positive_int, check_range
 from ..data import TextTokenizer, check_split, load_split, resolve_data_dir
 from ..data.corpus import text_layout
+from ..long_term_attention import record_reads
 from ..model import IGNORE_INDEX
+from ..ridge import squeezed_position
 from .base import (
     Metric,
     RunContext,
@@ -83,6 +90,9 @@ class FactsConfig(TaskConfig):
     distance: tuple[int, ...] = (300, 700, 1500)  # tokens from the fact's end to the question's
     lm_weight: float = 0.1  # weight of the last segment's language-model loss
     lead: int = 16  # at least this many book tokens before the fact
+    # weight of the read supervision: the NLL of the key's place in the memory under each read's
+    # density at the answer's queries (every memory layer and head); 0: none
+    read_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.data_dir is not None and (not isinstance(self.data_dir, str) or not self.data_dir):
@@ -96,6 +106,7 @@ class FactsConfig(TaskConfig):
             check_positive_int("distance", d)
         object.__setattr__(self, "distance", tuple(int(d) for d in items))
         check_range("lm_weight", self.lm_weight, 0.0)
+        check_range("read_weight", self.read_weight, 0.0)
         check_positive_int("lead", self.lead, minimum=0)
 
 
@@ -158,8 +169,8 @@ class FactsDataset:
         return tokens[offset : offset + length]
 
     def batch(self, index: int, distance: int | None = None):
-        """(inputs, answer targets, language-model targets), LongTensors [B, S], and the
-        batch's distance d."""
+        """(inputs, answer targets, language-model targets), LongTensors [B, S], the batch's
+        distance d, and where each row's key begins in the stream (LongTensor [B])."""
         check_positive_int("index", index, minimum=0)
         rng = self.rng(index)
         d = int(rng.choice(self.config.distance)) if distance is None else distance
@@ -171,6 +182,7 @@ class FactsDataset:
         S = -(-need // self.block) * self.block
         inputs = np.empty((self.batch_size, S), dtype=np.int64)
         answer = np.full((self.batch_size, S), IGNORE_INDEX, dtype=np.int64)
+        key_at = np.empty(self.batch_size, dtype=np.int64)
         for row, f in enumerate(facts):
             text = self.book_text(rng, S)  # one window of a book, cut where the parts go
             lead = S - len(f.statement) - d - len(f.answer)
@@ -179,10 +191,38 @@ class FactsDataset:
             inputs[row] = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
             first = S - len(f.answer)  # position of the answer's first token
             answer[row, first - 1 : S - 1] = f.answer  # position i predicts token i + 1
+            key_at[row] = lead + _find(f.statement, f.answer)
         lm = np.full_like(inputs, IGNORE_INDEX)
         lm[:, :-1] = inputs[:, 1:]
         lm[answer != IGNORE_INDEX] = IGNORE_INDEX  # the answer is scored once, as the answer
-        return torch.from_numpy(inputs), torch.from_numpy(answer), torch.from_numpy(lm), d
+        tensors = (torch.from_numpy(a) for a in (inputs, answer, lm))
+        return *tensors, d, torch.from_numpy(key_at)
+
+
+def _find(tokens: list[int], part: list[int]) -> int:
+    """The index of `part` in `tokens` (the key in its statement), else the statement's middle."""
+    n = len(part)
+    for i in range(len(tokens) - n + 1):
+        if tokens[i : i + n] == part:
+            return i
+    return len(tokens) // 2
+
+
+def read_targets(
+    key_at: torch.Tensor, length: int, segment_len: int, window: int, tau: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each row's key lies in the long-term memory when the last block of a stream of
+    `length` tokens is read (blocks of C = `segment_len`, a short-term window of 0 or C tokens,
+    no sticky sampling), float64 [B], and whether it is there at all (not still in the window
+    or the block) [B] bool. The memory then holds blocks 0 … n − 2 − W/C, block b fitted after
+    b other fits."""
+    C = segment_len
+    fitted = length // C - 1 - window // C  # blocks in the long-term memory
+    block = key_at // C
+    cell = (key_at % C).double().add(0.5).div(C)
+    age = (fitted - 1 - block).clamp(min=0)
+    t = squeezed_position(cell, block == 0, age, tau)
+    return t, block < fitted
 
 
 def _answer_sums(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
@@ -233,10 +273,6 @@ class FactsTask(LastBlockTask):
     def model_overrides(cls, config: FactsConfig) -> dict[str, Any]:
         return {"vocab_size": _tokenizer(config).vocab_size}
 
-    @classmethod
-    def check(cls, config: FactsConfig, model_config: Any) -> None:
-        text_layout(resolve_data_dir(config.data_dir), "train")
-
     def blocks(self, length: int, segment_len: int) -> list[tuple[int, int]]:
         return [(start, start + segment_len) for start in range(0, length, segment_len)]
 
@@ -244,9 +280,29 @@ class FactsTask(LastBlockTask):
     def batch(self, step: int) -> Any:
         return self.dataset("train").batch(step)
 
+    @classmethod
+    def check(cls, config: FactsConfig, model_config: Any) -> None:
+        text_layout(resolve_data_dir(config.data_dir), "train")
+        if config.read_weight > 0:
+            C = model_config.segment_len
+            if not getattr(model_config, "base_model", None) or _window(model_config) not in (0, C):
+                raise ValueError(
+                    "read_weight needs a pretrained model (--base-model) whose window is 0 or "
+                    f"one segment ({C}); the key's place in the memory is known only then"
+                )
+            if model_config.sticky:
+                raise ValueError(
+                    "read_weight needs sticky=false: sticky sampling moves the past unevenly, "
+                    "so the key's place in the memory is not known"
+                )
+
     def loss(self, model: nn.Module, batch: Any, rows: slice, part: int) -> StepOutput:
-        inputs, answer, lm, _ = batch
-        out, last_answer = self._run(model, inputs[rows], answer[rows], with_grad=True)
+        inputs, answer, lm, _, key_at = batch
+        if self.config.read_weight > 0:
+            with record_reads(model) as reads:
+                out, last_answer = self._run(model, inputs[rows], answer[rows], with_grad=True)
+        else:
+            out, last_answer = self._run(model, inputs[rows], answer[rows], with_grad=True)
         C = last_answer.shape[1]
         lm_last = lm[rows, -C:].to(out.logits.device)
         loss = out.loss
@@ -255,9 +311,16 @@ class FactsTask(LastBlockTask):
                 out.logits.flatten(0, 1).float(), lm_last.flatten(), ignore_index=IGNORE_INDEX
             )
             loss = loss + self.config.lm_weight * lm_loss
+        means = {k: float(v.detach()) for k, v in out.aux.items()}
+        if self.config.read_weight > 0:
+            c = self.model_config
+            t, known = read_targets(key_at[rows], inputs.shape[1], C, _window(c), c.tau)
+            read_nll = _read_nll([r[-1] for r in reads], last_answer, t, known)
+            loss = loss + self.config.read_weight * read_nll
+            means["read_nll"] = float(read_nll.detach())
         sums = self.batch_sums(out.logits, last_answer)
         sums["tokens"] = float(inputs[rows].numel())
-        return StepOutput(loss, sums, {k: float(v.detach()) for k, v in out.aux.items()})
+        return StepOutput(loss, sums, means)
 
     def train_metrics(self, sums: dict[str, float]) -> dict[str, float]:
         out = super().train_metrics(sums)
@@ -267,7 +330,7 @@ class FactsTask(LastBlockTask):
 
     # ---- evaluation: the shared loop (`streamed.py`), on this task's batches and sums
     def eval_batch(self, split: str, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs, answer, _, _ = self.dataset(split).batch(index)
+        inputs, answer, *_ = self.dataset(split).batch(index)
         return inputs, answer
 
     def batch_sums(self, logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
@@ -282,8 +345,39 @@ class FactsTask(LastBlockTask):
         }
 
 
+def _window(model_config: Any) -> int:
+    """A pretrained model's short-term window W (None: one segment, `hf/config.py`)."""
+    window = model_config.window
+    return model_config.segment_len if window is None else window
+
+
+def _read_nll(
+    reads: list[Any], targets: torch.Tensor, t: torch.Tensor, known: torch.Tensor
+) -> torch.Tensor:
+    """Mean over memory layers, heads and the answer's queries (rows whose key is in the
+    memory) of −log N(t*; μ, σ²): the reads' density at the key's place t*."""
+    C = targets.shape[1]
+    mask = (targets != IGNORE_INDEX) & known.to(targets.device)[:, None]  # [B, C]
+    if not bool(mask.any()):
+        return sum(r.mu.sum() * 0.0 for r in reads)
+    t = t.to(targets.device)[:, None, None]  # [B, 1, 1]
+    total = []
+    for read in reads:
+        mu, var = read.mu[..., -C:].float(), read.sigma_sq[..., -C:].float()  # [B, H, C]
+        nll = 0.5 * torch.log(2 * torch.pi * var) + (t - mu) ** 2 / (2 * var)  # [B, H, C]
+        total.append(nll.mean(1)[mask].mean())
+    return torch.stack(total).mean()
+
+
 def _tokenizer(config: FactsConfig) -> TextTokenizer:
     return tokenizer_near_data(config.tokenizer, config.data_dir)
 
 
-__all__ = ["EVAL_FACTS", "TRAIN_FACTS", "FactsConfig", "FactsDataset", "FactsTask"]
+__all__ = [
+    "EVAL_FACTS",
+    "TRAIN_FACTS",
+    "FactsConfig",
+    "FactsDataset",
+    "FactsTask",
+    "read_targets",
+]
