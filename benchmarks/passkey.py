@@ -1,22 +1,37 @@
-"""The passkey probe on the pretrained path: how far back the memory brings a number.
+"""Retrieval on the pretrained path, side by side: pass keys in held-out books, and the loss on
+test books by position, for the base model and its memory variants on the same prompts.
 
-A five-digit key is hidden in filler text at a chosen distance from the end of a prompt of about
-`--tokens` tokens, streamed in segments of L tokens: the base model attends only within the last
-(partial) segment, so a key further back than that can only come back through the memory. Greedy
-answers, exact match, `--samples` keys per distance. Models: the base alone, and the models
-trained by `benchmarks/compare_pretrained.py` with memory (their run directories, found in its
-results). Writes OUT/passkey.json and renders OUT/passkey.md (notes kept in passkey.notes.md).
+Rows (every one reads the same token streams):
+    window        the base alone, each block of C tokens with the W tokens before it as context
+    full          the base alone on the whole prompt (its last `positions` tokens: SmolLM2 8,192)
+    untrained     the memory model at initialisation (equals `window`: the read starts at zero)
+    lm            memory trained on plain language modelling (--lm-run)
+    facts         memory trained on facts with read supervision (--facts-run)
+    facts-sticky  the facts run read with sticky memories
 
-    python benchmarks/passkey.py                    # after compare_pretrained.py
-    python benchmarks/passkey.py --rows memory-density   # one more row, the others kept
-    python benchmarks/passkey.py --quick            # tiny random model, seconds
+Pass keys: the facts task's evaluation facts (`inftyformer.tasks.facts`: "The pass key is
+NNNNN…", five digits, never trained) written into the corpus's test books d tokens before the
+question; exact = every answer token is the argmax (what greedy decoding would write), plus the
+answer's NLL per token (the digit prior is ln 10 ≈ 2.30). For the trained memory rows, where
+the answer's reads land: μ and σ mapped back to stream positions, per memory layer.
+
+Books: --docs windows of --doc-len tokens of the test books; NLL per position, bucketed, and
+the share of the window → full gap each row closes at positions ≥ 1K.
+
+    python benchmarks/passkey.py --facts-run runs/facts-read --lm-run runs/lm-plain
+    python benchmarks/passkey.py ... --rows window,full     # some rows; the others are kept
+    python benchmarks/passkey.py --quick                    # a tiny random model, seconds
     python benchmarks/passkey.py --render-only
+
+Each row is written to OUT/passkey.rows/ROW.json as it finishes (two invocations with different
+--rows may run at once); OUT/passkey.json gathers them and OUT/passkey.md is rendered from it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import tempfile
 import time
 from pathlib import Path
@@ -25,137 +40,392 @@ from typing import Any
 import experiment as ex
 
 NAME = "passkey"
-ROWS = {  # compare_pretrained row → label
-    "base": "base model, no memory",
-    "memory-frozen": "memory trained, base frozen (row c of docs/pretrained.md)",
-    "memory-all": "memory trained with the base (row d)",
-    "memory-sticky": "sticky memory trained, base frozen (row e)",
-    "memory-density": "memory trained, base frozen, density heads at their own rate (row f)",
+ROWS = {
+    "window": "(i) base, window: each block of C with the W tokens before it",
+    "full": "(ii) base, full context (its last P positions)",
+    "untrained": "(iii) memory, untrained",
+    "lm": "(iv) memory trained on plain LM",
+    "facts": "(v) memory trained on facts, read supervision",
+    "facts-sticky": "(vi) = (v), read with sticky memories",
 }
+EDGES = (0, 256, 512, 1024, 2048, 4096, 8192)
 
 
-def evaluate(rows: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+# ----------------------------------------------------------------------------- the models
+class Row:
+    """One row's model: `block_logits(ids, ctx)` scores the last block of each stream."""
+
+    def __init__(self, name: str, args: argparse.Namespace) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from inftyformer.models import PretrainedMemoryConfig, build_model
+        from inftyformer.training import load_run
+
+        self.name, self.args, self.memory, self.run = name, args, None, None
+        if name in ("window", "full"):
+            self.base = AutoModelForCausalLM.from_pretrained(args.base_model, dtype=torch.float32)
+            self.base.eval()
+            self.positions = int(self.base.config.max_position_embeddings)
+            return
+        settings = {"window": args.window, "segment_len": args.segment_len}
+        if name == "untrained":
+            torch.manual_seed(0)
+            layers = json.loads(args.memory_layers) if args.memory_layers else None
+            config = PretrainedMemoryConfig(
+                base_model=args.base_model, memory_layers=layers, freeze_base=True, **settings
+            )
+            self.memory = build_model(config).eval()
+        else:
+            self.run = {"lm": args.lm_run, "facts": args.facts_run}[name.split("-")[0]]
+            if self.run is None:
+                raise SystemExit(f"row {name} needs --{name.split('-')[0]}-run RUN_DIR")
+            if name.endswith("sticky"):
+                settings["sticky"] = True
+            self.memory = load_run(self.run, memory_settings=settings).model
+        self.config = self.memory.config
+
+    def stream(self, ids, record: bool = False):
+        """ids [B, S] (S a multiple of C) → per-position logits of the stream [B, S, V] for
+        `window`/`full`/memory rows (the memory rows stream block by block), and the last
+        block's reads when `record`."""
+
+        from inftyformer.long_term_attention import record_reads
+
+        C, W = self.args.segment_len, self.args.window
+        S = ids.shape[1]
+        if self.name == "full":
+            start = max(0, S - self.positions)  # positions before `start`: unseen
+            return [(start, self.base(ids[:, start:]).logits)], None
+        pieces, state, reads = [], None, None
+        if self.memory is not None:
+            state = self.memory.init_state(ids.shape[0])
+        for a in range(0, S, C):
+            b = min(a + C, S)
+            if self.memory is None:
+                ctx = max(0, a - W)
+                logits = self.base(ids[:, ctx:b]).logits[:, a - ctx :]
+            elif record and b == S:
+                with record_reads(self.memory) as reads:
+                    out = self.memory(ids[:, a:b], state=state)
+                logits, state = out.logits, out.state
+            else:
+                out = self.memory(ids[:, a:b], state=state)
+                logits, state = out.logits, out.state
+            pieces.append((a, logits))
+        return pieces, reads
+
+
+def _nll(pieces, targets):
+    """Per-position NLL [B, S] (NaN where no logits or the target is ignored) from the
+    (start, logits) pieces of a stream; targets [B, S] aligned (position t predicts t + 1)."""
     import torch
 
-    from inftyformer.data import load_tokenizer
-    from inftyformer.models import PretrainedMemoryConfig, build_model
-    from inftyformer.tasks.passkey import passkey_accuracy
-    from inftyformer.training import load_run
+    from inftyformer.model import IGNORE_INDEX
 
-    torch.set_num_threads(1)
+    nll = torch.full(targets.shape, math.nan, dtype=torch.float64)
+    hit = torch.zeros(targets.shape, dtype=torch.bool)
+    for start, logits in pieces:
+        n = logits.shape[1]
+        t = targets[:, start : start + n]
+        mask = t != IGNORE_INDEX
+        lp = torch.log_softmax(logits.double(), -1)
+        values = -lp.gather(-1, t.clamp(min=0)[..., None])[..., 0]
+        nll[:, start : start + n] = torch.where(mask, values, math.nan)
+        hit[:, start : start + n] = logits.argmax(-1) == t
+    return nll, hit
+
+
+# ----------------------------------------------------------------------------- pass keys
+def passkey_prompts(args: argparse.Namespace) -> dict[int, tuple]:
+    """d → (inputs [K, S], answer targets [K, S], key_at [K]): the facts task's test facts."""
+    from inftyformer.data import load_split, load_tokenizer, resolve_data_dir
+    from inftyformer.tasks.facts import FactsConfig, FactsDataset
+
+    tokenizer = load_tokenizer(args.base_model)
+    books = load_split(resolve_data_dir(args.data_dir), "test", tokenizer)
     out = {}
-    for name, source in rows.items():
-        start, cpu = time.perf_counter(), time.process_time()
-        if source["run"] is None:
-            config = PretrainedMemoryConfig(base_model=source["base_model"], memory=False,
-                                            segment_len=args.segment_len)  # fmt: skip
-            model = build_model(config)
-        else:
-            model = load_run(source["run"]).model
-        tokenizer = load_tokenizer(source["base_model"])
-        results = passkey_accuracy(
-            model, tokenizer, args.distances, args.samples, args.tokens, max_new_tokens=8
-        )
-        out[name] = {
-            "segment_len": model.config.segment_len,
-            "results": {str(k): v for k, v in results.items()},
-            "seconds": time.perf_counter() - start,
-            "cpu_seconds": time.process_time() - cpu,
-        }
-        print(f"{name}: " + ", ".join(f"{k}: {v['accuracy']:.2f}" for k, v in results.items()))
+    for i, d in enumerate(args.distances):
+        config = FactsConfig(data_dir=args.data_dir, tokenizer=args.base_model, distance=(d,))
+        data = FactsDataset(config, tokenizer, books, args.keys, args.segment_len, "test", 7)
+        inputs, answer, _, _, key_at = data.batch(i, distance=d)
+        out[d] = (inputs, answer, key_at)
     return out
 
 
+def where_reads_land(row: Row, reads, answer, key_at) -> list[dict[str, float]]:
+    """Per memory layer, over keys, heads and the answer's queries: how far μ lies from the key
+    in stream tokens, σ in tokens at the key, and the share of reads with |μ − t*| < σ."""
+
+    from inftyformer.model import IGNORE_INDEX
+    from inftyformer.tasks.facts import read_targets, stream_positions, tokens_per_unit
+
+    C, W, tau = row.args.segment_len, row.args.window, row.config.tau
+    S = answer.shape[1]
+    t, known = read_targets(key_at, S, C, W, tau)
+    mask = (answer[:, -C:] != IGNORE_INDEX) & known[:, None]  # [K, C]
+    out = []
+    for layer in reads:
+        read = layer[-1]
+        mu, var = read.mu[..., -C:].double(), read.sigma_sq[..., -C:].double()  # [K, H, C]
+        pos = stream_positions(mu, S, C, W, tau)
+        sigma_tokens = var.sqrt() * tokens_per_unit(key_at, S, C, W, tau)[:, None, None]
+        m = mask[:, None, :].expand_as(mu)
+        dist = (pos - key_at[:, None, None].double()).abs()[m]
+        within = ((mu - t[:, None, None]).abs() < var.sqrt())[m]
+        if not bool(m.any()):
+            out.append({})
+            continue
+        out.append({
+            "distance_tokens": float(dist.median()),
+            "sigma_tokens": float(sigma_tokens.expand_as(mu)[m].median()),
+            "sigma": float(var.sqrt()[m].median()),
+            "within_sigma": float(within.double().mean()),
+        })  # fmt: skip
+    return out
+
+
+def evaluate_passkeys(row: Row, prompts: dict[int, tuple]) -> dict[str, Any]:
+    import torch
+
+    from inftyformer.model import IGNORE_INDEX
+
+    out = {}
+    with torch.no_grad():
+        for d, (inputs, answer, key_at) in prompts.items():
+            record = row.memory is not None and row.name.startswith("facts")
+            record = record and not row.name.endswith("sticky")
+            pieces, reads = row.stream(inputs, record=record)
+            pieces = [p for p in pieces if p[0] + p[1].shape[1] >= inputs.shape[1]]
+            nll, hit = _nll(pieces, answer)
+            scored = answer != IGNORE_INDEX
+            exact = (hit | ~scored).all(-1)
+            out[str(d)] = {
+                "exact": float(exact.double().mean()),
+                "nll": float(nll[scored].mean()),
+                "keys": int(inputs.shape[0]),
+                "tokens": int(inputs.shape[1]),
+            }
+            if reads is not None:
+                out[str(d)]["reads"] = where_reads_land(row, reads, answer, key_at)
+            print(f"  {row.name} d={d}: exact {out[str(d)]['exact']:.2f}, "
+                  f"nll {out[str(d)]['nll']:.3f}", flush=True)  # fmt: skip
+    return out
+
+
+# ----------------------------------------------------------------------------- books
+def book_windows(args: argparse.Namespace):
+    """[docs, doc_len] token windows of the test books, spread evenly over them."""
+    import numpy as np
+    import torch
+
+    from inftyformer.data import load_split, load_tokenizer, resolve_data_dir
+
+    tokenizer = load_tokenizer(args.base_model)
+    books = load_split(resolve_data_dir(args.data_dir), "test", tokenizer)
+    tokens = np.asarray(books.tokens, dtype=np.int64)
+    offsets, windows = np.asarray(books.doc_offsets), []
+    per_book = -(-args.docs // (len(offsets) - 1))
+    for b in range(len(offsets) - 1):
+        start, stop = int(offsets[b]), int(offsets[b + 1])
+        room = stop - start - args.doc_len
+        for j in range(per_book if room >= 0 else 0):
+            at = start + (room * (j + 1)) // (per_book + 1)
+            windows.append(tokens[at : at + args.doc_len])
+    if not windows:
+        raise SystemExit(f"no test book holds {args.doc_len} tokens")
+    return torch.from_numpy(np.stack(windows[: args.docs]))
+
+
+def evaluate_books(row: Row, docs) -> dict[str, Any]:
+    import torch
+
+    targets = torch.full_like(docs, -100)
+    targets[:, :-1] = docs[:, 1:]
+    with torch.no_grad():
+        start = time.process_time()
+        nlls = [
+            _nll(row.stream(docs[i : i + 1])[0], targets[i : i + 1])[0] for i in range(len(docs))
+        ]
+        cpu = time.process_time() - start
+    nll = torch.cat(nlls)  # [docs, T]
+    buckets = {}
+    for lo, hi in zip(EDGES, EDGES[1:], strict=False):
+        part = nll[:, lo:hi]
+        part = part[~part.isnan()]
+        if part.numel():
+            buckets[f"{lo}-{hi}"] = float(part.mean())
+    tail = nll[:, 1024:]
+    return {
+        "buckets": buckets,
+        "from_1k": float(tail[~tail.isnan()].mean()) if docs.shape[1] > 1024 else None,
+        "cpu_per_token_ms": 1000 * cpu / docs.numel(),
+        "per_position": nll.nanmean(0).tolist()[:: max(1, docs.shape[1] // 256)],
+    }
+
+
+# ----------------------------------------------------------------------------- report
 def render(data: dict[str, Any], out_dir: Path) -> None:
     setup, rows = data["setup"], data["rows"]
+    order = [r for r in ROWS if r in rows]
+    C, W = setup["segment_len"], setup["window"]
     lines = [
-        "# Passkey retrieval on the pretrained path",
+        "# Retrieval on the pretrained path: pass keys and test books, side by side",
         "",
-        f"A five-digit key hidden in filler text at a distance d (tokens from the end of the key "
-        f"sentence to the end of the prompt) in a prompt of about {setup['tokens']:,} tokens, "
-        "streamed in segments of L tokens: everything but the last, partial segment goes "
-        "through the memory first; the model then answers greedily from that last segment. "
-        f"Exact match over {setup['samples']} keys per distance (`inftyformer.tasks.passkey`).",
+        f"Base model `{Path(setup['base_model']).name}`; blocks of C = {C} tokens with a "
+        f"window of W = {W}. Pass keys: {setup['keys']} per distance, in the test books "
+        "(the facts task's evaluation wording and five-digit keys, never trained); exact = every "
+        "answer token is the argmax (greedy decoding would write the key), NLL = the answer's "
+        "mean NLL per token (the digit prior: ln 10 ≈ 2.30). Rendered from "
+        f"`{NAME}.json` by `benchmarks/{NAME}.py`.",
+        "",
+        "## Pass keys",
         "",
     ]
-    distances = [str(d) for d in setup["distances"]]
-    header = ["model", "L", *(f"d = {d}" for d in distances), "CPU min"]
-    table = []
-    for name, row in sorted(rows.items(), key=lambda kv: list(ROWS).index(kv[0])):
-        r = row["results"]
-        table.append([ROWS.get(name, name), row["segment_len"],
-                      *(f"{r[d]['accuracy']:.2f}" for d in distances),
-                      f"{row['cpu_seconds'] / 60:.1f}"])  # fmt: skip
-    lines += [ex.table(header, table), ""]
-    any_row = next(iter(rows.values()))
-    actual = [
-        f"{d}: {min(any_row['results'][d]['distance_tokens'])}–"
-        f"{max(any_row['results'][d]['distance_tokens'])}"
-        for d in distances
-    ]
-    lines += [f"Actual distances in tokens (filler comes in whole sentences): {', '.join(actual)}."]
-    lines += ["", ex.hand_notes(out_dir / f"{NAME}.md"), ""]
+    ds = [str(d) for d in setup["distances"]]
+    header = ["row", *(f"d = {d}" for d in ds)]
+    body = []
+    for r in order:
+        res = rows[r].get("passkey", {})
+        cells = [f"{res[d]['exact']:.2f} ({res[d]['nll']:.2f})" if d in res else "–" for d in ds]
+        body.append([ROWS[r], *cells])
+    lines += [ex.table(header, body), "", "Cells: exact (answer NLL per token).", ""]
+    full = rows.get("full", {}).get("positions")
+    if full:
+        lines += [f"The full-context row sees the last {full:,} tokens of each prompt; prompt "
+                  "lengths: " + ", ".join(f"d = {d}: {v['tokens']:,}"
+                  for d, v in rows["full"]["passkey"].items()) + ".", ""]  # fmt: skip
+    reads = rows.get("facts", {}).get("passkey", {})
+    if reads and any("reads" in v for v in reads.values()):
+        lines += ["## Where the answer's reads land (row v)", "",
+                  "Per memory layer (block), over keys, heads and the answer's queries: median "
+                  "distance from μ to the key in stream tokens, median σ (in [0, 1] and in "
+                  "tokens at the key), and the share of reads with the key within one σ of μ.",
+                  ""]  # fmt: skip
+        blocks = rows["facts"].get("memory_layers") or []
+        body = []
+        for d, v in reads.items():
+            for i, layer in enumerate(v.get("reads", [])):
+                if layer:
+                    name = blocks[i] if i < len(blocks) else i
+                    body.append([f"d = {d}", name, f"{layer['distance_tokens']:.0f}",
+                                 f"{layer['sigma']:.3f}", f"{layer['sigma_tokens']:.0f}",
+                                 f"{layer['within_sigma']:.2f}"])  # fmt: skip
+        lines += [ex.table(["distance", "block", "|μ − key| tokens", "σ", "σ tokens",
+                            "key within σ"], body, numeric_from=2), ""]  # fmt: skip
+    books = {r: rows[r]["books"] for r in order if "books" in rows[r]}
+    if books:
+        buckets = list(next(iter(books.values()))["buckets"])
+        lines += ["## Test books: NLL per token by position", "",
+                  f"{setup['docs']} windows of {setup['doc_len']:,} tokens of the test books. "
+                  "Gap closed: (row − window) / (full − window) at positions ≥ 1K, the share of "
+                  "the full context's gain the row recovers. CPU: one thread, per token.",
+                  ""]  # fmt: skip
+        w, f = books.get("window", {}).get("from_1k"), books.get("full", {}).get("from_1k")
+        body = []
+        for r, b in books.items():
+            gap = "–"
+            if w is not None and f is not None and abs(w - f) > 1e-9 and b["from_1k"] is not None:
+                gap = f"{(w - b['from_1k']) / (w - f):.0%}"
+            body.append([ROWS[r], *(f"{b['buckets'].get(k, math.nan):.3f}" for k in buckets),
+                         gap, f"{b['cpu_per_token_ms']:.1f} ms"])  # fmt: skip
+        lines += [ex.table(["row", *buckets, "gap closed ≥ 1K", "CPU / token"], body), ""]
+    parity = data.get("parity")
+    if parity is not None:
+        lines += [f"Parity: rows (i) and (iii) differ by at most {parity:.1e} nats per token on "
+                  "the test books (the untrained read adds zero).", ""]  # fmt: skip
+    runs = {r: rows[r]["run"] for r in order if rows[r].get("run")}
+    if runs:
+        lines += ["Runs: " + "; ".join(f"{r}: `{v}`" for r, v in runs.items()) + ".", ""]
+    lines += [ex.hand_notes(out_dir / f"{NAME}.md"), ""]
     (out_dir / f"{NAME}.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def gather(out_dir: Path, setup: dict[str, Any]) -> dict[str, Any]:
+    rows = {}
+    for path in sorted((out_dir / f"{NAME}.rows").glob("*.json")):
+        entry = json.loads(path.read_text(encoding="utf-8"))
+        if entry["setup"] == setup:
+            rows[path.stem] = entry["row"]
+    data = ex.report(NAME, setup, {}, {}, [], 1, sum(r["seconds"] for r in rows.values()))
+    data["rows"] = rows
+    w, u = rows.get("window", {}).get("books"), rows.get("untrained", {}).get("books")
+    if w and u:
+        diffs = [abs(a - b) for a, b in zip(w["per_position"], u["per_position"], strict=True)]
+        data["parity"] = max(diffs) if diffs else None
+    return data
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base-model", default=None)
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--facts-run", default=None)
+    p.add_argument("--lm-run", default=None)
+    p.add_argument("--memory-layers", default=None,
+                   help="JSON list for the untrained row (default: the facts run's)")  # fmt: skip
+    p.add_argument("--distances", default="300,700,1500,4000,12000")
+    p.add_argument("--keys", type=int, default=5)
+    p.add_argument("--segment-len", type=int, default=256)
+    p.add_argument("--window", type=int, default=256)
+    p.add_argument("--docs", type=int, default=4)
+    p.add_argument("--doc-len", type=int, default=4096)
+    p.add_argument("--rows", default=",".join(ROWS))
     p.add_argument("--quick", action="store_true")
     p.add_argument("--render-only", action="store_true")
-    p.add_argument("--out", type=Path, help="reports (default docs/; --quick: tmp)")
-    p.add_argument("--base-model", default=ex.default_base_model())
-    p.add_argument("--runs", type=Path, default=Path("runs/compare_pretrained"),
-                   help="compare_pretrained's runs directory (holds results.jsonl)")  # fmt: skip
-    p.add_argument("--tokens", type=int, default=1024)
-    p.add_argument("--distances", type=str, default="16,200,400,800")
-    p.add_argument("--samples", type=int, default=10)
-    p.add_argument("--segment-len", type=int, default=256)
-    p.add_argument("--rows", type=str,
-                   help="evaluate only these rows (comma-separated) and keep the others of "
-                        "OUT/passkey.json (same settings)")  # fmt: skip
+    p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    args.distances = [int(d) for d in args.distances.split(",")]
-    out_dir = args.out or (Path(tempfile.mkdtemp()) if args.quick else ex.ROOT / "docs")
-    if args.render_only:
-        render(ex.load_report(out_dir / f"{NAME}.json"), out_dir)
-        return
-    rows: dict[str, Any] = {"base": {"base_model": args.base_model, "run": None}}
-    if args.quick:
-        from compare_pretrained import tiny_base
+    import torch
 
-        base = tiny_base(Path(tempfile.mkdtemp()) / "base")
-        rows = {"base": {"base_model": base, "run": None}}
-        args.tokens, args.samples, args.distances, args.segment_len = 96, 2, [8, 64], 32
-    else:
-        results = args.runs / "results.jsonl"
-        for line in results.read_text().splitlines() if results.exists() else []:
-            entry = json.loads(line)
-            row = entry["key"][0]
-            if row in ROWS and row != "base":
-                recorded = entry["result"].get("run_dir")
-                run_dir = Path(recorded) if recorded and Path(recorded).is_dir() else None
-                if run_dir is None:
-                    run_dir = next(args.runs.glob(f"pretrained-{row}-*"), None)
-                if run_dir is not None:
-                    rows[row] = {"base_model": args.base_model, "run": str(run_dir)}
-    setup = {k: getattr(args, k) for k in ("tokens", "distances", "samples", "segment_len")}
-    kept: dict[str, Any] = {}
-    if args.rows:
-        chosen = {r.strip() for r in args.rows.split(",") if r.strip()}
-        unknown = sorted(chosen - set(rows))
-        if unknown:
-            raise SystemExit(f"no run for rows {unknown}; found {', '.join(rows)}")
-        previous = ex.load_report(out_dir / f"{NAME}.json")
-        if previous["setup"] != setup:
-            raise SystemExit("--rows: the settings differ from OUT/passkey.json; run all rows")
-        kept = {k: v for k, v in previous["rows"].items() if k not in chosen}
-        rows = {k: v for k, v in rows.items() if k in chosen}
-    start = time.perf_counter()
-    evaluated = kept | evaluate(rows, args)
-    data = ex.report(NAME, setup, {}, {}, [], 1, time.perf_counter() - start) | {"rows": evaluated}
-    ex.write_report(out_dir / f"{NAME}.json", data)
+    torch.set_num_threads(1)
+    out_dir = args.out or (Path(tempfile.mkdtemp()) if args.quick else ex.ROOT / "docs")
+    if args.quick:
+        args.base_model = str(ex.tiny_model_writer()(Path(tempfile.mkdtemp()) / "base"))
+        args.data_dir = str(_quick_books(Path(tempfile.mkdtemp())))
+        args.distances, args.keys, args.segment_len, args.window = "40,90", 2, 16, 16
+        args.docs, args.doc_len, args.rows = 2, 48, "window,full,untrained"
+    args.base_model = args.base_model or ex.default_base_model()
+    if args.memory_layers is None and args.facts_run:
+        cfg = json.loads((Path(args.facts_run) / "config.json").read_text())["model"]
+        args.memory_layers = json.dumps(cfg.get("memory_layers"))
+    args.distances = [int(d) for d in args.distances.split(",")]
+    setup = {k: getattr(args, k) for k in ("distances", "keys", "segment_len", "window", "docs",
+                                           "doc_len")}  # fmt: skip
+    setup["base_model"] = Path(args.base_model).name
+    if not args.render_only:
+        prompts, docs = passkey_prompts(args), book_windows(args)
+        (out_dir / f"{NAME}.rows").mkdir(parents=True, exist_ok=True)
+        for name in [r.strip() for r in args.rows.split(",") if r.strip()]:
+            if name not in ROWS:
+                raise SystemExit(f"unknown row {name!r}; rows: {', '.join(ROWS)}")
+            start = time.perf_counter()
+            row = Row(name, args)
+            entry: dict[str, Any] = {"run": row.run, "passkey": evaluate_passkeys(row, prompts)}
+            entry["books"] = evaluate_books(row, docs)
+            if name == "full":
+                entry["positions"] = row.positions
+            if row.memory is not None:
+                entry["memory_layers"] = row.config.memory_layers
+            entry["seconds"] = time.perf_counter() - start
+            path = out_dir / f"{NAME}.rows" / f"{name}.json"
+            path.write_text(json.dumps({"setup": setup, "row": entry}, indent=1) + "\n")
+            print(f"{name}: {entry['seconds'] / 60:.1f} min", flush=True)
+    data = (
+        gather(out_dir, setup) if not args.render_only else ex.load_report(out_dir / f"{NAME}.json")
+    )
+    if not args.render_only:
+        ex.write_report(out_dir / f"{NAME}.json", data)
     render(data, out_dir)
     print(f"wrote {out_dir / NAME}.md")
+
+
+def _quick_books(root: Path) -> Path:
+    text = "It was a bright cold day in April, and the clocks were striking thirteen. " * 30
+    for split in ("train", "valid", "test"):
+        (root / "pg19-mini" / split).mkdir(parents=True)
+        for i in range(2):
+            (root / "pg19-mini" / split / f"{i}.txt").write_text(f"{split} {i}. " + text)
+    return root
 
 
 if __name__ == "__main__":

@@ -158,6 +158,22 @@ def test_read_targets_follow_the_memory_updates():
             )
 
 
+def test_stream_positions_invert_read_targets():
+    from inftyformer.tasks.facts import read_targets, stream_positions, tokens_per_unit
+
+    C, S = 32, 8 * 32
+    for window in (0, C):
+        keys = torch.arange(0, S - 2 * C)
+        t, known = read_targets(keys, S, C, window, 0.5)
+        back = stream_positions(t, S, C, window, 0.5)
+        assert torch.allclose(back[known], keys[known].double(), atol=1e-6)
+        # one token further on moves t by 1 / tokens_per_unit (within a block)
+        t1, _ = read_targets(keys + 1, S, C, window, 0.5)
+        same = known & ((keys + 1) // C == keys // C)
+        step = (t1 - t) * tokens_per_unit(keys, S, C, window, 0.5)
+        assert torch.allclose(step[same], torch.ones_like(step[same]))
+
+
 def test_read_supervision_pulls_the_answers_reads_to_the_key(corpus, tmp_path):
     """With read_weight the loss holds the NLL of the key's place under the answer's reads, and
     its gradient moves μ there: a few steps on one batch lower it."""

@@ -37,6 +37,7 @@ e.g. ``evaluate_run(run, task_settings={"distance": 4000})``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -345,6 +346,35 @@ class FactsTask(LastBlockTask):
         }
 
 
+def stream_positions(
+    t: torch.Tensor, length: int, segment_len: int, window: int, tau: float
+) -> torch.Tensor:
+    """The inverse of `read_targets`: the stream position (tokens, fractional) that the place
+    t ∈ [0, 1] of the memory holds when the last block is read, float64 of t's shape; with
+    `tokens_per_unit`, the scale of a read's σ in tokens."""
+    C = segment_len
+    fitted = length // C - 1 - window // C
+    if fitted < 1:
+        return torch.full_like(t, math.nan, dtype=torch.float64)
+    t = t.double().clamp(1e-300, 1.0)
+    first_end = tau ** (fitted - 1)  # block 0 lies in [0, τ^(F−1)]
+    age = torch.floor(torch.log(t) / math.log(tau)).clamp(0, max(fitted - 2, 0))
+    in_first = t < first_end
+    cell = torch.where(in_first, t / first_end, (t / tau**age - tau) / (1 - tau))
+    block = torch.where(in_first, torch.zeros_like(age), fitted - 1 - age)
+    return block * C + cell * C - 0.5
+
+
+def tokens_per_unit(key_at: torch.Tensor, length: int, segment_len: int, window: int, tau: float):
+    """Stream tokens per unit of t around each key's place (1 / (dt/dposition)), float64 [B]."""
+    C = segment_len
+    fitted = length // C - 1 - window // C
+    block = key_at // C
+    age = (fitted - 1 - block).clamp(min=0).double()
+    slope = torch.where(block == 0, tau ** (fitted - 1.0) / C, (1 - tau) * tau**age / C)
+    return 1.0 / slope
+
+
 def _window(model_config: Any) -> int:
     """A pretrained model's short-term window W (None: one segment, `hf/config.py`)."""
     window = model_config.window
@@ -380,4 +410,6 @@ __all__ = [
     "FactsDataset",
     "FactsTask",
     "read_targets",
+    "stream_positions",
+    "tokens_per_unit",
 ]
