@@ -206,3 +206,5 @@ def test_read_supervision_pulls_the_answers_reads_to_the_key(corpus, tmp_path):
         FactsTask.check(task_config, config.replace(sticky=True))
     with pytest.raises(ValueError, match="window is 0 or one segment"):
         FactsTask.check(task_config, config.replace(window=16))
+    with pytest.raises(ValueError, match="needs a pretrained model"):
+        FactsTask.check(task_config, tiny("infty", vocab_size=257, segment_len=32))

@@ -50,6 +50,7 @@ from ..data import TextTokenizer, check_split, load_split, resolve_data_dir
 from ..data.corpus import text_layout
 from ..long_term_attention import record_reads
 from ..model import IGNORE_INDEX
+from ..models import model_kind
 from ..ridge import squeezed_position
 from .base import (
     Metric,
@@ -286,7 +287,8 @@ class FactsTask(LastBlockTask):
         text_layout(resolve_data_dir(config.data_dir), "train")
         if config.read_weight > 0:
             C = model_config.segment_len
-            if not getattr(model_config, "base_model", None) or _window(model_config) not in (0, C):
+            pretrained = model_kind(model_config) == "pretrained"
+            if not pretrained or _window(model_config) not in (0, C):
                 raise ValueError(
                     "read_weight needs a pretrained model (--base-model) whose window is 0 or "
                     f"one segment ({C}); the key's place in the memory is known only then"
