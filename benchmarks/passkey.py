@@ -85,10 +85,13 @@ class Row:
             self.memory = load_run(self.run, memory_settings=settings).model
         self.config = self.memory.config
 
-    def stream(self, ids, record: bool = False):
-        """ids [B, S] (S a multiple of C) → per-position logits of the stream [B, S, V] for
-        `window`/`full`/memory rows (the memory rows stream block by block), and the last
-        block's reads when `record`."""
+    def stream(self, ids, record: bool = False, last_only: bool = False):
+        """ids [B, S] (S a multiple of C) → the (start, logits) pieces of the stream: the
+        memory rows run block by block, `window` each block with the W tokens before it,
+        `full` one pass over the last `positions` tokens; with `last_only` only the last block's
+        logits are kept (and computed, where nothing before it matters). Also the last block's
+        reads when `record`."""
+        import torch
 
         from inftyformer.long_term_attention import record_reads
 
@@ -96,13 +99,22 @@ class Row:
         S = ids.shape[1]
         if self.name == "full":
             start = max(0, S - self.positions)  # positions before `start`: unseen
-            return [(start, self.base(ids[:, start:]).logits)], None
+            keep = C if last_only else 0
+            logits = torch.cat(
+                [
+                    self.base(ids[i : i + 1, start:], logits_to_keep=keep).logits
+                    for i in range(ids.shape[0])
+                ]
+            )  # one row at a time: P² scores
+            return [(S - logits.shape[1], logits)], None
         pieces, state, reads = [], None, None
         if self.memory is not None:
             state = self.memory.init_state(ids.shape[0])
         for a in range(0, S, C):
             b = min(a + C, S)
             if self.memory is None:
+                if last_only and b < S:
+                    continue
                 ctx = max(0, a - W)
                 logits = self.base(ids[:, ctx:b]).logits[:, a - ctx :]
             elif record and b == S:
@@ -112,7 +124,8 @@ class Row:
             else:
                 out = self.memory(ids[:, a:b], state=state)
                 logits, state = out.logits, out.state
-            pieces.append((a, logits))
+            if not last_only or b == S:
+                pieces.append((a, logits))
         return pieces, reads
 
 
@@ -195,8 +208,7 @@ def evaluate_passkeys(row: Row, prompts: dict[int, tuple]) -> dict[str, Any]:
         for d, (inputs, answer, key_at) in prompts.items():
             record = row.memory is not None and row.name.startswith("facts")
             record = record and not row.name.endswith("sticky")
-            pieces, reads = row.stream(inputs, record=record)
-            pieces = [p for p in pieces if p[0] + p[1].shape[1] >= inputs.shape[1]]
+            pieces, reads = row.stream(inputs, record=record, last_only=True)
             nll, hit = _nll(pieces, answer)
             scored = answer != IGNORE_INDEX
             exact = (hit | ~scored).all(-1)
