@@ -1,0 +1,24 @@
+"""benchmarks/passkey.py end to end on a tiny random model: every row sees the same prompts, the
+untrained memory row equals the base with the same window (the read starts at zero), and the
+report renders from its JSON."""
+
+import json
+
+import passkey
+import pytest
+
+
+def test_the_quick_side_by_side_runs_and_the_untrained_row_is_the_window_row(tmp_path):
+    pytest.importorskip("transformers")
+    passkey.main(["--quick", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "passkey.json").read_text())
+    rows = data["rows"]
+    assert set(rows) == {"window", "full", "untrained"}
+    assert data["parity"] == 0.0
+    for d in ("40", "90"):
+        assert rows["untrained"]["passkey"][d] == rows["window"]["passkey"][d]
+        assert rows["full"]["passkey"][d]["tokens"] == rows["window"]["passkey"][d]["tokens"]
+    report = (tmp_path / "passkey.md").read_text()
+    assert "(iii) memory, untrained" in report and "gap closed" in report
+    passkey.main(["--render-only", "--out", str(tmp_path)])
+    assert (tmp_path / "passkey.md").read_text() == report
