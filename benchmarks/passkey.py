@@ -167,32 +167,40 @@ def passkey_prompts(args: argparse.Namespace) -> dict[int, tuple]:
 
 
 def where_reads_land(row: Row, reads, answer, key_at) -> list[dict[str, float]]:
-    """Per memory layer, over keys, heads and the answer's queries: how far μ lies from the key
-    in stream tokens, σ in tokens at the key, and the share of reads with |μ − t*| < σ."""
-
+    """Per memory layer, over keys, heads and the answer's queries (the one predicting answer
+    token j against key token j): how far μ lies from that token in stream tokens, σ in
+    tokens there, and the share of reads with |μ − t*| < σ."""
     from inftyformer.model import IGNORE_INDEX
-    from inftyformer.tasks.facts import read_targets, stream_positions, tokens_per_unit
+    from inftyformer.tasks.facts import (
+        read_positions,
+        read_targets,
+        stream_positions,
+        tokens_per_unit,
+    )
 
     C, W, tau = row.args.segment_len, row.args.window, row.config.tau
     S = answer.shape[1]
-    t, known = read_targets(key_at, S, C, W, tau)
-    mask = (answer[:, -C:] != IGNORE_INDEX) & known[:, None]  # [K, C]
+    scored = answer[:, -C:] != IGNORE_INDEX  # [K, C]
+    target = read_positions(scored, key_at, per_token=True)  # [K, C]
+    t, known = (x.view_as(target) for x in read_targets(target.flatten(), S, C, W, tau))
+    per_token = tokens_per_unit(target.flatten(), S, C, W, tau).view_as(target)
+    mask = (scored & known)[:, None, :]  # [K, 1, C]
     out = []
     for layer in reads:
         read = layer[-1]
         mu, var = read.mu[..., -C:].double(), read.sigma_sq[..., -C:].double()  # [K, H, C]
-        pos = stream_positions(mu, S, C, W, tau)
-        sigma_tokens = var.sqrt() * tokens_per_unit(key_at, S, C, W, tau)[:, None, None]
-        m = mask[:, None, :].expand_as(mu)
-        dist = (pos - key_at[:, None, None].double()).abs()[m]
-        within = ((mu - t[:, None, None]).abs() < var.sqrt())[m]
+        m = mask.expand_as(mu)
         if not bool(m.any()):
             out.append({})
             continue
+        pos = stream_positions(mu, S, C, W, tau)
+        dist = (pos - target[:, None, :].double()).abs()[m]
+        sigma = var.sqrt()
+        within = ((mu - t[:, None, :]).abs() < sigma)[m]
         out.append({
             "distance_tokens": float(dist.median()),
-            "sigma_tokens": float(sigma_tokens.expand_as(mu)[m].median()),
-            "sigma": float(var.sqrt()[m].median()),
+            "sigma_tokens": float((sigma * per_token[:, None, :])[m].median()),
+            "sigma": float(sigma[m].median()),
             "within_sigma": float(within.double().mean()),
         })  # fmt: skip
     return out

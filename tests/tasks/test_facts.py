@@ -158,6 +158,19 @@ def test_read_targets_follow_the_memory_updates():
             )
 
 
+def test_each_answer_query_reads_its_key_token():
+    from inftyformer.tasks.facts import read_positions
+
+    scored = torch.zeros(2, 8, dtype=torch.bool)
+    scored[0, 4:7] = True  # the queries predicting the answer's 3 tokens
+    scored[1, 5:8] = True
+    key_at = torch.tensor([100, 40])
+    per_token = read_positions(scored, key_at, per_token=True)
+    assert per_token[0, 4:7].tolist() == [100, 101, 102]
+    assert per_token[1, 5:8].tolist() == [40, 41, 42]
+    assert read_positions(scored, key_at, per_token=False)[0, 4:7].tolist() == [100] * 3
+
+
 def test_stream_positions_invert_read_targets():
     from inftyformer.tasks.facts import read_targets, stream_positions, tokens_per_unit
 
@@ -174,7 +187,8 @@ def test_stream_positions_invert_read_targets():
         assert torch.allclose(step[same], torch.ones_like(step[same]))
 
 
-def test_read_supervision_pulls_the_answers_reads_to_the_key(corpus, tmp_path):
+@pytest.mark.parametrize("read_target", ["token", "start"])
+def test_read_supervision_pulls_the_answers_reads_to_the_key(corpus, tmp_path, read_target):
     """With read_weight the loss holds the NLL of the key's place under the answer's reads, and
     its gradient moves μ there: a few steps on one batch lower it."""
     pytest.importorskip("transformers")
@@ -188,8 +202,9 @@ def test_read_supervision_pulls_the_answers_reads_to_the_key(corpus, tmp_path):
         memory_lr=1e-2,
     )  # fmt: skip
     task_config = FactsConfig(
-        data_dir=str(corpus), tokenizer=str(base), distance=(100,), read_weight=1.0, lm_weight=0
-    )
+        data_dir=str(corpus), tokenizer=str(base), distance=(100,), read_weight=1.0, lm_weight=0,
+        read_target=read_target,
+    )  # fmt: skip
     FactsTask.check(task_config, config)
     task = FactsTask(task_config, config, RunContext(batch_size=2, seed=0))
     model = build_model(config)

@@ -26,7 +26,10 @@ keeps reading books well).
 ``read_weight`` > 0 adds read supervision: the key's place in the memory is known (blocks of C,
 a window of 0 or C tokens, no sticky sampling: `read_targets`), so the loss also holds the mean
 NLL of that place under the answer's reads, N(t*; μ, σ²), over every memory layer and head
-(paper §3.2's densities, told where to look while training; evaluation never sees it).
+(paper §3.2's densities, told where to look while training; evaluation never sees it). With
+``read_target="token"`` the query that predicts the answer's j-th token is pointed at the key's
+j-th token (each step reads the digit it has to write); with "start", every answer query at the
+key's first token.
 
 Metrics: ``exact`` (the share of answers whose every token is the argmax: greedy decoding would
 write the answer exactly; the headline), ``accuracy`` (per answer token), ``loss`` (answer NLL
@@ -95,6 +98,7 @@ class FactsConfig(TaskConfig):
     # weight of the read supervision: the NLL of the key's place in the memory under each read's
     # density at the answer's queries (every memory layer and head); 0: none
     read_weight: float = 0.0
+    read_target: str = "token"  # "token": answer token j reads key token j; "start": the key
 
     def __post_init__(self) -> None:
         if self.data_dir is not None and (not isinstance(self.data_dir, str) or not self.data_dir):
@@ -109,6 +113,8 @@ class FactsConfig(TaskConfig):
         object.__setattr__(self, "distance", tuple(int(d) for d in items))
         check_range("lm_weight", self.lm_weight, 0.0)
         check_range("read_weight", self.read_weight, 0.0)
+        if self.read_target not in ("token", "start"):
+            raise ValueError(f"read_target must be 'token' or 'start', got {self.read_target!r}")
         check_positive_int("lead", self.lead, minimum=0)
 
 
@@ -317,7 +323,10 @@ class FactsTask(LastBlockTask):
         means = {k: float(v.detach()) for k, v in out.aux.items()}
         if self.config.read_weight > 0:
             c = self.model_config
-            t, known = read_targets(key_at[rows], inputs.shape[1], C, _window(c), c.tau)
+            scored = (last_answer != IGNORE_INDEX).cpu()  # [B, C]: the answer's queries
+            target = read_positions(scored, key_at[rows], self.config.read_target == "token")
+            t, known = read_targets(target.flatten(), inputs.shape[1], C, _window(c), c.tau)
+            t, known = t.view_as(target), known.view_as(target)
             read_nll = _read_nll([r[-1] for r in reads], last_answer, t, known)
             loss = loss + self.config.read_weight * read_nll
             means["read_nll"] = float(read_nll.detach())
@@ -346,6 +355,16 @@ class FactsTask(LastBlockTask):
             "exact": sums.get("exact", 0.0) / examples,
             "examples": sums.get("examples", 0.0),
         }
+
+
+def read_positions(scored: torch.Tensor, key_at: torch.Tensor, per_token: bool) -> torch.Tensor:
+    """The stream position each query of a block should read, LongTensor [B, C]: the key's
+    first token, or (`per_token`) for the query predicting the answer's j-th token (the j-th
+    of `scored` [B, C] bool) the key's j-th token. key_at [B]."""
+    target = key_at[:, None].expand_as(scored)
+    if per_token:
+        target = target + (scored.long().cumsum(1) - 1).clamp(min=0)
+    return target
 
 
 def stream_positions(
@@ -386,13 +405,14 @@ def _window(model_config: Any) -> int:
 def _read_nll(
     reads: list[Any], targets: torch.Tensor, t: torch.Tensor, known: torch.Tensor
 ) -> torch.Tensor:
-    """Mean over memory layers, heads and the answer's queries (rows whose key is in the
-    memory) of −log N(t*; μ, σ²): the reads' density at the key's place t*."""
+    """Mean over memory layers, heads and the answer's queries (targets [B, C] not ignored,
+    whose place t [B, C] is in the memory: `known` [B, C]) of −log N(t*; μ, σ²), the reads'
+    density at the place each query should read."""
     C = targets.shape[1]
-    mask = (targets != IGNORE_INDEX) & known.to(targets.device)[:, None]  # [B, C]
+    mask = (targets != IGNORE_INDEX) & known.to(targets.device)  # [B, C]
     if not bool(mask.any()):
         return sum(r.mu.sum() * 0.0 for r in reads)
-    t = t.to(targets.device)[:, None, None]  # [B, 1, 1]
+    t = t.to(targets.device, torch.float32)[:, None, :]  # [B, 1, C]
     total = []
     for read in reads:
         mu, var = read.mu[..., -C:].float(), read.sigma_sq[..., -C:].float()  # [B, H, C]
@@ -411,6 +431,7 @@ __all__ = [
     "FactsConfig",
     "FactsDataset",
     "FactsTask",
+    "read_positions",
     "read_targets",
     "stream_positions",
     "tokens_per_unit",
