@@ -8,6 +8,8 @@ Rows (every one reads the same token streams):
     lm            memory trained on plain language modelling (--lm-run)
     facts         memory trained on facts with read supervision (--facts-run)
     facts-sticky  the facts run read with sticky memories
+    facts-start   memory trained on facts, every answer query pointed at the key's first token
+                  (--facts-start-run: the first recipe, kept as an ablation)
 
 Pass keys: the facts task's evaluation facts (`inftyformer.tasks.facts`: "The pass key is
 NNNNN…", five digits, never trained) written into the corpus's test books d tokens before the
@@ -45,8 +47,9 @@ ROWS = {
     "full": "(ii) base, full context (its last P positions)",
     "untrained": "(iii) memory, untrained",
     "lm": "(iv) memory trained on plain LM",
-    "facts": "(v) memory trained on facts, read supervision",
+    "facts": "(v) memory trained on facts, read supervision per answer token",
     "facts-sticky": "(vi) = (v), read with sticky memories",
+    "facts-start": "(v′) as (v), every answer query supervised to the key's start",
 }
 EDGES = (0, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -77,9 +80,10 @@ class Row:
             )
             self.memory = build_model(config).eval()
         else:
-            self.run = {"lm": args.lm_run, "facts": args.facts_run}[name.split("-")[0]]
+            option = "facts-start" if name == "facts-start" else name.split("-")[0]
+            self.run = getattr(args, option.replace("-", "_") + "_run")
             if self.run is None:
-                raise SystemExit(f"row {name} needs --{name.split('-')[0]}-run RUN_DIR")
+                raise SystemExit(f"row {name} needs --{option}-run RUN_DIR")
             if name.endswith("sticky"):
                 settings["sticky"] = True
             self.memory = load_run(self.run, memory_settings=settings).model
@@ -214,8 +218,7 @@ def evaluate_passkeys(row: Row, prompts: dict[int, tuple]) -> dict[str, Any]:
     out = {}
     with torch.no_grad():
         for d, (inputs, answer, key_at) in prompts.items():
-            record = row.memory is not None and row.name.startswith("facts")
-            record = record and not row.name.endswith("sticky")
+            record = row.name in ("facts", "facts-start")
             pieces, reads = row.stream(inputs, record=record, last_only=True)
             nll, hit = _nll(pieces, answer)
             scored = answer != IGNORE_INDEX
@@ -315,24 +318,24 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
         lines += [f"The full-context row sees the last {full:,} tokens of each prompt; prompt "
                   "lengths: " + ", ".join(f"d = {d}: {v['tokens']:,}"
                   for d, v in rows["full"]["passkey"].items()) + ".", ""]  # fmt: skip
-    reads = rows.get("facts", {}).get("passkey", {})
-    if reads and any("reads" in v for v in reads.values()):
-        lines += ["## Where the answer's reads land (row v)", "",
-                  "Per memory layer (block), over keys, heads and the answer's queries: median "
-                  "distance from μ to the key in stream tokens, median σ (in [0, 1] and in "
-                  "tokens at the key), and the share of reads with the key within one σ of μ.",
-                  ""]  # fmt: skip
-        blocks = rows["facts"].get("memory_layers") or []
-        body = []
-        for d, v in reads.items():
+    body = []
+    for r in ("facts", "facts-start"):
+        blocks = rows.get(r, {}).get("memory_layers") or []
+        for d, v in rows.get(r, {}).get("passkey", {}).items():
             for i, layer in enumerate(v.get("reads", [])):
                 if layer:
-                    name = blocks[i] if i < len(blocks) else i
-                    body.append([f"d = {d}", name, f"{layer['distance_tokens']:.0f}",
-                                 f"{layer['sigma']:.3f}", f"{layer['sigma_tokens']:.0f}",
+                    body.append([r, f"d = {d}", blocks[i] if i < len(blocks) else i,
+                                 f"{layer['distance_tokens']:.0f}", f"{layer['sigma']:.3f}",
+                                 f"{layer['sigma_tokens']:.0f}",
                                  f"{layer['within_sigma']:.2f}"])  # fmt: skip
-        lines += [ex.table(["distance", "block", "|μ − key| tokens", "σ", "σ tokens",
-                            "key within σ"], body, numeric_from=2), ""]  # fmt: skip
+    if body:
+        lines += ["## Where the answer's reads land (rows v and v′)", "",
+                  "Per memory layer (block), over keys, heads and the answer's queries (the "
+                  "query writing answer token j against key token j): median distance from μ to "
+                  "that token in stream tokens, median σ (in [0, 1] and in tokens there), and "
+                  "the share of reads with the token within one σ of μ.", ""]  # fmt: skip
+        lines += [ex.table(["row", "distance", "block", "|μ − key| tokens", "σ", "σ tokens",
+                            "key within σ"], body, numeric_from=3), ""]  # fmt: skip
     books = {r: rows[r]["books"] for r in order if "books" in rows[r]}
     if books:
         buckets = list(next(iter(books.values()))["buckets"])
@@ -382,6 +385,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--facts-run", default=None)
     p.add_argument("--lm-run", default=None)
+    p.add_argument("--facts-start-run", default=None)
     p.add_argument("--memory-layers", default=None,
                    help="JSON list for the untrained row (default: the facts run's)")  # fmt: skip
     p.add_argument("--distances", default="300,700,1500,4000,12000")
