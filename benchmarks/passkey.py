@@ -20,7 +20,8 @@ the answer's reads land: μ and σ mapped back to stream positions, per memory l
 Books: --docs windows of --doc-len tokens of the test books; NLL per position, bucketed, and
 the share of the window → full gap each row closes at positions ≥ 1K.
 
-    python benchmarks/passkey.py --facts-run runs/facts-read --lm-run runs/lm-plain
+    python benchmarks/passkey.py --facts-run runs/facts-token/last --lm-run runs/lm-plain \
+        --facts-start-run runs/facts-read/last --memory-layers "[15, 19, 23, 27]"
     python benchmarks/passkey.py ... --rows window,full     # some rows; the others are kept
     python benchmarks/passkey.py --quick                    # a tiny random model, seconds
     python benchmarks/passkey.py --render-only
@@ -387,7 +388,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lm-run", default=None)
     p.add_argument("--facts-start-run", default=None)
     p.add_argument("--memory-layers", default=None,
-                   help="JSON list for the untrained row (default: the facts run's)")  # fmt: skip
+                   help="the untrained row's blocks, a JSON list (default: every block); "
+                        "give the trained rows' to compare like with like")  # fmt: skip
     p.add_argument("--distances", default="300,700,1500,4000,12000")
     p.add_argument("--keys", type=int, default=5)
     p.add_argument("--segment-len", type=int, default=256)
@@ -409,9 +411,6 @@ def main(argv: list[str] | None = None) -> None:
         args.distances, args.keys, args.segment_len, args.window = "40,90", 2, 16, 16
         args.docs, args.doc_len, args.rows = 2, 48, "window,full,untrained"
     args.base_model = args.base_model or ex.default_base_model()
-    if args.memory_layers is None and args.facts_run:
-        cfg = json.loads((Path(args.facts_run) / "config.json").read_text())["model"]
-        args.memory_layers = json.dumps(cfg.get("memory_layers"))
     args.distances = [int(d) for d in args.distances.split(",")]
     setup = {k: getattr(args, k) for k in ("distances", "keys", "segment_len", "window", "docs",
                                            "doc_len")}  # fmt: skip
