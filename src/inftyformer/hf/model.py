@@ -584,7 +584,6 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             raise RuntimeError("this model was unwrapped: its hooks are gone")
         ids = self._check_ids("input_ids", input_ids, allow_ignore=False)
         batch, length = ids.shape
-        self._check_positions(length, position_ids, cache or kwargs.get("past_key_values"))
         if labels is not None:
             labels = self._check_ids("labels", labels, allow_ignore=True)
             if labels.shape != ids.shape:
@@ -592,6 +591,12 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                     f"labels must have the shape of input_ids {tuple(ids.shape)}, "
                     f"got {tuple(labels.shape)}"
                 )
+        if length > self.config.segment_len:  # more than a segment: streamed, call by call
+            return self._stream(
+                ids, memory, labels, reset, attention_mask, position_ids, cache, use_cache,
+                generator, logits_to_keep, kwargs,
+            )  # fmt: skip
+        self._check_positions(length, position_ids, cache or kwargs.get("past_key_values"))
         valid = self._check_mask(attention_mask, batch, length)
         memory = self.prepare_memory(memory, batch, reset)
         past = 0 if cache is None else int(cache.get_seq_length())
@@ -678,6 +683,40 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             output.lm_loss, output.token_loss = lm_loss, token_loss
         return output
 
+    def _stream(
+        self, ids, memory, labels, reset, attention_mask, position_ids, cache, use_cache,
+        generator, logits_to_keep, kwargs,
+    ) -> InftyformerOutput:  # fmt: skip
+        """`forward` on more than `segment_len` tokens: checked here, then streamed through
+        the memory in calls of one segment each (`streaming.stream_forward`), so that the
+        positions never pass the base's and older text reaches later tokens through the memory.
+        """
+        from .streaming import stream_forward
+
+        batch, length = ids.shape
+        seg = self.config.segment_len
+        past = cache or kwargs.pop("past_key_values", None)
+        if hasattr(past, "get_seq_length") and int(past.get_seq_length()):
+            raise ValueError(
+                f"a call continuing a key/value cache takes at most segment_len={seg} tokens, "
+                f"got {length}"
+            )
+        if position_ids is not None:
+            raise ValueError(
+                f"position_ids are not supported on inputs longer than segment_len={seg} "
+                f"(got {length} tokens): they are cut into calls of {seg} whose positions count "
+                "from each call's window; leave position_ids out"
+            )
+        if isinstance(logits_to_keep, torch.Tensor) or logits_to_keep < 0:
+            raise ValueError(
+                f"logits_to_keep must be an int >= 0 on inputs longer than segment_len={seg}"
+            )
+        valid = self._check_mask(attention_mask, batch, length)
+        return stream_forward(
+            self, ids, memory, labels, reset, valid, use_cache, logits_to_keep, generator,
+            **kwargs,
+        )  # fmt: skip
+
     def _check_positions(self, length: int, position_ids: object, cache: object) -> None:
         """Refuse a call reaching beyond the base's positions (max_position_embeddings), which
         would fail inside the base (an IndexError in GPT-2's position table) or run where it was
@@ -701,12 +740,37 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
     def generate(self, inputs: torch.Tensor | None = None, memory=None, reset=None, **kwargs):
         """HF `generate` reading `memory` (read-only: the waiting segment is fitted once, before
         the first step; nothing is written while generating). `reset` [batch] clears rows
-        first. Returns what HF's generate returns (the memory is not advanced: run
+        first. A prompt longer than a segment goes into the memory first, all but its last
+        part (1 … segment_len tokens, the text generation continues; the same cut as
+        `PretrainedMemoryLM.generate`), so that no step passes the base's positions; its
+        max_length / min_length count the whole prompt, as HF's do. Returns what HF's generate
+        returns, the whole prompt included (the memory is not advanced: run
         `model(ids, memory=memory)` to write the generated text into it)."""
         ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
         if ids is None:
             raise ValueError("generate needs input_ids")
         ids = self._check_ids("input_ids", ids, allow_ignore=False)
+        seg = self.config.segment_len
+        cut = (ids.shape[1] - 1) // seg * seg
+        head = ids[:, :cut]
+        if cut:
+            mask = kwargs.get("attention_mask")
+            if mask is not None:
+                if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(ids.shape):
+                    raise ValueError(
+                        f"attention_mask must have the shape of input_ids {tuple(ids.shape)}"
+                    )
+                kwargs["attention_mask"] = mask[:, cut:]
+            with torch.no_grad():
+                memory = self(
+                    head,
+                    memory=memory,
+                    reset=reset,
+                    attention_mask=None if mask is None else mask[:, :cut],
+                    use_cache=False,
+                ).memory
+            reset, ids = None, ids[:, cut:]
+            self._count_from_the_cut(kwargs, cut)
         if memory is not None or reset is not None:
             memory = self.consolidate(self.prepare_memory(memory, ids.shape[0], reset))
         if memory is None:
@@ -715,7 +779,30 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         cache = self.prepare_reads(memory)
         if kwargs.get("attention_mask") is None:  # ids without a mask are all tokens, no padding
             kwargs["attention_mask"] = torch.ones_like(ids)
-        return super().generate(ids, memory=memory, read_cache=cache, **kwargs)
+        out = super().generate(ids, memory=memory, read_cache=cache, **kwargs)
+        if not cut:
+            return out
+        sequences = out if isinstance(out, torch.Tensor) else out.sequences
+        # beams / several sequences per prompt: each prompt's rows are together
+        head = head.repeat_interleave(sequences.shape[0] // head.shape[0], dim=0)
+        sequences = torch.cat([head.to(sequences.device), sequences], dim=1)
+        if isinstance(out, torch.Tensor):
+            return sequences
+        out.sequences = sequences
+        return out
+
+    def _count_from_the_cut(self, options: dict, cut: int) -> None:
+        """max_length / min_length (prompt + new tokens) counted from the part of the prompt
+        generation continues, after `cut` tokens went into the memory."""
+        config = options.get("generation_config") or self.generation_config
+        if options.get("max_new_tokens", config.max_new_tokens) is None:
+            high = options.get("max_length", config.max_length)
+            if high is not None:
+                options["max_length"] = high - cut
+        if options.get("min_new_tokens", config.min_new_tokens) is None:
+            low = options.get("min_length", config.min_length)
+            if low:
+                options["min_length"] = max(low - cut, 0)
 
     def _window_within_positions(self, memory: MemoryState, prompt: int, options) -> MemoryState:
         """The memory with its window shortened (oldest tokens first) so that the window, the
