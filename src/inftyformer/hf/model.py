@@ -1,8 +1,10 @@
 """`InftyformerForCausalLM`: a pretrained Hugging Face causal LM (GPT-2, Llama family) with the
 ∞-former's long-term memory in every block (paper §4.2, fine-tuning GPT-2; `docs/hf.md`).
 
-One call processes one segment of T tokens (the streaming helper cuts documents into segments of
-L = `segment_len`). Like the paper's model, each segment also attends to a short-term window of
+One call processes one segment of T ≤ L = `segment_len` tokens; a longer input is cut into
+segments of L by the call itself and streamed through the memory, call after call, with one
+call's outputs (`streaming.stream_forward`: logits of every position, the loss over all of them,
+the final memory). Like the paper's model, each segment also attends to a short-term window of
 the W = `window` tokens before it (default one segment, W = L), and the long-term memory holds
 the text that left the window:
 
@@ -17,7 +19,8 @@ the text that left the window:
    logits of segment k at initialisation are exactly the base's for segment k with segment
    k − 1 before it. Cost: the base runs on W + T tokens per call (`docs/hf.md`). Positions
    never pass the base's `max_position_embeddings` (W + L is checked by the config, a longer
-   call is refused, `generate` shortens the window to fit). W = 0 is the older behaviour: each
+   input is streamed in calls of L, `generate` streams a long prompt into the memory first and
+   shortens the window to fit). W = 0 is the older behaviour: each
    segment attends within itself.
 1. The inputs that left the window (waiting in `LayerState.short_term`: each block's normalised
    attention inputs, computed in the previous call) enter each block's long-term memory
@@ -62,7 +65,10 @@ with an empty memory read exactly 0), so DistributedDataParallel needs no
 Generation (`generate`): the memory is read-only. The waiting segment is fitted once before
 generating; the first step runs the window before the prompt, the base's key/value cache keeps
 both, and every step reads the same long-term memory, so greedy `generate` gives the tokens of
-recomputing `model(prompt + tokens so far, memory=m)` at every step. A call that continues a
+recomputing `model(prompt + tokens so far, memory=m)` in one call at every step (the text
+stays in the base's cache: past a segment, the reference is a model of longer segment_len). A
+prompt longer than a segment goes into the memory first, all but its last part (1 … L tokens),
+which generation continues. A call that continues a
 non-empty cache writes nothing (its memory: the one it read, nothing waiting). Beam search and
 `num_return_sequences` repeat each row's memory (window included) for its beams
 (`repeat_interleave`); since all the beams of a row read the same, unchanging memory, reordering
@@ -568,9 +574,11 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> InftyformerOutput:
-        """input_ids [batch, T] (one segment), memory from the previous call (None: empty),
-        labels [batch, T] (shifted inside as in HF, −100 ignored), reset [batch] bool (rows whose
-        document ended before this segment). `generator` seeds the sticky sampling in training."""
+        """input_ids [batch, T] (one segment; more than `segment_len` tokens are streamed
+        through the memory in calls of one segment, `_stream`), memory from the previous call
+        (None: empty), labels [batch, T] (shifted inside as in HF, −100 ignored), reset [batch]
+        bool (rows whose document ended before this segment). `generator` seeds the sticky
+        sampling in training."""
         if kwargs.get("inputs_embeds") is not None:
             raise ValueError("inputs_embeds is not supported: pass input_ids")
         if self.training and any(
@@ -720,7 +728,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
     def _check_positions(self, length: int, position_ids: object, cache: object) -> None:
         """Refuse a call reaching beyond the base's positions (max_position_embeddings), which
         would fail inside the base (an IndexError in GPT-2's position table) or run where it was
-        never trained: a longer text goes in segment by segment, through the memory."""
+        never trained (explicit position_ids, or a call continuing a cache: a longer input
+        without them is streamed, segment by segment, through the memory)."""
         limit = getattr(self.config.text_config, "max_position_embeddings", None)
         if not isinstance(limit, int):
             return
