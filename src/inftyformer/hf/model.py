@@ -3,7 +3,7 @@
 
 One call processes one segment of T ≤ L = `segment_len` tokens; a longer input is cut into
 segments of L by the call itself and streamed through the memory, call after call, with one
-call's outputs (`streaming.stream_forward`: logits of every position, the loss over all of them,
+call's outputs (`segments.stream_forward`: logits of every position, the loss over all of them,
 the final memory). Like the paper's model, each segment also attends to a short-term window of
 the W = `window` tokens before it (default one segment, W = L), and the long-term memory holds
 the text that left the window:
@@ -104,6 +104,7 @@ from ..short_term_memory import ShortTermState
 from ..state import LayerState, MemoryState, TokenWindow
 from .adapters import BlockAdapter, adapter_for
 from .config import MEMORY_FIELDS, MODEL_FIELDS, InftyformerConfig
+from .segments import stream_forward
 from .window import WindowedInputs, pack
 
 
@@ -696,11 +697,9 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         generator, logits_to_keep, kwargs,
     ) -> InftyformerOutput:  # fmt: skip
         """`forward` on more than `segment_len` tokens: checked here, then streamed through
-        the memory in calls of one segment each (`streaming.stream_forward`), so that the
+        the memory in calls of one segment each (`segments.stream_forward`), so that the
         positions never pass the base's and older text reaches later tokens through the memory.
         """
-        from .streaming import stream_forward
-
         batch, length = ids.shape
         seg = self.config.segment_len
         past = cache or kwargs.pop("past_key_values", None)
@@ -720,10 +719,11 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                 f"logits_to_keep must be an int >= 0 on inputs longer than segment_len={seg}"
             )
         valid = self._check_mask(attention_mask, batch, length)
-        return stream_forward(
+        fields = stream_forward(
             self, ids, memory, labels, reset, valid, use_cache, logits_to_keep, generator,
             **kwargs,
         )  # fmt: skip
+        return InftyformerOutput(**fields)
 
     def _check_positions(self, length: int, position_ids: object, cache: object) -> None:
         """Refuse a call reaching beyond the base's positions (max_position_embeddings), which
