@@ -32,7 +32,8 @@ class BaseMismatchError(ValueError):
     """The base model given to an adapter is not the one it was trained on."""
 
 
-def _weight_files(directory: Path) -> list[Path]:
+def weight_files(directory: Path) -> list[Path]:
+    """The files holding a model directory's weights."""
     single = directory / "model.safetensors"
     if single.is_file():
         return [single]
@@ -83,7 +84,7 @@ def _file_lines(path: Path) -> list[str]:
 def weights_hash(directory: str | Path) -> str:
     """The sha256 of the weights in model directory `directory` (see the module docstring)."""
     directory = Path(directory).expanduser()
-    files = _weight_files(directory)
+    files = weight_files(directory)
     if not files:
         raise ValueError(f"{directory} holds no model weights (*.safetensors or *.bin)")
     lines = sorted(line for path in files for line in _file_lines(path))
@@ -131,4 +132,4 @@ class BaseReference:
         return found
 
 
-__all__ = ["BaseMismatchError", "BaseReference", "weights_hash"]
+__all__ = ["BaseMismatchError", "BaseReference", "weight_files", "weights_hash"]
