@@ -249,7 +249,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         where = args[0] if args else kwargs.get("pretrained_model_name_or_path", "")
         if is_adapter(where):  # an adapter folder: its base from the reference (base_model=)
             kwargs.pop("pretrained_model_name_or_path", None)
-            return load_adapter(cls, where, **kwargs)
+            return load_adapter(where, add_long_term_memory, **kwargs)
         want_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
         tied = set(getattr(model, "all_tied_weights_keys", None) or ())

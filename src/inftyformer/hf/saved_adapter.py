@@ -19,6 +19,7 @@ saved memory: the logits are the saved model's.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,13 +105,15 @@ def save_adapter(model: Any, directory: str | Path, base_model: str | Path | Non
 
 
 def load_adapter(
-    cls: type, directory: str | Path, base_model: str | Path | None = None, **base_options: Any
+    directory: str | Path,
+    build: Callable[..., Any],
+    base_model: str | Path | None = None,
+    **base_options: Any,
 ) -> Any:
     """The model saved by `save_adapter` in `directory`, on the base in `base_model` (default:
-    the recorded folder), checked by its weights hash. `base_options` go to the base's
+    the recorded folder), checked by its weights hash; `build(base, **memory settings)` adds
+    the memory (`add_long_term_memory`). `base_options` go to the base's
     `AutoModelForCausalLM.from_pretrained` (dtype, device_map, ...)."""
-    from .model import add_long_term_memory
-
     directory = Path(directory)
     path = directory / ADAPTER_CONFIG
     try:
@@ -135,7 +138,7 @@ def load_adapter(
     settings = {name: getattr(config, name) for name in (*MEMORY_FIELDS, *MODEL_FIELDS)}
     base_options.pop("config", None)  # AutoModelForCausalLM passes the adapter's own
     base = AutoModelForCausalLM.from_pretrained(str(folder), **base_options)
-    model = add_long_term_memory(base, **settings)
+    model = build(base, **settings)
     result = model.load_state_dict(load_file(directory / ADAPTER_WEIGHTS), strict=False)
     missing = [k for k in result.missing_keys if not k.startswith(reference.prefix)]
     if missing or result.unexpected_keys:
@@ -143,8 +146,6 @@ def load_adapter(
             f"{directory / ADAPTER_WEIGHTS} does not fit the model its config describes: missing "
             f"{missing[:3]}, unexpected {list(result.unexpected_keys)[:3]}"
         )
-    if not isinstance(model, cls):
-        raise TypeError(f"expected a {cls.__name__}, built a {type(model).__name__}")
     return model.eval()
 
 
