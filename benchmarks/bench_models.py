@@ -23,7 +23,7 @@ Writes docs/benchmarks/models.{json,md,png}:
 Every measurement runs in a fresh subprocess (`_common.run_worker`): its own peak RSS, no
 allocator state carried between measurements.
 
-The measurements are `bench_models_measure.py`, the report `bench_models_report.py`.
+The measurements are `_bench_models_measure.py`, the report `_bench_models_report.py`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import _common as common
-from bench_models_measure import MODEL_TYPES, SIZES, VARIANTS, WORKERS, make_config
-from bench_models_report import extrapolate, summary_lines, write_report
+from _bench_models_measure import MODEL_TYPES, SIZES, VARIANTS, WORKERS, make_config
+from _bench_models_report import extrapolate, summary_lines, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "docs" / "benchmarks"

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as common
-from bench_models_measure import MODEL_TYPES, STREAMED
+from _bench_models_measure import MODEL_TYPES, STREAMED
 
 
 # ----------------------------------------------------------------------------- analysis
