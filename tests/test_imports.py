@@ -30,7 +30,7 @@ LAYERS = {
         "state",
     ],
     "layers": ["relative_attention", "long_term_attention", "block", "config"],
-    "models": ["model", "models", "streaming", ""],
+    "models": ["model", "models", "streaming", "base_weights", ""],
     "pretrained": ["hf"],
     "tasks": ["data", "metrics", "tasks", "inspection"],
     "training": ["training"],

@@ -241,7 +241,15 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         """`PreTrainedModel.from_pretrained`, refusing weights that do not fit the config: a
         tensor missing from the files (e.g. the memory's, or a layer after the layer count in
         config.json was raised) would otherwise be initialised at random without a word, and
-        an unexpected one (the layer count lowered) dropped."""
+        an unexpected one (the layer count lowered) dropped. An adapter folder
+        (`save_pretrained(..., adapter_only=True)`) loads on top of its base, from the folder it
+        names or from `base_model=DIR`, checked by its weights hash (`saved_adapter.py`)."""
+        from .saved_adapter import is_adapter, load_adapter
+
+        where = args[0] if args else kwargs.get("pretrained_model_name_or_path", "")
+        if is_adapter(where):  # an adapter folder: its base from the reference (base_model=)
+            kwargs.pop("pretrained_model_name_or_path", None)
+            return load_adapter(where, add_long_term_memory, **kwargs)
         want_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
         tied = set(getattr(model, "all_tied_weights_keys", None) or ())
@@ -258,7 +266,6 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             if found
         ]
         if problems:
-            where = args[0] if args else kwargs.get("pretrained_model_name_or_path", "")
             raise ValueError(
                 f"{where}: the weights do not fit the model its config.json describes: "
                 + "; ".join(problems)
@@ -298,6 +305,22 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                 roles[id(memory.gate)] = "default"
             roles[id(memory.basis)] = "basis"
         return roles
+
+    def save_pretrained(
+        self, save_directory, *args, adapter_only: bool = False, base_model=None, **kwargs
+    ):
+        """`PreTrainedModel.save_pretrained`; with `adapter_only`, an adapter folder instead:
+        the config and the memory's weights, plus the base's folder (`base_model`, default: the
+        one it was loaded from) and weights hash, for a base that did not train
+        (`saved_adapter.py`)."""
+        if not adapter_only:
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        if args or kwargs:
+            raise ValueError(f"adapter_only takes no other options, got {sorted(kwargs)}")
+        from .saved_adapter import save_adapter
+
+        save_adapter(self, save_directory, base_model)
+        return None
 
     def unwrap(self) -> PreTrainedModel:
         """Remove the hooks from the base model and return it (as it was before wrapping; this
