@@ -13,7 +13,7 @@ worker processes that train and evaluate through the library, and the pieces of 
     report        <name>.json holds everything; <name>.md and plots are rendered from it alone,
                   with the hand-kept discussion from <name>.notes.md
 
-The jobs and their pool are `experiment_runs.py`, the reports' pieces `experiment_report.py`;
+The jobs and their pool are `_experiment_runs.py`, the reports' pieces `_experiment_report.py`;
 both are re-exported here, so a script needs only `import experiment as ex`.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from experiment_report import (  # noqa: F401  (re-exported)
+from _experiment_report import (  # noqa: F401  (re-exported)
     FORMAT,
     ROOT,
     cost_line,
@@ -39,7 +39,7 @@ from experiment_report import (  # noqa: F401  (re-exported)
     table,
     write_report,
 )
-from experiment_runs import (  # noqa: F401  (re-exported)
+from _experiment_runs import (  # noqa: F401  (re-exported)
     Job,
     ResultStore,
     evaluate_model,
@@ -304,7 +304,7 @@ def run_and_report(
 
 def run_main(main: Callable[[], int | None]) -> None:
     """A comparison's `if __name__ == "__main__":` — exit with main()'s code; Ctrl-C stops it
-    with a note that finished runs are kept (the store: `experiment_runs.ResultStore`), exit 130."""
+    with a note that finished runs are kept (in the `ResultStore`), exit code 130."""
     try:
         sys.exit(main())
     except KeyboardInterrupt:
