@@ -27,9 +27,7 @@ taking turns; medians of the per-round ratios.
 
 from __future__ import annotations
 
-import argparse
 import copy
-import os
 import statistics
 import sys
 import tempfile
@@ -38,61 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import _common as common
-import experiment as ex
+import _pretrained_setup as setup
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = Path(ex.default_base_model())
-OUT = ROOT / "docs" / "benchmarks"
-
-
-def data_dir() -> Path | None:
-    """$INFTYFORMER_DATA, or ../shared/data beside the repository (or its parent folder)."""
-    env = os.environ.get("INFTYFORMER_DATA")
-    candidates = [Path(env)] if env else [p / "shared" / "data" for p in ROOT.parents[:2]]
-    return next((p for p in candidates if p.is_dir()), None)
-
-
-# ----------------------------------------------------------------------------- inputs
-def tiny_llama(vocab: int = 512):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-    )
-    return LlamaForCausalLM(config).eval()
-
-
-def random_gpt2(tiny: bool):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    shape = (
-        dict(n_embd=64, n_layer=2, n_head=4) if tiny else dict(n_embd=768, n_layer=12, n_head=12)
-    )
-    return GPT2LMHeadModel(GPT2Config(vocab_size=50257, n_positions=1024, **shape)).eval()
-
-
-def book_ids(tokenizer, vocab: int, rows: int, length: int) -> tuple[torch.Tensor, str]:
-    """[rows, length] ids: consecutive text of pg19-mini test books when the tokenizer and the
-    data are there, else seeded random ids."""
-    root = data_dir()
-    books = sorted((root / "pg19-mini" / "test").glob("*.txt")) if root else []
-    if tokenizer is not None and books:
-        text = books[0].read_text(encoding="utf-8")[: 12 * rows * length]
-        ids = tokenizer(text, return_tensors="pt").input_ids[0]
-        if ids.numel() >= rows * length:
-            return ids[: rows * length].view(rows, length), f"pg19-mini test/{books[0].name}"
-    g = torch.Generator().manual_seed(0)
-    return torch.randint(0, vocab, (rows, length), generator=g), "random ids"
+ROOT = setup.ROOT
 
 
 # ----------------------------------------------------------------------------- checks
@@ -349,39 +296,19 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, default=None, help="a causal LM directory")
-    parser.add_argument("--tiny", action="store_true", help="a random tiny Llama instead")
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--segment-len", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out-dir", type=Path, default=OUT)
+    parser = setup.parser(__doc__, repeats=5)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from inftyformer.hf import add_long_term_memory
 
     machine = common.machine_info()
-    tokenizer = None
-    if args.tiny:
-        base, name = tiny_llama(), "random tiny Llama"
-    else:
-        path = args.model or DEFAULT_MODEL
-        if not path.is_dir():
-            parser.error(
-                f"no model directory at {path}: convert one first "
-                "(inftyformer convert-gguf smollm2 DIR), pass --model DIR, or use --tiny"
-            )
-        base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        name = path.name
+    base, tokenizer, name = setup.load_base(args, parser)
     B, L = args.batch, args.segment_len
     vocab = base.config.vocab_size
-    ids, text = book_ids(tokenizer, vocab, B, 4 * L)
+    ids, text = setup.book_ids(tokenizer, vocab, B, 4 * L)
     print(f"base {name}: {type(base).__name__}, text: {text}", flush=True)
 
     reference = copy.deepcopy(base)  # the base alone, for parity and cost
@@ -391,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_abs_logit_diff": parity(base, ids[:, : 3 * L], L),
         }
     ]
-    gpt2 = random_gpt2(args.tiny)
+    gpt2 = setup.random_gpt2(args.tiny)
     g_ids = torch.randint(0, 50257, (2, 3 * L), generator=torch.Generator().manual_seed(1))
     shape = "tiny" if args.tiny else "GPT-2 small shape"
     parity_rows.append(

@@ -27,18 +27,15 @@ segment's tokens).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
-from pathlib import Path
 from typing import Any
 
 import _common as common
-import bench_pretrained as bp
+import _pretrained_setup as setup
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "docs" / "benchmarks"
+ROOT = setup.ROOT
 
 
 @torch.no_grad()
@@ -201,39 +198,19 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, default=None, help="a causal LM directory")
-    parser.add_argument("--tiny", action="store_true", help="a random tiny Llama instead")
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--segment-len", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out-dir", type=Path, default=OUT)
+    parser = setup.parser(__doc__, repeats=3)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     machine = common.machine_info()
-    tokenizer = None
-    if args.tiny:
-        base, name = bp.tiny_llama(), "random tiny Llama"
-    else:
-        path = args.model or bp.DEFAULT_MODEL
-        if not path.is_dir():
-            parser.error(
-                f"no model directory at {path}: convert one first "
-                "(inftyformer convert-gguf smollm2 DIR), pass --model DIR, or use --tiny"
-            )
-        base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        name = path.name
+    base, tokenizer, name = setup.load_base(args, parser)
     B, L = args.batch, args.segment_len
-    ids, text = bp.book_ids(tokenizer, base.config.vocab_size, B, 4 * L)
+    ids, text = setup.book_ids(tokenizer, base.config.vocab_size, B, 4 * L)
     print(f"base {name}: {type(base).__name__}, text: {text}", flush=True)
 
-    gpt2 = bp.random_gpt2(args.tiny)
+    gpt2 = setup.random_gpt2(args.tiny)
     g_len = min(L, gpt2.config.n_positions // 2)  # W + L within GPT-2's positions
     g_ids = torch.randint(0, 50257, (2, 4 * g_len), generator=torch.Generator().manual_seed(1))
     shape = "tiny" if args.tiny else "GPT-2 small shape"

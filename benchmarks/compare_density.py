@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import fnmatch
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -471,8 +470,4 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("stopped; finished runs are kept: run the same command again to continue")
-        sys.exit(130)
+    ex.run_main(main)

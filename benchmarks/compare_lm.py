@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -370,8 +369,4 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("stopped; finished runs are kept: run the same command again to continue")
-        sys.exit(130)
+    ex.run_main(main)

@@ -15,7 +15,6 @@ std over seeds, with the discussion kept by hand in OUT/sorting.notes.md) and OU
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -218,8 +217,4 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("stopped; finished runs are kept: run the same command again to continue")
-        sys.exit(130)
+    ex.run_main(main)

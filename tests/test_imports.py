@@ -22,9 +22,15 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS = {
     "base": ["_checks", "_files", "_init", "_progress", "precision", "ragged"],
     "math": ["basis", "ridge", "continuous_softmax", "fused_attention"],
-    "memories": ["short_term_memory", "compressive_memory", "long_term_memory", "state"],
+    "memories": [
+        "short_term_memory",
+        "compressive_memory",
+        "long_term_config",
+        "long_term_memory",
+        "state",
+    ],
     "layers": ["relative_attention", "long_term_attention", "block", "config"],
-    "models": ["model", "models", "streaming", ""],
+    "models": ["model", "models", "streaming", "base_weights", ""],
     "pretrained": ["hf"],
     "tasks": ["data", "metrics", "tasks", "inspection"],
     "training": ["training"],

@@ -75,12 +75,23 @@ def quick_benchmark(
 BENCHMARK_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
+def benchmarks_dir() -> Path | None:
+    """benchmarks/ of the source checkout this package was loaded from (an editable install, or
+    src/ on the path): beside src/, two levels above the package. None when the package is not
+    in a checkout's src/ (an installed wheel: the scripts are not part of the package)."""
+    package = Path(__file__).resolve().parent
+    if package.parent.name != "src":
+        return None
+    folder = package.parents[1] / "benchmarks"
+    return folder if folder.is_dir() else None
+
+
 def benchmark_scripts(root: Path | None = None) -> dict[str, Path]:
-    """The project's benchmark scripts by name: benchmarks/*.py of the source tree, helpers
-    (names starting with _) excluded."""
-    root = Path(__file__).resolve().parents[2] if root is None else root
-    folder = root / "benchmarks"
-    if not folder.is_dir():
+    """The project's benchmark scripts by name: benchmarks/*.py of the source tree (`root`, by
+    default the checkout this package was loaded from), helpers (names starting with _)
+    excluded."""
+    folder = benchmarks_dir() if root is None else root / "benchmarks"
+    if folder is None or not folder.is_dir():
         return {}
     return {
         p.stem: p
@@ -91,16 +102,23 @@ def benchmark_scripts(root: Path | None = None) -> dict[str, Path]:
 
 def run_script(script: str, args: list[str]) -> int:
     """Run one of the project's benchmark scripts, by name only: no paths, nothing outside
-    benchmarks/."""
+    benchmarks/. The scripts live in the source checkout, not in the installed package: without
+    one, a ValueError says so."""
+    if benchmarks_dir() is None:
+        raise ValueError(
+            "--script runs the benchmark scripts of a source checkout (benchmarks/ beside src/), "
+            f"and this installation has none: the package at {Path(__file__).resolve().parent} "
+            "does not sit in a checkout's src/ folder. Clone the repository and install it with "
+            "pip install -e ., or run python benchmarks/NAME.py in the clone"
+        )
     scripts = benchmark_scripts()
     name = script[: -len(".py")] if script.endswith(".py") else script
     if not BENCHMARK_NAME.fullmatch(name) or name not in scripts:
-        available = ", ".join(scripts) or "none (the scripts live in the source tree)"
         raise ValueError(
             f"no benchmark script {script!r}: --script takes the name of one of the project's "
-            f"benchmarks ({available})"
+            f"benchmarks ({', '.join(scripts)})"
         )
     return subprocess.call([sys.executable, str(scripts[name]), *args], env=dict(os.environ))
 
 
-__all__ = ["BENCHMARK_NAME", "benchmark_scripts", "quick_benchmark", "run_script"]
+__all__ = ["BENCHMARK_NAME", "benchmark_scripts", "benchmarks_dir", "quick_benchmark", "run_script"]

@@ -138,10 +138,14 @@ def train(
         "--base-model",
         help="Add the long-term memory to this pretrained Hugging Face causal LM (a directory: "
         "GPT-2 or Llama family; its tokenizer is used) instead of training a model from scratch "
-        "(--model transformer: fine-tune the base alone, for comparison).",
+        "(--model transformer: fine-tune the base alone, for comparison). With --resume: the "
+        "run's base in its new folder, if it moved (its weights are checked).",
     ),
     freeze_base: bool = typer.Option(
-        False, "--freeze-base", help="With --base-model: train only the memory."
+        False,
+        "--freeze-base",
+        help="With --base-model: train only the memory; checkpoints then hold the memory and "
+        "refer to the base (its folder and weights hash) instead of holding it.",
     ),
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in --out-dir from its last checkpoint."
@@ -276,6 +280,12 @@ def evaluate(
     max_tokens: int | None = typer.Option(
         None, help="Task setting max_tokens (lm: only the first N tokens of each document)."
     ),
+    base_model: str | None = typer.Option(
+        None,
+        "--base-model",
+        help="The run's pretrained base in another folder than it was trained from (moved); "
+        "a run that trained only the memory checks that its weights are the same.",
+    ),
     json_out: Path | None = typer.Option(  # noqa: B008
         None,
         "--json",
@@ -295,7 +305,7 @@ def evaluate(
     to_stdout = json_out is not None and str(json_out) == "-"
     if json_out is not None and not to_stdout:
         check_output_file(json_out, "--json")  # before a long evaluation, not after it
-    saved_train, _, saved_model = read_configs(checkpoint)
+    saved_train, _, saved_model = read_configs(checkpoint, base_model)
     task = saved_train.task
     text = split_settings(settings, task, type(saved_model))
     if text["train"]:
@@ -313,6 +323,7 @@ def evaluate(
         task_settings=task_values,
         batch_size=batch_size,
         progress=_stderr_is_terminal(),  # a bar for a person waiting; a log gets the result only
+        base_model=base_model,
     )
     seconds = time.perf_counter() - start
     typer.echo(f"{_evaluated(split, data_dir)} {task_obj.describe(metrics)} ({seconds:.1f} s)")
@@ -395,6 +406,12 @@ def generate(
     ),
     seed: int = typer.Option(0, help="Seed of the sampling generator."),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
+    base_model: str | None = typer.Option(
+        None,
+        "--base-model",
+        help="The run's pretrained base in another folder than it was trained from (moved); "
+        "a run that trained only the memory checks that its weights are the same.",
+    ),
 ) -> None:
     """Feed a prompt through a saved model (streaming it segment by segment into the memory)
     and continue it."""
@@ -413,7 +430,7 @@ def generate(
         if not text.strip():
             raise ValueError(f"{prompt_file} holds no text")
         prompt = text if prompt == "random" else text + prompt
-    run = load_run(checkpoint, device)
+    run = load_run(checkpoint, device, base_model=base_model)
     model, dev = run.model, run.device
     task = run.task()
     tokens, expected = task.encode_prompt(prompt)
@@ -509,6 +526,12 @@ def inspect_run(
         None, "--out", help="Directory for the PNGs and summary.json (default: RUN_DIR/inspect)."
     ),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
+    base_model: str | None = typer.Option(
+        None,
+        "--base-model",
+        help="The run's pretrained base in another folder than it was trained from (moved); "
+        "a run that trained only the memory checks that its weights are the same.",
+    ),
 ) -> None:
     """Stream real input through a saved model and draw what its memory holds and where its
     reads go: long-term read densities mapped back to the stream, σ against σ₀, sticky
@@ -522,7 +545,7 @@ def inspect_run(
     if segments < 1:
         raise ValueError(f"--segments must be >= 1, got {segments}")
     own_text = read_user_text(text, "--text") if text is not None else None
-    run = load_run(checkpoint, device)
+    run = load_run(checkpoint, device, base_model=base_model)
     task = run.task(batch_size=1)
     length = segments * run.model_config.segment_len
     if own_text is not None:

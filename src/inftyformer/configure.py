@@ -102,7 +102,9 @@ def build_configs(
     """(TrainConfig, task settings, model settings) from the defaults, or from the run being
     resumed, then the explicit options and `--set` items (later wins). With `base_model` the
     model is that pretrained causal LM plus long-term memory (`PretrainedMemoryConfig`), and a
-    task with a `tokenizer` setting takes the model's own tokenizer unless told otherwise."""
+    task with a `tokenizer` setting takes the model's own tokenizer unless told otherwise. On
+    resume, `base_model` is the run's base in its (new) folder; whether the base trains stays
+    as it was."""
     import dataclasses
 
     from .config import ModelConfig
@@ -146,7 +148,11 @@ def build_configs(
     if resume:
         name = Path(base_model).name if base_model else model or DEFAULT_MODEL
         out_dir = train_values.get("out_dir") or default_out_dir(task, name)
-        saved_train, saved_task, saved_model = read_configs(out_dir)
+        saved_train, saved_task, saved_model = read_configs(out_dir, base_model)
+        if base_model is not None:  # the run's base in its folder (moved?); what trains stays
+            model_values["freeze_base"] = freeze_base or saved_model.to_dict().get("freeze_base")
+            if model is None:
+                del model_values["memory"]
         if saved_train.task != task:
             raise ValueError(f"{out_dir} holds a {saved_train.task!r} run, not {task!r}")
         if model is not None and model != saved_model.model_type:

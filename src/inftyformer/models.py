@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
@@ -104,6 +104,13 @@ class PretrainedMemoryConfig:
     def describe(self) -> str:
         return f"{Path(self.base_model).name} + {'long-term' if self.memory else 'no'} memory"
 
+    def frozen_base(self) -> tuple[str, str] | None:
+        """(directory, state-dict prefix) of the base when it is frozen: a checkpoint then
+        refers to it instead of holding it (`inftyformer.base_weights`); None when it trains."""
+        if self.freeze_base and self.memory:
+            return self.base_model, "lm.base."
+        return None
+
     def adapter_settings(self) -> dict[str, Any]:
         """The `inftyformer.hf.add_long_term_memory` settings."""
         skip = {"base_model", "memory", "freeze_base", "memory_lr", "density_lr", "vocab_size"}
@@ -166,6 +173,9 @@ class ModelKind:
     model: str  # "module:Class"
     changeable: tuple[str, ...]  # settings a trained model may change (resume, evaluation)
     extra: str | None = None  # the pip extra the model class needs
+    # config → (directory, state-dict prefix) of a frozen pretrained base that checkpoints refer
+    # to instead of holding (`inftyformer.base_weights`), or None; None here: they hold it all
+    frozen_base: Callable[[Any], tuple[str, str] | None] | None = None
 
     def model_class(self) -> type[nn.Module]:
         module, _, attr = self.model.partition(":")
@@ -198,8 +208,16 @@ register_model_kind(
         "inftyformer.hf.lm:PretrainedMemoryLM",
         PRETRAINED_MEMORY_SETTINGS,
         extra="hf",
+        frozen_base=PretrainedMemoryConfig.frozen_base,
     )
 )
+
+
+def frozen_base(config: Any) -> tuple[str, str] | None:
+    """(directory, state-dict prefix) of the frozen pretrained base that a checkpoint of
+    `config`'s model refers to instead of holding; None: the checkpoint holds every weight."""
+    kind = MODEL_KINDS[model_kind(config)]
+    return None if kind.frozen_base is None else kind.frozen_base(config)
 
 
 def changeable_settings(config: Any) -> tuple[str, ...]:
@@ -295,5 +313,6 @@ __all__ = [
     "PretrainedMemoryConfig",
     "build_model",
     "config_from_dict",
+    "frozen_base",
     "model_kind",
 ]

@@ -4,7 +4,9 @@ A run directory holds the checkpoints `best` and `last` (see `checkpoint.py`); e
 model, train and task settings beside the weights. `load_run` rebuilds the model (weights only,
 evaluation mode), optionally with other memory settings (`ModelConfig.with_memory_settings`, e.g.
 a longer short-term memory at evaluation), and `SavedRun.task` builds the task, optionally with
-other task settings (e.g. another data directory).
+other task settings (e.g. another data directory). A run whose pretrained base moved is pointed
+at its new folder with `base_model` (its weights are checked when the checkpoint refers to a
+frozen base instead of holding it, `weights.py`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..tasks import Evaluation, RunContext, Shard, Task, TaskConfig, get_task
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from .config import TrainConfig
 from .distributed import resolve_device
+from .weights import check_base, load_model_tensors, relocate
 
 
 @dataclass
@@ -57,9 +60,12 @@ class SavedRun:
         return task_cls(config, self.model_config, context)
 
 
-def read_configs(path: str | Path) -> tuple[TrainConfig, TaskConfig, Any]:
-    """(train, task, model) settings stored in a checkpoint (a run directory reads `last`)."""
-    return _configs(load_checkpoint(_default_name(path, "last")))
+def read_configs(
+    path: str | Path, base_model: str | None = None
+) -> tuple[TrainConfig, TaskConfig, Any]:
+    """(train, task, model) settings stored in a checkpoint (a run directory reads `last`),
+    with the pretrained base in folder `base_model` if given (see `weights.relocate`)."""
+    return _configs(load_checkpoint(_default_name(path, "last")), base_model)
 
 
 def _default_name(path: str | Path, name: str) -> Path:
@@ -67,11 +73,14 @@ def _default_name(path: str | Path, name: str) -> Path:
     return path / name if path.is_dir() else path
 
 
-def _configs(ckpt: Checkpoint) -> tuple[TrainConfig, TaskConfig, Any]:
+def _configs(
+    ckpt: Checkpoint, base_model: str | None = None
+) -> tuple[TrainConfig, TaskConfig, Any]:
     meta = ckpt.meta
     missing = [k for k in ("model_config", "train_config", "task_config") if k not in meta]
     if missing:
         raise CheckpointError(f"{ckpt.path}: the metadata lacks {', '.join(missing)}")
+    relocate(meta, base_model, ckpt.path)
     try:
         train_cfg = TrainConfig.from_dict(meta["train_config"])
         task_cfg = get_task(train_cfg.task).Config.from_dict(meta["task_config"])
@@ -85,15 +94,18 @@ def load_run(
     path: str | Path,
     device: str | torch.device = "cpu",
     memory_settings: dict[str, Any] | None = None,
+    base_model: str | None = None,
 ) -> SavedRun:
     """The model saved at `path` (a run directory: its best checkpoint, else its last), in
-    evaluation mode, with other `memory_settings` if given (the weights are the checkpoint's)."""
+    evaluation mode, with other `memory_settings` if given (the weights are the checkpoint's),
+    its pretrained base loaded from `base_model` if given (else from where it was)."""
     ckpt = load_checkpoint(path)
-    train_cfg, task_cfg, model_cfg = _configs(ckpt)
+    train_cfg, task_cfg, model_cfg = _configs(ckpt, base_model)
     model_cfg = model_cfg.with_memory_settings(memory_settings)
+    check_base(ckpt, model_cfg)
     model = build_model(model_cfg)
     try:
-        model.load_state_dict(ckpt.section("model"), strict=True)
+        load_model_tensors(model, ckpt)
     except RuntimeError as err:
         raise CheckpointError(f"{ckpt.path}: weights do not fit the model: {err}") from None
     bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
@@ -116,10 +128,11 @@ def evaluate_run(
     task_settings: dict[str, Any] | None = None,
     batch_size: int | None = None,
     progress: bool = False,
+    base_model: str | None = None,
 ) -> tuple[dict[str, float], Evaluation, Task]:
     """The metrics of a saved model on `split` (default number of batches: the run's
     `test_batches`), the raw evaluation (sums and details) and the task that measured them."""
-    run = load_run(path, device, memory_settings)
+    run = load_run(path, device, memory_settings, base_model)
     task = run.task(task_settings, batch_size=batch_size, progress=progress)
     n = num_batches if num_batches is not None else max(1, run.train_config.test_batches)
     evaluation = task.evaluate(run.model, split, n, Shard())

@@ -57,6 +57,14 @@ from .distributed import (
     wrap_model,
 )
 from .logger import CSV_NAME, MetricsLogger
+from .weights import (
+    META_KEY,
+    base_reference,
+    check_base,
+    load_model_tensors,
+    model_tensors,
+    relocate,
+)
 
 SCHEDULE_KIND = "linear-warmup-cosine"
 RUN_FILES = ("best", "last")
@@ -194,6 +202,7 @@ class Trainer:
         task_cls.check(task_cfg, model_cfg)
 
         self.history: list[dict[str, Any]] = []
+        self._renamed_base = ""  # a hint when data "changes" because the base's folder did
         if self.env.is_main:
             clean_stale_files(self.out_dir)  # what a killed save left behind
         barrier(self.env)
@@ -208,7 +217,19 @@ class Trainer:
                 checkpoint = load_checkpoint(self.out_dir / "last")
             except CheckpointError as err:
                 raise CheckpointError(f"{err}. {self._fallback(err)}") from None
+            # a pretrained base in another folder is the same run (its weights are checked)
+            moved = relocate(checkpoint.meta, model_cfg.to_dict().get("base_model"), self.out_dir)
             self._check_resumable(checkpoint, allow_changes)
+            check_base(checkpoint, model_cfg)
+            if moved is not None:
+                now = model_cfg.to_dict()["base_model"]
+                if Path(moved).name != Path(now).name:
+                    self._renamed_base = (
+                        f" (or is it the base model's folder, renamed from {Path(moved).name} to "
+                        f"{Path(now).name}? its tokenizer is named after it: keep the old name)"
+                    )
+                self.echo(f"note: the base model is now {model_cfg.to_dict()['base_model']} "
+                          f"(was {moved})")  # fmt: skip
         elif any(checkpoint_exists(self.out_dir, n) for n in RUN_FILES):
             if not overwrite:
                 raise FileExistsError(
@@ -219,6 +240,8 @@ class Trainer:
             if self.env.is_main:
                 self._clear_run_dir()
         barrier(self.env)
+        # with a frozen base, checkpoints hold what trains and refer to the base (weights.py)
+        self.base_reference = base_reference(model_cfg)
 
         if train_cfg.threads:
             torch.set_num_threads(train_cfg.threads)
@@ -370,6 +393,7 @@ class Trainer:
                 f"{shown} data changed since step {ckpt.meta.get('step')} (same settings, "
                 "other text). Restore the data to continue the run as it was, or allow the "
                 "change explicitly (--allow-changes; it is recorded in the run's history)"
+                + self._renamed_base
             )
         changes = {f"data.{split}": [saved[split], now.get(split)] for split in moved}
         self.history.append(
@@ -396,7 +420,8 @@ class Trainer:
             barrier(self.env)
             return
         opt_tensors, opt_info = flatten_optimizer(self.optimizer.state_dict())
-        tensors = {f"model/{k}": v for k, v in self.model.state_dict().items()}
+        model = model_tensors(self.model, self.base_reference)
+        tensors = {f"model/{k}": v for k, v in model.items()}
         tensors.update({f"optim/{k}": v for k, v in opt_tensors.items()})
         rank_meta = []
         for r, state in enumerate(ranks):
@@ -432,6 +457,8 @@ class Trainer:
             "history": self.history,  # changes allowed on resume: step, time, {setting: [old, new]}
             "data_fingerprint": self._fingerprint(),
         }
+        if self.base_reference is not None:
+            meta[META_KEY] = self.base_reference.to_dict()
         save_checkpoint(self.out_dir, name, tensors, meta)
         barrier(self.env)  # nobody reads it before it is whole
 
@@ -449,7 +476,7 @@ class Trainer:
     def _restore_from(self, ckpt: Checkpoint) -> None:
         meta = ckpt.meta
         try:
-            self.model.load_state_dict(ckpt.section("model"), strict=True)
+            load_model_tensors(self.model, ckpt)
             self.optimizer.load_state_dict(
                 unflatten_optimizer(ckpt.section("optim"), meta["optimizer"])
             )
@@ -714,7 +741,7 @@ class Trainer:
             return None
         if checkpoint_exists(self.out_dir, "best"):
             best = load_checkpoint(self.out_dir / "best")
-            self.model.load_state_dict(best.section("model"), strict=True)
+            load_model_tensors(self.model, best)
         metrics = self.evaluate("test", self.cfg.test_batches)
         logger.log(self.step, "test", metrics)
         if self.env.is_main:

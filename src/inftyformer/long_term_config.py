@@ -1,0 +1,170 @@
+"""The long-term memory's settings: `LongTermConfig`, which of them may change on a trained
+memory, and the update-gain check that refuses settings whose unbounded update (paper §3.3) would
+make the memory grow. The memory itself is `long_term_memory.py`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from ._checks import check_bool, check_positive_int, check_range
+from .basis import MAX_WIDTH, check_widths
+from .ridge import update_gain
+
+# The largest gain (`ridge.update_gain`) of the unbounded update accepted: below 1 with a margin,
+# so that the memory stays bounded (a constant input accumulates to at most 1 / (1 − 0.95) = 20×)
+# and the ~1% error of the estimate cannot matter.
+MAX_UPDATE_GAIN = 0.95
+
+DENSITY_FORMS = ("paper", "normalized")
+
+
+def check_density(density: object, sigma_init: object) -> None:
+    """The density settings of a long-term memory (shared by the native and pretrained configs)."""
+    if density not in DENSITY_FORMS:
+        raise ValueError(f"density must be one of {DENSITY_FORMS}, got {density!r}")
+    if sigma_init is not None:
+        check_range("sigma_init", sigma_init, 0.0, 10.0, low_open=True)
+
+
+# The settings of a trained long-term memory that may change (`--resume --allow-changes`, or
+# evaluation with other memory settings): how the memory is updated, not N, the widths, the gate
+# or the density heads, which shape its weights or what they learned. Each model kind adds its
+# own (the native short-term lengths and dropout, the pretrained model's learning rates).
+CHANGEABLE_SETTINGS = (
+    "num_samples",
+    "tau",
+    "ridge_lambda",
+    "sticky",
+    "sticky_bins",
+    "edge_padding",
+)
+# what the model around the memory decides, never a user's setting
+DERIVED_SETTINGS = ("dim", "out_dim", "query_projection", "segment_len")
+
+
+@dataclass(frozen=True)
+class LongTermConfig:
+    """Hyper-parameters of the long-term memory and its continuous attention.
+
+    Paper values: sorting N=512, widths (0.01, 0.05), λ=1, τ=0.75, M=512;
+    GPT-2 N=512, widths (0.005, 0.01), λ=0.5, τ=0.5.
+    """
+
+    dim: int  # e: size of the stored vectors, of the queries and of W^K, W^V
+    num_heads: int = 6  # H (head size d = e / H)
+    num_basis: int = 256  # N
+    widths: tuple[float, ...] = (0.01, 0.05)
+    ridge_lambda: float = 1.0  # λ
+    tau: float = 0.75  # τ: the old signal is squeezed into [0, τ]
+    num_samples: int = 512  # M: points at which the old signal is resampled
+    edge_padding: bool = True
+    conv_gate: bool = True
+    sticky: bool = False
+    sticky_bins: int = 128
+    sigma_0: float = 0.05  # σ₀ of the KL prior
+    min_sigma_sq: float = 1e-4  # clamp on σ² (1e-6 is unsafe in float32)
+    # how the scores s = K q / √d become the density (long_term_attention.py): "paper" feeds s
+    # to w_μ, w_σ as in the paper's §3.2; "normalized" standardises s over the N basis keys
+    # first, so that μ and σ depend on the query however small s is (at initialisation)
+    density: str = "normalized"
+    # σ of every density at initialisation (the bias of w_σ); None: PyTorch's default
+    # initialisation of the head, the paper's (σ ≈ 0.83)
+    sigma_init: float | None = None
+    out_dim: int | None = None  # size of the context (default: dim)
+    query_projection: bool = False  # own W^Q; otherwise queries come already projected
+    segment_len: int | None = None  # L of the updates: the update's gain is checked for it here
+
+    def __post_init__(self) -> None:
+        check_positive_int("dim", self.dim)
+        check_positive_int("num_heads", self.num_heads)
+        if self.dim % self.num_heads:
+            raise ValueError(f"dim ({self.dim}) must be divisible by num_heads ({self.num_heads})")
+        check_positive_int("num_basis", self.num_basis)
+        object.__setattr__(self, "widths", check_widths(self.widths, self.num_basis))
+        # λ > 0: at λ = 0 the Gram matrix F Fᵀ is singular as soon as N exceeds the positions
+        check_range("ridge_lambda", self.ridge_lambda, 0.0, low_open=True)
+        check_range("tau", self.tau, 0.0, 1.0, low_open=True, high_open=True)
+        check_positive_int("num_samples", self.num_samples)
+        check_positive_int("sticky_bins", self.sticky_bins)
+        # at most the widest basis function (and its square): larger values overflow float32
+        # where the densities are computed (σ² = 1e300 passed a finiteness check, then failed)
+        check_range("sigma_0", self.sigma_0, 0.0, MAX_WIDTH, low_open=True)
+        check_range("min_sigma_sq", self.min_sigma_sq, 0.0, MAX_WIDTH**2, low_open=True)
+        check_density(self.density, self.sigma_init)
+        if self.out_dim is not None:
+            check_positive_int("out_dim", self.out_dim)
+        for name in ("edge_padding", "conv_gate", "sticky", "query_projection"):
+            check_bool(name, getattr(self, name))
+        if self.segment_len is not None:
+            check_positive_int("segment_len", self.segment_len)
+            check_update_gain(self, (self.segment_len,))  # other L when first used
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @classmethod
+    def from_settings(cls, settings: object, **fixed: object) -> LongTermConfig:
+        """The fields of this config that `settings` (a model's config) holds under the same
+        names, with `fixed` on top (what the model decides: dim, out_dim, …)."""
+        values = {
+            f.name: getattr(settings, f.name) for f in fields(cls) if hasattr(settings, f.name)
+        }
+        return cls(**{**values, **fixed})
+
+
+def check_update_gain(config: LongTermConfig, lengths: tuple[int, ...]) -> None:
+    """Refuse settings whose unbounded update expands the memory (paper §3.3, `ridge.update_gain`)
+    for segments of the given lengths: a ValueError naming the settings, the gain and single
+    changes that bring it below `MAX_UPDATE_GAIN`."""
+    c = config
+    for length in sorted(set(lengths)):
+        gain = _gain(c, length)
+        if gain <= MAX_UPDATE_GAIN:
+            continue
+        fixes = []
+        for name, value in _candidate_fixes(c):
+            try:
+                fixed = _gain(replace(c, segment_len=None, **{name: value}), length)
+            except ValueError:
+                continue
+            if fixed <= MAX_UPDATE_GAIN:
+                fixes.append(f"{name}={value!r} (gain {fixed:.2f})")
+        hint = "; e.g. " + " or ".join(fixes[:3]) if fixes else ""
+        raise ValueError(
+            f"the long-term memory's update expands what it stores: with num_basis={c.num_basis}, "
+            f"widths={c.widths}, ridge_lambda={c.ridge_lambda:g}, tau={c.tau:g}, "
+            f"num_samples={c.num_samples}, edge_padding={c.edge_padding} and segments of length "
+            f"{length} its gain is {gain:.2f} > {MAX_UPDATE_GAIN} (the memory would grow about "
+            f"{gain:.2f}x per segment); use wider widths, more num_samples, a smaller tau or "
+            f"fewer basis functions per width{hint}"
+        )
+
+
+def _gain(c: LongTermConfig, length: int) -> float:
+    return update_gain(
+        c.num_basis, c.widths, c.ridge_lambda, c.tau, c.num_samples, length, c.edge_padding
+    )
+
+
+def _candidate_fixes(c: LongTermConfig):
+    """Single changes to try when the update expands (for the error message)."""
+    for factor in (2, 4, 8):
+        yield "widths", tuple(min(w * factor, 1.0) for w in c.widths)
+    for factor in (2, 4):
+        yield "num_samples", c.num_samples * factor
+    yield "tau", round(c.tau * 2 / 3, 3)
+    yield "tau", round(c.tau / 2, 3)
+    if c.num_basis % (2 * len(c.widths)) == 0:
+        yield "num_basis", c.num_basis // 2
+
+
+__all__ = [
+    "CHANGEABLE_SETTINGS",
+    "DENSITY_FORMS",
+    "DERIVED_SETTINGS",
+    "MAX_UPDATE_GAIN",
+    "LongTermConfig",
+    "check_density",
+    "check_update_gain",
+]

@@ -1,0 +1,93 @@
+"""`save_pretrained(dir, adapter_only=True)`: an adapter folder (config, the memory's weights, the
+base's folder and weights hash) that loads on top of its base with identical logits, follows the
+base to a new folder, and refuses a base with other weights or a base that trained."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tiny_hf import MEMORY, V, tiny_base
+from transformers import AutoModelForCausalLM
+
+from inftyformer.base_weights import BaseMismatchError, weights_hash
+from inftyformer.hf import InftyformerForCausalLM, add_long_term_memory
+
+
+def memory_model_on_disk_base(tmp_path, arch):
+    """A base saved to a folder and loaded from it, with an active memory (nonzero read)."""
+    folder = tmp_path / "base"
+    tiny_base(arch).save_pretrained(folder)
+    base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = add_long_term_memory(base, **MEMORY).eval()
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for layer in model.long_term:
+            for p in layer.attention.out.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
+    return model, folder
+
+
+def two_segments(model, ids):
+    with torch.no_grad():
+        first = model(ids[:, :8])
+        second = model(ids[:, 8:16], memory=first.memory)
+    return torch.cat([first.logits, second.logits], 1)
+
+
+def test_an_adapter_folder_loads_on_its_base_with_the_same_logits(tmp_path, arch):
+    model, folder = memory_model_on_disk_base(tmp_path, arch)
+    ids = torch.randint(0, V, (2, 16), generator=torch.Generator().manual_seed(0))
+    expected = two_segments(model, ids)
+    out = tmp_path / "adapter"
+    model.save_pretrained(out, adapter_only=True)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors", "config.json"]  # fmt: skip
+    info = json.loads((out / "adapter_config.json").read_text())
+    assert info["base_model_name_or_path"] == str(folder.resolve())
+    assert info["base_model_sha256"] == weights_hash(folder)
+    saved = load_file(out / "adapter_model.safetensors")
+    assert saved and all(k.startswith("long_term.") for k in saved)  # no base weight
+    for loaded in (
+        InftyformerForCausalLM.from_pretrained(out),
+        AutoModelForCausalLM.from_pretrained(out),
+    ):
+        assert isinstance(loaded, InftyformerForCausalLM) and not loaded.training
+        assert torch.equal(two_segments(loaded, ids), expected)
+    # the whole model still saves as before
+    model.save_pretrained(tmp_path / "whole")
+    assert not (tmp_path / "whole" / "adapter_config.json").exists()
+    whole = InftyformerForCausalLM.from_pretrained(tmp_path / "whole")
+    assert torch.equal(two_segments(whole.eval(), ids), expected)
+
+
+def test_an_adapter_follows_its_base_and_refuses_another(tmp_path):
+    model, folder = memory_model_on_disk_base(tmp_path, "llama")
+    ids = torch.randint(0, V, (1, 16), generator=torch.Generator().manual_seed(0))
+    expected = two_segments(model, ids)
+    out = tmp_path / "adapter"
+    model.save_pretrained(out, adapter_only=True)
+    moved = tmp_path / "elsewhere"
+    shutil.move(folder, moved)
+    with pytest.raises(ValueError, match="is not there .* pass base_model=DIR"):
+        InftyformerForCausalLM.from_pretrained(out)
+    loaded = InftyformerForCausalLM.from_pretrained(out, base_model=moved)
+    assert torch.equal(two_segments(loaded, ids), expected)
+    # another base of the same shapes: refused, both named
+    other = tmp_path / "other"
+    tiny_base("llama", seed=5).save_pretrained(other)
+    with pytest.raises(BaseMismatchError, match=f"{other}.*{folder}.*point base_model="):
+        InftyformerForCausalLM.from_pretrained(out, base_model=other)
+
+
+def test_a_trained_base_is_not_saved_as_an_adapter(tmp_path):
+    model, folder = memory_model_on_disk_base(tmp_path, "gpt2")
+    with pytest.raises(ValueError, match="base weights differ .* save the whole model"):
+        with torch.no_grad():
+            next(model.base.parameters()).add_(1e-3)
+        model.save_pretrained(tmp_path / "adapter", adapter_only=True)
+    built = add_long_term_memory(tiny_base("gpt2"), **MEMORY)  # not loaded from a folder
+    with pytest.raises(ValueError, match="needs the base model's folder .* base_model=DIR"):
+        built.save_pretrained(tmp_path / "adapter", adapter_only=True)
+    assert not (tmp_path / "adapter").exists()
