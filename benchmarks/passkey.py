@@ -358,11 +358,42 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
     if parity is not None:
         lines += [f"Parity: rows (i) and (iii) differ by at most {parity:.1e} nats per token on "
                   "the test books (the untrained read adds zero).", ""]  # fmt: skip
-    runs = {r: rows[r]["run"] for r in order if rows[r].get("run")}
-    if runs:
-        lines += ["Runs: " + "; ".join(f"{r}: `{v}`" for r, v in runs.items()) + ".", ""]
+    trained = [r for r in order if rows[r].get("training")]
+    if trained:
+        lines += ["## The trained rows", "", "From each run's checkpoint and metrics.csv "
+                  "(validation on the task's valid split: the facts task's held-out wording).",
+                  ""]  # fmt: skip
+        for r in trained:
+            t = rows[r]["training"]
+            curve = ", ".join(f"{k} " + " → ".join(f"{v:.3g}" for _, v in vals)
+                              for k, vals in t["valid"].items())  # fmt: skip
+            settings = ", ".join(f"{k}={v}" for k, v in {**t["model"], **t["task_config"]}.items())
+            lines += [f"- {ROWS[r]}: `{t['task']}` task, step {t['step']}, batch "
+                      f"{t['batch_size']}; {settings}. Valid: {curve}."]  # fmt: skip
+        lines += [""]
     lines += [ex.hand_notes(out_dir / f"{NAME}.md"), ""]
     (out_dir / f"{NAME}.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def training_summary(run: str) -> dict[str, Any]:
+    """What a trained row's run was: its step, the settings that make the recipe, and its
+    validation curve (metrics.csv)."""
+    import csv
+
+    from inftyformer.training.checkpoint import load_checkpoint
+
+    meta = load_checkpoint(run).meta
+    model, task = meta["model_config"], meta["task_config"]
+    keep = ("memory_layers", "window", "memory_lr", "segment_len", "num_basis", "tau", "sticky")
+    out = {"task": meta["task"], "step": meta["step"], "model": {k: model.get(k) for k in keep},
+           "task_config": {k: v for k, v in task.items() if k not in ("data_dir", "tokenizer")},
+           "batch_size": meta["train_config"]["batch_size"], "valid": {}}  # fmt: skip
+    directory = Path(run) if Path(run).is_dir() else Path(run).parent
+    with open(directory / "metrics.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            if r["split"] == "valid" and r["metric"] in ("loss", "exact", "ppl", "perplexity"):
+                out["valid"].setdefault(r["metric"], []).append([int(r["step"]), float(r["value"])])
+    return out
 
 
 def gather(out_dir: Path, setup: dict[str, Any]) -> dict[str, Any]:
@@ -371,6 +402,8 @@ def gather(out_dir: Path, setup: dict[str, Any]) -> dict[str, Any]:
         entry = json.loads(path.read_text(encoding="utf-8"))
         if entry["setup"] == setup:
             rows[path.stem] = entry["row"]
+            if entry["row"].get("run") and Path(entry["row"]["run"]).parent.exists():
+                rows[path.stem]["training"] = training_summary(entry["row"]["run"])
     data = ex.report(NAME, setup, {}, {}, [], 1, sum(r["seconds"] for r in rows.values()))
     data["rows"] = rows
     w, u = rows.get("window", {}).get("books"), rows.get("untrained", {}).get("books")
