@@ -139,6 +139,9 @@ def test_resume_after_moving_the_base_continues_exactly(setup):
     new.parent.mkdir()
     old.rename(new)
     resume = ["train", "lm", "-o", part, "--resume", "--no-progress", "--set", "halt_after=0"]
+    renamed = shutil.copytree(new, root / "renamed")
+    code, output = run(*resume, "--base-model", renamed)
+    assert code == 2 and "renamed from smol to renamed" in output, output
     code, output = run(*resume)
     assert code == 2 and f"base model {old} is not there any more" in output, output
     assert "--base-model" in output and len(output.strip().splitlines()) == 1
@@ -215,3 +218,19 @@ def test_checkpoints_holding_the_whole_base_still_load(setup):
         assert code == 0 and "resumed" in output, output
     assert losses(old_style) == losses(new_style) and len(losses(old_style)) == 4
     assert "base" in load_checkpoint(old_style / "last").meta
+
+
+def test_a_run_given_a_relative_base_loads_from_another_directory(setup, monkeypatch):
+    """The reference records the base's absolute folder: a run trained with a relative
+    --base-model evaluates from anywhere."""
+    base, corpus, root = setup
+    shutil.copytree(base, root / "models" / "tiny")
+    monkeypatch.chdir(root)
+    train("models/tiny", corpus, root / "relative", "--set", "halt_after=2")
+    assert load_checkpoint(root / "relative" / "last").meta["model_config"]["base_model"] == (
+        "models/tiny"
+    )
+    monkeypatch.chdir(corpus)
+    saved = load_run(root / "relative")
+    assert saved.model_config.base_model == str((root / "models" / "tiny").resolve())
+    assert saved.task_config.tokenizer == saved.model_config.base_model

@@ -202,6 +202,7 @@ class Trainer:
         task_cls.check(task_cfg, model_cfg)
 
         self.history: list[dict[str, Any]] = []
+        self._renamed_base = ""  # a hint when data "changes" because the base's folder did
         if self.env.is_main:
             clean_stale_files(self.out_dir)  # what a killed save left behind
         barrier(self.env)
@@ -221,6 +222,12 @@ class Trainer:
             self._check_resumable(checkpoint, allow_changes)
             check_base(checkpoint, model_cfg)
             if moved is not None:
+                now = model_cfg.to_dict()["base_model"]
+                if Path(moved).name != Path(now).name:
+                    self._renamed_base = (
+                        f" (or is it the base model's folder, renamed from {Path(moved).name} to "
+                        f"{Path(now).name}? its tokenizer is named after it: keep the old name)"
+                    )
                 self.echo(f"note: the base model is now {model_cfg.to_dict()['base_model']} "
                           f"(was {moved})")  # fmt: skip
         elif any(checkpoint_exists(self.out_dir, n) for n in RUN_FILES):
@@ -386,6 +393,7 @@ class Trainer:
                 f"{shown} data changed since step {ckpt.meta.get('step')} (same settings, "
                 "other text). Restore the data to continue the run as it was, or allow the "
                 "change explicitly (--allow-changes; it is recorded in the run's history)"
+                + self._renamed_base
             )
         changes = {f"data.{split}": [saved[split], now.get(split)] for split in moved}
         self.history.append(
