@@ -76,7 +76,7 @@ def test_a_file_growing_past_the_limit_while_read_is_refused(tmp_path, monkeypat
         read_user_text(path, "--prompt-file", limit=1000)
 
 
-def test_inputs_beyond_a_pretrained_bases_positions_are_refused_by_name(tmp_path):
+def test_inputs_beyond_a_pretrained_bases_positions_are_streamed_or_refused_by_name(tmp_path):
     pytest.importorskip("transformers")
     import sys
     from pathlib import Path
@@ -90,11 +90,18 @@ def test_inputs_beyond_a_pretrained_bases_positions_are_refused_by_name(tmp_path
     for arch in ("gpt2", "llama"):  # 64 positions each
         model = add_long_term_memory(tiny_base(arch), **MEMORY).eval()
         with torch.no_grad():
-            assert model(torch.zeros(1, 64, dtype=torch.long)).logits.shape[1] == 64
+            # longer than the positions: streamed through the memory by the call itself
+            assert model(torch.zeros(1, 65, dtype=torch.long)).logits.shape[1] == 65
+            ids = torch.zeros(1, 60, dtype=torch.long)
+            assert model.generate(ids, max_new_tokens=10, do_sample=False).shape[1] == 70
+            # generation goes on from the prompt's last part (here all 8 tokens): 8 + 57 = 65
+            # fit (the last token needs no step), one more would reach position 65
+            prompt = torch.zeros(1, 8, dtype=torch.long)
+            assert model.generate(prompt, max_new_tokens=57, do_sample=False).shape[1] == 65
             with pytest.raises(ValueError, match="reaches position 65.*64 positions"):
-                model(torch.zeros(1, 65, dtype=torch.long))
+                model.generate(prompt, max_new_tokens=58, do_sample=False)
             with pytest.raises(ValueError, match="reaches position 65.*64 positions"):
-                model.generate(torch.zeros(1, 60, dtype=torch.long), max_new_tokens=10)
+                model(prompt, position_ids=torch.arange(57, 65)[None])
             # streamed in segments, a text of any length goes in
             assert stream_loss(model, torch.zeros(1, 300, dtype=torch.long)).segments > 1
 

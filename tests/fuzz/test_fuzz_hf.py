@@ -193,7 +193,8 @@ def forward_args(draw):
     batch = draw(st.sampled_from([BATCH, BATCH, 1]))
     if draw(st.booleans()):  # half of the draws: a valid call
         g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
-        ids = torch.randint(0, V, (BATCH, draw(st.sampled_from([1, 2, L, POSITIONS]))), generator=g)
+        lengths = [1, 2, L, L + 1, POSITIONS, POSITIONS + 1]  # past a segment: streamed
+        ids = torch.randint(0, V, (BATCH, draw(st.sampled_from(lengths))), generator=g)
         labels = None
         if draw(st.booleans()):
             labels = torch.randint(-1, V, ids.shape, generator=g)
@@ -231,8 +232,6 @@ def check_forward(args):
     bad = []
     if not ids_ok(ids, allow_ignore=False):
         bad.append("input_ids")
-    elif ids.shape[1] > POSITIONS:
-        bad.append("position")
     if labels is not None and not (ids_ok(labels, True) and labels.shape == ids.shape):
         bad.append("labels")
     batch = ids.shape[0] if ids.dim() else 0
@@ -247,10 +246,7 @@ def check_forward(args):
     all_reset = reset is not None and "reset" not in bad and bool(reset.all())
     if memory is not None and memory.batch_size != batch and not all_reset:
         bad.append("memory")
-    if not bad and memory is not None and memory.window is not None and not all_reset:
-        held = memory.window.length if reset is None else memory.window.length[~reset]
-        if ids.shape[1] + int(held.max()) > POSITIONS:  # the window's text runs again first
-            bad.append("positions")
+    # any length is accepted: past a segment it is streamed, each call within the positions
     if bad:
         expect_error(call, *bad)
         return

@@ -1,8 +1,14 @@
 """`generate` reads the memory (read-only): greedy decoding equals recomputation with the same
-memory; beams repeat each row's memory, never share one."""
+memory; beams repeat each row's memory, never share one; a prompt longer than a segment goes
+into the memory first.
 
+The recomputation reference runs the text so far in one call, as generation's cache holds it:
+past a segment, `model(ids)` would stream it, so the reference is the same weights with a longer
+segment_len (`with_settings`)."""
+
+import pytest
 import torch
-from tiny_hf import V, tiny_memory_model
+from tiny_hf import L, V, tiny_memory_model, with_settings
 
 PROMPT, NEW = 5, 6
 
@@ -22,9 +28,10 @@ def test_greedy_generate_equals_step_by_step_recomputation(arch):
         max_new_tokens=NEW, do_sample=False, return_dict_in_generate=True, output_logits=True
     )
     out = model.generate(prompt, memory=memory, **greedy)
+    one_call = with_settings(model, segment_len=PROMPT + NEW)
     ids, scores = prompt, []
     for _ in range(NEW):  # from scratch each step: the whole text so far, the same memory
-        logits = model(ids, memory=memory).logits[:, -1]
+        logits = one_call(ids, memory=memory).logits[:, -1]
         scores.append(logits)
         ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(out.sequences, ids)
@@ -67,16 +74,69 @@ def test_repeat_rows_repeats_each_row_in_place():
 
 @torch.no_grad()
 def test_generate_shortens_the_window_to_the_base_positions(arch):
-    """64 positions: a window of 8, a prompt of 50 and 10 new tokens would need 68, so the window
+    """64 positions: a window of 8, a prompt of 6 and 54 new tokens would need 68, so the window
     keeps its last 4 tokens; greedy generation equals recomputation with that window."""
     model = tiny_memory_model(arch)
     memory = stream(model, 2)
-    prompt = torch.randint(1, V, (2, 50), generator=torch.Generator().manual_seed(9))
-    out = model.generate(prompt, memory=memory, max_new_tokens=10, do_sample=False)
+    prompt = torch.randint(1, V, (2, 6), generator=torch.Generator().manual_seed(9))
+    out = model.generate(prompt, memory=memory, max_new_tokens=54, do_sample=False)
     short = model.consolidate(memory)
     short.window.tokens, short.window.length = short.window.tokens[:, -4:], torch.tensor([4, 4])
+    one_call = with_settings(model, segment_len=60, window=4)
     ids = prompt
-    for _ in range(10):
-        step = model(ids, memory=short).logits[:, -1].argmax(-1, keepdim=True)
+    for _ in range(54):
+        step = one_call(ids, memory=short).logits[:, -1].argmax(-1, keepdim=True)
         ids = torch.cat([ids, step], dim=1)
     assert torch.equal(out, ids)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("window", [None, 0])
+def test_a_long_prompt_goes_into_the_memory_first(arch, window):
+    """A prompt of 100 tokens (more than the base's 64 positions): generate equals streaming all
+    but its last part (4 tokens: 100 = 12·8 + 4) into the memory, then generating from that part
+    with the memory; the returned sequences hold the whole prompt. max_length counts the whole
+    prompt, as HF's does; beams and several sequences per prompt get the prompt too."""
+    model = tiny_memory_model(arch, window=window)
+    memory = stream(model, 2)
+    prompt = torch.randint(1, V, (2, 100), generator=torch.Generator().manual_seed(10))
+    greedy = dict(do_sample=False, return_dict_in_generate=True, output_logits=True)
+    out = model.generate(prompt, memory=memory, max_new_tokens=NEW, **greedy)
+    streamed = model(prompt[:, :96], memory=memory).memory
+    explicit = model.generate(prompt[:, 96:], memory=streamed, max_new_tokens=NEW, **greedy)
+    assert out.sequences.shape == (2, 100 + NEW)
+    assert torch.equal(out.sequences[:, :100], prompt)
+    assert torch.equal(out.sequences[:, 96:], explicit.sequences)
+    for got, want in zip(out.logits, explicit.logits, strict=True):
+        assert torch.equal(got, want)
+    # what was streamed matters: the same last part after another beginning differs
+    other = prompt.clone()
+    other[:, :90] = torch.randint(1, V, (2, 90), generator=torch.Generator().manual_seed(11))
+    changed = model.generate(other, memory=memory, max_new_tokens=NEW, **greedy)
+    assert (changed.logits[0] - out.logits[0]).abs().max() > 1e-3
+    # a prompt of exactly one segment is not cut: the same as before
+    assert torch.equal(
+        model.generate(prompt[:, :L], memory=memory, max_new_tokens=NEW, do_sample=False),
+        model.generate(prompt[:, :L], memory=model.consolidate(memory), max_new_tokens=NEW,
+                       do_sample=False),
+    )  # fmt: skip
+    assert model.generate(prompt, max_length=103, do_sample=False).shape == (2, 103)
+    beams = model.generate(prompt, num_beams=2, num_return_sequences=2, max_new_tokens=3)
+    assert beams.shape == (4, 103) and torch.equal(beams[:, :100], prompt.repeat_interleave(2, 0))
+    with pytest.raises(ValueError, match="attention_mask must have the shape of input_ids"):
+        model.generate(prompt, attention_mask=torch.ones(2, 99, dtype=torch.long))
+
+
+@torch.no_grad()
+def test_a_long_padded_prompt_streams_the_valid_tokens(arch):
+    """Left padding (as batched generation pads): the prompt is cut by columns (here after 24),
+    and a row's valid tokens before the cut are streamed from its first one. With one segment
+    of padding, the padded row streams the same two segments as its 22 tokens alone (cut after
+    16) and continues from the same 6 tokens, so it generates the same."""
+    model = tiny_memory_model(arch)
+    prompt = torch.randint(1, V, (2, 30), generator=torch.Generator().manual_seed(12))
+    mask = torch.ones_like(prompt)
+    mask[1, :L] = 0
+    padded = model.generate(prompt, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    alone = model.generate(prompt[1:2, L:], max_new_tokens=NEW, do_sample=False)
+    assert torch.equal(padded[1, L:], alone[0])

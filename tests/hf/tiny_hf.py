@@ -55,3 +55,14 @@ def tiny_memory_model(arch: str, seed: int = 0, active: bool = True, **settings)
                 w = layer.attention.out.weight
                 w.copy_(torch.randn(w.shape, generator=generator) * 0.3)
     return model
+
+
+def with_settings(model, **changes):
+    """A model with the same weights (base and memory) and other settings, e.g. a longer
+    segment_len: the reference that runs a text longer than a segment in one call."""
+    from inftyformer.hf import InftyformerForCausalLM
+
+    config = type(model.config).from_dict({**model.config.to_dict(), **changes})
+    other = InftyformerForCausalLM(config).eval()
+    other.load_state_dict(model.state_dict())
+    return other

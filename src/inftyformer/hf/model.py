@@ -1,8 +1,10 @@
 """`InftyformerForCausalLM`: a pretrained Hugging Face causal LM (GPT-2, Llama family) with the
 ∞-former's long-term memory in every block (paper §4.2, fine-tuning GPT-2; `docs/hf.md`).
 
-One call processes one segment of T tokens (the streaming helper cuts documents into segments of
-L = `segment_len`). Like the paper's model, each segment also attends to a short-term window of
+One call processes one segment of T ≤ L = `segment_len` tokens; a longer input is cut into
+segments of L by the call itself and streamed through the memory, call after call, with one
+call's outputs (`segments.stream_forward`: logits of every position, the loss over all of them,
+the final memory). Like the paper's model, each segment also attends to a short-term window of
 the W = `window` tokens before it (default one segment, W = L), and the long-term memory holds
 the text that left the window:
 
@@ -17,7 +19,8 @@ the text that left the window:
    logits of segment k at initialisation are exactly the base's for segment k with segment
    k − 1 before it. Cost: the base runs on W + T tokens per call (`docs/hf.md`). Positions
    never pass the base's `max_position_embeddings` (W + L is checked by the config, a longer
-   call is refused, `generate` shortens the window to fit). W = 0 is the older behaviour: each
+   input is streamed in calls of L, `generate` streams a long prompt into the memory first and
+   shortens the window to fit). W = 0 is the older behaviour: each
    segment attends within itself.
 1. The inputs that left the window (waiting in `LayerState.short_term`: each block's normalised
    attention inputs, computed in the previous call) enter each block's long-term memory
@@ -62,7 +65,10 @@ with an empty memory read exactly 0), so DistributedDataParallel needs no
 Generation (`generate`): the memory is read-only. The waiting segment is fitted once before
 generating; the first step runs the window before the prompt, the base's key/value cache keeps
 both, and every step reads the same long-term memory, so greedy `generate` gives the tokens of
-recomputing `model(prompt + tokens so far, memory=m)` at every step. A call that continues a
+recomputing `model(prompt + tokens so far, memory=m)` in one call at every step (the text
+stays in the base's cache: past a segment, the reference is a model of longer segment_len). A
+prompt longer than a segment goes into the memory first, all but its last part (1 … L tokens),
+which generation continues. A call that continues a
 non-empty cache writes nothing (its memory: the one it read, nothing waiting). Beam search and
 `num_return_sequences` repeat each row's memory (window included) for its beams
 (`repeat_interleave`); since all the beams of a row read the same, unchanging memory, reordering
@@ -98,6 +104,7 @@ from ..short_term_memory import ShortTermState
 from ..state import LayerState, MemoryState, TokenWindow
 from .adapters import BlockAdapter, adapter_for
 from .config import MEMORY_FIELDS, MODEL_FIELDS, InftyformerConfig
+from .segments import stream_forward
 from .window import WindowedInputs, pack
 
 
@@ -591,9 +598,11 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> InftyformerOutput:
-        """input_ids [batch, T] (one segment), memory from the previous call (None: empty),
-        labels [batch, T] (shifted inside as in HF, −100 ignored), reset [batch] bool (rows whose
-        document ended before this segment). `generator` seeds the sticky sampling in training."""
+        """input_ids [batch, T] (one segment; more than `segment_len` tokens are streamed
+        through the memory in calls of one segment, `_stream`), memory from the previous call
+        (None: empty), labels [batch, T] (shifted inside as in HF, −100 ignored), reset [batch]
+        bool (rows whose document ended before this segment). `generator` seeds the sticky
+        sampling in training."""
         if kwargs.get("inputs_embeds") is not None:
             raise ValueError("inputs_embeds is not supported: pass input_ids")
         if self.training and any(
@@ -607,7 +616,6 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             raise RuntimeError("this model was unwrapped: its hooks are gone")
         ids = self._check_ids("input_ids", input_ids, allow_ignore=False)
         batch, length = ids.shape
-        self._check_positions(length, position_ids, cache or kwargs.get("past_key_values"))
         if labels is not None:
             labels = self._check_ids("labels", labels, allow_ignore=True)
             if labels.shape != ids.shape:
@@ -615,6 +623,12 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                     f"labels must have the shape of input_ids {tuple(ids.shape)}, "
                     f"got {tuple(labels.shape)}"
                 )
+        if length > self.config.segment_len:  # more than a segment: streamed, call by call
+            return self._stream(
+                ids, memory, labels, reset, attention_mask, position_ids, cache, use_cache,
+                generator, logits_to_keep, kwargs,
+            )  # fmt: skip
+        self._check_positions(length, position_ids, cache or kwargs.get("past_key_values"))
         valid = self._check_mask(attention_mask, batch, length)
         memory = self.prepare_memory(memory, batch, reset)
         past = 0 if cache is None else int(cache.get_seq_length())
@@ -701,10 +715,44 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             output.lm_loss, output.token_loss = lm_loss, token_loss
         return output
 
+    def _stream(
+        self, ids, memory, labels, reset, attention_mask, position_ids, cache, use_cache,
+        generator, logits_to_keep, kwargs,
+    ) -> InftyformerOutput:  # fmt: skip
+        """`forward` on more than `segment_len` tokens: checked here, then streamed through
+        the memory in calls of one segment each (`segments.stream_forward`), so that the
+        positions never pass the base's and older text reaches later tokens through the memory.
+        """
+        batch, length = ids.shape
+        seg = self.config.segment_len
+        past = cache or kwargs.pop("past_key_values", None)
+        if hasattr(past, "get_seq_length") and int(past.get_seq_length()):
+            raise ValueError(
+                f"a call continuing a key/value cache takes at most segment_len={seg} tokens, "
+                f"got {length}"
+            )
+        if position_ids is not None:
+            raise ValueError(
+                f"position_ids are not supported on inputs longer than segment_len={seg} "
+                f"(got {length} tokens): they are cut into calls of {seg} whose positions count "
+                "from each call's window; leave position_ids out"
+            )
+        if isinstance(logits_to_keep, torch.Tensor) or logits_to_keep < 0:
+            raise ValueError(
+                f"logits_to_keep must be an int >= 0 on inputs longer than segment_len={seg}"
+            )
+        valid = self._check_mask(attention_mask, batch, length)
+        fields = stream_forward(
+            self, ids, memory, labels, reset, valid, use_cache, logits_to_keep, generator,
+            **kwargs,
+        )  # fmt: skip
+        return InftyformerOutput(**fields)
+
     def _check_positions(self, length: int, position_ids: object, cache: object) -> None:
         """Refuse a call reaching beyond the base's positions (max_position_embeddings), which
         would fail inside the base (an IndexError in GPT-2's position table) or run where it was
-        never trained: a longer text goes in segment by segment, through the memory."""
+        never trained (explicit position_ids, or a call continuing a cache: a longer input
+        without them is streamed, segment by segment, through the memory)."""
         limit = getattr(self.config.text_config, "max_position_embeddings", None)
         if not isinstance(limit, int):
             return
@@ -724,12 +772,37 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
     def generate(self, inputs: torch.Tensor | None = None, memory=None, reset=None, **kwargs):
         """HF `generate` reading `memory` (read-only: the waiting segment is fitted once, before
         the first step; nothing is written while generating). `reset` [batch] clears rows
-        first. Returns what HF's generate returns (the memory is not advanced: run
+        first. A prompt longer than a segment goes into the memory first, all but its last
+        part (1 … segment_len tokens, the text generation continues; the same cut as
+        `PretrainedMemoryLM.generate`), so that no step passes the base's positions; its
+        max_length / min_length count the whole prompt, as HF's do. Returns what HF's generate
+        returns, the whole prompt included (the memory is not advanced: run
         `model(ids, memory=memory)` to write the generated text into it)."""
         ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
         if ids is None:
             raise ValueError("generate needs input_ids")
         ids = self._check_ids("input_ids", ids, allow_ignore=False)
+        seg = self.config.segment_len
+        cut = (ids.shape[1] - 1) // seg * seg
+        head = ids[:, :cut]
+        if cut:
+            mask = kwargs.get("attention_mask")
+            if mask is not None:
+                if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != tuple(ids.shape):
+                    raise ValueError(
+                        f"attention_mask must have the shape of input_ids {tuple(ids.shape)}"
+                    )
+                kwargs["attention_mask"] = mask[:, cut:]
+            with torch.no_grad():
+                memory = self(
+                    head,
+                    memory=memory,
+                    reset=reset,
+                    attention_mask=None if mask is None else mask[:, :cut],
+                    use_cache=False,
+                ).memory
+            reset, ids = None, ids[:, cut:]
+            self._count_from_the_cut(kwargs, cut)
         if memory is not None or reset is not None:
             memory = self.consolidate(self.prepare_memory(memory, ids.shape[0], reset))
         if memory is None:
@@ -738,7 +811,30 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         cache = self.prepare_reads(memory)
         if kwargs.get("attention_mask") is None:  # ids without a mask are all tokens, no padding
             kwargs["attention_mask"] = torch.ones_like(ids)
-        return super().generate(ids, memory=memory, read_cache=cache, **kwargs)
+        out = super().generate(ids, memory=memory, read_cache=cache, **kwargs)
+        if not cut:
+            return out
+        sequences = out if isinstance(out, torch.Tensor) else out.sequences
+        # beams / several sequences per prompt: each prompt's rows are together
+        head = head.repeat_interleave(sequences.shape[0] // head.shape[0], dim=0)
+        sequences = torch.cat([head.to(sequences.device), sequences], dim=1)
+        if isinstance(out, torch.Tensor):
+            return sequences
+        out.sequences = sequences
+        return out
+
+    def _count_from_the_cut(self, options: dict, cut: int) -> None:
+        """max_length / min_length (prompt + new tokens) counted from the part of the prompt
+        generation continues, after `cut` tokens went into the memory."""
+        config = options.get("generation_config") or self.generation_config
+        if options.get("max_new_tokens", config.max_new_tokens) is None:
+            high = options.get("max_length", config.max_length)
+            if high is not None:
+                options["max_length"] = high - cut
+        if options.get("min_new_tokens", config.min_new_tokens) is None:
+            low = options.get("min_length", config.min_length)
+            if low:
+                options["min_length"] = max(low - cut, 0)
 
     def _window_within_positions(self, memory: MemoryState, prompt: int, options) -> MemoryState:
         """The memory with its window shortened (oldest tokens first) so that the window, the

@@ -1,17 +1,18 @@
 """Long documents through an `InftyformerForCausalLM`, in segments of L tokens.
 
 `stream_loss` cuts tokens [batch, T] into consecutive segments of L = `segment_len` (the last
-one shorter), calls the model once per segment and carries the memory: a token sees the earlier
-tokens of its own segment and the model's window (by default the previous segment) through the
-base model's attention, and everything before the window only through the long-term memory
-(detached between calls). Rows are parallel streams; `reset`
-[batch] clears rows before the first segment (their document starts here).
+one shorter), calls the model once per segment and carries the memory (`segments.py`, the loop
+that `model(input_ids)` on more than a segment uses too): a token sees the earlier tokens of its
+own segment and the model's window (by default the previous segment) through the base model's
+attention, and everything before the window only through the long-term memory (detached between
+calls). Rows are parallel streams; `reset` [batch] clears rows before the first segment (their
+document starts here).
 
 The targets are aligned with the tokens (targets[:, t] is the token that follows tokens[:, t];
 −100 is ignored), so the prediction of a segment's last position counts too: with
 tokens = doc[:-1] and targets = doc[1:], every token of the document but the first is predicted
-once. (The model's own `labels` shift inside one call, as in HF, and so lose one prediction per
-segment.)
+once. (The model's own `labels` shift inside one call, as in HF; a call on more than a segment
+shifts over its whole input, so it too loses no prediction at the segment boundaries.)
 
 Runs under the caller's grad mode: under torch.no_grad() it is whole-document evaluation; with
 gradients, the per-token losses of all segments stay in the graph (the memory between segments
@@ -27,6 +28,7 @@ import torch
 from ..model import token_losses
 from ..state import MemoryState
 from .model import InftyformerForCausalLM
+from .segments import segment_calls
 
 
 @dataclass
@@ -47,7 +49,8 @@ def stream_loss(
     generator: torch.Generator | None = None,
 ) -> StreamOutput:
     """Per-token NLL of tokens [batch, T] against targets [batch, T] (None: only fill the
-    memory), in segments of `segment_len` (default: the model's), carrying `memory`.
+    memory), in segments of `segment_len` (default: the model's; a longer one is cut again by
+    the model's own calls), carrying `memory`.
     Training loss: `token_loss.sum() / (targets != -100).sum() + memory_loss`."""
     if not isinstance(model, InftyformerForCausalLM):
         raise TypeError(f"model must be an InftyformerForCausalLM, got {type(model).__name__}")
@@ -60,19 +63,14 @@ def stream_loss(
             f"targets must have the shape of tokens {tuple(tokens.shape)}, got "
             f"{tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets)}"
         )
-    seg = model.config.segment_len if segment_len is None else segment_len
-    if isinstance(seg, bool) or not isinstance(seg, int) or seg < 1:
-        raise ValueError(f"segment_len must be a positive int, got {seg!r}")
     if targets is not None:
         targets = model._check_ids("targets", targets, allow_ignore=True)
     losses, memory_losses = [], []
-    for start in range(0, tokens.shape[1], seg):
-        piece = tokens[:, start : start + seg]
-        out = model(piece, memory=memory, reset=reset if start == 0 else None, generator=generator)
+    for start, stop, out in segment_calls(model, tokens, memory, segment_len, reset, generator):
         memory = out.memory
         memory_losses.append(out.memory_loss)
         if targets is not None:
-            losses.append(token_losses(out.logits, targets[:, start : start + seg])[0])
+            losses.append(token_losses(out.logits, targets[:, start:stop])[0])
     return StreamOutput(
         token_loss=torch.cat(losses, dim=1) if losses else None,
         memory=memory,

@@ -1,0 +1,141 @@
+"""The segment loop of the pretrained path: a long input [batch, T] through an
+`InftyformerForCausalLM` in calls of L = `segment_len` tokens (the last one shorter), the memory
+carried from call to call: a token sees the earlier tokens of its own segment and the model's
+window (by default the previous segment) through the base model's attention, and everything
+before the window only through the long-term memory (detached between calls). Rows are parallel
+streams; `reset` [batch] clears rows before the first segment (their document starts here).
+
+    segment_calls   the loop (also under `streaming.stream_loss`)
+    stream_forward  what `model(input_ids)` does with more than `segment_len` tokens: the
+                    outputs of one call (logits of every position, the loss with HF's shift
+                    inside, the final memory), so tools that call the model on a long sequence
+                    use the memory without knowing about it
+
+This module does not import `model.py` (the model imports it): the model is passed in.
+Runs under the caller's grad mode; with gradients, every call's outputs stay in the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..model import IGNORE_INDEX, token_losses
+from ..state import MemoryState
+
+
+def segment_calls(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    memory: MemoryState | None = None,
+    segment_len: int | None = None,
+    reset: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    attention_mask: torch.Tensor | None = None,
+    options: Callable[[int, int], dict[str, Any]] | None = None,
+) -> Iterator[tuple[int, int, Any]]:
+    """(start, stop, output) of each call of `model` (an `InftyformerForCausalLM`) on
+    tokens[:, start:stop], in order, the memory carried from call to call (`reset` applies to
+    the first). `attention_mask` [batch, T] is cut like the tokens; `options(start, stop)`:
+    further keyword arguments of that call."""
+    seg = model.config.segment_len if segment_len is None else segment_len
+    if isinstance(seg, bool) or not isinstance(seg, int) or seg < 1:
+        raise ValueError(f"segment_len must be a positive int, got {seg!r}")
+    length = tokens.shape[1]
+    for start in range(0, length, seg):
+        stop = min(start + seg, length)
+        out = model(
+            tokens[:, start:stop],
+            memory=memory,
+            reset=reset if start == 0 else None,
+            generator=generator,
+            attention_mask=None if attention_mask is None else attention_mask[:, start:stop],
+            **({} if options is None else options(start, stop)),
+        )
+        memory = out.memory
+        yield start, stop, out
+
+
+def _tokens_first(valid: torch.Tensor) -> torch.Tensor | None:
+    """The order [batch, T] that moves each row's valid tokens to its start (in their order),
+    or None when they are there already (no padding, or padding on the right only)."""
+    count = valid.sum(1, keepdim=True)
+    if bool((valid == (torch.arange(valid.shape[1], device=valid.device) < count)).all()):
+        return None
+    return torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
+
+
+def stream_forward(
+    model: nn.Module,
+    ids: torch.Tensor,
+    memory: MemoryState | None,
+    labels: torch.Tensor | None,
+    reset: torch.Tensor | None,
+    valid: torch.Tensor | None,
+    use_cache: bool | None,
+    logits_to_keep: int,
+    generator: torch.Generator | None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """`model(ids)` for ids [batch, T] longer than a segment (checked by the caller): calls of
+    `segment_len` tokens each (with the window before them, so never past the base's positions)
+    and the fields of one `InftyformerOutput`, as a single call gives them:
+
+        logits       of every position [batch, T, V] (the last `logits_to_keep` when > 0)
+        memory       after the last segment
+        lm_loss      mean next-token NLL over labels ≠ −100, labels shifted over the whole input
+        token_loss   [batch, T − 1]
+        kl, memory_loss  means over the calls; loss = lm_loss + memory_loss
+        cache        the last call's (the base's cache over the window and the last segment)
+
+    Padding (`valid` [batch, T], False at attention-mask zeros): each row's tokens are streamed
+    from its first one, so a padded row gives what the row alone gives, whatever side it is
+    padded on (left-padded rows are moved to the left and their outputs moved back)."""
+    batch, length = ids.shape
+    targets = None
+    if labels is not None:  # position t predicts labels[t + 1], as in one call
+        targets = torch.cat([labels[:, 1:], labels.new_full((batch, 1), IGNORE_INDEX)], dim=1)
+    order = None if valid is None else _tokens_first(valid)
+    if order is not None:
+        ids, valid = ids.gather(1, order), valid.gather(1, order)
+        targets = None if targets is None else targets.gather(1, order)
+    mask = None if valid is None else valid.long()
+
+    def options(start: int, stop: int) -> dict[str, Any]:  # only the last call keeps a cache
+        return {"use_cache": use_cache if stop == length else False, **kwargs}
+
+    logits, losses, kls, memory_losses, out = [], [], [], [], None
+    calls = segment_calls(model, ids, memory, None, reset, generator, mask, options)
+    for start, stop, out in calls:
+        logits.append(out.logits)
+        kls.append(out.kl)
+        memory_losses.append(out.memory_loss)
+        if targets is not None:
+            losses.append(token_losses(out.logits, targets[:, start:stop])[0])
+    all_logits = torch.cat(logits, dim=1)
+    token_loss = torch.cat(losses, dim=1) if losses else None
+    if order is not None:  # back to the caller's columns
+        inverse = order.argsort(dim=1)
+        all_logits = all_logits.gather(1, inverse[..., None].expand_as(all_logits))
+        token_loss = None if token_loss is None else token_loss.gather(1, inverse)
+    if logits_to_keep:
+        all_logits = all_logits[:, -logits_to_keep:]
+    memory_loss = torch.stack(memory_losses).mean()
+    output = dict(
+        logits=all_logits,
+        memory=out.memory,
+        cache=out.cache,
+        kl=torch.stack(kls).mean(),
+        memory_loss=memory_loss,
+    )
+    if labels is not None:
+        token_loss = token_loss[:, :-1]
+        lm_loss = token_loss.sum() / (labels[:, 1:] != IGNORE_INDEX).sum().clamp(min=1)
+        output.update(loss=lm_loss + memory_loss, lm_loss=lm_loss, token_loss=token_loss)
+    return output
+
+
+__all__ = ["segment_calls", "stream_forward"]
