@@ -76,6 +76,12 @@ def test_the_hash_is_of_the_tensors_and_computed_once_per_file(tmp_path, monkeyp
     assert reads == []
     with pytest.raises(ValueError, match="holds no model weights"):
         weights_hash(tmp_path)
+    # a base without safetensors files: the bytes of its pytorch_model*.bin files
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "pytorch_model.bin").write_bytes(b"weights")
+    first = weights_hash(tmp_path / "bin")
+    (tmp_path / "bin" / "pytorch_model.bin").write_bytes(b"other weights")
+    assert weights_hash(tmp_path / "bin") != first
 
 
 def test_a_reference_names_both_bases_when_they_differ(tmp_path):
