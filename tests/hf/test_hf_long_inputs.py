@@ -6,7 +6,9 @@ unchanged; padding on either side gives what the row alone gives; bad inputs are
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_hf import L, V, tiny_memory_model
+from tiny_hf import MEMORY, L, V, tiny_memory_model
+
+from inftyformer.hf import add_long_term_memory
 
 T = 100  # tokens per row: more than the base's 64 positions, 12 segments of 8 and 4
 
@@ -184,3 +186,25 @@ def test_bad_long_inputs_give_clear_errors(arch):
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
             model(ids, **kwargs)
+
+
+@torch.no_grad()
+def test_a_pipeline_generates_from_a_prompt_longer_than_the_positions(tmp_path):
+    """HF's text-generation pipeline on a prompt of more than 64 tokens (the base alone fails
+    with an IndexError): the continuation `model.generate` gives, the prompt streamed first."""
+    from tiny_pretrained import write_tiny_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+    folder = write_tiny_model(tmp_path / "base", "gpt2", max_positions=64)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = add_long_term_memory(AutoModelForCausalLM.from_pretrained(folder), **MEMORY).eval()
+    torch.manual_seed(0)
+    for layer in model.long_term:  # reads that change the logits (they start at zero)
+        layer.attention.out.weight.normal_(0.0, 0.3)
+    text = "the memory of a long book, said the signal " * 12
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    assert ids.shape[1] > 64
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    got = pipe(text, max_new_tokens=5, do_sample=False, return_full_text=False)
+    new = model.generate(ids, max_new_tokens=5, do_sample=False)[0, ids.shape[1] :]
+    assert got[0]["generated_text"] == tokenizer.decode(new)
