@@ -403,7 +403,7 @@ def plot(table: dict[str, Any], setup: dict[str, Any], variants: list[str], path
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run (a minute)")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs", help="output directory")
+    parser.add_argument("--out", type=Path, help="output directory (default docs/; --quick: tmp)")
     parser.add_argument("--runs-dir", type=Path, help=f"runs (default: {DEFAULT_RUNS})")
     parser.add_argument("--render", action="store_true", help="redraw from OUT/recall.json")
     parser.add_argument("--fresh", action="store_true", help="ignore finished runs")
@@ -412,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, help="parallel runs (one thread each)")
     parser.add_argument("--variants", type=str, help=f"subset of {','.join(VARIANTS)}")
     args = parser.parse_args(argv)
+    if args.out is None:  # a smoke run never overwrites the documented report
+        args.out = Path(tempfile.mkdtemp(prefix="compare_recall_")) if args.quick else ROOT / "docs"
     if args.render:
         render(json.loads((args.out / "recall.json").read_text()), args.out)
         print(f"rendered {args.out / 'recall.md'}")
