@@ -327,7 +327,7 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
                 if layer:
                     body.append([r, f"d = {d}", blocks[i] if i < len(blocks) else i,
                                  f"{layer['distance_tokens']:.0f}", f"{layer['sigma']:.3f}",
-                                 f"{layer['sigma_tokens']:.0f}",
+                                 _tokens(layer["sigma_tokens"], int(d)),
                                  f"{layer['within_sigma']:.2f}"])  # fmt: skip
     if body:
         lines += ["## Where the answer's reads land (rows v and v′)", "",
@@ -394,6 +394,11 @@ def training_summary(run: str) -> dict[str, Any]:
             if r["split"] == "valid" and r["metric"] in ("loss", "exact", "ppl", "perplexity"):
                 out["valid"].setdefault(r["metric"], []).append([int(r["step"]), float(r["value"])])
     return out
+
+
+def _tokens(value: float, distance: int) -> str:
+    """σ in tokens, or "≫ d" where the key's block is squeezed below the basis's resolution."""
+    return f"{value:.0f}" if value <= distance else f"≫ {distance:,}"
 
 
 def gather(out_dir: Path, setup: dict[str, Any]) -> dict[str, Any]:
