@@ -139,18 +139,17 @@ def _nll(pieces, targets):
     (start, logits) pieces of a stream; targets [B, S] aligned (position t predicts t + 1)."""
     import torch
 
-    from inftyformer.model import IGNORE_INDEX
+    from inftyformer.model import IGNORE_INDEX, token_losses
 
     nll = torch.full(targets.shape, math.nan, dtype=torch.float64)
     hit = torch.zeros(targets.shape, dtype=torch.bool)
     for start, logits in pieces:
-        n = logits.shape[1]
-        t = targets[:, start : start + n]
-        mask = t != IGNORE_INDEX
-        lp = torch.log_softmax(logits.double(), -1)
-        values = -lp.gather(-1, t.clamp(min=0)[..., None])[..., 0]
-        nll[:, start : start + n] = torch.where(mask, values, math.nan)
-        hit[:, start : start + n] = logits.argmax(-1) == t
+        t = targets[:, start : start + logits.shape[1]]
+        values, _ = token_losses(logits, t)
+        nll[:, start : start + t.shape[1]] = torch.where(
+            t != IGNORE_INDEX, values.double(), math.nan
+        )
+        hit[:, start : start + t.shape[1]] = logits.argmax(-1) == t
     return nll, hit
 
 
