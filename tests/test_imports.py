@@ -32,7 +32,8 @@ LAYERS = {
     "layers": ["relative_attention", "long_term_attention", "block", "config"],
     "models": ["model", "models", "streaming", "base_weights", ""],
     "pretrained": ["hf"],
-    "tasks": ["data", "metrics", "tasks", "inspection"],
+    # hf.harness writes lm-evaluation-harness tasks over text files: it reads them as data/ does
+    "tasks": ["data", "metrics", "tasks", "inspection", "hf.harness"],
     "training": ["training"],
     "interface": ["cli", "configure", "errors", "demo", "inspection_plots", "bench"],
 }

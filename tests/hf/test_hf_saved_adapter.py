@@ -43,7 +43,8 @@ def test_an_adapter_folder_loads_on_its_base_with_the_same_logits(tmp_path, arch
     out = tmp_path / "adapter"
     model.save_pretrained(out, adapter_only=True)
     assert sorted(p.name for p in out.iterdir()) == [
-        "adapter_config.json", "adapter_model.safetensors", "config.json"]  # fmt: skip
+        "adapter_config.json", "adapter_model.safetensors", "config.json",
+        "inftyformer_auto.py"]  # fmt: skip
     info = json.loads((out / "adapter_config.json").read_text())
     assert info["base_model_name_or_path"] == str(folder.resolve())
     assert info["base_model_sha256"] == weights_hash(folder)

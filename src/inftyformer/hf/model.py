@@ -319,14 +319,22 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         """`PreTrainedModel.save_pretrained`; with `adapter_only`, an adapter folder instead:
         the config and the memory's weights, plus the base's folder (`base_model`, default: the
         one it was loaded from) and weights hash, for a base that did not train
-        (`saved_adapter.py`)."""
+        (`saved_adapter.py`). Either folder also gets the loader module that lets Hugging Face
+        tools load it with `trust_remote_code=True` without importing inftyformer first
+        (`remote_code.py`)."""
+        from .remote_code import mark_config, write_loader
+
+        mark_config(self.config)
         if not adapter_only:
-            return super().save_pretrained(save_directory, *args, **kwargs)
+            result = super().save_pretrained(save_directory, *args, **kwargs)
+            write_loader(save_directory)
+            return result
         if args or kwargs:
             raise ValueError(f"adapter_only takes no other options, got {sorted(kwargs)}")
         from .saved_adapter import save_adapter
 
         save_adapter(self, save_directory, base_model)
+        write_loader(save_directory)
         return None
 
     def unwrap(self) -> PreTrainedModel:

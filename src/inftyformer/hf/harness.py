@@ -1,0 +1,149 @@
+"""lm-evaluation-harness (`lm_eval`, 0.4.x) on local text: a task folder for `--include_path`
+whose task scores whole documents with `loglikelihood_rolling` (word perplexity, byte
+perplexity, bits per byte), read straight from the text files (nothing copied, nothing
+downloaded), and the command that evaluates a saved memory model on it (`docs/hf.md`):
+
+    python -m inftyformer.hf.harness TASK_DIR --data-dir DATA [--split test] [--max-docs N]
+        [--max-chars N] [--model MODEL_DIR]
+
+DATA is any text layout `inftyformer evaluate --data-dir` reads from files (a corpus with
+SPLIT/*.txt such as pg19-mini, a data root holding pg19-mini/, a flat folder of .txt files, one
+.txt file); default: the shared data directory. The task lists the documents' absolute paths
+(Hugging Face `datasets`' "text" loader, one file = one document); `--max-chars N` scores the
+first N characters of each.
+
+How it matches the library's own evaluation (`inftyformer evaluate`, `tasks/lm_eval.py`):
+lm_eval puts `prefix_token_id` before each document and scores every token after it. The
+printed command sets it to the id the library puts there (the tokenizer's `<|endoftext|>`,
+else its end-of-sequence token), and `max_length` above any document's length, so that each
+document reaches the model in one call, which streams it through the memory segment by segment
+(`segments.py`); the summed log-likelihood is then the library's. With a smaller max_length,
+lm_eval cuts documents into windows of that many tokens and the memory starts empty in each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..data.corpus import _split_files, split_flat_folder, text_layout
+from ..data.paths import SPLITS, resolve_data_dir
+
+TASK = "inftyformer_text"  # the task's default name
+MAX_LENGTH = 1 << 24  # tokens: above any document, so that lm_eval passes each one whole
+METRICS = ("word_perplexity", "byte_perplexity", "bits_per_byte")
+
+
+def document_files(data_dir: str | Path | None, split: str = "test") -> list[Path]:
+    """The text files (one document each, sorted by name) of `split` in `data_dir` (None: the
+    shared data directory), as `inftyformer evaluate --data-dir` finds them."""
+    source = resolve_data_dir(None) if data_dir is None else Path(data_dir).expanduser()
+    layout, root = text_layout(source, split)
+    if layout == "file":
+        return [root.resolve()]
+    if layout == "corpus":
+        return [p.resolve() for p in _split_files(root, split)]
+    if layout == "flat":
+        files = sorted(p for p in root.glob("*.txt") if p.is_file())
+        return [p.resolve() for p in split_flat_folder(files)[split]]
+    raise ValueError(f"{source}: {layout} text is not a folder of documents the task can list")
+
+
+def write_task(
+    task_dir: str | Path,
+    data_dir: str | Path | None = None,
+    split: str = "test",
+    max_docs: int | None = None,
+    max_chars: int | None = None,
+    name: str = TASK,
+) -> Path:
+    """Write the task `name` (`TASK_DIR/NAME.yaml`) over the documents of `split` in
+    `data_dir` (the first `max_docs`; the first `max_chars` characters of each); returns it."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    for option, value in (("max_docs", max_docs), ("max_chars", max_chars)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{option} must be a positive int or None, got {value!r}")
+        if value is not None and value < 1:
+            raise ValueError(f"{option} must be a positive int or None, got {value!r}")
+    files = document_files(data_dir, split)[:max_docs]
+    target = "{{text}}" if max_chars is None else f"{{{{text[:{max_chars}]}}}}"
+    task = {
+        "task": name,
+        "dataset_path": "text",
+        "dataset_kwargs": {"data_files": {split: [str(p) for p in files]}, "sample_by": "document"},
+        "test_split": split,
+        "output_type": "loglikelihood_rolling",
+        "doc_to_text": "",
+        "doc_to_target": target,
+        "metric_list": [{"metric": m} for m in METRICS],
+        "metadata": {"version": 1.0},
+    }
+    folder = Path(task_dir).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.yaml"
+    path.write_text(json.dumps(task, indent=1) + "\n", encoding="utf-8")  # JSON is YAML
+    return path
+
+
+def prefix_token_id(model_dir: str | Path) -> int:
+    """The id the library puts before each document (`tasks/lm_eval.py`): the model folder's
+    `<|endoftext|>`, else its end-of-sequence token."""
+    from ..data.tokenizer import BPETokenizer
+
+    return BPETokenizer.from_directory(model_dir).eos_id
+
+
+def model_args(model_dir: str | Path, max_length: int = MAX_LENGTH) -> str:
+    """lm_eval's `--model_args` for a saved memory model (`save_pretrained`, tokenizer beside
+    it): loaded through the folder's own loader module, each document whole."""
+    return (
+        f"pretrained={model_dir},trust_remote_code=True,"
+        f"prefix_token_id={prefix_token_id(model_dir)},max_length={max_length}"
+    )
+
+
+def command(model_dir: str | Path, task_dir: str | Path, name: str = TASK) -> list[str]:
+    """The `lm_eval` command line that evaluates `model_dir` on the task in `task_dir`."""
+    return [
+        "lm_eval", "--model", "hf", "--model_args", model_args(model_dir),
+        "--include_path", str(task_dir), "--tasks", name, "--batch_size", "1",
+        "--device", "cpu",
+    ]  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m inftyformer.hf.harness",
+        description="Write an lm-evaluation-harness task over local text files "
+        "(loglikelihood_rolling: word/byte perplexity, bits per byte).",
+    )
+    parser.add_argument("task_dir", help="folder to write NAME.yaml into (lm_eval --include_path)")
+    parser.add_argument("--data-dir", help="the text (default: the shared data directory)")
+    parser.add_argument("--split", default="test", choices=SPLITS)
+    parser.add_argument("--max-docs", type=int, help="only the first N documents")
+    parser.add_argument("--max-chars", type=int, help="only the first N characters of each")
+    parser.add_argument("--name", default=TASK, help=f"the task's name (default {TASK})")
+    parser.add_argument("--model", help="a saved memory model: print the lm_eval command for it")
+    args = parser.parse_args(argv)
+    try:
+        path = write_task(
+            args.task_dir, args.data_dir, args.split, args.max_docs, args.max_chars, args.name
+        )
+        line = (
+            None
+            if args.model is None
+            else shlex.join(command(args.model, args.task_dir, args.name))
+        )
+    except (OSError, ValueError) as err:
+        parser.exit(1, f"error: {err}\n")
+    print(f"wrote {path}")
+    if line:
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
