@@ -68,7 +68,7 @@ class ModelConfig:
     sigma_0: float = 0.05  # σ₀
     conv_gate: bool = True
     edge_padding: bool = True
-    density: str = "normalized"  # "paper" or "normalized" scores (long_term_attention.py)
+    density: str = "normalized"  # "paper", "normalized" or "content" (long_term_attention.py)
     sigma_init: float | None = None  # σ at initialisation; None: the paper's (≈ 0.83)
 
     def __post_init__(self) -> None:

@@ -61,7 +61,7 @@ class PretrainedMemoryConfig:
     kl_weight: float = 1e-6
     conv_gate: bool = True
     edge_padding: bool = True
-    density: str = "normalized"  # "paper" or "normalized" scores (long_term_attention.py)
+    density: str = "normalized"  # "paper", "normalized" or "content" (long_term_attention.py)
     sigma_init: float | None = None  # σ at initialisation; None: the paper's (≈ 0.83)
     memory_layers: tuple[int, ...] | None = None  # the blocks with a memory; None: every block
     vocab_size: int = 0  # read from the base's config.json
