@@ -110,16 +110,18 @@ class LongTermAttention(nn.Module):
         self.mu_head = nn.Linear(N, 1)  # w_μ, shared by the heads
         self.sigma_head = nn.Linear(N, 1)  # w_σ
         self.out = nn.Linear(e, config.out_dim or e)
-        self._init_sigma()
+        self.init_sigma_bias()
 
     def reset_density(self) -> None:
         """w_μ, w_σ anew: PyTorch's default initialisation, then σ at `config.sigma_init`."""
         self.mu_head.reset_parameters()
         self.sigma_head.reset_parameters()
-        self._init_sigma()
+        self.init_sigma_bias()
 
     @torch.no_grad()
-    def _init_sigma(self) -> None:
+    def init_sigma_bias(self) -> None:
+        """The bias of w_σ from the config (`sigma_init`, or the floor for "content"); anything
+        that re-initialises w_σ (a model's weight initialisation) calls this after it."""
         # softplus(b) = σ_init²: b = log(exp(σ_init²) − 1); draws nothing from the RNG
         c = self.config
         if c.sigma_init is not None:
