@@ -14,15 +14,17 @@ flat read for every query. ŝ has unit spread at any scale of s, so μ and σ de
 from the first step. `sigma_init` sets σ at initialisation (the bias of w_σ).
 
 `density="content"` (ours, not the paper's) turns the scores into a discrete attention over the
-basis functions and matches the density's moments to it, so that a query reads *where its
-content matches* — retrieval — rather than where a linear function of its scores points:
+basis centres c_n and matches the density's moments to it, so that a query reads *where its
+content matches* — retrieval — rather than where a linear function of its scores points. Its keys
+are the signal's content at the centres, x̄(c_n) = Bᵀ ψ(c_n), which has the scale of the stored
+states (the coefficients B are far smaller: a narrow ψ peaks at 1/(w√2π)):
 
+    s_n = (x̄(c_n) W^K) · q / √d
     p_n = softmax_n(s_n + w_μ,n)                       (w_μ ∈ ℝ^N: a learned prior over places)
     μ = Σ_n p_n c_n,  σ² = Σ_n p_n (c_n − μ)² + softplus(w_σᵀ s + b_σ)
 
-(c_n the basis centres); the extra variance starts at `sigma_init`², or at the floor
-`min_sigma_sq` when it is not given, so a query that matches one place reads that place at the
-basis' resolution.
+The extra variance starts at `sigma_init`², or at the floor `min_sigma_sq` when it is not given,
+so a query that matches one place reads that place at the basis' resolution.
     r = E_p[ψ] = 𝒩(μ; c, σ² + w²)                                      (continuous softmax)
     z = rᵀ V  = E_p[v(t)],  heads merged, then an output projection.
 
@@ -69,7 +71,7 @@ class PreparedMemory:
 
     values: torch.Tensor  # V = B W^V  [batch, H, N, d]
     # W^Kᵀ Bᵀ [w_μ, w_σ] / √d (B centred over the basis if normalized) [b, H, d, 2];
-    # "content": the keys themselves, K / √d = B W^K / √d  [b, H, N, d]
+    # "content": the keys themselves, x̄(c) W^K / √d  [b, H, N, d]
     keys: torch.Tensor
     # "normalized" only: the second moment of the centred scores, K̃ᵀK̃ / (N d)  [batch, H, d, d]
     gram: torch.Tensor | None = None
@@ -152,8 +154,10 @@ class LongTermAttention(nn.Module):
         with full_precision(B):
             w = torch.cat([self.mu_head.weight, self.sigma_head.weight])  # [2, N]
             B32 = at_least_float32(B)
-            if c.density == "content":  # K = B W^K, every score is needed  [b, H, N, d]
-                K = self.key(B32).view(batch, -1, H, d).transpose(1, 2) / math.sqrt(d)
+            if c.density == "content":  # every score is needed  [b, H, N, d]
+                psi = self.basis(self.basis.centers.to(B32.dtype), check=False)  # ψ_j(c_n) [N, N]
+                signal = torch.matmul(psi, B32)  # x̄(c_n) = Bᵀ ψ(c_n)  [b, N, e]
+                K = self.key(signal).view(batch, -1, H, d).transpose(1, 2) / math.sqrt(d)
                 return PreparedMemory(values=v, keys=K)
             if c.density == "paper":
                 k_folded = self.key(torch.matmul(w, B32))  # (wᵀ B) W^K  [b, 2, e]

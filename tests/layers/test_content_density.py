@@ -25,18 +25,20 @@ def _setup(seed: int = 0, **settings):
 def test_content_density_matches_a_hand_computation():
     """μ, σ² and the context against the formulas in float64, written out per head."""
     cfg, att, state, q = _setup()
-    with torch.no_grad():  # scores of a useful size, a prior and an extra variance that matter
-        att.key.weight.mul_(20.0)
+    with torch.no_grad():  # a prior and an extra variance that matter
         att.mu_head.weight.normal_()
         att.sigma_head.weight.normal_(std=0.1)
     out = att(q, state)
     H, d = cfg.num_heads, cfg.head_dim
     B = state.coefficients.double()  # [b, N, e]
-    K = (B @ att.key.weight.double().T).view(2, -1, H, d).transpose(1, 2)  # [b, H, N, d]
+    c = att.basis.centers.double()
+    psi = torch.exp(-0.5 * (c[:, None] - c[None, :]) ** 2 / att.basis.widths.double() ** 2)
+    psi = psi / (att.basis.widths.double() * math.sqrt(2 * math.pi))  # ψ_j(c_n)  [N, N]
+    signal = psi @ B  # x̄(c_n) = Σ_j B_j ψ_j(c_n)
+    K = (signal @ att.key.weight.double().T).view(2, -1, H, d).transpose(1, 2)  # [b, H, N, d]
     qh = q.double().view(2, -1, H, d).transpose(1, 2)  # [b, H, Q, d]
     s = qh @ K.transpose(-1, -2) / math.sqrt(d)  # [b, H, Q, N]
     p = torch.softmax(s + att.mu_head.weight[0].double(), dim=-1)
-    c = att.basis.centers.double()
     mu = (p * c).sum(-1)
     spread = (p * (c - mu[..., None]) ** 2).sum(-1)
     w_sigma, b_sigma = att.sigma_head.weight[0].double(), att.sigma_head.bias.double()
@@ -54,12 +56,14 @@ def test_content_density_matches_a_hand_computation():
 
 @pytest.mark.parametrize("place", [3, 17, 30])
 def test_a_query_that_matches_one_key_reads_at_its_centre(place):
-    """Orthogonal coefficients and W^K = I: the query equal to coefficient n (scaled) puts μ at
-    c_n within a tenth of the basis spacing and σ below it — what the paper's linear head cannot
-    do for an arbitrary n."""
+    """A memory whose content at the centres is orthogonal (x̄(c_n) = e_n) and W^K = I: the
+    query equal to the content at c_n (scaled) puts μ at c_n within a tenth of the basis spacing
+    and σ below it — what the paper's linear head cannot do for an arbitrary n."""
     cfg, att, state, _ = _setup(widths=(0.02,))
     N = cfg.num_basis
-    state = replace(state, coefficients=torch.eye(N).expand(2, N, N).clone())
+    psi = att.basis(att.basis.centers.double())  # ψ_j(c_n)  [N, N]
+    B = torch.linalg.inv(psi).float()  # x̄(c) = Ψ B = I
+    state = replace(state, coefficients=B.expand(2, N, N).clone())
     with torch.no_grad():
         att.key.weight.copy_(torch.eye(cfg.dim))
         att.mu_head.weight.zero_()
