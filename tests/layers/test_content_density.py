@@ -112,7 +112,8 @@ def test_the_floor_of_sigma_is_a_setting_of_both_model_configs(tmp_path):
     refused by name. A content read narrower than the basis needs a floor below 1e-4."""
     from inftyformer import MemoryLM, ModelConfig
 
-    native = MemoryLM(ModelConfig(vocab_size=16, model_type="infty", min_sigma_sq=1e-6))
+    small = dict(vocab_size=16, model_type="infty", d_model=16, n_layers=1, n_heads=2, d_ff=32)
+    native = MemoryLM(ModelConfig(**small, num_basis=16, num_samples=16, min_sigma_sq=1e-6))
     assert {b.long_term_attention.config.min_sigma_sq for b in native.blocks} == {1e-6}
     for bad in (0.0, -1.0, float("nan"), 2.0):
         with pytest.raises(ValueError, match="min_sigma_sq"):
