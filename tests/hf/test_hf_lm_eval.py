@@ -114,7 +114,8 @@ def test_lm_eval_reports_the_library_s_streamed_perplexity_of_the_memory_model(t
     assert min(corpus.doc_lengths) > POSITIONS
     ours = evaluate_lm(model, corpus, LMEvalConfig(batch_size=2))
     off = evaluate_lm(memory_model(base_dir, active=False), corpus, LMEvalConfig(batch_size=2))
-    assert abs(off.nll_sum - ours.nll_sum) > 1e-3 * ours.nll_sum  # the memory matters here
+    # the memory's reads change the NLL by far more than the tolerance of the checks below
+    assert abs(off.nll_sum - ours.nll_sum) > 1e-4 * ours.nll_sum
 
     metrics, loglikelihoods = run_lm_eval(
         tmp_path / "model", tmp_path / "task", tmp_path / "out", tmp_path / "home"
@@ -122,15 +123,15 @@ def test_lm_eval_reports_the_library_s_streamed_perplexity_of_the_memory_model(t
     # document by document: lm_eval's log-likelihood is minus the library's summed NLL
     assert len(loglikelihoods) == len(texts)
     for mine, theirs in zip(ours.doc_nll, loglikelihoods, strict=True):
-        assert theirs == pytest.approx(-mine, rel=1e-5)
+        assert theirs == pytest.approx(-mine, rel=1e-6)
     words = sum(len(re.split(r"\s+", text)) for text in texts)  # lm_eval's word count
     assert ours.num_bytes == sum(len(text.encode("utf-8")) for text in texts)
-    assert metrics["bits_per_byte,none"] == pytest.approx(ours.bits_per_byte, rel=1e-5)
-    assert metrics["byte_perplexity,none"] == pytest.approx(2**ours.bits_per_byte, rel=1e-5)
+    assert metrics["bits_per_byte,none"] == pytest.approx(ours.bits_per_byte, rel=1e-6)
+    assert metrics["byte_perplexity,none"] == pytest.approx(2**ours.bits_per_byte, rel=1e-6)
     word_perplexity = math.exp(ours.nll_sum / words)
-    assert metrics["word_perplexity,none"] == pytest.approx(word_perplexity, rel=1e-5)
+    assert metrics["word_perplexity,none"] == pytest.approx(word_perplexity, rel=1e-6)
     # and not the figure of the same model without its memory's reads
-    assert metrics["bits_per_byte,none"] != pytest.approx(off.bits_per_byte, rel=1e-3)
+    assert metrics["bits_per_byte,none"] != pytest.approx(off.bits_per_byte, rel=1e-5)
 
 
 def test_the_task_lists_the_documents_and_the_command_sets_the_library_s_prefix(tmp_path):
