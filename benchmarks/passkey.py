@@ -10,6 +10,9 @@ Rows (every one reads the same token streams):
     facts-sticky  the facts run read with sticky memories
     facts-start   memory trained on facts, every answer query pointed at the key's first token
                   (--facts-start-run: the first recipe, kept as an ablation)
+    content       as facts, with density = content: the read's place from a softmax over the
+                  basis keys (--content-run)
+    content-n1024 as content with N = 1,024 basis functions (--content-n1024-run)
 
 Pass keys: the facts task's evaluation facts (`inftyformer.tasks.facts`: "The pass key is
 NNNNN…", five digits, never trained) written into the corpus's test books d tokens before the
@@ -41,17 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import experiment as ex
+from _passkey_report import NAME, READ_ROWS, ROWS, gather, render
 
-NAME = "passkey"
-ROWS = {
-    "window": "(i) base, window: each block of C with the W tokens before it",
-    "full": "(ii) base, full context (its last P positions)",
-    "untrained": "(iii) memory, untrained",
-    "lm": "(iv) memory trained on plain LM",
-    "facts": "(v) memory trained on facts, read supervision per answer token",
-    "facts-sticky": "(vi) = (v), read with sticky memories",
-    "facts-start": "(v′) as (v), every answer query supervised to the key's start",
-}
 EDGES = (0, 256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -81,7 +75,7 @@ class Row:
             )
             self.memory = build_model(config).eval()
         else:
-            option = "facts-start" if name == "facts-start" else name.split("-")[0]
+            option = name.removesuffix("-sticky")
             self.run = getattr(args, option.replace("-", "_") + "_run")
             if self.run is None:
                 raise SystemExit(f"row {name} needs --{option}-run RUN_DIR")
@@ -218,7 +212,7 @@ def evaluate_passkeys(row: Row, prompts: dict[int, tuple]) -> dict[str, Any]:
     out = {}
     with torch.no_grad():
         for d, (inputs, answer, key_at) in prompts.items():
-            record = row.name in ("facts", "facts-start")
+            record = row.name in READ_ROWS
             pieces, reads = row.stream(inputs, record=record, last_only=True)
             nll, hit = _nll(pieces, answer)
             scored = answer != IGNORE_INDEX
@@ -287,136 +281,6 @@ def evaluate_books(row: Row, docs) -> dict[str, Any]:
     }
 
 
-# ----------------------------------------------------------------------------- report
-def render(data: dict[str, Any], out_dir: Path) -> None:
-    setup, rows = data["setup"], data["rows"]
-    order = [r for r in ROWS if r in rows]
-    C, W = setup["segment_len"], setup["window"]
-    lines = [
-        "# Retrieval on the pretrained path: pass keys and test books, side by side",
-        "",
-        f"Base model `{Path(setup['base_model']).name}`; blocks of C = {C} tokens with a "
-        f"window of W = {W}. Pass keys: {setup['keys']} per distance, in the test books "
-        "(the facts task's evaluation wording and five-digit keys, never trained); exact = every "
-        "answer token is the argmax (greedy decoding would write the key), NLL = the answer's "
-        "mean NLL per token (the digit prior: ln 10 ≈ 2.30). Rendered from "
-        f"`{NAME}.json` by `benchmarks/{NAME}.py`.",
-        "",
-        "## Pass keys",
-        "",
-    ]
-    ds = [str(d) for d in setup["distances"]]
-    header = ["row", *(f"d = {d}" for d in ds)]
-    body = []
-    for r in order:
-        res = rows[r].get("passkey", {})
-        cells = [f"{res[d]['exact']:.2f} ({res[d]['nll']:.2f})" if d in res else "–" for d in ds]
-        body.append([ROWS[r], *cells])
-    lines += [ex.table(header, body), "", "Cells: exact (answer NLL per token).", ""]
-    full = rows.get("full", {}).get("positions")
-    if full:
-        lines += [f"The full-context row sees the last {full:,} tokens of each prompt; prompt "
-                  "lengths: " + ", ".join(f"d = {d}: {v['tokens']:,}"
-                  for d, v in rows["full"]["passkey"].items()) + ".", ""]  # fmt: skip
-    body = []
-    for r in ("facts", "facts-start"):
-        blocks = rows.get(r, {}).get("memory_layers") or []
-        for d, v in rows.get(r, {}).get("passkey", {}).items():
-            for i, layer in enumerate(v.get("reads", [])):
-                if layer:
-                    body.append([r, f"d = {d}", blocks[i] if i < len(blocks) else i,
-                                 f"{layer['distance_tokens']:.0f}", f"{layer['sigma']:.3f}",
-                                 _tokens(layer["sigma_tokens"], int(d)),
-                                 f"{layer['within_sigma']:.2f}"])  # fmt: skip
-    if body:
-        lines += ["## Where the answer's reads land (rows v and v′)", "",
-                  "Per memory layer (block), over keys, heads and the answer's queries (the "
-                  "query writing answer token j against key token j): median distance from μ to "
-                  "that token in stream tokens, median σ (in [0, 1] and in tokens there), and "
-                  "the share of reads with the token within one σ of μ.", ""]  # fmt: skip
-        lines += [ex.table(["row", "distance", "block", "|μ − key| tokens", "σ", "σ tokens",
-                            "key within σ"], body, numeric_from=3), ""]  # fmt: skip
-    books = {r: rows[r]["books"] for r in order if "books" in rows[r]}
-    if books:
-        buckets = list(next(iter(books.values()))["buckets"])
-        lines += ["## Test books: NLL per token by position", "",
-                  f"{setup['docs']} windows of {setup['doc_len']:,} tokens of the test books. "
-                  "Gap closed: (row − window) / (full − window) at positions ≥ 1K, the share of "
-                  "the full context's gain the row recovers. CPU: one thread, per token.",
-                  ""]  # fmt: skip
-        w, f = books.get("window", {}).get("from_1k"), books.get("full", {}).get("from_1k")
-        body = []
-        for r, b in books.items():
-            gap = "–"
-            if w is not None and f is not None and abs(w - f) > 1e-9 and b["from_1k"] is not None:
-                gap = f"{(w - b['from_1k']) / (w - f):.0%}"
-            body.append([ROWS[r], *(f"{b['buckets'].get(k, math.nan):.3f}" for k in buckets),
-                         gap, f"{b['cpu_per_token_ms']:.1f} ms"])  # fmt: skip
-        lines += [ex.table(["row", *buckets, "gap closed ≥ 1K", "CPU / token"], body), ""]
-    parity = data.get("parity")
-    if parity is not None:
-        lines += [f"Parity: rows (i) and (iii) differ by at most {parity:.1e} nats per token on "
-                  "the test books (the untrained read adds zero).", ""]  # fmt: skip
-    trained = [r for r in order if rows[r].get("training")]
-    if trained:
-        lines += ["## The trained rows", "", "From each run's checkpoint and metrics.csv "
-                  "(validation on the task's valid split: the facts task's held-out wording).",
-                  ""]  # fmt: skip
-        for r in trained:
-            t = rows[r]["training"]
-            curve = ", ".join(f"{k} " + " → ".join(f"{v:.3g}" for _, v in vals)
-                              for k, vals in t["valid"].items())  # fmt: skip
-            settings = ", ".join(f"{k}={v}" for k, v in {**t["model"], **t["task_config"]}.items())
-            lines += [f"- {ROWS[r]}: `{t['task']}` task, step {t['step']}, batch "
-                      f"{t['batch_size']}; {settings}. Valid: {curve}."]  # fmt: skip
-        lines += [""]
-    lines += [ex.hand_notes(out_dir / f"{NAME}.md"), ""]
-    (out_dir / f"{NAME}.md").write_text("\n".join(lines), encoding="utf-8")
-
-
-def training_summary(run: str) -> dict[str, Any]:
-    """What a trained row's run was: its step, the settings that make the recipe, and its
-    validation curve (metrics.csv)."""
-    import csv
-
-    from inftyformer.training.checkpoint import load_checkpoint
-
-    meta = load_checkpoint(run).meta
-    model, task = meta["model_config"], meta["task_config"]
-    keep = ("memory_layers", "window", "memory_lr", "segment_len", "num_basis", "tau", "sticky")
-    out = {"task": meta["task"], "step": meta["step"], "model": {k: model.get(k) for k in keep},
-           "task_config": {k: v for k, v in task.items() if k not in ("data_dir", "tokenizer")},
-           "batch_size": meta["train_config"]["batch_size"], "valid": {}}  # fmt: skip
-    directory = Path(run) if Path(run).is_dir() else Path(run).parent
-    with open(directory / "metrics.csv", newline="") as f:
-        for r in csv.DictReader(f):
-            if r["split"] == "valid" and r["metric"] in ("loss", "exact", "ppl", "perplexity"):
-                out["valid"].setdefault(r["metric"], []).append([int(r["step"]), float(r["value"])])
-    return out
-
-
-def _tokens(value: float, distance: int) -> str:
-    """σ in tokens, or "≫ d" where the key's block is squeezed below the basis's resolution."""
-    return f"{value:.0f}" if value <= distance else f"≫ {distance:,}"
-
-
-def gather(out_dir: Path, setup: dict[str, Any]) -> dict[str, Any]:
-    rows = {}
-    for path in sorted((out_dir / f"{NAME}.rows").glob("*.json")):
-        entry = json.loads(path.read_text(encoding="utf-8"))
-        if entry["setup"] == setup:
-            rows[path.stem] = entry["row"]
-            if entry["row"].get("run") and Path(entry["row"]["run"]).parent.exists():
-                rows[path.stem]["training"] = training_summary(entry["row"]["run"])
-    data = ex.report(NAME, setup, {}, {}, [], 1, sum(r["seconds"] for r in rows.values()))
-    data["rows"] = rows
-    w, u = rows.get("window", {}).get("books"), rows.get("untrained", {}).get("books")
-    if w and u:
-        diffs = [abs(a - b) for a, b in zip(w["per_position"], u["per_position"], strict=True)]
-        data["parity"] = max(diffs) if diffs else None
-    return data
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-model", default=None)
@@ -424,6 +288,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--facts-run", default=None)
     p.add_argument("--lm-run", default=None)
     p.add_argument("--facts-start-run", default=None)
+    p.add_argument("--content-run", default=None)
+    p.add_argument("--content-n1024-run", default=None)
     p.add_argument("--memory-layers", default=None,
                    help="the untrained row's blocks, a JSON list (default: every block); "
                         "give the trained rows' to compare like with like")  # fmt: skip

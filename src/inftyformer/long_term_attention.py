@@ -12,6 +12,19 @@ query only through s itself, which starts near zero (small W^K and queries, norm
 states), so every query's density starts, and in practice stays, where the biases put it: the same
 flat read for every query. ŝ has unit spread at any scale of s, so μ and σ depend on the query
 from the first step. `sigma_init` sets σ at initialisation (the bias of w_σ).
+
+`density="content"` (ours, not the paper's) turns the scores into a discrete attention over the
+basis centres c_n and matches the density's moments to it, so that a query reads *where its
+content matches* — retrieval — rather than where a linear function of its scores points. Its keys
+are the signal's content at the centres, x̄(c_n) = Bᵀ ψ(c_n), which has the scale of the stored
+states (the coefficients B are far smaller: a narrow ψ peaks at 1/(w√2π)):
+
+    s_n = (x̄(c_n) W^K) · q / √d
+    p_n = softmax_n(s_n + w_μ,n)                       (w_μ ∈ ℝ^N: a learned prior over places)
+    μ = Σ_n p_n c_n,  σ² = Σ_n p_n (c_n − μ)² + softplus(w_σᵀ s + b_σ)
+
+The extra variance starts at `sigma_init`², or at the floor `min_sigma_sq` when it is not given,
+so a query that matches one place reads that place at the basis' resolution.
     r = E_p[ψ] = 𝒩(μ; c, σ² + w²)                                      (continuous softmax)
     z = rᵀ V  = E_p[v(t)],  heads merged, then an output projection.
 
@@ -57,7 +70,9 @@ class PreparedMemory:
     """The parts of a read that depend on the memory only (`LongTermAttention.prepare`)."""
 
     values: torch.Tensor  # V = B W^V  [batch, H, N, d]
-    keys: torch.Tensor  # W^Kᵀ Bᵀ [w_μ, w_σ] / √d (B centred over the basis if normalized) [b,H,d,2]
+    # W^Kᵀ Bᵀ [w_μ, w_σ] / √d (B centred over the basis if normalized) [b, H, d, 2];
+    # "content": the keys themselves, x̄(c) W^K / √d  [b, H, N, d]
+    keys: torch.Tensor
     # "normalized" only: the second moment of the centred scores, K̃ᵀK̃ / (N d)  [batch, H, d, d]
     gram: torch.Tensor | None = None
 
@@ -97,19 +112,24 @@ class LongTermAttention(nn.Module):
         self.mu_head = nn.Linear(N, 1)  # w_μ, shared by the heads
         self.sigma_head = nn.Linear(N, 1)  # w_σ
         self.out = nn.Linear(e, config.out_dim or e)
-        self._init_sigma()
+        self.init_sigma_bias()
 
     def reset_density(self) -> None:
         """w_μ, w_σ anew: PyTorch's default initialisation, then σ at `config.sigma_init`."""
         self.mu_head.reset_parameters()
         self.sigma_head.reset_parameters()
-        self._init_sigma()
+        self.init_sigma_bias()
 
     @torch.no_grad()
-    def _init_sigma(self) -> None:
+    def init_sigma_bias(self) -> None:
+        """The bias of w_σ from the config (`sigma_init`, or the floor for "content"); anything
+        that re-initialises w_σ (a model's weight initialisation) calls this after it."""
         # softplus(b) = σ_init²: b = log(exp(σ_init²) − 1); draws nothing from the RNG
-        if self.config.sigma_init is not None:
-            self.sigma_head.bias.fill_(math.log(math.expm1(self.config.sigma_init**2)))
+        c = self.config
+        if c.sigma_init is not None:
+            self.sigma_head.bias.fill_(math.log(math.expm1(c.sigma_init**2)))
+        elif c.density == "content":  # the extra variance starts at the floor
+            self.sigma_head.bias.fill_(math.log(math.expm1(c.min_sigma_sq)))
 
     def reset_projections(self, std: float) -> None:
         """The projections (W^Q when present, W^K, W^V, the output) ~ N(0, std²), so that the
@@ -134,6 +154,11 @@ class LongTermAttention(nn.Module):
         with full_precision(B):
             w = torch.cat([self.mu_head.weight, self.sigma_head.weight])  # [2, N]
             B32 = at_least_float32(B)
+            if c.density == "content":  # every score is needed  [b, H, N, d]
+                psi = self.basis(self.basis.centers.to(B32.dtype), check=False)  # ψ_j(c_n) [N, N]
+                signal = torch.matmul(psi, B32)  # x̄(c_n) = Bᵀ ψ(c_n)  [b, N, e]
+                K = self.key(signal).view(batch, -1, H, d).transpose(1, 2) / math.sqrt(d)
+                return PreparedMemory(values=v, keys=K)
             if c.density == "paper":
                 k_folded = self.key(torch.matmul(w, B32))  # (wᵀ B) W^K  [b, 2, e]
                 gram = None
@@ -185,17 +210,15 @@ class LongTermAttention(nn.Module):
         H, d = c.num_heads, c.head_dim
         if prepared is None:
             prepared = self.prepare(state, query.dtype)
-        v, k_heads = prepared.values, prepared.keys  # [b, H, N, d], [b, H, d, 2]
+        v, k_heads = prepared.values, prepared.keys  # [b, H, N, d], keys (PreparedMemory)
         q = self.query(query) if self.query is not None else query
         q = q.view(batch, num_q, H, d).transpose(1, 2)  # [batch, H, Q, d]
         with full_precision(query):  # μ, σ² in float32 also under autocast (precision.py)
             q32 = at_least_float32(q)
-            logits = torch.matmul(q32, k_heads)  # [w_μᵀ s, w_σᵀ s]  [b, H, Q, 2]
-            if prepared.gram is not None:  # [w_μᵀ ŝ, w_σᵀ ŝ], ŝ = (s − mean s) / std s
-                var = (torch.matmul(q32, prepared.gram) * q32).sum(-1)  # var_N(s)  [b, H, Q]
-                logits = logits * torch.rsqrt(var.clamp(min=0.0) + SCORE_EPS).unsqueeze(-1)
-            mu = torch.sigmoid(logits[..., 0] + self.mu_head.bias)  # μ ∈ (0, 1)  [batch, H, Q]
-            sigma_sq = F.softplus(logits[..., 1] + self.sigma_head.bias).clamp(min=c.min_sigma_sq)
+            if c.density == "content":
+                mu, sigma_sq = self._content_density(q32, k_heads)
+            else:
+                mu, sigma_sq = self._linear_density(q32, prepared)  # [batch, H, Q] each
 
         z = self._expected_values(mu, sigma_sq, v)  # E_p[v(t)]  [batch, H, Q, d]
         z = z.transpose(1, 2).reshape(batch, num_q, H * d)  # [batch, Q, e]
@@ -205,6 +228,33 @@ class LongTermAttention(nn.Module):
         kl_rows = variance_kl(sigma_sq, c.sigma_0, check=False).mean(dim=(1, 2))  # [batch]
         kl = (kl_rows * filled).sum() / filled.sum().clamp(min=1.0)
         return LongTermAttentionOutput(context=context, kl=kl, mu=mu, sigma_sq=sigma_sq)
+
+    def _linear_density(
+        self, q: torch.Tensor, prepared: PreparedMemory
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """ "paper"/"normalized": μ = sigmoid(w_μᵀ s), σ² = softplus(w_σᵀ s) (paper §3.2), s
+        standardised over the basis when normalized. q [b, H, Q, d] → μ, σ² [b, H, Q]."""
+        logits = torch.matmul(q, prepared.keys)  # [w_μᵀ s, w_σᵀ s]  [b, H, Q, 2]
+        if prepared.gram is not None:  # [w_μᵀ ŝ, w_σᵀ ŝ], ŝ = (s − mean s) / std s
+            var = (torch.matmul(q, prepared.gram) * q).sum(-1)  # var_N(s)  [b, H, Q]
+            logits = logits * torch.rsqrt(var.clamp(min=0.0) + SCORE_EPS).unsqueeze(-1)
+        mu = torch.sigmoid(logits[..., 0] + self.mu_head.bias)  # μ ∈ (0, 1)
+        sigma_sq = F.softplus(logits[..., 1] + self.sigma_head.bias)
+        return mu, sigma_sq.clamp(min=self.config.min_sigma_sq)
+
+    def _content_density(
+        self, q: torch.Tensor, keys: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """ "content": the moments of a discrete attention over the basis centres (module doc).
+        q [b, H, Q, d], keys K / √d [b, H, N, d] → μ, σ² [b, H, Q]."""
+        s = torch.matmul(q, keys.transpose(-1, -2))  # s = K q / √d  [b, H, Q, N]
+        prior = self.mu_head.weight[0] + self.mu_head.bias  # w_μ (the bias cancels)  [N]
+        p = torch.softmax(s + prior, dim=-1)  # p_n  [b, H, Q, N]
+        centers = self.basis.centers.to(p.dtype)  # c_n  [N]
+        mu = torch.matmul(p, centers)  # Σ p_n c_n  [b, H, Q]
+        spread = (p * (centers - mu.unsqueeze(-1)).square()).sum(-1)  # Σ p_n (c_n − μ)²
+        extra = F.softplus(torch.matmul(s, self.sigma_head.weight[0]) + self.sigma_head.bias)
+        return mu, (spread + extra).clamp(min=self.config.min_sigma_sq)
 
     def _expected_values(
         self, mu: torch.Tensor, sigma_sq: torch.Tensor, v: torch.Tensor

@@ -15,7 +15,7 @@ from .ridge import update_gain
 # and the ~1% error of the estimate cannot matter.
 MAX_UPDATE_GAIN = 0.95
 
-DENSITY_FORMS = ("paper", "normalized")
+DENSITY_FORMS = ("paper", "normalized", "content")
 
 
 def check_density(density: object, sigma_init: object) -> None:
@@ -65,7 +65,8 @@ class LongTermConfig:
     min_sigma_sq: float = 1e-4  # clamp on σ² (1e-6 is unsafe in float32)
     # how the scores s = K q / √d become the density (long_term_attention.py): "paper" feeds s
     # to w_μ, w_σ as in the paper's §3.2; "normalized" standardises s over the N basis keys
-    # first, so that μ and σ depend on the query however small s is (at initialisation)
+    # first, so that μ and σ depend on the query however small s is (at initialisation);
+    # "content" matches the density to a softmax over the basis keys (retrieval by content)
     density: str = "normalized"
     # σ of every density at initialisation (the bias of w_σ); None: PyTorch's default
     # initialisation of the head, the paper's (σ ≈ 0.83)

@@ -22,3 +22,26 @@ def test_the_quick_side_by_side_runs_and_the_untrained_row_is_the_window_row(tmp
     assert "(iii) memory, untrained" in report and "gap closed" in report
     passkey.main(["--render-only", "--out", str(tmp_path)])
     assert (tmp_path / "passkey.md").read_text() == report
+
+
+def test_rows_measured_before_stay_in_the_report_until_measured_again(tmp_path):
+    """gather: the existing passkey.json's rows (same setup) plus this setup's row files, the
+    files winning; a report of another setup contributes nothing."""
+    from _experiment_report import FORMAT
+    from _passkey_report import gather
+
+    setup = {"distances": [40], "keys": 1}
+    old = {
+        "format": FORMAT,
+        "setup": setup,
+        "rows": {"window": {"seconds": 1.0}, "lm": {"seconds": 2.0}},
+    }
+    (tmp_path / "passkey.json").write_text(json.dumps(old))
+    (tmp_path / "passkey.rows").mkdir()
+    row = {"setup": setup, "row": {"seconds": 5.0}}
+    (tmp_path / "passkey.rows" / "lm.json").write_text(json.dumps(row))
+    other = {"setup": {**setup, "keys": 2}, "row": {"seconds": 7.0}}
+    (tmp_path / "passkey.rows" / "full.json").write_text(json.dumps(other))
+    rows = gather(tmp_path, setup)["rows"]
+    assert rows == {"window": {"seconds": 1.0}, "lm": {"seconds": 5.0}}
+    assert gather(tmp_path, {**setup, "keys": 3})["rows"] == {}

@@ -55,7 +55,7 @@ class InftyformerConfig(PretrainedConfig):
     sticky_bins: int = 128
     sigma_0: float = 0.05
     min_sigma_sq: float = 1e-4
-    density: str = "normalized"  # "paper" or "normalized" scores (long_term_attention.py)
+    density: str = "normalized"  # "paper", "normalized" or "content" (long_term_attention.py)
     sigma_init: float | None = None  # σ at initialisation; None: the paper's (≈ 0.83)
     segment_len: int = 512
     window: int | None = None  # None: one segment, within the base's positions; 0: none

@@ -295,6 +295,11 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             nn.init.zeros_(module.bias)
         elif role == "default":
             module.reset_parameters()
+        elif role == "density":  # w_μ, w_σ: PyTorch's default, then σ where the config puts it
+            module.reset_parameters()
+            for layer in self.long_term:
+                if module is layer.attention.sigma_head:
+                    layer.attention.init_sigma_bias()
         elif role == "basis":
             fresh = GaussianBasis(module.num_basis, module.width_values)
             for name, buffer in fresh.named_buffers():
@@ -307,7 +312,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             for projection in (attention.query, attention.key, attention.value):
                 roles[id(projection)] = "projection"
             roles[id(attention.out)] = "zero"
-            roles[id(attention.mu_head)] = roles[id(attention.sigma_head)] = "default"
+            roles[id(attention.mu_head)] = roles[id(attention.sigma_head)] = "density"
             if memory.gate is not None:
                 roles[id(memory.gate)] = "default"
             roles[id(memory.basis)] = "basis"

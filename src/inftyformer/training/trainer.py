@@ -263,6 +263,7 @@ class Trainer:
         self.step = 0
         self.best_metric: float | None = None
         self.best_step: int | None = None
+        self.best_loss: float | None = None  # the best's validation loss: breaks ties
         self.evals_since_best = 0
         self.tokens_seen = 0.0
         self._in_update = False
@@ -448,6 +449,7 @@ class Trainer:
             "trainer": {
                 "best_metric": self.best_metric,
                 "best_step": self.best_step,
+                "best_loss": self.best_loss,
                 "evals_since_best": self.evals_since_best,
                 "tokens_seen": self.tokens_seen,
                 "metric": self.task.headline().name,
@@ -488,6 +490,7 @@ class Trainer:
         t = meta.get("trainer", {})
         self.best_metric = t.get("best_metric")
         self.best_step = t.get("best_step")
+        self.best_loss = t.get("best_loss")
         self.evals_since_best = int(t.get("evals_since_best", 0))
         self.tokens_seen = float(t.get("tokens_seen", 0.0))
         ranks = meta.get("ranks", [])
@@ -609,9 +612,13 @@ class Trainer:
         sums = self.task.evaluate(self.model, split, n, shard).sums
         return self.task.eval_metrics(reduce_sums(sums, self.env))
 
-    def _improved(self, value: float) -> bool:
+    def _improved(self, value: float, loss: float | None) -> bool:
+        """Better on the headline metric, or level with it and lower in validation loss (an
+        exact-match metric that stays 0 would otherwise keep the first evaluation as 'best')."""
         if self.best_metric is None or math.isnan(self.best_metric):
             return not math.isnan(value)
+        if value == self.best_metric:
+            return loss is not None and self.best_loss is not None and loss < self.best_loss
         if self.task.headline().higher_is_better:
             return value > self.best_metric
         return value < self.best_metric
@@ -725,8 +732,10 @@ class Trainer:
             raise self._diverged(f"its validation {', '.join(bad)} became NaN", after_update=True)
         logger.log(self.step, "valid", metrics)
         value = metrics[self.task.headline().name]
-        if self._improved(value):
-            self.best_metric, self.best_step = value, self.step
+        loss = metrics.get("loss")
+        loss = float(loss) if isinstance(loss, (int, float)) and not math.isnan(loss) else None
+        if self._improved(value, loss):
+            self.best_metric, self.best_step, self.best_loss = value, self.step, loss
             self.evals_since_best = 0
             self.save("best")
             mark = " (best)"

@@ -1,0 +1,131 @@
+"""density="content": the density's moments matched to a softmax over the basis keys, so that a
+query reads where its content matches (long_term_attention.py)."""
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from inftyformer import LongTermAttention, LongTermConfig, LongTermMemory
+from inftyformer.continuous_softmax import continuous_softmax
+
+
+def _setup(seed: int = 0, **settings):
+    torch.manual_seed(seed)
+    cfg = LongTermConfig(
+        dim=32, num_heads=4, num_basis=32, num_samples=32, density="content", **settings
+    )
+    mem, att = LongTermMemory(cfg), LongTermAttention(cfg, None)
+    g = torch.Generator().manual_seed(seed + 1)
+    state = mem.update(mem.init_state(2), torch.randn(2, 64, 32, generator=g)).detach()
+    return cfg, att, state, torch.randn(2, 5, 32, generator=g)
+
+
+def test_content_density_matches_a_hand_computation():
+    """μ, σ² and the context against the formulas in float64, written out per head."""
+    cfg, att, state, q = _setup()
+    with torch.no_grad():  # a prior and an extra variance that matter
+        att.mu_head.weight.normal_()
+        att.sigma_head.weight.normal_(std=0.1)
+    out = att(q, state)
+    H, d = cfg.num_heads, cfg.head_dim
+    B = state.coefficients.double()  # [b, N, e]
+    c = att.basis.centers.double()
+    psi = torch.exp(-0.5 * (c[:, None] - c[None, :]) ** 2 / att.basis.widths.double() ** 2)
+    psi = psi / (att.basis.widths.double() * math.sqrt(2 * math.pi))  # ψ_j(c_n)  [N, N]
+    signal = psi @ B  # x̄(c_n) = Σ_j B_j ψ_j(c_n)
+    K = (signal @ att.key.weight.double().T).view(2, -1, H, d).transpose(1, 2)  # [b, H, N, d]
+    qh = q.double().view(2, -1, H, d).transpose(1, 2)  # [b, H, Q, d]
+    s = qh @ K.transpose(-1, -2) / math.sqrt(d)  # [b, H, Q, N]
+    p = torch.softmax(s + att.mu_head.weight[0].double(), dim=-1)
+    mu = (p * c).sum(-1)
+    spread = (p * (c - mu[..., None]) ** 2).sum(-1)
+    w_sigma, b_sigma = att.sigma_head.weight[0].double(), att.sigma_head.bias.double()
+    sigma_sq = (spread + torch.nn.functional.softplus(s @ w_sigma + b_sigma)).clamp(
+        min=cfg.min_sigma_sq
+    )
+    torch.testing.assert_close(out.mu.double(), mu, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.sigma_sq.double(), sigma_sq, rtol=1e-5, atol=1e-7)
+    V = (B @ att.value.weight.double().T).view(2, -1, H, d).transpose(1, 2)
+    r = continuous_softmax(mu, sigma_sq, att.basis)  # [b, H, Q, N]
+    z = (r @ V).transpose(1, 2).reshape(2, -1, H * d)
+    context = z @ att.out.weight.double().T + att.out.bias.double()
+    torch.testing.assert_close(out.context.double(), context, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("place", [3, 17, 30])
+def test_a_query_that_matches_one_key_reads_at_its_centre(place):
+    """A memory whose content at the centres is orthogonal (x̄(c_n) = e_n) and W^K = I: the
+    query equal to the content at c_n (scaled) puts μ at c_n within a tenth of the basis spacing
+    and σ below it — what the paper's linear head cannot do for an arbitrary n."""
+    cfg, att, state, _ = _setup(widths=(0.02,))
+    N = cfg.num_basis
+    psi = att.basis(att.basis.centers.double())  # ψ_j(c_n)  [N, N]
+    B = torch.linalg.inv(psi).float()  # x̄(c) = Ψ B = I
+    state = replace(state, coefficients=B.expand(2, N, N).clone())
+    with torch.no_grad():
+        att.key.weight.copy_(torch.eye(cfg.dim))
+        att.mu_head.weight.zero_()
+        att.sigma_head.weight.zero_()
+    q = (40.0 * torch.eye(N)[place]).expand(2, 1, N)
+    out = att(q, state)
+    spacing = 1.0 / (N - 1)
+    centre = att.basis.centers[place].item()
+    # each head sees its own slice of the coefficient: only the head holding index `place` matches
+    head = place // cfg.head_dim
+    assert out.mu[:, head].sub(centre).abs().max().item() < 0.1 * spacing
+    assert out.sigma_sq[:, head].sqrt().max().item() < spacing
+    others = [h for h in range(cfg.num_heads) if h != head]
+    assert out.mu[:, others].sub(0.5).abs().max().item() < 0.05  # no match: the mean place
+
+
+def test_the_extra_variance_starts_at_sigma_init_or_at_the_floor():
+    _, att, state, q = _setup()
+    with torch.no_grad():  # flat scores and prior: σ² = the centres' variance + the extra
+        att.key.weight.mul_(1e-6)
+        att.mu_head.weight.zero_()
+    centres = att.basis.centers.double()
+    flat = ((centres - centres.mean()) ** 2).mean().item()
+    floor = att(q, state).sigma_sq
+    assert floor.double().sub(flat + att.config.min_sigma_sq).abs().max().item() < 1e-5
+    _, att, state, q = _setup(sigma_init=0.1)
+    with torch.no_grad():
+        att.key.weight.mul_(1e-6)
+        att.mu_head.weight.zero_()
+    assert att(q, state).sigma_sq.double().sub(flat + 0.01).abs().max().item() < 1e-4
+
+
+def test_every_parameter_gets_a_gradient():
+    """DistributedDataParallel without find_unused_parameters: every parameter in the graph."""
+    _, att, state, q = _setup()
+    out = att(q, state)
+    (out.context.sum() + out.kl).backward()
+    for name, p in att.named_parameters():
+        assert p.grad is not None, name
+    assert att.key.weight.grad.abs().sum() > 0
+    assert att.mu_head.weight.grad.abs().sum() > 0
+
+
+def test_the_floor_of_sigma_is_a_setting_of_both_model_configs(tmp_path):
+    """min_sigma_sq reaches every layer's attention (native and pretrained); bad values are
+    refused by name. A content read narrower than the basis needs a floor below 1e-4."""
+    from inftyformer import MemoryLM, ModelConfig
+
+    small = dict(vocab_size=16, model_type="infty", d_model=16, n_layers=1, n_heads=2, d_ff=32)
+    native = MemoryLM(ModelConfig(**small, num_basis=16, num_samples=16, min_sigma_sq=1e-6))
+    assert {b.long_term_attention.config.min_sigma_sq for b in native.blocks} == {1e-6}
+    for bad in (0.0, -1.0, float("nan"), 2.0):
+        with pytest.raises(ValueError, match="min_sigma_sq"):
+            ModelConfig(vocab_size=16, min_sigma_sq=bad)
+    pytest.importorskip("transformers")
+    from tiny_pretrained import write_tiny_model
+
+    from inftyformer.models import PretrainedMemoryConfig, build_model
+
+    base = str(write_tiny_model(tmp_path / "base"))
+    model = build_model(PretrainedMemoryConfig(base_model=base, segment_len=16, min_sigma_sq=1e-6))
+    floors = {m.config.min_sigma_sq for m in model.modules() if isinstance(m, LongTermAttention)}
+    assert floors == {1e-6}
+    with pytest.raises(ValueError, match="min_sigma_sq"):
+        PretrainedMemoryConfig(base_model=base, min_sigma_sq=0.0)
