@@ -11,6 +11,8 @@ the key's tokens t_j (`tasks.facts.read_targets`, the place the read supervision
 
     states   the stored vectors x_j themselves (what a read at token resolution could give)
     N, w     the memory's signal x̄(t_j) = Bᵀ ψ(t_j), for each setting
+    read σ²  the continuous read centred on t_j with that variance, E_p[x̄(t)] (the floor
+             `min_sigma_sq` keeps every read at least this wide)
 
 A linear probe (multinomial logistic regression, standardised inputs, L2) is trained on the
 digits of half of the keys and tested on the other half: digit accuracy, and the share of keys
@@ -31,7 +33,17 @@ from typing import Any
 import experiment as ex
 
 NAME = "probe_resolution"
-SETTINGS = "512:0.005,0.01;2048:0.00125,0.0025"  # N:widths; the paper's GPT-2 memory first
+# N:widths:σ² (0: the signal at the token itself; else a read of that width, 1e-4 the default
+# floor of σ²); the paper's GPT-2 memory first
+SETTINGS = ";".join(
+    [
+        "512:0.005,0.01:0",
+        "512:0.005,0.01:1e-4",
+        "512:0.005,0.01:1e-5",
+        "2048:0.00125,0.0025:0",
+        "2048:0.00125,0.0025:1e-6",
+    ]
+)
 
 
 class _Stop(Exception):
@@ -69,14 +81,16 @@ def stored_blocks(base, ids, layer: int, C: int, W: int):
     return blocks
 
 
-def features(blocks, key_at, length: int, C: int, W: int, setting: tuple[int, tuple], digits: int):
-    """The memory's signal at the key's tokens [K, digits, e] for one (N, widths) setting."""
+def features(blocks, key_at, length: int, C: int, W: int, setting: tuple, digits: int):
+    """The memory's signal at the key's tokens [K, digits, e] for one (N, widths, σ²) setting:
+    x̄(t_j), or with σ² > 0 the continuous read E_p[x̄(t)] of p = 𝒩(t_j, σ²)."""
     import torch
 
     from inftyformer import LongTermConfig, LongTermMemory
+    from inftyformer.continuous_softmax import continuous_softmax
     from inftyformer.tasks.facts import read_targets
 
-    N, widths = setting
+    N, widths, sigma_sq = setting
     e = blocks[0].shape[-1]
     config = LongTermConfig(dim=e, num_heads=1, num_basis=N, widths=widths, ridge_lambda=0.5,
                             tau=0.5, num_samples=N, conv_gate=False)  # fmt: skip
@@ -91,7 +105,11 @@ def features(blocks, key_at, length: int, C: int, W: int, setting: tuple[int, tu
             t, known = read_targets(key_at + j, length, C, W, config.tau)
             if not bool(known.all()):
                 raise SystemExit(f"a key token is not in the memory (d too small for W = {W})")
-            psi = memory.basis(t.float())  # [K, N]
+            if sigma_sq:  # a read of width σ at t: E_p[ψ] = 𝒩(t; c, σ² + w²)
+                psi = continuous_softmax(t.float(), torch.full_like(t.float(), sigma_sq),
+                                         memory.basis)  # fmt: skip
+            else:  # the signal itself at t
+                psi = memory.basis(t.float())  # [K, N]
             out.append(torch.einsum("kn,kne->ke", psi, state.coefficients.float()))
     return torch.stack(out, 1)
 
@@ -133,8 +151,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(args.base_model, dtype=torch.float32).eval()
-    settings = [(int(n), tuple(float(w) for w in ws.split(",")))
-                for n, ws in (s.split(":") for s in args.settings.split(";"))]  # fmt: skip
+    settings = [(int(n), tuple(float(w) for w in ws.split(",")), float(v))
+                for n, ws, v in (s.split(":") for s in args.settings.split(";"))]  # fmt: skip
     C, W = args.segment_len, args.window
     results: dict[str, Any] = {}
     for d, (inputs, answer, key_at) in passkey_prompts(args).items():
@@ -146,9 +164,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         states = torch.stack([torch.cat(blocks, 1)[torch.arange(len(key_at)), key_at + j]
                               for j in range(digits)], 1)  # fmt: skip
         row = {"states": probe(states, labels)}
-        for N, widths in settings:
-            x = features(blocks, key_at, inputs.shape[1], C, W, (N, widths), digits)
-            row[f"N={N}, widths={list(widths)}"] = probe(x, labels)
+        for N, widths, sigma_sq in settings:
+            x = features(blocks, key_at, inputs.shape[1], C, W, (N, widths, sigma_sq), digits)
+            read = f", read σ²={sigma_sq:g}" if sigma_sq else ""
+            row[f"N={N}, widths={list(widths)}{read}"] = probe(x, labels)
         row["seconds"] = time.perf_counter() - start
         results[str(d)] = row
         print(f"d={d}: " + ", ".join(f"{k} {v['digit_accuracy']:.2f}" for k, v in row.items()
@@ -183,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--keys", type=int, default=40)
     p.add_argument("--segment-len", type=int, default=256)
     p.add_argument("--window", type=int, default=256)
-    p.add_argument("--settings", default=SETTINGS, help="N:widths;N:widths …")
+    p.add_argument("--settings", default=SETTINGS, help="N:widths:σ²;… (σ² 0: no read width)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--render-only", action="store_true")
     p.add_argument("--out", type=Path)
@@ -201,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
         args.base_model = str(ex.tiny_model_writer()(Path(tempfile.mkdtemp()) / "base"))
         args.data_dir = str(_quick_books(Path(tempfile.mkdtemp())))
         args.distances, args.keys, args.segment_len, args.window = "40", 6, 16, 16
-        args.layer, args.settings = 1, "32:0.02;64:0.01"
+        args.layer, args.settings = 1, "32:0.02:0;64:0.01:0;64:0.01:1e-3"
     args.base_model = args.base_model or ex.default_base_model()
     args.distances = [int(d) for d in args.distances.split(",")]
     setup = {k: getattr(args, k) for k in ("distances", "keys", "segment_len", "window", "layer",

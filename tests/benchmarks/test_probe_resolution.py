@@ -12,7 +12,13 @@ def test_the_quick_probe_runs_and_renders_from_its_json(tmp_path):
     probe_resolution.main(["--quick", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "probe_resolution.json").read_text())
     row = data["results"]["40"]
-    assert set(row) == {"states", "N=32, widths=[0.02]", "N=64, widths=[0.01]", "seconds"}
+    assert set(row) == {
+        "states",
+        "N=32, widths=[0.02]",
+        "N=64, widths=[0.01]",
+        "N=64, widths=[0.01], read σ²=0.001",
+        "seconds",
+    }
     for name, result in row.items():
         if name != "seconds":
             assert 0.0 <= result["key_exact"] <= result["digit_accuracy"] <= 1.0
