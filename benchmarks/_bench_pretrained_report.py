@@ -13,7 +13,12 @@ def _mb(x: float) -> str:
 
 
 def _layers(row: dict[str, Any]) -> str:
-    return "every block" if row["memory_layers"] is None else ",".join(map(str, row["memory_layers"]))
+    blocks = row["memory_layers"]
+    return "every block" if blocks is None else ",".join(map(str, blocks))
+
+
+def _goal_rows(s: dict[str, Any]) -> list[list[str]]:
+    return [[g["goal"], g["limit"], g["value"], "yes" if g["met"] else "**no**"] for g in goals(s)]
 
 
 def goals(s: dict[str, Any]) -> list[dict[str, Any]]:
@@ -148,18 +153,14 @@ def settings_markdown(s: dict[str, Any]) -> list[str]:
         f"**Recommended: memory in blocks {_layers(row)}, N = M = {row['num_basis']}** "
         "(the candidate with the most memory that meets the parameter, checkpoint and "
         "streaming goals), e.g. `inftyformer train lm --base-model DIR --freeze-base "
-        + (
-            f"--set memory_layers={_layers(row)} "
-            if row["memory_layers"] is not None
-            else ""
-        )
+        + (f"--set memory_layers={_layers(row)} " if row["memory_layers"] is not None else "")
         + f"--set num_basis={row['num_basis']} --set num_samples={row['num_samples']}`.",
         "",
         "### Goals at the recommended setting",
         "",
         common.markdown_table(
             ["goal", "target", "measured", "met"],
-            [[g["goal"], g["limit"], g["value"], "yes" if g["met"] else "**no**"] for g in goals(s)],
+            _goal_rows(s),
         ),
         "",
     ]
@@ -210,3 +211,63 @@ def settings_markdown(s: dict[str, Any]) -> list[str]:
             )
         lines.append("")
     return lines
+
+
+HF_BEGIN = "<!-- recommended settings: written by benchmarks/bench_pretrained.py -->"
+HF_END = "<!-- /recommended settings -->"
+
+
+def hf_section(s: dict[str, Any]) -> str:
+    """docs/hf.md's recommended-settings block: the choice, the candidates and the goals."""
+    row = s["candidates"][s["chosen"]]
+    layers = f"--set memory_layers={_layers(row)} " if row["memory_layers"] is not None else ""
+    lines = [
+        HF_BEGIN,
+        f"Measured on {s['machine']['cpu']} (one thread, load average "
+        f"{', '.join(f'{x:.1f}' for x in s['machine']['load_average'])} at the start; "
+        "`docs/benchmarks/pretrained_cost.md` has the method, generation speed and the "
+        "command-line runs):",
+        "",
+        "```bash",
+        f"inftyformer train lm --base-model DIR --freeze-base {layers}"
+        f"--set num_basis={row['num_basis']} --set num_samples={row['num_samples']}",
+        "```",
+        "",
+        common.markdown_table(
+            [
+                "memory blocks",
+                "N = M",
+                "trained (of base)",
+                "checkpoint (of base)",
+                "streaming × base",
+            ],
+            [
+                [
+                    _layers(r) + (" (recommended)" if i == s["chosen"] else ""),
+                    r["num_basis"],
+                    f"{r['trained_fraction']:.1%}",
+                    f"{r['checkpoint_fraction']:.1%}",
+                    f"{r['stream']['ratio_to_base']:.2f}×",
+                ]
+                for i, r in enumerate(s["candidates"])
+            ],
+        ),
+        "",
+        common.markdown_table(
+            ["goal (recommended setting)", "target", "measured", "met"],
+            _goal_rows(s),
+        ),
+        HF_END,
+    ]
+    return "\n".join(lines)
+
+
+def update_hf_doc(path, s: dict[str, Any]) -> bool:
+    """Replace the block between the markers in docs/hf.md (False when they are missing)."""
+    text = path.read_text(encoding="utf-8")
+    if HF_BEGIN not in text or HF_END not in text:
+        return False
+    head, rest = text.split(HF_BEGIN, 1)
+    tail = rest.split(HF_END, 1)[1]
+    path.write_text(head + hf_section(s) + tail, encoding="utf-8")
+    return True

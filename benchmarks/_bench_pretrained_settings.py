@@ -126,7 +126,7 @@ def streaming_cost(base, models: dict[str, Any], ids, L: int, repeats: int, bf16
 
     def run(key, fn, precision):
         def call():
-            with torch.no_grad(), (_bf16() if precision == "bf16" else contextlib.nullcontext()):
+            with torch.no_grad(), _bf16() if precision == "bf16" else contextlib.nullcontext():
                 last[key] = fn().logits[:, -L:].float()
 
         return call
@@ -333,7 +333,7 @@ def measure(base, model_dir: Path | None, ids, args, books: list[Path], activate
             row["stream_bf16"] = stream[f"{row['name']}|bf16"]
     chosen = choose(rows)
     model = models[rows[chosen]["name"]]
-    for name, other in models.items():
+    for other in models.values():
         if other is not model:
             other.unwrap()
     activate(model)  # reads that change the logits, as after training
@@ -362,4 +362,3 @@ def measure(base, model_dir: Path | None, ids, args, books: list[Path], activate
         "generation": generation,
         "command_line": cli,
     }
-
