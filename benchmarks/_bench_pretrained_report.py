@@ -173,7 +173,13 @@ def settings_markdown(s: dict[str, Any]) -> list[str]:
         f"{gen['window']} tokens before the prompt and a filled memory, output projections "
         "N(0, 0.02²) so that the reads count). Each new token timestamped by a streamer: "
         "prefill = seconds to the first new token, decoding = tokens/s after it (the base's "
-        "key/value cache in both). Interleaved rounds, medians.",
+        "key/value cache in both). Interleaved rounds, medians."
+        + (
+            f" Measured by `{gen['command']}` (load average "
+            f"{', '.join(f'{x:.2f}' for x in gen['load_average'])})."
+            if "command" in gen
+            else ""
+        ),
         "",
         common.markdown_table(
             ["variant", "prefill s", "decoding tokens/s", "memory model / this (decoding)"],

@@ -306,6 +306,19 @@ def command_line(model_dir: Path, candidate: dict[str, Any], books: list[Path], 
     return {"train": train, "generate": generate}
 
 
+def measure_generation(base, model, ids, args, activate) -> dict[str, Any]:
+    """`generation_speed` of `model` with reads that change the logits, as after training."""
+    activate(model)
+    generation = generation_speed(
+        base, model, ids, args.segment_len, args.prompt_tokens, args.new_tokens,
+        args.settings_repeats,
+    )  # fmt: skip
+    generation["command"] = common.command_line()
+    generation["load_average"] = common.machine_info()["load_average"]
+    print("generation speed", generation, flush=True)
+    return generation
+
+
 def measure(base, model_dir: Path | None, ids, args, books: list[Path], activate) -> dict[str, Any]:
     """Every candidate's parameters, checkpoint size and streaming cost; the choice; at the
     chosen setting bf16, generation speed and (with a model directory) the command line."""
@@ -336,11 +349,7 @@ def measure(base, model_dir: Path | None, ids, args, books: list[Path], activate
     for other in models.values():
         if other is not model:
             other.unwrap()
-    activate(model)  # reads that change the logits, as after training
-    generation = generation_speed(
-        base, model, ids, L, args.prompt_tokens, args.new_tokens, args.settings_repeats
-    )
-    print("generation speed", generation, flush=True)
+    generation = measure_generation(base, model, ids, args, activate)
     cli = None
     if model_dir is not None and not args.no_cli:
         cli = command_line(model_dir, rows[chosen], books, args)

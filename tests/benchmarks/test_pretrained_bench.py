@@ -53,6 +53,11 @@ def test_the_quick_run_measures_every_candidate_and_renders_from_json(tmp_path):
     assert data["generation"]["tokens_equal_recomputation"]
     assert all(d == 0 for row in data["parity"] for d in row["max_abs_logit_diff"])
     report = (tmp_path / "pretrained_cost_tiny.md").read_text()
+    bench_pretrained.main(["--quick", "--only-generation", "--out-dir", str(tmp_path)])
+    again = json.loads((tmp_path / "pretrained_cost_tiny.json").read_text())
+    assert "command" in again["settings"]["generation"]
+    assert again["settings"]["candidates"] == data["settings"]["candidates"]
+    data, report = again, (tmp_path / "pretrained_cost_tiny.md").read_text()
     bench_pretrained.main(["--quick", "--render-only", "--out-dir", str(tmp_path)])
     assert (tmp_path / "pretrained_cost_tiny.md").read_text() == report  # from the JSON alone
 
