@@ -12,7 +12,8 @@ Rows (every one reads the same token streams):
                   (--facts-start-run: the first recipe, kept as an ablation)
     content       as facts, with density = content: the read's place from a softmax over the
                   basis keys (--content-run)
-    content-n1024 as content with N = 1,024 basis functions (--content-n1024-run)
+    content-n2048 as content with N = 2,048 (widths halved twice) and a σ² floor of 1e-6
+                  (--content-n2048-run)
 
 Pass keys: the facts task's evaluation facts (`inftyformer.tasks.facts`: "The pass key is
 NNNNN…", five digits, never trained) written into the corpus's test books d tokens before the
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lm-run", default=None)
     p.add_argument("--facts-start-run", default=None)
     p.add_argument("--content-run", default=None)
-    p.add_argument("--content-n1024-run", default=None)
+    p.add_argument("--content-n2048-run", default=None)
     p.add_argument("--memory-layers", default=None,
                    help="the untrained row's blocks, a JSON list (default: every block); "
                         "give the trained rows' to compare like with like")  # fmt: skip

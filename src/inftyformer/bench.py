@@ -73,6 +73,7 @@ def quick_benchmark(
 
 
 BENCHMARK_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+MAIN_GUARD = re.compile(r"""^if __name__ == ["']__main__["']:""", re.MULTILINE)
 
 
 def benchmarks_dir() -> Path | None:
@@ -88,16 +89,22 @@ def benchmarks_dir() -> Path | None:
 
 def benchmark_scripts(root: Path | None = None) -> dict[str, Path]:
     """The project's benchmark scripts by name: benchmarks/*.py of the source tree (`root`, by
-    default the checkout this package was loaded from), helpers (names starting with _)
-    excluded."""
+    default the checkout this package was loaded from) that run as a program (a top-level
+    `if __name__ == "__main__":`); helpers (names starting with _) and shared modules such as
+    experiment.py are not scripts."""
     folder = benchmarks_dir() if root is None else root / "benchmarks"
     if folder is None or not folder.is_dir():
         return {}
     return {
         p.stem: p
         for p in sorted(folder.glob("*.py"))
-        if BENCHMARK_NAME.fullmatch(p.stem) and p.is_file()
+        if BENCHMARK_NAME.fullmatch(p.stem) and p.is_file() and _runs_as_a_program(p)
     }
+
+
+def _runs_as_a_program(path: Path) -> bool:
+    text = path.read_text(encoding="utf-8", errors="replace")
+    return MAIN_GUARD.search(text) is not None
 
 
 def run_script(script: str, args: list[str]) -> int:

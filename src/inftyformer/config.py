@@ -66,6 +66,7 @@ class ModelConfig:
     sticky_bins: int = 128
     kl_weight: float = 1e-6
     sigma_0: float = 0.05  # σ₀
+    min_sigma_sq: float = 1e-4  # the floor of σ²
     conv_gate: bool = True
     edge_padding: bool = True
     density: str = "normalized"  # "paper", "normalized" or "content" (long_term_attention.py)
@@ -93,6 +94,7 @@ class ModelConfig:
         check_range("layer_norm_eps", self.layer_norm_eps, 0.0, low_open=True)
         check_range("reconstruction_weight", self.reconstruction_weight, 0.0)
         check_range("kl_weight", self.kl_weight, 0.0)
+        check_range("min_sigma_sq", self.min_sigma_sq, 0.0, 1.0, low_open=True)
         for name in ("tie_embeddings", "use_long_term", "sticky", "conv_gate", "edge_padding"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")

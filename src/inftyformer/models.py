@@ -58,6 +58,7 @@ class PretrainedMemoryConfig:
     sticky: bool = False
     sticky_bins: int = 128
     sigma_0: float = 0.05
+    min_sigma_sq: float = 1e-4  # the floor of σ² (a read narrower than the basis: 1e-6)
     kl_weight: float = 1e-6
     conv_gate: bool = True
     edge_padding: bool = True
@@ -82,6 +83,7 @@ class PretrainedMemoryConfig:
         if self.density_lr is not None:
             check_range("density_lr", self.density_lr, 0.0, low_open=True)
         check_range("kl_weight", self.kl_weight, 0.0)
+        check_range("min_sigma_sq", self.min_sigma_sq, 0.0, 1.0, low_open=True)
         for name in ("segment_len", "num_basis", "num_samples", "sticky_bins"):
             check_positive_int(name, getattr(self, name))
         if self.window is not None:

@@ -33,6 +33,20 @@ def test_scripts_are_found_in_the_checkout_and_helpers_are_not_scripts():
     scripts = benchmark_scripts()
     assert {"bench_core", "bench_models", "compare_sorting"} <= set(scripts)
     assert not any(name.startswith("_") for name in scripts)
+    assert "experiment" not in scripts  # the comparisons' shared module, not a program
+
+
+def test_only_files_that_run_as_programs_are_scripts(tmp_path):
+    from inftyformer.bench import benchmark_scripts
+
+    folder = tmp_path / "benchmarks"
+    folder.mkdir()
+    (folder / "tool.py").write_text(
+        'def main():\n    pass\n\n\nif __name__ == "__main__":\n    main()\n'
+    )
+    (folder / "shared.py").write_text('"""Called from `if __name__ == "__main__":` blocks."""\n')
+    (folder / "_helper.py").write_text('if __name__ == "__main__":\n    pass\n')
+    assert set(benchmark_scripts(tmp_path)) == {"tool"}
 
 
 def test_an_installed_package_without_the_scripts_says_what_is_missing(monkeypatch, tmp_path):

@@ -105,3 +105,27 @@ def test_every_parameter_gets_a_gradient():
         assert p.grad is not None, name
     assert att.key.weight.grad.abs().sum() > 0
     assert att.mu_head.weight.grad.abs().sum() > 0
+
+
+def test_the_floor_of_sigma_is_a_setting_of_both_model_configs(tmp_path):
+    """min_sigma_sq reaches every layer's attention (native and pretrained); bad values are
+    refused by name. A content read narrower than the basis needs a floor below 1e-4."""
+    from inftyformer import MemoryLM, ModelConfig
+
+    small = dict(vocab_size=16, model_type="infty", d_model=16, n_layers=1, n_heads=2, d_ff=32)
+    native = MemoryLM(ModelConfig(**small, num_basis=16, num_samples=16, min_sigma_sq=1e-6))
+    assert {b.long_term_attention.config.min_sigma_sq for b in native.blocks} == {1e-6}
+    for bad in (0.0, -1.0, float("nan"), 2.0):
+        with pytest.raises(ValueError, match="min_sigma_sq"):
+            ModelConfig(vocab_size=16, min_sigma_sq=bad)
+    pytest.importorskip("transformers")
+    from tiny_pretrained import write_tiny_model
+
+    from inftyformer.models import PretrainedMemoryConfig, build_model
+
+    base = str(write_tiny_model(tmp_path / "base"))
+    model = build_model(PretrainedMemoryConfig(base_model=base, segment_len=16, min_sigma_sq=1e-6))
+    floors = {m.config.min_sigma_sq for m in model.modules() if isinstance(m, LongTermAttention)}
+    assert floors == {1e-6}
+    with pytest.raises(ValueError, match="min_sigma_sq"):
+        PretrainedMemoryConfig(base_model=base, min_sigma_sq=0.0)
