@@ -665,6 +665,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         keep = logits_to_keep
         if inputs.context and isinstance(keep, torch.Tensor):
             keep = keep + inputs.context  # indices into this call's positions
+        elif inputs.context and keep == 0:  # the window's positions are context only: their
+            keep = inputs.ids.shape[1] - inputs.context  # logits are never computed
         token = _ACTIVE.set(call)
         try:
             base_out = self.base(
@@ -706,8 +708,6 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             memory_loss = memory_loss + zero
 
         logits = base_out.logits
-        if inputs.context and isinstance(logits_to_keep, int) and logits_to_keep == 0:
-            logits = logits[:, inputs.context :]  # the window's positions are context only
         output = InftyformerOutput(
             logits=logits,
             memory=MemoryState(tuple(layers), window, self.memory_source),
