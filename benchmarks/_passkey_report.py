@@ -20,10 +20,11 @@ ROWS = {
     "facts-sticky": "(vi) = (v), read with sticky memories",
     "facts-start": "(v′) as (v), every answer query supervised to the key's start",
     "content": "(vii) as (v), density = content (a softmax over the basis keys)",
-    "content-n2048": "(viii) as (vii), N = 2,048, widths (0.00125, 0.0025), σ² floor 1e-6",
+    "content-f6": "(viii) as (vii), σ² floor 1e-6 (min_sigma_sq; default 1e-4)",
+    "content-n2048": "(ix) as (viii), N = 2,048, widths (0.00125, 0.0025)",
 }
 # the rows whose answer reads are recorded and tabled (trained with read supervision)
-READ_ROWS = ("facts", "facts-start", "content", "content-n2048")
+READ_ROWS = ("facts", "facts-start", "content", "content-f6", "content-n2048")
 
 
 def render(data: dict[str, Any], out_dir: Path) -> None:

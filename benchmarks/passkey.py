@@ -12,6 +12,7 @@ Rows (every one reads the same token streams):
                   (--facts-start-run: the first recipe, kept as an ablation)
     content       as facts, with density = content: the read's place from a softmax over the
                   basis keys (--content-run)
+    content-f6    as content with a σ² floor of 1e-6 (--content-f6-run)
     content-n2048 as content with N = 2,048 (widths halved twice) and a σ² floor of 1e-6
                   (--content-n2048-run)
 
@@ -290,6 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lm-run", default=None)
     p.add_argument("--facts-start-run", default=None)
     p.add_argument("--content-run", default=None)
+    p.add_argument("--content-f6-run", default=None)
     p.add_argument("--content-n2048-run", default=None)
     p.add_argument("--memory-layers", default=None,
                    help="the untrained row's blocks, a JSON list (default: every block); "

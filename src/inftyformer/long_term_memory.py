@@ -7,7 +7,8 @@ only parameters (the CNN gate) and caches of constants (the design matrices G).
     first fit after a reset         B = G_Lᵀ X                                  (eq. 9)
     unbounded update (each segment) x̃ = B_pastᵀ ψ(u),  u = sample positions
                                     B = G_infᵀ [x̃ at τ·i/M ; X at (τ, 1)]
-    sticky memories                 u drawn from the histogram of past attention
+    sticky memories                 u drawn from the histogram of past attention, and B
+                                    scaled so that it holds no more than its data
     smoothing (the CNN gate)        X ← X ⊙ sigmoid(Conv1d(X))
 
 The update and the sticky sampling are the paper's "unbounded memory" and "sticky memories".
@@ -40,11 +41,14 @@ from .long_term_config import (  # noqa: F401  (re-exported: the settings' old h
     check_density,
     check_update_gain,
 )
+from .precision import allowed_dtypes, wide_dtype  # noqa: F401  (re-exported)
 from .ridge import (
     RidgeRegression,
     evaluate_signal,
     fit_coefficients,
     infinite_positions,
+    limit_to_data,
+    supremum_grid,
 )
 
 
@@ -225,6 +229,7 @@ class LongTermMemory(nn.Module):
             if config.conv_gate
             else None
         )
+        self._grid_basis: dict[tuple, torch.Tensor] = {}  # ψ on `supremum_grid` (sticky)
 
     # ---------------------------------------------------------------- state
     def init_state(
@@ -279,6 +284,14 @@ class LongTermMemory(nn.Module):
         )
 
     # ---------------------------------------------------------------- sticky memories
+    def grid_basis(self, device, dtype) -> torch.Tensor:
+        """ψ on `ridge.supremum_grid` [T, N], at least float32, cached per device and dtype."""
+        key = (str(device), wide_dtype(dtype))
+        if key not in self._grid_basis:
+            psi = self.basis.float64(supremum_grid(self.basis))
+            self._grid_basis[key] = psi.to(device=device, dtype=key[1])
+        return self._grid_basis[key]
+
     def attention_histogram(self, mu: torch.Tensor, sigma_sq: torch.Tensor) -> torch.Tensor:
         """p_b ∝ Σ_{h,q} [Φ((b₊ − μ)/σ) − Φ((b₋ − μ)/σ)] over equal bins of [0, 1], normalised
         per row. mu, sigma_sq [batch, ...] → [batch, bins]."""
@@ -450,6 +463,10 @@ class LongTermMemory(nn.Module):
             G_inf = self.infinite_design(length, x.device, x.dtype)  # [M + L, N]
             # [batch, N, e]
             B_upd = fit_coefficients(torch.cat([x_old, x], dim=1), G_inf, check=False)
+            # sticky: u follows the attention and no config check bounds A(u) (ridge.py), so
+            # B is scaled to max_grid |x̄| ≤ max(max_grid |x̄_past|, max |X|)  (§3.3–3.4)
+            if c.sticky:
+                B_upd = limit_to_data(B_upd, B_past, x, self.grid_basis(x.device, x.dtype))
             B_new = B_upd if B_new is None else torch.where(empty[:, None, None], B_new, B_upd)
         new_state = LongTermState(
             coefficients=B_new,
@@ -463,19 +480,6 @@ class LongTermMemory(nn.Module):
         """Read the stored signal x̄(t) back at positions t [T] → [batch, T, e]."""
         self.check_state(state)
         return evaluate_signal(state.coefficients, self.basis, t)
-
-
-def allowed_dtypes(parameter: torch.Tensor) -> tuple[torch.dtype, ...]:
-    """The floating dtypes of tensors meeting a module whose parameters are `parameter`'s: that
-    dtype, and under autocast on its device also the autocast dtype."""
-    device = parameter.device.type
-    dtypes = (parameter.dtype,)
-    try:
-        if torch.is_autocast_enabled(device):
-            dtypes += (torch.get_autocast_dtype(device),)
-    except (RuntimeError, TypeError):  # a device type autocast does not know
-        pass
-    return dtypes
 
 
 def _check_generator(generator: object) -> None:

@@ -36,4 +36,17 @@ def at_least_float32(x: torch.Tensor) -> torch.Tensor:
     return x.to(wide_dtype(x.dtype))
 
 
-__all__ = ["at_least_float32", "full_precision", "wide_dtype"]
+def allowed_dtypes(parameter: torch.Tensor) -> tuple[torch.dtype, ...]:
+    """The floating dtypes of tensors meeting a module whose parameters are `parameter`'s: that
+    dtype, and under autocast on its device also the autocast dtype."""
+    device = parameter.device.type
+    dtypes = (parameter.dtype,)
+    try:
+        if torch.is_autocast_enabled(device):
+            dtypes += (torch.get_autocast_dtype(device),)
+    except (RuntimeError, TypeError):  # a device type autocast does not know
+        pass
+    return dtypes
+
+
+__all__ = ["allowed_dtypes", "at_least_float32", "full_precision", "wide_dtype"]

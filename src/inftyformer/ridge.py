@@ -187,8 +187,9 @@ def update_gain(
     linear in the old coefficients B. Streaming applies A once per update, so the memory stays
     bounded for every input iff the spectral radius ρ(A) < 1; at ρ(A) > 1 the coefficients grow
     by about ρ(A) per segment whatever the input. Returns an upper bound on ρ(A), within ~1%.
-    Depends on N, the widths, λ, τ, M, the edge padding and L; sticky memories read the old
-    signal elsewhere (u from the attention histogram), which this does not cover."""
+    Depends on N, the widths, λ, τ, M, the edge padding and L. Sticky memories read the old
+    signal elsewhere (u from the attention histogram, A = A(u)): for a u concentrated where the
+    refit overshoots, ρ(A(u)) > 1 at every setting; `limit_to_data` bounds their update."""
     basis = GaussianBasis(num_basis, widths)
     G = ridge_design_matrix(
         basis, infinite_positions(num_samples, tau, length), ridge_lambda, edge_padding
@@ -196,6 +197,40 @@ def update_gain(
     u = torch.arange(1, num_samples + 1, dtype=torch.float64) / num_samples
     A = G[:num_samples].T @ basis.float64(u)  # [N, N]
     return spectral_radius_bound(A)
+
+
+def supremum_grid(basis: GaussianBasis) -> torch.Tensor:
+    """float64 [T]: where `limit_to_data` reads a signal to bound it: [0, 1] at a spacing of at
+    most half the narrowest width (at most 8N + 1 points), and every centre (narrower functions
+    peak there)."""
+    _check_basis(basis)
+    count = min(math.ceil(2.0 / min(basis.width_values)), 8 * basis.num_basis)
+    grid = torch.linspace(0.0, 1.0, count + 1, dtype=torch.float64)
+    return torch.cat([grid, basis.center_grid.double()]).unique()  # sorted
+
+
+def limit_to_data(
+    B: torch.Tensor, B_past: torch.Tensor, x: torch.Tensor, psi: torch.Tensor
+) -> torch.Tensor:
+    """Sticky memories' refit, made non-expansive (paper §3.3–3.4): B = G_infᵀ [x̃ ; X] with
+    x̃ = B_pastᵀ ψ(u) read where the queries attended. The refit overshoots its data (by up to
+    ~1.2 next to a jump), and with u on that overshoot every update multiplies the memory by it,
+    whatever `update_gain` says of uniform reading. Per row and channel, B is scaled down so that
+    on the grid (ψ there: `psi` [T, N], `supremum_grid`) the new signal never exceeds the larger
+    of the old signal's peak and the new vectors' peak:
+
+        max_grid |x̄_new| ≤ max(max_grid |x̄_past|, max_i |X_i|).
+
+    So the memory never holds more than the largest value it was given; a refit that does not
+    overshoot is returned unchanged. B, B_past [batch, N, e], x [batch, L, e] → [batch, N, e]."""
+    with full_precision(B):
+        B_wide = at_least_float32(B)
+        psi = psi.to(dtype=B_wide.dtype, device=B.device)
+        past = torch.matmul(psi, B_past.to(B_wide.dtype)).abs().amax(1)  # [batch, e]
+        bound = torch.maximum(past, x.to(B_wide.dtype).abs().amax(1))
+        peak = torch.matmul(psi, B_wide).abs().amax(1)  # [batch, e]
+        scale = (bound / peak.clamp_min(torch.finfo(peak.dtype).tiny)).clamp(max=1.0)
+        return (B_wide * scale.unsqueeze(1)).to(B.dtype)
 
 
 class RidgeRegression:

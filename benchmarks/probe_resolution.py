@@ -1,0 +1,239 @@
+"""How much of a pass key the long-term memory still holds: the digits decoded from the memory's
+signal at the key's own tokens, against the same decoder on the states that went in.
+
+A ceiling for every read, trained or not: the reads of `benchmarks/passkey.py` can land on the key
+(density = content) and still not answer it, so this asks whether the answer is there at all.
+For each pass-key prompt of the facts task's test facts (five digits, d tokens before the
+question), the frozen base runs block by block with its window, exactly as the memory model feeds
+its memory (`inftyformer.hf`: each block stores its normalised attention input at block ℓ once it
+has left the window), and a `LongTermMemory` of each setting is fitted on those blocks. Then, at
+the key's tokens t_j (`tasks.facts.read_targets`, the place the read supervision points at):
+
+    states   the stored vectors x_j themselves (what a read at token resolution could give)
+    N, w     the memory's signal x̄(t_j) = Bᵀ ψ(t_j), for each setting
+    read σ²  the continuous read centred on t_j with that variance, E_p[x̄(t)] (the floor
+             `min_sigma_sq` keeps every read at least this wide)
+
+A linear probe (multinomial logistic regression, standardised inputs, L2) is trained on the
+digits of half of the keys and tested on the other half: digit accuracy, and the share of keys
+with all five digits right. Writes docs/probe_resolution.{json,md}.
+
+    python benchmarks/probe_resolution.py                  # SmolLM2, block 15, d = 700, 1500, 4000
+    python benchmarks/probe_resolution.py --quick          # a tiny random model, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import experiment as ex
+
+NAME = "probe_resolution"
+# N:widths:σ² (0: the signal at the token itself; else a read of that width, 1e-4 the default
+# floor of σ²); the paper's GPT-2 memory first
+SETTINGS = ";".join(
+    [
+        "512:0.005,0.01:0",
+        "512:0.005,0.01:1e-4",
+        "512:0.005,0.01:1e-5",
+        "2048:0.00125,0.0025:0",
+        "2048:0.00125,0.0025:1e-6",
+    ]
+)
+
+
+class _Stop(Exception):
+    """Raised by the hook once block ℓ's input is captured: the blocks above it are not run."""
+
+
+def stored_blocks(base, ids, layer: int, C: int, W: int):
+    """What the memory model stores at block `layer`: for each block of C tokens, its normalised
+    attention input computed with the W tokens before it as context, [K, C, e] each."""
+    import torch
+
+    from inftyformer.hf.adapters import adapter_for
+
+    adapter = adapter_for(type(base).__name__)
+    norm = adapter.attention_inputs(base)[layer]
+    captured = []
+
+    def hook(module, args, output):
+        captured.append(output.detach())
+        raise _Stop
+
+    handle = norm.register_forward_hook(hook)
+    blocks = []
+    try:
+        with torch.no_grad():
+            for a in range(0, ids.shape[1], C):
+                ctx = max(0, a - W)
+                try:
+                    base(ids[:, ctx : a + C])
+                except _Stop:
+                    pass
+                blocks.append(captured.pop()[:, a - ctx :])
+    finally:
+        handle.remove()
+    return blocks
+
+
+def features(blocks, key_at, length: int, C: int, W: int, setting: tuple, digits: int):
+    """The memory's signal at the key's tokens [K, digits, e] for one (N, widths, σ²) setting:
+    x̄(t_j), or with σ² > 0 the continuous read E_p[x̄(t)] of p = 𝒩(t_j, σ²)."""
+    import torch
+
+    from inftyformer import LongTermConfig, LongTermMemory
+    from inftyformer.continuous_softmax import continuous_softmax
+    from inftyformer.tasks.facts import read_targets
+
+    N, widths, sigma_sq = setting
+    e = blocks[0].shape[-1]
+    config = LongTermConfig(dim=e, num_heads=1, num_basis=N, widths=widths, ridge_lambda=0.5,
+                            tau=0.5, num_samples=N, conv_gate=False)  # fmt: skip
+    memory = LongTermMemory(config).eval()  # evaluation sampling, as when reading
+    fitted = len(blocks) - 1 - W // C  # the blocks in memory when the last one is read
+    state = memory.init_state(blocks[0].shape[0])
+    with torch.no_grad():
+        for block in blocks[:fitted]:
+            state = memory.update(state, block.float())
+        out = []
+        for j in range(digits):
+            t, known = read_targets(key_at + j, length, C, W, config.tau)
+            if not bool(known.all()):
+                raise SystemExit(f"a key token is not in the memory (d too small for W = {W})")
+            if sigma_sq:  # a read of width σ at t: E_p[ψ] = 𝒩(t; c, σ² + w²)
+                psi = continuous_softmax(t.float(), torch.full_like(t.float(), sigma_sq),
+                                         memory.basis)  # fmt: skip
+            else:  # the signal itself at t
+                psi = memory.basis(t.float())  # [K, N]
+            out.append(torch.einsum("kn,kne->ke", psi, state.coefficients.float()))
+    return torch.stack(out, 1)
+
+
+def probe(x, labels, seed: int = 0) -> dict[str, float]:
+    """Logistic regression on the first half of the keys, tested on the second: x [K, D, e],
+    labels [K, D] (token ids). Digit accuracy and the share of keys with every digit right."""
+    import torch
+
+    K = x.shape[0]
+    train, test = slice(0, K // 2), slice(K // 2, K)
+    classes, y = torch.unique(labels, return_inverse=True)
+    xs = x.double().flatten(0, 1)
+    mean, std = xs[: (K // 2) * x.shape[1]].mean(0), xs[: (K // 2) * x.shape[1]].std(0) + 1e-6
+    z = (x.double() - mean) / std
+    torch.manual_seed(seed)
+    weight = torch.zeros(z.shape[-1], len(classes), dtype=torch.float64, requires_grad=True)
+    bias = torch.zeros(len(classes), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([weight, bias], max_iter=300, line_search_fn="strong_wolfe")
+    xt, yt = z[train].flatten(0, 1), y[train].flatten()
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(xt @ weight + bias, yt)
+        loss = loss + 1e-2 * weight.square().sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    with torch.no_grad():
+        hit = (z[test] @ weight + bias).argmax(-1) == y[test]  # [K/2, D]
+    return {"digit_accuracy": hit.double().mean().item(),
+            "key_exact": hit.all(-1).double().mean().item(), "test_keys": K - K // 2}  # fmt: skip
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from passkey import passkey_prompts
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(args.base_model, dtype=torch.float32).eval()
+    settings = [(int(n), tuple(float(w) for w in ws.split(",")), float(v))
+                for n, ws, v in (s.split(":") for s in args.settings.split(";"))]  # fmt: skip
+    C, W = args.segment_len, args.window
+    results: dict[str, Any] = {}
+    for d, (inputs, answer, key_at) in passkey_prompts(args).items():
+        start = time.perf_counter()
+        digits = int((answer != -100).sum(1).min())
+        blocks = stored_blocks(base, inputs, args.layer, C, W)
+        labels = torch.stack([inputs[torch.arange(len(key_at)), key_at + j]
+                              for j in range(digits)], 1)  # fmt: skip
+        states = torch.stack([torch.cat(blocks, 1)[torch.arange(len(key_at)), key_at + j]
+                              for j in range(digits)], 1)  # fmt: skip
+        row = {"states": probe(states, labels)}
+        for N, widths, sigma_sq in settings:
+            x = features(blocks, key_at, inputs.shape[1], C, W, (N, widths, sigma_sq), digits)
+            read = f", read σ²={sigma_sq:g}" if sigma_sq else ""
+            row[f"N={N}, widths={list(widths)}{read}"] = probe(x, labels)
+        row["seconds"] = time.perf_counter() - start
+        results[str(d)] = row
+        print(f"d={d}: " + ", ".join(f"{k} {v['digit_accuracy']:.2f}" for k, v in row.items()
+                                     if isinstance(v, dict)), flush=True)  # fmt: skip
+    return results
+
+
+def render(data: dict[str, Any], out_dir: Path) -> None:
+    setup, results = data["setup"], data["results"]
+    columns = [k for k in next(iter(results.values())) if k != "seconds"]
+    body = [[f"d = {d}", *(f"{row[c]['digit_accuracy']:.2f} ({row[c]['key_exact']:.2f})"
+                           for c in columns)] for d, row in results.items()]  # fmt: skip
+    keys = next(iter(results.values()))["states"]["test_keys"]
+    lines = ["# What the memory still holds of a pass key", "",
+             f"Base `{setup['base_model']}`, block {setup['layer']}, blocks of C = "
+             f"{setup['segment_len']} with a window of W = {setup['window']}, λ = 0.5, τ = 0.5, "
+             f"M = N, no CNN gate; a linear probe trained on the digits of {setup['keys'] - keys} "
+             f"keys, tested on {keys}. Cells: digit accuracy (share of keys with all digits "
+             "right); chance 0.10. Rendered from "
+             f"`{NAME}.json` by `benchmarks/{NAME}.py`.", "",
+             ex.table(["distance", "the stored states", *columns[1:]], body), "",
+             ex.hand_notes(out_dir / f"{NAME}.md"), ""]  # fmt: skip
+    (out_dir / f"{NAME}.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base-model", default=None)
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--layer", type=int, default=15)
+    p.add_argument("--distances", default="700,1500,4000")
+    p.add_argument("--keys", type=int, default=40)
+    p.add_argument("--segment-len", type=int, default=256)
+    p.add_argument("--window", type=int, default=256)
+    p.add_argument("--settings", default=SETTINGS, help="N:widths:σ²;… (σ² 0: no read width)")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--render-only", action="store_true")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    out_dir = args.out or (Path(tempfile.mkdtemp()) if args.quick else ex.ROOT / "docs")
+    if args.render_only:
+        render(ex.load_report(out_dir / f"{NAME}.json"), out_dir)
+        return
+    if args.quick:
+        from passkey import _quick_books
+
+        args.base_model = str(ex.tiny_model_writer()(Path(tempfile.mkdtemp()) / "base"))
+        args.data_dir = str(_quick_books(Path(tempfile.mkdtemp())))
+        args.distances, args.keys, args.segment_len, args.window = "40", 6, 16, 16
+        args.layer, args.settings = 1, "32:0.02:0;64:0.01:0;64:0.01:1e-3"
+    args.base_model = args.base_model or ex.default_base_model()
+    args.distances = [int(d) for d in args.distances.split(",")]
+    setup = {k: getattr(args, k) for k in ("distances", "keys", "segment_len", "window", "layer",
+                                           "settings")}  # fmt: skip
+    setup["base_model"] = Path(args.base_model).name
+    start = time.perf_counter()
+    results = measure(args)
+    data = ex.report(NAME, setup, {}, {}, [], 1, time.perf_counter() - start)
+    data["results"] = results
+    ex.write_report(out_dir / f"{NAME}.json", data)
+    render(data, out_dir)
+    print(f"wrote {out_dir / NAME}.md")
+
+
+if __name__ == "__main__":
+    main()
