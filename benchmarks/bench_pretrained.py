@@ -4,8 +4,20 @@ its per-token cost relative to the base model.
     inftyformer convert-gguf smollm2 models/smollm2-135m   # once (~540 MB)
     python benchmarks/bench_pretrained.py                 # SmolLM2-135M (--model DIR for another)
     python benchmarks/bench_pretrained.py --tiny          # a random tiny Llama, runs in seconds
+    python benchmarks/bench_pretrained.py --only-settings # the recommended settings alone
+    python benchmarks/bench_pretrained.py --quick --out-dir DIR  # tiny, one round, seconds
+    python benchmarks/bench_pretrained.py --render-only   # the reports again from the JSON
+    python benchmarks/bench_pretrained.py --only-generation  # generation speed, measured again
 
-Writes docs/benchmarks/pretrained_cost.{json,md} (--tiny: pretrained_cost_tiny.*).
+Writes docs/benchmarks/pretrained_cost.{json,md} (--tiny, --quick: pretrained_cost_tiny.*).
+--only-settings measures the recommended-settings section only and keeps the other sections of
+the existing JSON (measured before, by the command recorded there).
+
+Recommended settings (`_bench_pretrained_settings.py`): memory in every block or in four late
+blocks, N = M = 512 or 256, measured for trained parameters, adapter checkpoint size, streaming
+cost against the base over the same window, bf16 autocast, generation speed against the base's
+own `generate`, and through the command line (a frozen-base training run's peak RSS and
+checkpoint; `inftyformer generate RUN`, model load included).
 
 Checks (numbers, not pass/fail):
 - parity at initialisation: max |Δlogit| between the base (given the previous segment, the
@@ -28,6 +40,7 @@ taking turns; medians of the per-round ratios.
 from __future__ import annotations
 
 import copy
+import json
 import statistics
 import sys
 import tempfile
@@ -35,6 +48,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _bench_pretrained_report as report
+import _bench_pretrained_settings as settings
 import _common as common
 import _pretrained_setup as setup
 import torch
@@ -200,9 +215,14 @@ def cost(base, model, ids: torch.Tensor, repeats: int) -> dict:
 
 # ----------------------------------------------------------------------------- report
 def markdown(result: dict[str, Any]) -> str:
+    lines = ["# Long-term memory on a pretrained causal LM: checks and cost", ""]
+    if "settings" in result:
+        lines += report.settings_markdown(result["settings"])
+    if "setup" not in result:
+        return "\n".join([*lines, common.kept_notes(ROOT / result["markdown"])])
     s = result["setup"]
-    lines = [
-        "# Long-term memory on a pretrained causal LM: checks and cost",
+    lines += [
+        "## Checks and the cost of the default settings",
         "",
         f"Command: `{result['command']}`",
         "",
@@ -212,7 +232,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"memory: {s['memory_params'] / 1e6:.1f}M parameters ({s['memory_settings']})",
         f"- text: {s['text']}",
         "",
-        "## Parity at initialisation",
+        "### Parity at initialisation",
         "",
         "The read's output projection starts at zero, so the model with memory must give the "
         "base's logits exactly (segment k with the model's window, the previous segment, before "
@@ -232,7 +252,7 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     g = result["generation"]
     lines += [
-        "## Generation with a memory",
+        "### Generation with a memory",
         "",
         "Output projections set to N(0, 0.02²) so that the memory changes the logits; two "
         f"segments streamed into the memory, then greedy `generate` of {g['new_tokens']} tokens "
@@ -252,7 +272,7 @@ def markdown(result: dict[str, Any]) -> str:
     v = result["save_load"]
     lines += [
         "",
-        "## Save and load",
+        "### Save and load",
         "",
         f"- `save_pretrained` ({v['save_seconds']:.1f} s, {v['model_dir_mib']:.0f} MiB: "
         f"{', '.join(v['files'])}) → `AutoModelForCausalLM.from_pretrained` "
@@ -261,7 +281,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"- next segment's logits, reloaded model + reloaded memory vs the original: "
         f"max |Δlogit| {v['max_abs_logit_diff']:.3g}",
         "",
-        "## Cost of the memory",
+        "### Cost of the memory",
         "",
         f"Batch {s['batch']} × L = {s['segment_len']} tokens per call, "
         f"{result['repeats']} interleaved rounds, one torch thread. Steady state: each timed "
@@ -295,21 +315,83 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def write_reports(args, stem: str, result: dict[str, Any]) -> None:
+    """The JSON, the Markdown rendered from it and, for the real model written to the default
+    place, docs/hf.md's recommended-settings block."""
+    common.write_json(args.out_dir / f"{stem}.json", result)
+    common.write_text(args.out_dir / f"{stem}.md", markdown(result))
+    if not args.tiny and args.out_dir.resolve() == setup.OUT.resolve() and "settings" in result:
+        report.update_hf_doc(ROOT / "docs" / "hf.md", result["settings"])
+    print(f"wrote {args.out_dir / stem}.json and .md")
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the repository when it is inside it."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--quick", action="store_true", help="--tiny, one round, no CLI")
+    parser.add_argument("--only-settings", action="store_true", help="keep the other sections")
+    parser.add_argument("--cost-batch", type=int, default=None, help="settings' streaming batch")
+    parser.add_argument("--settings-repeats", type=int, default=3)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--prompt", default="The old house at the end of the lane")
+    parser.add_argument("--no-cli", action="store_true", help="skip the command-line runs")
+    parser.add_argument("--render-only", action="store_true", help="rewrite reports from JSON")
+    parser.add_argument(
+        "--only-generation", action="store_true", help="remeasure the recommended generation"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = setup.parser(__doc__, repeats=5)
+    add_flags(parser)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.tiny, args.repeats, args.settings_repeats, args.no_cli = True, 1, 1, True
+        args.segment_len, args.new_tokens, args.prompt_tokens = 16, 4, 4
+    args.cost_batch = args.cost_batch or args.batch
     torch.set_num_threads(args.threads)
 
     import transformers
 
     from inftyformer.hf import add_long_term_memory
 
+    stem = "pretrained_cost_tiny" if args.tiny else "pretrained_cost"
+    json_path = args.out_dir / f"{stem}.json"
+    if args.render_only:
+        write_reports(args, stem, json.loads(json_path.read_text()))
+        return 0
     machine = common.machine_info()
     base, tokenizer, name = setup.load_base(args, parser)
     B, L = args.batch, args.segment_len
     vocab = base.config.vocab_size
     ids, text = setup.book_ids(tokenizer, vocab, B, 4 * L)
     print(f"base {name}: {type(base).__name__}, text: {text}", flush=True)
+
+    if args.only_generation:  # at the setting the JSON recommends, the rest kept
+        result = json.loads(json_path.read_text())
+        s = result["settings"]
+        model = settings.wrap(base, s["candidates"][s["chosen"]], L)
+        s["generation"] = settings.measure_generation(base, model, ids, args, activate)
+        write_reports(args, stem, result)
+        return 0
+    model_dir = None if args.tiny else (args.model or setup.DEFAULT_MODEL)
+    root = setup.data_dir()
+    books = sorted((root / "pg19-mini" / "test").glob("*.txt")) if root else []
+    measured = settings.measure(base, model_dir, ids, args, books, activate)
+    measured["text"] = text
+    if args.only_settings:
+        result = json.loads(json_path.read_text()) if json_path.exists() else {}
+        result.update(
+            settings=measured,
+            markdown=_shown(args.out_dir / f"{stem}.md"),
+        )
+        write_reports(args, stem, result)
+        return 0
 
     reference = copy.deepcopy(base)  # the base alone, for parity and cost
     parity_rows = [
@@ -332,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model = add_long_term_memory(base, segment_len=L).eval()
     lt = model.config
-    settings = (
+    memory_settings = (
         f"N {lt.num_basis}, widths {lt.widths}, λ {lt.ridge_lambda}, τ {lt.tau}, "
         f"M {lt.num_samples}, {lt.num_heads} heads, own W^Q, CNN gate {lt.conv_gate}"
     )
@@ -340,12 +422,12 @@ def main(argv: list[str] | None = None) -> int:
     print("cost", {k: round(v["ratio_median"], 3) for k, v in cost_rows.items()}, flush=True)
 
     activate(model)
-    generation = generation_check(model, ids[:, : 3 * L], L, 32, 20, tokenizer)
+    prompt = min(32, L // 2)  # prompt + new tokens within one call (no streaming)
+    generation = generation_check(model, ids[:, : 3 * L], L, prompt, min(20, L - prompt), tokenizer)
     print("generation", generation, flush=True)
     save_load = save_load_check(model, ids[:, : 2 * L], L)
     print("save/load", save_load, flush=True)
 
-    stem = "pretrained_cost_tiny" if args.tiny else "pretrained_cost"
     result = {
         "command": common.command_line(),
         "machine": machine,
@@ -358,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             "memory_params": sum(p.numel() for p in model.memory_parameters()),
             "layers": model.num_layers,
             "hidden": model.config.hidden_size,
-            "memory_settings": settings,
+            "memory_settings": memory_settings,
             "batch": B,
             "segment_len": L,
             "text": text,
@@ -367,11 +449,10 @@ def main(argv: list[str] | None = None) -> int:
         "generation": generation,
         "save_load": save_load,
         "cost": cost_rows,
-        "markdown": str((args.out_dir / f"{stem}.md").resolve().relative_to(ROOT)),
+        "settings": measured,
+        "markdown": _shown(args.out_dir / f"{stem}.md"),
     }
-    common.write_json(args.out_dir / f"{stem}.json", result)
-    common.write_text(args.out_dir / f"{stem}.md", markdown(result))
-    print(f"wrote {args.out_dir / stem}.json and .md")
+    write_reports(args, stem, result)
     return 0
 
 

@@ -412,12 +412,22 @@ def generate(
         help="The run's pretrained base in another folder than it was trained from (moved); "
         "a run that trained only the memory checks that its weights are the same.",
     ),
+    threads: int = typer.Option(
+        1,
+        help="torch CPU threads; 0: one per core (1 by default, as in training: on a shared "
+        "CPU, multi-threaded torch spins and decodes several times slower).",
+    ),
 ) -> None:
     """Feed a prompt through a saved model (streaming it segment by segment into the memory)
     and continue it."""
     import torch
 
     from .training import load_run
+
+    if threads < 0:
+        raise ValueError(f"--threads must be >= 0, got {threads}")
+    if threads:
+        torch.set_num_threads(threads)
 
     if not (temperature >= 0 and math.isfinite(temperature)):
         raise ValueError(f"--temperature must be a finite number >= 0, got {temperature}")

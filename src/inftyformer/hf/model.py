@@ -643,7 +643,11 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             )  # fmt: skip
         self._check_positions(length, position_ids, cache or kwargs.get("past_key_values"))
         valid = self._check_mask(attention_mask, batch, length)
-        memory = self.prepare_memory(memory, batch, reset)
+        if read_cache is None or reset is not None or not isinstance(memory, MemoryState):
+            memory = self.prepare_memory(memory, batch, reset)
+        elif memory.batch_size != batch or len(read_cache) != self.num_layers:
+            raise ValueError("read_cache and memory must come from prepare_reads for this batch")
+        # else: a generation step; generate() checked this memory once, it does not change
         past = 0 if cache is None else int(cache.get_seq_length())
 
         # 1. what the previous call stored enters the long-term memory, in this call's graph
@@ -669,6 +673,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         keep = logits_to_keep
         if inputs.context and isinstance(keep, torch.Tensor):
             keep = keep + inputs.context  # indices into this call's positions
+        elif inputs.context and keep == 0:  # the window's positions are context only: their
+            keep = inputs.ids.shape[1] - inputs.context  # logits are never computed
         token = _ACTIVE.set(call)
         try:
             base_out = self.base(
@@ -696,7 +702,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         layers = []
         for i, layer in enumerate(self.long_term):
             read = call.reads[i]
-            lt = layer.memory.observe(long_term[i], read.mu, read.sigma_sq)
+            lt = layer.memory.observe(long_term[i], read.mu, read.sigma_sq, check=False)
             if past:
                 d = self.config.hidden_size
                 h = call.normed[i]
@@ -710,8 +716,6 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             memory_loss = memory_loss + zero
 
         logits = base_out.logits
-        if inputs.context and isinstance(logits_to_keep, int) and logits_to_keep == 0:
-            logits = logits[:, inputs.context :]  # the window's positions are context only
         output = InftyformerOutput(
             logits=logits,
             memory=MemoryState(tuple(layers), window, self.memory_source),
