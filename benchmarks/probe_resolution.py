@@ -35,6 +35,7 @@ import experiment as ex
 NAME = "probe_resolution"
 # N:widths:σ² (0: the signal at the token itself; else a read of that width, 1e-4 the default
 # floor of σ²); the paper's GPT-2 memory first
+TAU, RIDGE_LAMBDA = 0.5, 0.5  # the paper's GPT-2 memory (§4.2)
 SETTINGS = ";".join(
     [
         "512:0.005,0.01:0",
@@ -81,37 +82,33 @@ def stored_blocks(base, ids, layer: int, C: int, W: int):
     return blocks
 
 
-def features(blocks, key_at, length: int, C: int, W: int, setting: tuple, digits: int):
-    """The memory's signal at the key's tokens [K, digits, e] for one (N, widths, σ²) setting:
-    x̄(t_j), or with σ² > 0 the continuous read E_p[x̄(t)] of p = 𝒩(t_j, σ²)."""
+def memory_reads(blocks, t, C: int, W: int, N: int, widths: tuple, sigma_sqs: list[float]):
+    """The memory of one (N, widths) fitted on the blocks it holds when the last block is read,
+    then read at the places t [K, D] of the key's tokens: σ² → [K, D, e], σ² = 0 the signal
+    itself x̄(t), σ² > 0 the continuous read E_p[x̄(t)] of p = 𝒩(t, σ²)."""
     import torch
 
     from inftyformer import LongTermConfig, LongTermMemory
     from inftyformer.continuous_softmax import continuous_softmax
-    from inftyformer.tasks.facts import read_targets
+    from inftyformer.tasks.facts import fitted_blocks
 
-    N, widths, sigma_sq = setting
     e = blocks[0].shape[-1]
-    config = LongTermConfig(dim=e, num_heads=1, num_basis=N, widths=widths, ridge_lambda=0.5,
-                            tau=0.5, num_samples=N, conv_gate=False)  # fmt: skip
+    config = LongTermConfig(dim=e, num_heads=1, num_basis=N, widths=widths, tau=TAU,
+                            ridge_lambda=RIDGE_LAMBDA, num_samples=N, conv_gate=False)  # fmt: skip
     memory = LongTermMemory(config).eval()  # evaluation sampling, as when reading
-    fitted = len(blocks) - 1 - W // C  # the blocks in memory when the last one is read
     state = memory.init_state(blocks[0].shape[0])
+    t = t.float()
+    out = {}
     with torch.no_grad():
-        for block in blocks[:fitted]:
+        for block in blocks[: fitted_blocks(len(blocks) * C, C, W)]:
             state = memory.update(state, block.float())
-        out = []
-        for j in range(digits):
-            t, known = read_targets(key_at + j, length, C, W, config.tau)
-            if not bool(known.all()):
-                raise SystemExit(f"a key token is not in the memory (d too small for W = {W})")
+        for sigma_sq in sigma_sqs:
             if sigma_sq:  # a read of width σ at t: E_p[ψ] = 𝒩(t; c, σ² + w²)
-                psi = continuous_softmax(t.float(), torch.full_like(t.float(), sigma_sq),
-                                         memory.basis)  # fmt: skip
+                psi = continuous_softmax(t, torch.full_like(t, sigma_sq), memory.basis)
             else:  # the signal itself at t
-                psi = memory.basis(t.float())  # [K, N]
-            out.append(torch.einsum("kn,kne->ke", psi, state.coefficients.float()))
-    return torch.stack(out, 1)
+                psi = memory.basis(t)  # [K, D, N]
+            out[sigma_sq] = torch.einsum("kdn,kne->kde", psi, state.coefficients.float())
+    return out
 
 
 def probe(x, labels, seed: int = 0) -> dict[str, float]:
@@ -122,9 +119,8 @@ def probe(x, labels, seed: int = 0) -> dict[str, float]:
     K = x.shape[0]
     train, test = slice(0, K // 2), slice(K // 2, K)
     classes, y = torch.unique(labels, return_inverse=True)
-    xs = x.double().flatten(0, 1)
-    mean, std = xs[: (K // 2) * x.shape[1]].mean(0), xs[: (K // 2) * x.shape[1]].std(0) + 1e-6
-    z = (x.double() - mean) / std
+    fit = x[train].double().flatten(0, 1)  # standardised on the training keys
+    z = (x.double() - fit.mean(0)) / (fit.std(0) + 1e-6)
     torch.manual_seed(seed)
     weight = torch.zeros(z.shape[-1], len(classes), dtype=torch.float64, requires_grad=True)
     bias = torch.zeros(len(classes), dtype=torch.float64, requires_grad=True)
@@ -150,24 +146,30 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from passkey import passkey_prompts
     from transformers import AutoModelForCausalLM
 
+    from inftyformer.tasks.facts import read_targets
+
     base = AutoModelForCausalLM.from_pretrained(args.base_model, dtype=torch.float32).eval()
-    settings = [(int(n), tuple(float(w) for w in ws.split(",")), float(v))
-                for n, ws, v in (s.split(":") for s in args.settings.split(";"))]  # fmt: skip
+    settings: dict[tuple, list[float]] = {}  # (N, widths) → read widths: one fit each
+    for n, ws, v in (s.split(":") for s in args.settings.split(";")):
+        settings.setdefault((int(n), tuple(float(w) for w in ws.split(","))), []).append(float(v))
     C, W = args.segment_len, args.window
     results: dict[str, Any] = {}
     for d, (inputs, answer, key_at) in passkey_prompts(args).items():
         start = time.perf_counter()
         digits = int((answer != -100).sum(1).min())
         blocks = stored_blocks(base, inputs, args.layer, C, W)
-        labels = torch.stack([inputs[torch.arange(len(key_at)), key_at + j]
-                              for j in range(digits)], 1)  # fmt: skip
-        states = torch.stack([torch.cat(blocks, 1)[torch.arange(len(key_at)), key_at + j]
-                              for j in range(digits)], 1)  # fmt: skip
+        tokens = key_at[:, None] + torch.arange(digits)  # the key's tokens  [K, D]
+        rows = torch.arange(len(key_at))[:, None]
+        labels, states = inputs[rows, tokens], torch.cat(blocks, 1)[rows, tokens]
+        t, known = read_targets(tokens, inputs.shape[1], C, W, TAU)  # [K, D]
+        if not bool(known.all()):
+            raise SystemExit(f"a key token is not in the memory (d too small for W = {W})")
         row = {"states": probe(states, labels)}
-        for N, widths, sigma_sq in settings:
-            x = features(blocks, key_at, inputs.shape[1], C, W, (N, widths, sigma_sq), digits)
-            read = f", read σ²={sigma_sq:g}" if sigma_sq else ""
-            row[f"N={N}, widths={list(widths)}{read}"] = probe(x, labels)
+        for (N, widths), sigma_sqs in settings.items():
+            reads = memory_reads(blocks, t, C, W, N, widths, sigma_sqs)
+            for sigma_sq, x in reads.items():
+                read = f", read σ²={sigma_sq:g}" if sigma_sq else ""
+                row[f"N={N}, widths={list(widths)}{read}"] = probe(x, labels)
         row["seconds"] = time.perf_counter() - start
         results[str(d)] = row
         print(f"d={d}: " + ", ".join(f"{k} {v['digit_accuracy']:.2f}" for k, v in row.items()
@@ -183,7 +185,8 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
     keys = next(iter(results.values()))["states"]["test_keys"]
     lines = ["# What the memory still holds of a pass key", "",
              f"Base `{setup['base_model']}`, block {setup['layer']}, blocks of C = "
-             f"{setup['segment_len']} with a window of W = {setup['window']}, λ = 0.5, τ = 0.5, "
+             f"{setup['segment_len']} with a window of W = {setup['window']}, "
+             f"λ = {RIDGE_LAMBDA}, τ = {TAU}, "
              f"M = N, no CNN gate; a linear probe trained on the digits of {setup['keys'] - keys} "
              f"keys, tested on {keys}. Cells: digit accuracy (share of keys with all digits "
              "right); chance 0.10. Rendered from "

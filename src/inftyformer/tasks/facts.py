@@ -216,7 +216,7 @@ def _find(tokens: list[int], part: list[int]) -> int:
     return len(tokens) // 2
 
 
-def _fitted_blocks(length: int, segment_len: int, window: int) -> int:
+def fitted_blocks(length: int, segment_len: int, window: int) -> int:
     """Blocks in the long-term memory when the last block of a stream of `length` tokens is read:
     all but that block and the W/C blocks of the window (W ∈ {0, C})."""
     return length // segment_len - 1 - window // segment_len
@@ -231,7 +231,7 @@ def read_targets(
     or the block) [B] bool. The memory then holds blocks 0 … n − 2 − W/C, block b fitted after
     b other fits."""
     C = segment_len
-    fitted = _fitted_blocks(length, C, window)
+    fitted = fitted_blocks(length, C, window)
     block = key_at // C
     cell = (key_at % C).double().add(0.5).div(C)
     age = (fitted - 1 - block).clamp(min=0)
@@ -380,7 +380,7 @@ def stream_positions(
     t ∈ [0, 1] of the memory holds when the last block is read, float64 of t's shape; with
     `tokens_per_unit`, the scale of a read's σ in tokens."""
     C = segment_len
-    fitted = _fitted_blocks(length, C, window)
+    fitted = fitted_blocks(length, C, window)
     if fitted < 1:
         return torch.full_like(t, math.nan, dtype=torch.float64)
     t = t.double().clamp(1e-300, 1.0)
@@ -395,7 +395,7 @@ def stream_positions(
 def tokens_per_unit(key_at: torch.Tensor, length: int, segment_len: int, window: int, tau: float):
     """Stream tokens per unit of t around each key's place (1 / (dt/dposition)), float64 [B]."""
     C = segment_len
-    fitted = _fitted_blocks(length, C, window)
+    fitted = fitted_blocks(length, C, window)
     block = key_at // C
     age = (fitted - 1 - block).clamp(min=0).double()
     slope = torch.where(block == 0, tau ** (fitted - 1.0) / C, (1 - tau) * tau**age / C)
@@ -437,6 +437,7 @@ __all__ = [
     "FactsConfig",
     "FactsDataset",
     "FactsTask",
+    "fitted_blocks",
     "read_positions",
     "read_targets",
     "stream_positions",
