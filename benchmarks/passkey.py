@@ -283,10 +283,47 @@ def evaluate_books(row: Row, docs) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_prompt_arguments(p: argparse.ArgumentParser, distances: str, keys: int) -> None:
+    """What `passkey_prompts` reads (the base, the books, distances, keys per distance, blocks
+    and window) and the report's options; shared with probe_resolution.py."""
     p.add_argument("--base-model", default=None)
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--distances", default=distances)
+    p.add_argument("--keys", type=int, default=keys)
+    p.add_argument("--segment-len", type=int, default=256)
+    p.add_argument("--window", type=int, default=256)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--render-only", action="store_true")
+    p.add_argument("--out", type=Path)
+
+
+def prompt_setup(
+    args: argparse.Namespace, quick: dict[str, Any], extra: tuple[str, ...]
+) -> tuple[Path, dict[str, Any]]:
+    """One torch thread; with --quick (and not --render-only) a tiny random model, books of one
+    repeated sentence and the `quick` settings; the default base; distances parsed. Returns the
+    output folder and the setup a report is kept under: the prompt settings, `extra` and the
+    base's name."""
+    import torch
+
+    torch.set_num_threads(1)
+    out_dir = args.out or (Path(tempfile.mkdtemp()) if args.quick else ex.ROOT / "docs")
+    if args.quick and not args.render_only:
+        args.base_model = str(ex.tiny_model_writer()(Path(tempfile.mkdtemp()) / "base"))
+        args.data_dir = str(_quick_books(Path(tempfile.mkdtemp())))
+        for name, value in quick.items():
+            setattr(args, name, value)
+    args.base_model = args.base_model or ex.default_base_model()
+    args.distances = [int(d) for d in str(args.distances).split(",")]
+    names = ("distances", "keys", "segment_len", "window", *extra)
+    setup = {k: getattr(args, k) for k in names}
+    setup["base_model"] = Path(args.base_model).name
+    return out_dir, setup
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_prompt_arguments(p, distances="300,700,1500,4000,12000", keys=5)
     p.add_argument("--facts-run", default=None)
     p.add_argument("--lm-run", default=None)
     p.add_argument("--facts-start-run", default=None)
@@ -296,31 +333,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--memory-layers", default=None,
                    help="the untrained row's blocks, a JSON list (default: every block); "
                         "give the trained rows' to compare like with like")  # fmt: skip
-    p.add_argument("--distances", default="300,700,1500,4000,12000")
-    p.add_argument("--keys", type=int, default=5)
-    p.add_argument("--segment-len", type=int, default=256)
-    p.add_argument("--window", type=int, default=256)
     p.add_argument("--docs", type=int, default=4)
     p.add_argument("--doc-len", type=int, default=4096)
     p.add_argument("--rows", default=",".join(ROWS))
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--render-only", action="store_true")
-    p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(1)
-    out_dir = args.out or (Path(tempfile.mkdtemp()) if args.quick else ex.ROOT / "docs")
-    if args.quick:
-        args.base_model = str(ex.tiny_model_writer()(Path(tempfile.mkdtemp()) / "base"))
-        args.data_dir = str(_quick_books(Path(tempfile.mkdtemp())))
-        args.distances, args.keys, args.segment_len, args.window = "40,90", 2, 16, 16
-        args.docs, args.doc_len, args.rows = 2, 48, "window,full,untrained"
-    args.base_model = args.base_model or ex.default_base_model()
-    args.distances = [int(d) for d in args.distances.split(",")]
-    setup = {k: getattr(args, k) for k in ("distances", "keys", "segment_len", "window", "docs",
-                                           "doc_len")}  # fmt: skip
-    setup["base_model"] = Path(args.base_model).name
+    quick = dict(distances="40,90", keys=2, segment_len=16, window=16, docs=2, doc_len=48,
+                 rows="window,full,untrained")  # fmt: skip
+    out_dir, setup = prompt_setup(args, quick, extra=("docs", "doc_len"))
     if not args.render_only:
         prompts, docs = passkey_prompts(args), book_windows(args)
         (out_dir / f"{NAME}.rows").mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,6 @@ with all five digits right. Writes docs/probe_resolution.{json,md}.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -197,38 +196,19 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base-model", default=None)
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--layer", type=int, default=15)
-    p.add_argument("--distances", default="700,1500,4000")
-    p.add_argument("--keys", type=int, default=40)
-    p.add_argument("--segment-len", type=int, default=256)
-    p.add_argument("--window", type=int, default=256)
-    p.add_argument("--settings", default=SETTINGS, help="N:widths:σ²;… (σ² 0: no read width)")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--render-only", action="store_true")
-    p.add_argument("--out", type=Path)
-    args = p.parse_args(argv)
-    import torch
+    from passkey import add_prompt_arguments, prompt_setup
 
-    torch.set_num_threads(1)
-    out_dir = args.out or (Path(tempfile.mkdtemp()) if args.quick else ex.ROOT / "docs")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_prompt_arguments(p, distances="700,1500,4000", keys=40)
+    p.add_argument("--layer", type=int, default=15)
+    p.add_argument("--settings", default=SETTINGS, help="N:widths:σ²;… (σ² 0: no read width)")
+    args = p.parse_args(argv)
+    quick = dict(distances="40", keys=6, segment_len=16, window=16, layer=1,
+                 settings="32:0.02:0;64:0.01:0;64:0.01:1e-3")  # fmt: skip
+    out_dir, setup = prompt_setup(args, quick, extra=("layer", "settings"))
     if args.render_only:
         render(ex.load_report(out_dir / f"{NAME}.json"), out_dir)
         return
-    if args.quick:
-        from passkey import _quick_books
-
-        args.base_model = str(ex.tiny_model_writer()(Path(tempfile.mkdtemp()) / "base"))
-        args.data_dir = str(_quick_books(Path(tempfile.mkdtemp())))
-        args.distances, args.keys, args.segment_len, args.window = "40", 6, 16, 16
-        args.layer, args.settings = 1, "32:0.02:0;64:0.01:0;64:0.01:1e-3"
-    args.base_model = args.base_model or ex.default_base_model()
-    args.distances = [int(d) for d in args.distances.split(",")]
-    setup = {k: getattr(args, k) for k in ("distances", "keys", "segment_len", "window", "layer",
-                                           "settings")}  # fmt: skip
-    setup["base_model"] = Path(args.base_model).name
     start = time.perf_counter()
     results = measure(args)
     data = ex.report(NAME, setup, {}, {}, [], 1, time.perf_counter() - start)
