@@ -152,13 +152,13 @@ class LongTermAttention(nn.Module):
         B = state.coefficients.to(wide_dtype(dtype))  # [batch, N, e]
         v = self.value(B).view(batch, -1, H, d).transpose(1, 2)  # V = B W^V  [batch, H, N, d]
         with full_precision(B):
-            w = torch.cat([self.mu_head.weight, self.sigma_head.weight])  # [2, N]
             B32 = at_least_float32(B)
             if c.density == "content":  # every score is needed  [b, H, N, d]
                 psi = self.basis(self.basis.centers.to(B32.dtype), check=False)  # ψ_j(c_n) [N, N]
                 signal = torch.matmul(psi, B32)  # x̄(c_n) = Bᵀ ψ(c_n)  [b, N, e]
                 K = self.key(signal).view(batch, -1, H, d).transpose(1, 2) / math.sqrt(d)
                 return PreparedMemory(values=v, keys=K)
+            w = torch.cat([self.mu_head.weight, self.sigma_head.weight])  # [2, N]
             if c.density == "paper":
                 k_folded = self.key(torch.matmul(w, B32))  # (wᵀ B) W^K  [b, 2, e]
                 gram = None
