@@ -10,20 +10,29 @@ model (`inftyformer.models`):
 It holds an `InftyformerForCausalLM` (`.lm`, the Hugging Face model with its own `generate`) and
 knows the paper's optimiser split (`param_groups`): the memory at `memory_lr` without weight
 decay, the base at the run's learning rate (none of it when frozen).
+
+With targets and a frozen output head (GPT-2, Llama), the loss is computed from the head's input
+in chunks of positions (`loss.lean_token_losses`): no [batch, L, V] logits, log-probabilities or
+gradients of them are made, and the output's logits are computed from the head's input when
+first used (the same tensor the head gives), so that a caller that needs only the loss (the
+language-model task) never makes them.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModelForCausalLM
 
 from ..model import LMOutput, decay_groups, token_losses
 from ..models import PretrainedMemoryConfig
 from ..state import MemoryState
+from .loss import HeadInputs, lean_head, lean_token_losses
 from .model import add_long_term_memory
 
 
@@ -41,6 +50,27 @@ def _load_quietly(path: str) -> nn.Module:
             hf_logging.enable_progress_bar()
 
 
+class _LazyLogits(LMOutput):
+    """An `LMOutput` whose logits [batch, L, V] are the output head's on `hidden` [batch, L, d],
+    computed on first use (as the head computes them), so that a caller that needs only the
+    loss never holds them."""
+
+    def __init__(self, hidden: torch.Tensor, head: nn.Linear, **fields: Any) -> None:
+        super().__init__(logits=None, **fields)
+        self._source: tuple[torch.Tensor, nn.Linear] | None = (hidden, head)
+
+    @property
+    def logits(self) -> torch.Tensor:
+        if self._logits is None and self._source is not None:
+            hidden, head = self._source
+            self._logits = F.linear(hidden, head.weight, head.bias)
+        return self._logits
+
+    @logits.setter
+    def logits(self, value: torch.Tensor | None) -> None:  # set: what was set, from now on
+        self._logits, self._source = value, None
+
+
 class PretrainedMemoryLM(nn.Module):
     def __init__(self, config: PretrainedMemoryConfig) -> None:
         super().__init__()
@@ -56,6 +86,10 @@ class PretrainedMemoryLM(nn.Module):
             if config.freeze_base:
                 raise ValueError("freeze_base without memory would leave nothing to train")
             self.lm = base
+        self._architecture = type(base).__name__
+        head = self.lm.get_output_embeddings()
+        if head is not None:
+            HeadInputs.attach(head)  # idle unless `forward` asks (with targets)
 
     def init_state(
         self, batch_size: int, device: torch.device | str | None = None
@@ -71,19 +105,36 @@ class PretrainedMemoryLM(nn.Module):
         generator: torch.Generator | None = None,
     ) -> LMOutput:
         """tokens [batch, L] (one segment), targets [batch, L] aligned with tokens."""
-        if self.config.memory:
-            out = self.lm(tokens, memory=state, reset=reset, generator=generator)
-            output = LMOutput(logits=out.logits, state=out.memory, aux={"kl": out.kl})
-            memory_loss = out.memory_loss
-        else:
-            output = LMOutput(logits=self.lm(input_ids=tokens).logits, state=None)
-            memory_loss = 0.0
+        if targets is not None and (
+            not isinstance(targets, torch.Tensor) or targets.shape != tokens.shape
+        ):
+            raise ValueError(
+                f"targets must be a tensor of the shape of tokens {tuple(tokens.shape)}"
+            )
+        head = None
+        if targets is not None and tokens.shape[1] <= self.config.segment_len:
+            head = lean_head(self.lm, self._architecture)  # None: the loss through the logits
+        with contextlib.nullcontext(None) if head is None else HeadInputs(head, skip=True) as seen:
+            if self.config.memory:
+                out = self.lm(tokens, memory=state, reset=reset, generator=generator)
+                logits, memory, aux = out.logits, out.memory, {"kl": out.kl}
+                memory_loss = out.memory_loss
+            else:
+                logits, memory, aux, memory_loss = self.lm(input_ids=tokens).logits, None, {}, 0.0
+        if head is None:
+            output = LMOutput(logits=logits, state=memory, aux=aux)
+        else:  # the head computed nothing: the logits come from its input when asked for
+            if len(seen.inputs) != 1:
+                raise RuntimeError(f"the output head ran {len(seen.inputs)} times in one call")
+            output = _LazyLogits(seen.inputs[0], head, state=memory, aux=aux)
         if targets is not None:
-            if not isinstance(targets, torch.Tensor) or targets.shape != tokens.shape:
-                raise ValueError(
-                    f"targets must be a tensor of the shape of tokens {tuple(tokens.shape)}"
+            if head is not None:
+                targets = targets.to(seen.inputs[0].device)
+                token_loss, lm_loss = lean_token_losses(
+                    seen.inputs[0], head.weight, head.bias, targets
                 )
-            token_loss, lm_loss = token_losses(output.logits, targets.to(output.logits.device))
+            else:
+                token_loss, lm_loss = token_losses(output.logits, targets.to(logits.device))
             output.loss = lm_loss + memory_loss
             output.lm_loss, output.token_loss = lm_loss, token_loss
         return output
