@@ -140,17 +140,31 @@ def add_sums(total: dict[str, float], more: dict[str, float], weight: float = 1.
         total[key] = total.get(key, 0.0) + weight * float(value)
 
 
-def scored_sums(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+SUMS_CHUNK_ELEMENTS = 1 << 22  # positions × V that `scored_sums` works on at a time
+
+
+def scored_sums(
+    logits: torch.Tensor, targets: torch.Tensor, chunk_elements: int = SUMS_CHUNK_ELEMENTS
+) -> dict[str, float]:
     """nll (summed cross-entropy), correct (argmax hits) and count over the positions whose target
-    is not ignored. logits [..., V], targets [...]."""
+    is not ignored. logits [..., V], targets [...]. Computed over chunks of positions, so that no
+    copy or log-probabilities of the whole logits are made (a large vocabulary's logits of a
+    training batch are hundreds of MB)."""
     mask = targets != IGNORE_INDEX
     count = float(mask.sum())
     if count == 0:
         return {"nll": 0.0, "correct": 0.0, "count": 0.0}
-    lg = logits.detach()[mask].float()  # [n, V]
-    tg = targets[mask]
-    nll = float(nn.functional.cross_entropy(lg, tg, reduction="sum"))
-    return {"nll": nll, "correct": float((lg.argmax(-1) == tg).sum()), "count": count}
+    vocab = logits.shape[-1]
+    flat, tg = logits.detach().reshape(-1, vocab), targets.reshape(-1)
+    rows = max(1, chunk_elements // max(vocab, 1))
+    nll = correct = torch.zeros((), dtype=torch.float64, device=flat.device)
+    for start in range(0, flat.shape[0], rows):
+        lg, t = flat[start : start + rows].float(), tg[start : start + rows]
+        if not bool((t != IGNORE_INDEX).any()):
+            continue
+        nll = nll + nn.functional.cross_entropy(lg, t, ignore_index=IGNORE_INDEX, reduction="sum")
+        correct = correct + (lg.argmax(-1) == t).sum()  # an ignored target (−100) never hits
+    return {"nll": float(nll), "correct": float(correct), "count": count}
 
 
 # --------------------------------------------------------------------------- the contract

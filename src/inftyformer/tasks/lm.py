@@ -64,7 +64,6 @@ from .base import (
     TaskConfig,
     fitting_tokenizer,
     register_task,
-    scored_sums,
     tokenizer_near_data,
 )
 from .lm_eval import LMEvalConfig, evaluate_lm
@@ -206,7 +205,10 @@ class LanguageModelTask(Task):
         out = model(inputs, state=self._memory.get(part), targets=targets, reset=reset)
         if out.state is not None:  # a model without memory carries nothing
             self._next_memory[part] = out.state.detach()
-        sums = scored_sums(out.logits, targets)
+        # the NLL the model computed (0 where ignored): no second pass over the logits, which a
+        # pretrained model with a frozen head does not even make unless asked (`hf.lm`)
+        nll = out.token_loss.detach().sum()
+        sums = {"nll": float(nll), "count": float((targets != IGNORE_INDEX).sum())}
         sums["tokens"] = float(inputs.numel())
         return StepOutput(out.loss, sums, {k: float(v.detach()) for k, v in out.aux.items()})
 
