@@ -12,7 +12,6 @@ MAX_LINES = 500
 EXCEPTIONS = {
     "src/inftyformer/cli.py",
     "src/inftyformer/hf/model.py",
-    "src/inftyformer/training/trainer.py",
 }
 
 
