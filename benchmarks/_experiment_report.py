@@ -67,10 +67,14 @@ def cost_line(data: dict[str, Any]) -> str:
     text += f" on {machine.get('cpu', 'a machine')}"
     if machine.get("logical_cpus"):
         text += f" ({machine['logical_cpus']} logical CPUs)"
-    text += (
-        "; elapsed across the invocations that produced them (finished runs are reused when the "
-        f"script is restarted): {meta['elapsed_seconds'] / 60:.1f} min, on a shared machine."
-    )
+    if meta.get("elapsed_seconds") is None:  # not recorded (a report converted from format 1)
+        text += ", on a shared machine."
+    else:
+        text += (
+            "; elapsed across the invocations that produced them (finished runs are reused when "
+            f"the script is restarted): {meta['elapsed_seconds'] / 60:.1f} min, on a shared "
+            "machine."
+        )
     return text + (f" Made by `{meta['command']}`." if meta.get("command") else "")
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import compare_density
 import compare_lm
+import compare_recall
 import compare_sorting
 import experiment as ex
 import pytest
@@ -172,6 +173,7 @@ def test_pool_runs_what_the_store_lacks(tmp_path):
         (compare_sorting, DOCS / "sorting_long" / "sorting.json"),
         (compare_lm, DOCS / "lm.json"),
         (compare_density, DOCS / "density.json"),
+        (compare_recall, DOCS / "recall.json"),
     ],
 )
 def test_committed_reports_render_from_their_json(module, report, tmp_path):
