@@ -9,8 +9,9 @@ from pathlib import Path
 
 import typer
 
+from .._files import write_atomic
 from ..configure import split_settings, task_settings
-from ..errors import CommandError, check_output_file, os_message, write_text_atomic
+from ..errors import CommandError, check_output_file, os_message
 
 
 def run_evaluate(
@@ -81,7 +82,7 @@ def run_evaluate(
         typer.echo(document)
         return
     try:
-        write_text_atomic(json_out, document)
+        write_atomic(json_out, document)
     except OSError as err:
         typer.echo(document)  # the evaluation is not lost
         raise CommandError(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from .._files import read_user_text
+from .._files import read_user_text, write_atomic
 
 
 def run_inspect(
@@ -43,7 +43,7 @@ def run_inspect(
     summary = result.summary()
     summary["source"] = str(text) if text is not None else f"{split} split"
     paths = draw_all(result, out_dir)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_atomic(out_dir / "summary.json", json.dumps(summary, indent=1))
     typer.echo(f"{len(tokens):,} tokens in {time.perf_counter() - start:.1f} s -> {out_dir}")
     for layer in summary["layers"]:
         parts = [f"layer {layer['layer']}"]

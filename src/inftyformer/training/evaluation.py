@@ -12,6 +12,7 @@ from pathlib import Path
 from torch import nn
 
 from .._checks import NonFiniteError
+from .._files import write_atomic
 from ..tasks import Shard, Task
 from .checkpoint import checkpoint_exists, load_checkpoint
 from .config import TrainConfig
@@ -97,7 +98,7 @@ class Evaluation:
                 "chance": self.task.chance(),
                 "metric": self.task.headline().name,
             }
-            (self.out_dir / "results.json").write_text(json.dumps(summary, indent=1))
+            write_atomic(self.out_dir / "results.json", json.dumps(summary, indent=1))
         return metrics
 
 
