@@ -195,11 +195,13 @@ class LongTermAttention(nn.Module):
         *,
         check: bool = True,
         prepared: PreparedMemory | None = None,
-    ) -> LongTermAttentionOutput:
+        heads: bool = False,
+    ) -> LongTermAttentionOutput | HeadsRead:
         """query [batch, Q, e] (already projected unless `config.query_projection`).
         `check=False` skips the validation of the arguments (for callers that built them);
         `prepared`: `prepare(state, query.dtype)` computed once for many reads of an unchanging
-        state (generation), instead of at every call."""
+        state (generation), instead of at every call; `heads`: each head's read before the
+        heads are merged (`read_heads`), for a caller that merges them into its own."""
         c = self.config
         if check:
             if not isinstance(state, LongTermState):
@@ -222,6 +224,8 @@ class LongTermAttention(nn.Module):
                     )
             values.finite("query", query)
             values.run()
+        if heads:
+            return self.read_heads(query, state, prepared)
         batch, num_q, _ = query.shape
         H, d = c.num_heads, c.head_dim
         if prepared is None:
@@ -320,10 +324,11 @@ class LongTermAttention(nn.Module):
 @contextmanager
 def record_reads(model: nn.Module) -> Iterator[list[list[LongTermAttentionOutput]]]:
     """Every read of every `LongTermAttention` in `model` while the block runs: one list per
-    layer (in module order), one output per call, with their graphs, for a loss on where the
-    reads land (the facts task's `read_weight`)."""
+    layer (in module order), one output per call (a `LongTermAttentionOutput`, or a `HeadsRead`
+    for a read merged into a pretrained model's heads), with their graphs, for a loss on where
+    the reads land (the facts task's `read_weight`)."""
     layers = [m for m in model.modules() if isinstance(m, LongTermAttention)]
-    reads: list[list[LongTermAttentionOutput]] = [[] for _ in layers]
+    reads: list[list[LongTermAttentionOutput | HeadsRead]] = [[] for _ in layers]
     handles = [
         layer.register_forward_hook(lambda module, args, out, i=i: reads[i].append(out))
         for i, layer in enumerate(layers)

@@ -205,7 +205,8 @@ def _add_long_term_read(owner: int, index: int, module: nn.Module, args, output)
     prepared = None if call.prepared is None else call.prepared[index]
     if call.attentions is not None:  # memory_read="heads": merged into the base's heads
         attention = call.attentions[index]
-        heads = call.layers[index].attention.read_heads(h, call.long_term[index], prepared)
+        read = call.layers[index].attention
+        heads = read(h, call.long_term[index], check=False, prepared=prepared, heads=True)
         call.reads[index] = heads
         value_bias = head_projections(attention, heads.z.shape[1]).value_bias
         log_window = call.window_mass.log_mass[id(attention)]
