@@ -83,6 +83,31 @@ def test_the_memory_queries_score_like_rotary_attention_delta_tokens_back():
         assert torch.allclose(ours, (q * k).sum(-1), atol=1e-5), m
 
 
+def test_a_heads_read_starts_without_a_prior_over_places_or_extra_variance():
+    """w_μ and w_σ are zero, so a query's place and width come from its scores alone: σ² is the
+    spread of the sharpened softmax (plus the floor's worth of extra variance)."""
+    model = heads_model("llama", min_sigma_sq=1e-6)
+    for layer in model.long_term:
+        assert layer.attention.mu_head.weight.abs().sum() == 0
+        assert layer.attention.sigma_head.weight.abs().sum() == 0
+    ids = torch.randint(1, V, (2, 8), generator=torch.Generator().manual_seed(2))
+    memory = model(ids, memory=model(ids).memory).memory
+    with torch.no_grad():
+        read = model.long_term[0].attention
+        h = torch.randn(2, 3, 32)
+        heads = read(h, memory.layers[0].long_term, heads=True)
+        q = read.query(h).view(2, 3, 4, 8).transpose(1, 2)
+        keys = read.prepare(memory.layers[0].long_term, h.dtype).keys  # [b, H, N, d] / √d
+        s = q @ keys.transpose(-1, -2)
+        c = read.basis.centers
+        s = s.masked_fill(c < 0.01, -math.inf)
+        p = torch.softmax(10.0 * s, -1)
+        mu = p @ c
+        var = (p * (c - mu[..., None]) ** 2).sum(-1) + 1e-6
+        assert torch.allclose(heads.mu, mu, atol=1e-6)
+        assert torch.allclose(heads.sigma_sq, var.clamp(min=1e-6), rtol=1e-4, atol=1e-9)
+
+
 def test_gpt2_memory_projections_are_the_fused_attention_parts():
     base = tiny_base("gpt2")
     model = heads_model("gpt2")

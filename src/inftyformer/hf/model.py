@@ -334,6 +334,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             module.reset_parameters()
         elif role == "density":  # w_μ, w_σ: PyTorch's default, then σ where the config puts it
             module.reset_parameters()
+            if self.config.memory_read == "heads":  # a head reads where its content matches:
+                nn.init.zeros_(module.weight)  # no prior over places, no extra variance
             for layer in self.long_term:
                 if module is layer.attention.sigma_head:
                     layer.attention.init_sigma_bias()
