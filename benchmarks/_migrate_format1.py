@@ -3,7 +3,8 @@
 
     INFTYFORMER_DATA=/path/to/shared/data python benchmarks/_migrate_format1.py
 
-For each of docs/sorting.json, docs/sorting_long/sorting.json and docs/lm.json still in format 1:
+For each of docs/sorting.json, docs/sorting_long/sorting.json, docs/lm.json and docs/recall.json
+still in format 1:
 
 - every measured value is carried over as it was written (nothing is re-measured or typed in);
 - the settings move to their new names (memory budget B = 2m, the number of workers into meta)
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import compare_lm
+import compare_recall
 import compare_sorting
 import experiment as ex
 
@@ -55,7 +57,7 @@ def variants_of(setup: Any, base: dict, d_ff: dict[str, int], params: dict[str, 
     return out
 
 
-def meta_of(old_meta: dict, machine: dict, workers: int, elapsed: float) -> dict[str, Any]:
+def meta_of(old_meta: dict, machine: dict, workers: int, elapsed: float | None) -> dict[str, Any]:
     return {
         "command": old_meta.get("command"),
         "machine": machine,
@@ -158,6 +160,49 @@ def lm(old: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def recall(old: dict[str, Any]) -> dict[str, Any]:
+    """The recall report: its sweep's points become the evaluations `G<gap>-P<pairs>`; the
+    model settings are carried over as recorded (they predate later settings), checked against
+    the recorded parameter counts. Format 1 did not record the elapsed time."""
+    fields = {k: v for k, v in old["setup"].items() if k not in ("workers", "budget")}
+    setup = compare_recall.Setup(**fields, memory_budget=old["setup"]["budget"])
+    rebuilt = variants_of(
+        setup,
+        setup.base(),
+        {v: info["d_ff"] for v, info in old["variants"].items()},
+        {v: info["params"] for v, info in old["variants"].items()},
+    )
+    variants = {v: {**rebuilt[v], "model": info["model"]} for v, info in old["variants"].items()}
+    runs = [
+        {
+            "variant": r["variant"],
+            "setting": compare_recall.TRAINED_ON,
+            "seed": r["seed"],
+            "seconds": r["seconds"],
+            "cpu_seconds": r["cpu_seconds"],
+            "train_cpu_seconds": r["train_cpu_seconds"],
+            "best_step": r["best_step"],
+            "best_valid": r["best_valid_accuracy"],
+            "evals": {
+                compare_recall.point(p["gap"], p["pairs"]): {
+                    "metrics": {k: p[k] for k in ("accuracy", "loss", "queries")}
+                }
+                for p in r["sweep"]
+            },
+        }
+        for r in old["runs"]
+    ]
+    return {
+        "format": ex.FORMAT,
+        "experiment": "recall",
+        "setup": asdict(setup),
+        "variants": variants,
+        "data": {"chance": 1.0 / setup.num_values, "window": old["window"]},
+        "meta": meta_of({}, old["machine"], old["setup"]["workers"], None),
+        "runs": runs,
+    }
+
+
 def move_notes(md: Path) -> None:
     notes = md.with_suffix(".notes.md")
     text = md.read_text(encoding="utf-8")
@@ -175,6 +220,7 @@ def main() -> None:
         (DOCS / "sorting.json", sorting),
         (DOCS / "sorting_long" / "sorting.json", sorting),
         (DOCS / "lm.json", lm),
+        (DOCS / "recall.json", recall),
     ):
         old = json.loads(path.read_text(encoding="utf-8"))
         if old.get("format") == ex.FORMAT:

@@ -4,8 +4,9 @@ Every model is trained once on the recall task (`inftyformer.tasks.recall`: P ke
 G filler tokens, then the P keys as queries; chance 1/V) with a mix of gaps and loads, then its
 best-on-valid checkpoint is evaluated on the test split at every (G, P) of the sweep: G in
 multiples of the window W = segment + budget (the span the whole memory budget covers when it
-holds plain states), P pairs (the load). Same backbone, segment, memory budget per layer and
-parameter count (the FFN width of each model matched to the ∞-former's) for:
+holds plain states), P pairs (the load). Same backbone, segment, memory budget per layer
+(`experiment.memory_settings`) and parameter count (each model's FFN width matched to the
+∞-former's) for:
 
     transformer   no memory: attends within its segment only
     xl            short-term memory of B states
@@ -13,58 +14,38 @@ parameter count (the FFN width of each model matched to the ∞-former's) for:
     infty         short-term B/2 + N = B/2 basis functions (unbounded span), M = B/2 samples
     infty-sticky  the same with sticky memories
 
-Writes docs/recall.json (everything), docs/recall.md (tables rendered from the JSON, with the
-hand-written notes kept) and docs/recall.png (accuracy vs G, one line per model, one panel per
-load). Runs go to parallel worker processes, one torch thread each; finished runs are kept in
-RUNS_DIR/results.jsonl and reused when the script is run again with the same recipe.
+The runs go through the comparisons' shared module (`experiment.py`: worker pool, resumable
+results in RUNS_DIR/results.jsonl). Writes OUT/recall.json (everything), and renders from it
+alone OUT/recall.md (tables, with the discussion kept by hand in OUT/recall.notes.md) and
+OUT/recall.png (accuracy vs G, one line per model, one panel per load).
 
-    python benchmarks/compare_recall.py              # the documented experiment
-    python benchmarks/compare_recall.py --quick      # a smoke test of the whole pipeline
-    python benchmarks/compare_recall.py --render     # redraw docs/recall.{md,png} from the JSON
+    python benchmarks/compare_recall.py                  # the documented experiment
+    python benchmarks/compare_recall.py --quick          # a smoke test of the whole pipeline
+    python benchmarks/compare_recall.py --render-only    # redraw docs/recall.{md,png}
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import multiprocessing
-import os
-import signal
-import statistics
-import tempfile
-import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import experiment as ex
-from _common import kept_notes, machine_info
+from _common import pyplot
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_RUNS = ROOT / "runs" / "compare_recall"
-
-# --------------------------------------------------------------------------- variants
-VARIANTS = {  # name -> (model type, extra settings, label, marker)
-    "transformer": ("transformer", {}, "Transformer (no memory)", "x"),
-    "xl": ("xl", {}, "Transformer-XL", "s"),
-    "compressive": ("compressive", {}, "Compressive Transformer", "^"),
-    "infty": ("infty", {"sticky": False}, "∞-former", "o"),
-    "infty-sticky": ("infty", {"sticky": True}, "∞-former (sticky memories)", "D"),
-}
-REFERENCE = "infty"  # keeps the recipe's FFN width; the others are matched to its parameters
+NAME = "recall"
+TRAINED_ON = "mix"  # every run trains on the mix of gaps and loads: the jobs' setting
 
 
 @dataclass
-class Setup:
-    seeds: list[int] = field(default_factory=lambda: [0, 1])
-    variants: list[str] = field(default_factory=lambda: list(VARIANTS))
+class Setup(ex.Recipe):
+    variants: list[str] = field(default_factory=lambda: list(ex.VARIANTS))
     d_model: int = 64
-    n_layers: int = 2
     n_heads: int = 2
     d_ff: int = 256  # the ∞-former's; the others get the width matching its parameter count
     segment_len: int = 32
-    budget: int = 64  # B: vectors per layer besides the segment
-    compression_rate: int = 4
+    memory_budget: int = 64  # B: vectors per layer besides the segment
     num_keys: int = 16
     num_values: int = 16
     num_fillers: int = 16
@@ -78,73 +59,30 @@ class Setup:
     eval_every: int = 500
     eval_batches: int = 4
     sweep_batches: int = 8  # test batches per (G, P) of the sweep
-    workers: int = 2
+
+    @classmethod
+    def quick(cls) -> Setup:
+        return cls(d_model=16, d_ff=32, segment_len=16, memory_budget=16, pairs=[2, 4],
+                   train_gaps=[0, 1], eval_gaps=[0, 1, 4], steps=6, eval_every=3,
+                   eval_batches=1, sweep_batches=1, batch_size=4, warmup_steps=1)  # fmt: skip
 
     @property
     def window(self) -> int:
         """W = segment + budget: the span of the budget held as plain states (XL's window)."""
-        return self.segment_len + self.budget
+        return self.segment_len + self.memory_budget
 
     def gaps(self, multiples: list[float]) -> list[int]:
         return [int(round(x * self.window)) for x in multiples]
 
-
-def model_settings(setup: Setup, variant: str, d_ff: int) -> dict[str, Any]:
-    model_type, extra, _, _ = VARIANTS[variant]
-    values: dict[str, Any] = dict(
-        model_type=model_type,
-        vocab_size=setup.num_keys + setup.num_values + setup.num_fillers,
-        d_model=setup.d_model,
-        n_layers=setup.n_layers,
-        n_heads=setup.n_heads,
-        d_ff=d_ff,
-        segment_len=setup.segment_len,
-        compression_rate=setup.compression_rate,
-        dropout=0.0,  # fresh examples every step: nothing to overfit
-    )
-    values.update(ex.memory_settings(model_type, setup.budget))  # the same rule as elsewhere
-    values.update(extra)
-    return values
-
-
-def build_config(settings: dict[str, Any]):
-    from inftyformer import ModelConfig
-
-    values = dict(settings)
-    return ModelConfig.preset("cpu-small", model_type=values.pop("model_type"), **values)
-
-
-def count_params(settings: dict[str, Any]) -> int:
-    from inftyformer import MemoryLM
-
-    return sum(p.numel() for p in MemoryLM(build_config(settings)).parameters())
-
-
-def match_width(setup: Setup, variant: str, target: int, multiple: int = 8) -> int:
-    """The FFN width (a multiple of 8) whose parameter count is closest to `target`."""
-    count = lambda w: count_params(model_settings(setup, variant, w))  # noqa: E731
-    lo, hi = multiple, 2 * multiple
-    while count(hi) < target:
-        lo, hi = hi, 2 * hi
-    while hi - lo > multiple:
-        mid = (lo + hi) // 2 // multiple * multiple
-        lo, hi = (mid, hi) if count(mid) < target else (lo, mid)
-    return lo if target - count(lo) <= count(hi) - target else hi
+    def base(self) -> dict[str, Any]:
+        """The model settings every variant shares (`experiment.model_config`'s `base`)."""
+        vocab = self.num_keys + self.num_values + self.num_fillers
+        return {**self.backbone(), "vocab_size": vocab, "dropout": 0.0}  # fresh examples
 
 
 def matched_variants(setup: Setup) -> dict[str, dict[str, Any]]:
-    target = count_params(model_settings(setup, REFERENCE, setup.d_ff))
-    out = {}
-    for v in setup.variants:
-        width = setup.d_ff if VARIANTS[v][0] == "infty" else match_width(setup, v, target)
-        settings = model_settings(setup, v, width)
-        out[v] = {
-            "d_ff": width,
-            "params": count_params(settings),
-            "settings": settings,
-            "model": build_config(settings).to_dict(),
-        }
-    return out
+    """{variant: {"d_ff", "params", "model"}} of `setup`'s variants (`experiment.py`'s rule)."""
+    return ex.matched_variants(setup.variants, setup.base(), setup.memory_budget, setup.d_ff)
 
 
 def task_settings(setup: Setup, gaps: list[int], pairs: list[int]) -> dict[str, Any]:
@@ -157,132 +95,79 @@ def task_settings(setup: Setup, gaps: list[int], pairs: list[int]) -> dict[str, 
     )
 
 
-# --------------------------------------------------------------------------- one job
-def _worker_init() -> None:
-    # the parent decides when to stop: workers ignore Ctrl-C (the trainer would otherwise stop a
-    # run gracefully and the pool would move on to the next one)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+def point(gap: int, pairs: int) -> str:
+    """The name of the sweep's evaluation at (G, P)."""
+    return f"G{gap}-P{pairs}"
 
 
-def run_one(job: dict[str, Any]) -> dict[str, Any]:
-    """Train one (variant, seed) and sweep its best checkpoint over every (G, P)."""
-    import torch
-
-    torch.set_num_threads(1)
-    from inftyformer.tasks import RecallConfig
-    from inftyformer.training import TrainConfig, Trainer, evaluate_run
-
-    setup = Setup(**job["setup"])
-    train = TrainConfig(
-        task="recall",
-        steps=setup.steps,
-        batch_size=setup.batch_size,
-        lr=setup.lr,
-        warmup_steps=setup.warmup_steps,
-        eval_every=setup.eval_every,
-        eval_batches=setup.eval_batches,
-        test_batches=0,
-        seed=job["seed"],
-        threads=1,
-        progress=False,
-        tensorboard=False,
-        log_every=max(1, setup.steps // 20),
-        out_dir=job["out_dir"],
-    )
-    task = RecallConfig(**task_settings(setup, setup.gaps(setup.train_gaps), setup.pairs))
-    start, cpu = time.perf_counter(), time.process_time()
-    result = Trainer(train, task, build_config(job["settings"]), overwrite=True,
-                     echo=lambda s: None).fit()  # fmt: skip
-    if result.interrupted:
-        raise RuntimeError(f"run {job['out_dir']} was interrupted")
-    train_cpu = time.process_time() - cpu
-    sweep = []
-    for gap in setup.gaps(setup.eval_gaps):
-        for pairs in setup.pairs:
-            point = {"gap": gap, "num_pairs": pairs}
-            metrics, _, _ = evaluate_run(job["out_dir"], "test", setup.sweep_batches,
-                                         task_settings=point)  # fmt: skip
-            sweep.append({"gap": gap, "pairs": pairs, "accuracy": metrics["accuracy"],
-                          "loss": metrics["loss"], "queries": metrics["queries"]})  # fmt: skip
-    return {
-        "variant": job["variant"],
-        "seed": job["seed"],
-        "best_step": result.best_step,
-        "best_valid_accuracy": result.best_metric,
-        "sweep": sweep,
-        "train_cpu_seconds": train_cpu,
-        "cpu_seconds": time.process_time() - cpu,
-        "seconds": time.perf_counter() - start,
+def jobs(setup: Setup, variants: dict[str, dict], runs_dir: Path) -> list[ex.Job]:
+    """One job per (variant, seed), the slowest variants first: train on the mix, then
+    evaluate the best checkpoint at every (G, P) of the sweep."""
+    evaluations = {
+        point(g, p): {
+            "split": "test",
+            "num_batches": setup.sweep_batches,
+            "task_settings": {"gap": g, "num_pairs": p},
+        }
+        for g in setup.gaps(setup.eval_gaps)
+        for p in setup.pairs
     }
+    task = task_settings(setup, setup.gaps(setup.train_gaps), setup.pairs)
+    out = []
+    for seed in setup.seeds:
+        for v in reversed(setup.variants):
+            spec = {
+                "model": variants[v]["model"],
+                "task": task,
+                "train": setup.train_settings(NAME, seed),
+                "evaluations": evaluations,
+            }
+            out.append(ex.make_job((v, TRAINED_ON, seed), spec, runs_dir, f"{v}-s{seed}"))
+    return out
 
 
 # --------------------------------------------------------------------------- results
-_GRID = ("workers", "variants", "seeds")
-
-
-def result_key(setup: Setup, settings: dict[str, Any]) -> str:
-    """Everything that determines a run but the grid: a finished (variant, seed) is reused while
-    its recipe and settings are unchanged."""
-    recipe = {k: v for k, v in asdict(setup).items() if k not in _GRID}
-    return json.dumps({"setup": recipe, "settings": settings}, sort_keys=True)
-
-
-def load_results(path: Path, setup: Setup, keys: dict[str, str]) -> list[dict[str, Any]]:
-    results = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            entry = json.loads(line)
-            r = entry["result"]
-            if r["variant"] in keys and r["seed"] in setup.seeds:
-                if entry["key"] == keys[r["variant"]]:
-                    results.append(r)
-    return results
-
-
-def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
-    """variant -> pairs -> gap -> {mean, std, n} of the test accuracy over seeds."""
+def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """variant -> pairs -> gap -> [test accuracy per seed]."""
+    s = data["setup"]
+    window = s["segment_len"] + s["memory_budget"]
+    gaps = [int(round(x * window)) for x in s["eval_gaps"]]
     table: dict[str, Any] = {}
     for r in data["runs"]:
-        for point in r["sweep"]:
-            cell = table.setdefault(r["variant"], {}).setdefault(str(point["pairs"]), {})
-            cell.setdefault(str(point["gap"]), []).append(point["accuracy"])
-    for rows in table.values():
-        for cells in rows.values():
-            for gap, accs in cells.items():
-                cells[gap] = {
-                    "mean": statistics.fmean(accs),
-                    "std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
-                    "n": len(accs),
-                }
+        for p in s["pairs"]:
+            for g in gaps:
+                ev = r["evals"].get(point(g, p))
+                if ev is not None:
+                    cells = table.setdefault(r["variant"], {}).setdefault(str(p), {})
+                    cells.setdefault(str(g), []).append(ev["metrics"]["accuracy"])
     return table
 
 
-# --------------------------------------------------------------------------- report
-def windows(setup: dict[str, Any], variant: str) -> dict[str, int | None]:
+def windows(setup: dict[str, Any], variant: str) -> dict[str, int | bool]:
     """Tokens before a query a model can attend to: directly (its last layer) and through the
     layers (each layer's memory holds states that attended further back)."""
-    model_type = VARIANTS[variant][0]
-    C, B, L, c = setup["segment_len"], setup["budget"], setup["n_layers"], setup["compression_rate"]
+    model_type = ex.VARIANTS[variant].model_type
+    C, B, L = setup["segment_len"], setup["memory_budget"], setup["n_layers"]
+    c = setup["compression_rate"]
     span = {"transformer": 0, "xl": B, "compressive": B // 2 + c * B // 2, "infty": B // 2}
     direct = C + span[model_type]
     return {"direct": direct, "layers": C + L * span[model_type],
             "unbounded": model_type == "infty"}  # fmt: skip
 
 
+# --------------------------------------------------------------------------- report
 def render(data: dict[str, Any], out: Path) -> None:
     setup = data["setup"]
     table = summarize(data)
-    W = setup["segment_len"] + setup["budget"]
+    W = setup["segment_len"] + setup["memory_budget"]
     gaps = [int(round(x * W)) for x in setup["eval_gaps"]]
     pairs = setup["pairs"]
-    chance = 1.0 / setup["num_values"]
+    chance = data["data"]["chance"]
     variants = [v for v in setup["variants"] if v in table]
-    label = {v: VARIANTS[v][2] for v in VARIANTS}
+    label = {v: ex.VARIANTS[v].label for v in ex.VARIANTS}
 
     def cell(v: str, p: int, g: int) -> str:
-        s = table.get(v, {}).get(str(p), {}).get(str(g))
-        return "–" if s is None else f"{s['mean']:.2f} ± {s['std']:.2f}"
+        return ex.fmt_mean_std(table.get(v, {}).get(str(p), {}).get(str(g), []), digits=2)
 
     def gap_head(g: int) -> str:
         return f"G = {g} ({g / W:g}W)"
@@ -290,29 +175,22 @@ def render(data: dict[str, Any], out: Path) -> None:
     lines = [
         "# Recall across a distance: how far back each model retrieves",
         "",
-        "Generated by `python benchmarks/compare_recall.py` from `docs/recall.json`. The recall "
+        f"Generated by `python benchmarks/compare_recall.py` from `{NAME}.json`. The recall "
         "task (`inftyformer train recall`): P key→value pairs, then G filler tokens, then the P "
         "keys again as queries; test accuracy on the queries, mean ± std over seeds "
         f"{setup['seeds']}. Chance is 1/V = {chance:.3f}. G is given in tokens and in multiples "
-        f"of W = segment + memory budget = {setup['segment_len']} + {setup['budget']} = {W} "
-        "tokens. Models were trained on G ∈ {"
+        f"of W = segment + memory budget = {setup['segment_len']} + {setup['memory_budget']} = "
+        f"{W} tokens. Models were trained on G ∈ {{"
         + ", ".join(str(int(round(x * W))) for x in setup["train_gaps"])
         + "} and P ∈ {"
         + ", ".join(map(str, pairs))
-        + "} (mixed per batch); larger G are "
-        "beyond every training distance.",
+        + "} (mixed per batch); larger G are beyond every training distance.",
         "",
     ]
     for p in pairs:
-        lines += [
-            f"**P = {p} pairs**",
-            "",
-            "| model | " + " | ".join(gap_head(g) for g in gaps) + " |",
-            "|---|" + "---:|" * len(gaps),
-        ]
-        lines += [f"| {label[v]} | " + " | ".join(cell(v, p, g) for g in gaps) + " |"
-                  for v in variants]  # fmt: skip
-        lines.append("")
+        rows = [[label[v]] + [cell(v, p, g) for g in gaps] for v in variants]
+        lines += [f"**P = {p} pairs**", "", ex.table(["model"] + [gap_head(g) for g in gaps],
+                                                     rows), ""]  # fmt: skip
     lines += [
         "## Set-up",
         "",
@@ -330,47 +208,37 @@ def render(data: dict[str, Any], out: Path) -> None:
             memory += (f" + N = {m['num_basis']} basis functions (M = {m['num_samples']}, "
                        f"τ = {m['tau']}, widths {tuple(m['widths'])})")  # fmt: skip
         w = windows(setup, v)
-        reach = f"{w['direct']} / {w['layers']}" + (" + long-term (unbounded)" if w["unbounded"]
-                                                      else "")  # fmt: skip
+        reach = f"{w['direct']} / {w['layers']}"
+        reach += " + long-term (unbounded)" if w["unbounded"] else ""
         lines.append(f"| {label[v]} | {info['params']:,} | {info['d_ff']} | {memory} | {reach} |")
-    cpu = sum(r["cpu_seconds"] for r in data["runs"])
-    train_cpu = sum(r["train_cpu_seconds"] for r in data["runs"])
     lines += [
         "",
         f"- Backbone: {setup['n_layers']} layers, d_model {setup['d_model']}, "
         f"{setup['n_heads']} heads, segment {setup['segment_len']}; vocabulary "
         f"{setup['num_keys']} keys + {setup['num_values']} values + {setup['num_fillers']} "
-        "fillers; memory budget "
-        f"{setup['budget']} vectors per layer besides the segment.",
+        f"fillers; memory budget {setup['memory_budget']} vectors per layer besides the segment.",
         f"- Training: {setup['steps']} steps of batch {setup['batch_size']}, AdamW lr "
         f"{setup['lr']} (warm-up {setup['warmup_steps']}, cosine), fresh memory per example, "
         "every block but the last (the queries) without gradient; best-on-valid checkpoint "
         f"(every {setup['eval_every']} steps, {setup['eval_batches']} batches of the training "
         f"mix), evaluated on {setup['sweep_batches']} test batches of {setup['batch_size']} "
         "examples per (G, P).",
-        f"- Cost: {cpu / 60:.1f} CPU-minutes in all ({train_cpu / 60:.1f} training, "
-        f"{(cpu - train_cpu) / 60:.1f} for the sweep), one thread per run, "
-        f"{setup['workers']} runs in parallel on a {data['machine']['logical_cpus']}-core "
-        f"{data['machine']['cpu']}; the machine was shared, so wall times are not comparable.",
+        ex.cost_line(data),
         "",
-        "![accuracy vs distance](recall.png)",
+        f"![accuracy vs distance]({NAME}.png)",
         "",
         "## Notes",
         "",
-        kept_notes(out / "recall.md"),
+        ex.hand_notes(out / f"{NAME}.md"),
         "",
     ]
-    (out / "recall.md").write_text("\n".join(lines))
-    plot(table, setup, variants, out / "recall.png")
+    (out / f"{NAME}.md").write_text("\n".join(lines), encoding="utf-8")
+    plot(table, setup, variants, out / f"{NAME}.png")
 
 
 def plot(table: dict[str, Any], setup: dict[str, Any], variants: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    W = setup["segment_len"] + setup["budget"]
+    plt = pyplot()
+    W = setup["segment_len"] + setup["memory_budget"]
     pairs = setup["pairs"]
     fig, axes = plt.subplots(1, len(pairs), figsize=(4 * len(pairs), 3.4), sharey=True)
     axes = list(axes) if len(pairs) > 1 else [axes]
@@ -379,9 +247,10 @@ def plot(table: dict[str, Any], setup: dict[str, Any], variants: list[str], path
             cells = table[v].get(str(p), {})
             gs = sorted(int(g) for g in cells)
             x = [max(g / W, 1 / 8) for g in gs]  # G = 0 drawn at W/8 on the log axis
-            ax.errorbar(x, [cells[str(g)]["mean"] for g in gs],
-                        yerr=[cells[str(g)]["std"] for g in gs], marker=VARIANTS[v][3],
-                        capsize=2, ms=4, label=VARIANTS[v][2])  # fmt: skip
+            stats = [ex.mean_std(cells[str(g)]) for g in gs]
+            ax.errorbar(x, [m for m, _ in stats], yerr=[s for _, s in stats],
+                        marker=ex.VARIANTS[v].marker, capsize=2, ms=4,
+                        label=ex.VARIANTS[v].label)  # fmt: skip
         ax.axhline(1 / setup["num_values"], color="grey", ls=":", lw=1, label="chance")
         ax.axvspan(max(setup["train_gaps"]), max(setup["eval_gaps"]) * 1.2, color="grey",
                    alpha=0.08, lw=0)  # fmt: skip
@@ -400,100 +269,30 @@ def plot(table: dict[str, Any], setup: dict[str, Any], variants: list[str], path
 
 
 # --------------------------------------------------------------------------- main
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny smoke run (a minute)")
-    parser.add_argument("--out", type=Path, help="output directory (default docs/; --quick: tmp)")
-    parser.add_argument("--runs-dir", type=Path, help=f"runs (default: {DEFAULT_RUNS})")
-    parser.add_argument("--render", action="store_true", help="redraw from OUT/recall.json")
-    parser.add_argument("--fresh", action="store_true", help="ignore finished runs")
-    parser.add_argument("--steps", type=int, help="training steps per run")
-    parser.add_argument("--seeds", type=str, help="comma-separated seeds")
-    parser.add_argument("--workers", type=int, help="parallel runs (one thread each)")
-    parser.add_argument("--variants", type=str, help=f"subset of {','.join(VARIANTS)}")
-    args = parser.parse_args(argv)
-    if args.out is None:  # a smoke run never overwrites the documented report
-        args.out = Path(tempfile.mkdtemp(prefix="compare_recall_")) if args.quick else ROOT / "docs"
-    if args.render:
-        render(json.loads((args.out / "recall.json").read_text()), args.out)
-        print(f"rendered {args.out / 'recall.md'}")
+def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> int:
+    args = ex.parser(__doc__, NAME).parse_args(argv)
+    out, runs_dir = ex.directories(args, NAME)
+    if args.render_only:
+        render(ex.load_report(out / f"{NAME}.json"), out)
+        echo(f"rendered {out / f'{NAME}.md'} and {out / f'{NAME}.png'}")
         return 0
 
-    setup = Setup()
-    if args.quick:
-        setup = Setup(d_model=16, n_heads=2, d_ff=32, segment_len=16, budget=16, pairs=[2, 4],
-                      train_gaps=[0, 1], eval_gaps=[0, 1, 4], steps=6, eval_every=3,
-                      eval_batches=1, sweep_batches=1, batch_size=4, warmup_steps=1)  # fmt: skip
-    if args.steps:
-        setup.steps = args.steps
-    if args.seeds:
-        setup.seeds = [int(s) for s in args.seeds.split(",")]
-    if args.workers:
-        setup.workers = args.workers
-    if args.variants:
-        setup.variants = [v for v in args.variants.split(",") if v]
-        unknown = set(setup.variants) - set(VARIANTS)
-        if unknown:
-            parser.error(f"unknown variants {sorted(unknown)}")
-
+    setup = Setup.quick() if args.quick else Setup()
+    setup = replace(setup, **ex.common_overrides(args, list(ex.VARIANTS)))
     variants = matched_variants(setup)
-    print({v: (i["params"], i["d_ff"]) for v, i in variants.items()}, flush=True)
-    runs_dir = args.runs_dir or (
-        Path(tempfile.mkdtemp(prefix="compare_recall_")) if args.quick else DEFAULT_RUNS
-    )
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    log = runs_dir / "results.jsonl"
-    if args.fresh and log.exists():
-        log.unlink()
-    keys = {v: result_key(setup, variants[v]["settings"]) for v in setup.variants}
-    results = load_results(log, setup, keys)
-    if results:
-        print(f"reusing {len(results)} finished runs from {log}", flush=True)
-    done = {(r["variant"], r["seed"]) for r in results}
-    jobs = [
-        {
-            "setup": asdict(setup),
-            "settings": variants[v]["settings"],
-            "variant": v,
-            "seed": s,
-            "out_dir": str(runs_dir / f"{v}-s{s}"),
-        }  # fmt: skip
-        for s in setup.seeds
-        for v in reversed(setup.variants)  # the slowest first
-        if (v, s) not in done
-    ]
-    os.environ.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    start = time.perf_counter()
-    pool = multiprocessing.get_context("fork").Pool(setup.workers, initializer=_worker_init)
-    try:
-        for r in pool.imap_unordered(run_one, jobs):
-            results.append(r)
-            with open(log, "a") as f:
-                f.write(json.dumps({"key": keys[r["variant"]], "result": r}) + "\n")
-            best = max(p["accuracy"] for p in r["sweep"])
-            print(f"{r['variant']:<13} seed {r['seed']}: best sweep accuracy {best:.3f} "
-                  f"({r['cpu_seconds'] / 60:.1f} CPU-min, "
-                  f"{(time.perf_counter() - start) / 60:.1f} min elapsed)", flush=True)  # fmt: skip
-        pool.close()
-    except BaseException:
-        pool.terminate()
-        raise
-    finally:
-        pool.join()
+    for v, info in variants.items():
+        echo(f"{v:<13} d_ff {info['d_ff']:>5}  {info['params']:>10,} parameters")
+
+    store = ex.ResultStore(runs_dir / "results.jsonl", fresh=args.fresh)
+    runs, failed, elapsed = ex.run_jobs(jobs(setup, variants, runs_dir), store, args.workers)
     order = {v: i for i, v in enumerate(setup.variants)}
-    data = {
-        "setup": asdict(setup),
-        "window": setup.window,
-        "variants": variants,
-        "machine": machine_info(),
-        "runs": sorted(results, key=lambda r: (order[r["variant"]], r["seed"])),
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "recall.json").write_text(json.dumps(data, indent=1) + "\n")
-    render(data, args.out)
-    print(f"done -> {args.out / 'recall.md'}", flush=True)
-    return 0
+    runs.sort(key=lambda r: (order[r["variant"]], r["seed"]))
+    facts = {"chance": 1.0 / setup.num_values, "window": setup.window}
+    result = ex.report(NAME, asdict(setup), variants, facts, runs, args.workers, elapsed)
+    ex.write_report(out / f"{NAME}.json", result)
+    render(result, out)
+    echo(f"done in {elapsed / 60:.1f} min -> {out / f'{NAME}.md'}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""What the comparison experiments (`compare_sorting.py`, `compare_lm.py`) share: the model
-variants, the memory-budget rule, the parameter matcher, a resumable store of results, a pool of
-worker processes that train and evaluate through the library, and the pieces of the reports.
+"""What the comparison experiments (`compare_sorting.py`, `compare_lm.py`, `compare_recall.py`
+and the others) share: the model variants, the memory-budget rule, the parameter matcher, a
+resumable store of results, a pool of worker processes that train and evaluate through the
+library, and the pieces of the reports.
 
     variants      transformer, xl, compressive, infty, infty-sticky -> model type + settings
     budget B      vectors each layer keeps besides the current segment (see `memory_settings`)

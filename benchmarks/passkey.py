@@ -15,6 +15,10 @@ Rows (every one reads the same token streams):
     content-f6    as content with a σ² floor of 1e-6 (--content-f6-run)
     content-n2048 as content with N = 2,048 (widths halved twice) and a σ² floor of 1e-6
                   (--content-n2048-run)
+    heads         untrained: every block's own attention heads read the memory and merge it by
+                  attention mass (memory_read = heads, `inftyformer.hf.head_read`), with
+                  --heads-sharpness and --heads-sink-edge
+    heads-facts   the heads read trained on facts, answer loss only (--heads-facts-run)
 
 Pass keys: the facts task's evaluation facts (`inftyformer.tasks.facts`: "The pass key is
 NNNNN…", five digits, never trained) written into the corpus's test books d tokens before the
@@ -49,6 +53,8 @@ import experiment as ex
 from _passkey_report import NAME, READ_ROWS, ROWS, gather, render
 
 EDGES = (0, 256, 512, 1024, 2048, 4096, 8192)
+# the heads row's fixed settings (its sharpness and sink edge are options)
+HEADS = dict(memory_read="heads", density="content", min_sigma_sq=1e-6)
 
 
 # ----------------------------------------------------------------------------- the models
@@ -69,9 +75,13 @@ class Row:
             self.positions = int(self.base.config.max_position_embeddings)
             return
         settings = {"window": args.window, "segment_len": args.segment_len}
-        if name == "untrained":
+        if name in ("untrained", "heads"):
             torch.manual_seed(0)
             layers = json.loads(args.memory_layers) if args.memory_layers else None
+            if name == "heads":  # every block, the base's own heads (no weights trained)
+                layers = None
+                settings.update(HEADS, sharpness=args.heads_sharpness)
+                settings["sink_edge"] = args.heads_sink_edge
             config = PretrainedMemoryConfig(
                 base_model=args.base_model, memory_layers=layers, freeze_base=True, **settings
             )
@@ -169,7 +179,8 @@ def passkey_prompts(args: argparse.Namespace) -> dict[int, tuple]:
 def where_reads_land(row: Row, reads, answer, key_at) -> list[dict[str, float]]:
     """Per memory layer, over keys, heads and the answer's queries (the one predicting answer
     token j against key token j): how far μ lies from that token in stream tokens, σ in
-    tokens there, and the share of reads with |μ − t*| < σ."""
+    tokens there, and the share of reads with |μ − t*| < σ; and the head whose median
+    distance is smallest (a pretrained model's retrieval heads, for the heads row)."""
     from inftyformer.model import IGNORE_INDEX
     from inftyformer.tasks.facts import (
         read_positions,
@@ -194,14 +205,19 @@ def where_reads_land(row: Row, reads, answer, key_at) -> list[dict[str, float]]:
             out.append({})
             continue
         pos = stream_positions(mu, S, C, W, tau)
-        dist = (pos - target[:, None, :].double()).abs()[m]
+        far = (pos - target[:, None, :].double()).abs()  # [K, H, C]
+        dist = far[m]
         sigma = var.sqrt()
         within = ((mu - t[:, None, :]).abs() < sigma)[m]
+        per_head = [float(far[:, h][m[:, h]].median()) for h in range(far.shape[1])]
+        best = min(range(len(per_head)), key=per_head.__getitem__)
         out.append({
             "distance_tokens": float(dist.median()),
             "sigma_tokens": float((sigma * per_token[:, None, :])[m].median()),
             "sigma": float(sigma[m].median()),
             "within_sigma": float(within.double().mean()),
+            "best_head": best,
+            "best_head_distance_tokens": per_head[best],
         })  # fmt: skip
     return out
 
@@ -333,12 +349,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--memory-layers", default=None,
                    help="the untrained row's blocks, a JSON list (default: every block); "
                         "give the trained rows' to compare like with like")  # fmt: skip
+    p.add_argument("--heads-facts-run", default=None)
+    p.add_argument("--heads-sharpness", type=float, default=100.0)
+    p.add_argument("--heads-sink-edge", type=float, default=0.01)
     p.add_argument("--docs", type=int, default=4)
     p.add_argument("--doc-len", type=int, default=4096)
     p.add_argument("--rows", default=",".join(ROWS))
     args = p.parse_args(argv)
     quick = dict(distances="40,90", keys=2, segment_len=16, window=16, docs=2, doc_len=48,
-                 rows="window,full,untrained")  # fmt: skip
+                 rows="window,full,untrained,heads")  # fmt: skip
     out_dir, setup = prompt_setup(args, quick, extra=("docs", "doc_len"))
     if not args.render_only:
         prompts, docs = passkey_prompts(args), book_windows(args)
@@ -354,6 +373,9 @@ def main(argv: list[str] | None = None) -> None:
                 entry["positions"] = row.positions
             if row.memory is not None:
                 entry["memory_layers"] = row.config.memory_layers
+            if name == "heads":
+                entry["settings"] = {**HEADS, "sharpness": args.heads_sharpness,
+                                     "sink_edge": args.heads_sink_edge}  # fmt: skip
             entry["seconds"] = time.perf_counter() - start
             path = out_dir / f"{NAME}.rows" / f"{name}.json"
             path.write_text(json.dumps({"setup": setup, "row": entry}, indent=1) + "\n")

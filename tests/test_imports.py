@@ -35,7 +35,7 @@ LAYERS = {
     # hf.harness writes lm-evaluation-harness tasks over text files: it reads them as data/ does
     "tasks": ["data", "metrics", "tasks", "inspection", "hf.harness"],
     "training": ["training"],
-    "interface": ["cli", "configure", "errors", "demo", "inspection_plots", "bench"],
+    "interface": ["cli", "commands", "configure", "errors", "demo", "inspection_plots", "bench"],
 }
 ORDER = list(LAYERS)
 

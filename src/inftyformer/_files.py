@@ -1,4 +1,5 @@
-"""Whole files or nothing: every file the library writes goes through `atomic_path`.
+"""Whole files or nothing: every file the library writes goes through `atomic_path` (or
+`write_atomic`, for bytes or text already in memory).
 
     with atomic_path(path) as tmp:    # write tmp (a name beside path: same file system)
         save(tmp)                     # on success tmp replaces path (os.replace), on any error
@@ -132,8 +133,14 @@ def atomic_path(path: str | os.PathLike, *, durable: bool = False) -> Iterator[P
 
 
 def write_atomic(path: str | os.PathLike, data: bytes | str, *, durable: bool = False) -> None:
-    """Write `data` (text as UTF-8) to `path`, whole or not at all."""
+    """Write `data` (text as UTF-8) to `path`, whole or not at all. Something that exists and
+    is not a regular file (/dev/stdout, a pipe) is written to directly, never replaced."""
+    path = Path(path)
     raw = data.encode("utf-8") if isinstance(data, str) else data
+    if path.exists() and not path.is_file():
+        with open(path, "wb") as f:
+            f.write(raw)
+        return
     with atomic_path(path, durable=durable) as tmp:
         tmp.write_bytes(raw)
 

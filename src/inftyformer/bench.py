@@ -17,7 +17,7 @@ from .config import ModelConfig
 from .model import MemoryLM
 from .tasks import RunContext, SortingConfig, SortingTask
 from .training.config import TrainConfig
-from .training.trainer import build_optimizer, seed_everything
+from .training.optim import build_optimizer, seed_everything
 
 
 def quick_benchmark(

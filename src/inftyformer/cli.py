@@ -4,39 +4,28 @@ Tasks come from the registry (`inftyformer.tasks.TASKS`): `train TASK` builds th
 settings from the options that name them (`--seq-len`, `--data-dir`, `--tokenizer`, …, and
 `--set task.KEY=VALUE`), so a new task needs no change here.
 
-Every command runs inside `errors.user_errors`: one line ``error: …`` and an exit code.
+Every command runs inside `errors.user_errors`: one line ``error: …`` and an exit code. This
+module declares the commands and their options; what each command does is in
+`inftyformer.commands` (one module per command), the settings it builds in `configure`.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import typer
 
-from ._files import read_user_text
+from .commands.generate import visible_text  # noqa: F401 - importable from here as before
 from .config import MODEL_TYPES
-from .configure import (
-    DEFAULT_PRESET,
-    build_configs,
-    split_settings,
-    task_settings,
-)
+from .configure import DEFAULT_PRESET
 from .errors import (  # the exit codes are also read by scripts and tests
     DEBUG_ENV,
     EXIT_DIVERGED,  # noqa: F401
     EXIT_INTERRUPTED,  # noqa: F401
     EXIT_USAGE,  # noqa: F401
-    CommandError,
-    check_output_file,
-    os_message,
     user_errors,
-    write_text_atomic,
 )
 from .tasks import TASKS
 from .training.config import TrainConfig
@@ -170,7 +159,7 @@ def train(
     Ctrl-C saves a checkpoint; --resume continues exactly (and refuses settings that would change
     the run, unless --allow-changes). Under `torchrun --nproc_per_node=N` the global batch is
     split across N DistributedDataParallel processes."""
-    from .training import Trainer, init_distributed, shutdown_distributed
+    from .commands.train import run_train
 
     options = dict(
         steps=steps,
@@ -185,9 +174,7 @@ def train(
         out_dir=out_dir,
         progress=progress,
     )
-    if allow_changes and not resume:
-        raise ValueError("--allow-changes only applies with --resume")
-    train_cfg, task_cfg, model_cfg = build_configs(
+    run_train(
         task,
         model=model,
         preset=preset,
@@ -195,51 +182,11 @@ def train(
         options=options,
         task_options=dict(seq_len=seq_len, data_dir=data_dir, tokenizer=tokenizer),
         resume=resume,
+        overwrite=overwrite,
+        allow_changes=allow_changes,
         base_model=base_model,
         freeze_base=freeze_base,
     )
-    env = init_distributed(train_cfg.device)
-    try:
-        trainer = Trainer(
-            train_cfg,
-            task_cfg,
-            model_cfg,
-            resume=resume,
-            overwrite=overwrite,
-            allow_changes=allow_changes,
-            env=env,
-        )
-        if env.is_main:
-            params = list(trainer.model.parameters())
-            n_params = sum(p.numel() for p in params)
-            n_trained = sum(p.numel() for p in params if p.requires_grad)
-            size = f"{n_params / 1e6:.2f}M parameters"
-            if n_trained != n_params:
-                size += f", {n_trained / 1e6:.2f}M trained"
-            what = model_cfg.describe()
-            shown = ", ".join(f"{k}={v}" for k, v in task_cfg.to_dict().items() if v is not None)
-            typer.echo(
-                f"training {what} ({size}) on "
-                f"{train_cfg.task} ({shown}): segment {model_cfg.segment_len}, "
-                f"batch {train_cfg.batch_size}, {train_cfg.steps} steps, "
-                f"{env.world_size} process(es) -> {train_cfg.out_dir}"
-            )
-        start = time.perf_counter()
-        result = trainer.fit()
-    finally:
-        shutdown_distributed()
-    if not env.is_main:
-        return
-    minutes = (time.perf_counter() - start) / 60
-    if result.interrupted:  # the trainer said where it stopped and how to continue
-        if result.step < train_cfg.steps and train_cfg.halt_after == 0:
-            raise typer.Exit(EXIT_INTERRUPTED)
-        return
-    typer.echo(
-        f"done: {result.step} steps in {minutes:.1f} min (best valid at step {result.best_step})"
-    )
-    if result.test is not None:
-        typer.echo(f"test {trainer.task.describe(result.test)}")
 
 
 # --------------------------------------------------------------------------- evaluate
@@ -296,66 +243,22 @@ def evaluate(
     """Evaluate a saved model on a split of its data, or on other text (--data-dir), and print
     its metrics: accuracy beside chance for sorting and recall; perplexity and bits per byte
     for language models, scored over whole documents streamed with memory."""
-    from .training import evaluate_run, read_configs
-    from .training.config import parse_overrides
+    from .commands.evaluate import run_evaluate
 
-    for name, value in (("batches", batches), ("batch-size", batch_size)):
-        if value is not None and value < 1:
-            raise ValueError(f"--{name} must be >= 1, got {value}")
-    to_stdout = json_out is not None and str(json_out) == "-"
-    if json_out is not None and not to_stdout:
-        check_output_file(json_out, "--json")  # before a long evaluation, not after it
-    saved_train, _, saved_model = read_configs(checkpoint, base_model)
-    task = saved_train.task
-    text = split_settings(settings, task, type(saved_model))
-    if text["train"]:
-        raise ValueError(f"train settings cannot change at evaluation: {sorted(text['train'])}")
-    memory = parse_overrides(type(saved_model), text["model"], "model")
-    options = dict(eval_data=data_dir, max_docs=max_docs, max_tokens=max_tokens)
-    task_values = task_settings(task, options, text["task"], {"eval_data": "--data-dir"})
-    start = time.perf_counter()
-    metrics, evaluation, task_obj = evaluate_run(
+    run_evaluate(
         checkpoint,
         split,
         batches,
         device,
-        memory_settings=memory,
-        task_settings=task_values,
+        data_dir=data_dir,
+        settings=settings,
         batch_size=batch_size,
-        progress=_stderr_is_terminal(),  # a bar for a person waiting; a log gets the result only
+        max_docs=max_docs,
+        max_tokens=max_tokens,
         base_model=base_model,
+        json_out=json_out,
+        progress=_stderr_is_terminal(),  # a bar for a person waiting; a log gets the result only
     )
-    seconds = time.perf_counter() - start
-    typer.echo(f"{_evaluated(split, data_dir)} {task_obj.describe(metrics)} ({seconds:.1f} s)")
-    typer.echo("  " + ", ".join(f"{k} {task_obj.format_metric(k, v)}" for k, v in metrics.items()))
-    if memory:
-        typer.echo("  evaluation memory: " + ", ".join(f"{k}={v}" for k, v in memory.items()))
-    if json_out is None:
-        return
-    payload = {
-        "checkpoint": str(checkpoint),
-        "task": task,
-        "split": split,
-        "metrics": metrics,
-        "sums": evaluation.sums,
-        "memory_settings": memory,
-        "task_config": task_obj.config.to_dict(),
-        "model_config": task_obj.model_config.to_dict(),
-        "details": evaluation.details,
-    }
-    document = json.dumps(payload, indent=1)
-    if to_stdout:
-        typer.echo(document)
-        return
-    try:
-        write_text_atomic(json_out, document)
-    except OSError as err:
-        typer.echo(document)  # the evaluation is not lost
-        raise CommandError(
-            f"could not write --json {json_out} ({os_message(err, 'choose another path')}); "
-            "the result was written to stdout instead"
-        ) from err
-    typer.echo(f"  wrote {json_out}")
 
 
 def _stderr_is_terminal() -> bool:
@@ -363,18 +266,6 @@ def _stderr_is_terminal() -> bool:
         return sys.stderr.isatty()
     except (AttributeError, ValueError):
         return False
-
-
-def _evaluated(split: str, data_dir: str | None) -> str:
-    """What was scored, as the result line's label: the split of the run's data ('test'), or
-    the text given with --data-dir (its SPLIT/ folder when it has one)."""
-    if data_dir is None:
-        return split
-    if data_dir == "-":
-        return "standard input:"
-    if (Path(data_dir).expanduser() / split).is_dir():
-        return f"{data_dir} ({split}):"
-    return f"{data_dir}:"
 
 
 # --------------------------------------------------------------------------- generate
@@ -420,104 +311,21 @@ def generate(
 ) -> None:
     """Feed a prompt through a saved model (streaming it segment by segment into the memory)
     and continue it."""
-    import torch
+    from .commands.generate import run_generate
 
-    from .training import load_run
-
-    if threads < 0:
-        raise ValueError(f"--threads must be >= 0, got {threads}")
-    if threads:
-        torch.set_num_threads(threads)
-
-    if not (temperature >= 0 and math.isfinite(temperature)):
-        raise ValueError(f"--temperature must be a finite number >= 0, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"--top-k must be >= 1, got {top_k}")
-    if top_p is not None and not 0 < top_p <= 1:  # (NaN fails too)
-        raise ValueError(f"--top-p must be in (0, 1], got {top_p}")
-    if prompt_file is not None:
-        text = read_user_text(prompt_file, "--prompt-file")
-        if not text.strip():
-            raise ValueError(f"{prompt_file} holds no text")
-        prompt = text if prompt == "random" else text + prompt
-    run = load_run(checkpoint, device, base_model=base_model)
-    model, dev = run.model, run.device
-    task = run.task()
-    tokens, expected = task.encode_prompt(prompt)
-    n_new = max_new_tokens if max_new_tokens is not None else task.default_new_tokens()
-    if n_new < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {n_new}")
-    torch.manual_seed(seed)  # pretrained models sample from torch's global generator
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    start = time.perf_counter()
-    out = model.generate(
-        tokens[None].to(dev),
-        max_new_tokens=n_new,
+    run_generate(
+        checkpoint,
+        prompt=prompt,
+        prompt_file=prompt_file,
+        max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
-        generator=gen,
+        seed=seed,
+        device=device,
+        base_model=base_model,
+        threads=threads,
     )
-    seconds = time.perf_counter() - start
-    new_tokens = _new_tokens(out)
-    segment = run.model_config.segment_len
-    typer.echo(
-        f"prompt: {tokens.numel():,} tokens, streamed in {-(-tokens.numel() // segment):,} "
-        f"segments of {segment} ({seconds:.1f} s with generation)"
-    )
-    typer.echo(f"memory: {_memory_summary(out[1])}")
-    typer.echo(f"output:   {visible_text(task.decode(new_tokens))}")
-    if expected:
-        typer.echo(f"expected: {visible_text(task.decode(expected))}")
-        hits = sum(a == b for a, b in zip(new_tokens, expected, strict=False))
-        typer.echo(f"{hits}/{len(expected)} positions right (free-running, no teacher forcing)")
-
-
-_WHITESPACE_NAMES = {" ": "space", "\n": "newline", "\t": "tab", "\r": "carriage return"}
-_LONG_WHITESPACE = re.compile(r"\s{10,}")
-
-
-def _count_whitespace(text: str) -> str:
-    """'180 spaces, 20 newlines'."""
-    counts: dict[str, int] = {}
-    for ch in text:
-        counts[ch] = counts.get(ch, 0) + 1
-    parts = []
-    for ch, n in sorted(counts.items(), key=lambda item: -item[1]):
-        name = _WHITESPACE_NAMES.get(ch, f"U+{ord(ch):04X}")
-        parts.append(f"{n} {name}{'s' if n > 1 else ''}")
-    return ", ".join(parts)
-
-
-def visible_text(text: str) -> str:
-    """Generated text as a terminal can show it: whitespace that would look like nothing (a
-    byte-level model's output of 200 spaces) is described, long runs of it inside text too."""
-    if not text:
-        return "(no text: the tokens decode to nothing)"
-    if not text.strip():
-        return f"(only whitespace: {_count_whitespace(text)})"
-    return _LONG_WHITESPACE.sub(lambda m: f"[{_count_whitespace(m.group())}]", text)
-
-
-def _memory_summary(state: Any) -> str:
-    """What a MemoryState holds, by kind, in numbers and KiB (batch row 0's share)."""
-    kinds: dict[str, int] = {}
-    for layer in state.layers:
-        for name, tensor in layer.tensors().items():
-            if tensor.is_floating_point():
-                kind = name.split(".")[0]
-                kinds[kind] = kinds.get(kind, 0) + tensor[0].numel()
-    total = sum(kinds.values())
-    parts = ", ".join(f"{k} {v:,}" for k, v in kinds.items())
-    return (
-        f"{total:,} numbers ({total * 4 / 1024:,.0f} KiB) over {len(state.layers)} layers: {parts}"
-    )
-
-
-def _new_tokens(out: Any) -> list[int]:
-    """The first row of the generated continuation ((tokens [B, n], state) from `generate`)."""
-    tokens = out[0] if isinstance(out, tuple) else out
-    return [int(t) for t in tokens[0].tolist()]
 
 
 # --------------------------------------------------------------------------- inspect
@@ -546,42 +354,17 @@ def inspect_run(
     """Stream real input through a saved model and draw what its memory holds and where its
     reads go: long-term read densities mapped back to the stream, σ against σ₀, sticky
     resampling points, fidelity of stored vectors by age (PNGs + summary.json)."""
-    import json
+    from .commands.inspect import run_inspect
 
-    from .inspection import inspect_stream
-    from .inspection_plots import draw_all
-    from .training import load_run
-
-    if segments < 1:
-        raise ValueError(f"--segments must be >= 1, got {segments}")
-    own_text = read_user_text(text, "--text") if text is not None else None
-    run = load_run(checkpoint, device, base_model=base_model)
-    task = run.task(batch_size=1)
-    length = segments * run.model_config.segment_len
-    if own_text is not None:
-        tokens = task.encode_prompt(own_text)[0][:length]
-    else:
-        tokens = task.inspection_stream(split, length)
-    start = time.perf_counter()
-    result = inspect_stream(run.model, tokens[None].to(run.device))
-    out_dir = out or (checkpoint if checkpoint.is_dir() else checkpoint.parent) / "inspect"
-    summary = result.summary()
-    summary["source"] = str(text) if text is not None else f"{split} split"
-    paths = draw_all(result, out_dir)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    typer.echo(f"{len(tokens):,} tokens in {time.perf_counter() - start:.1f} s -> {out_dir}")
-    for layer in summary["layers"]:
-        parts = [f"layer {layer['layer']}"]
-        if "sigma" in layer:
-            parts.append(f"median sigma {layer['sigma']['median']:.3g}")
-            parts.append(f"mu spread across queries {layer['mu_spread']:.3g}")
-        for key in ("fidelity", "compressed_fidelity"):
-            for age in ("1", "10", "100"):
-                if age in layer.get(key, {}):
-                    parts.append(f"{key} cos k={age} {layer[key][age]['cosine']:.3f}")
-        typer.echo("  " + ", ".join(parts))
-    for path in paths:
-        typer.echo(f"  wrote {path}")
+    run_inspect(
+        checkpoint,
+        text=text,
+        split=split,
+        segments=segments,
+        out=out,
+        device=device,
+        base_model=base_model,
+    )
 
 
 # --------------------------------------------------------------------------- bench

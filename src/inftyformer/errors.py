@@ -22,8 +22,6 @@ from typing import Any
 
 import typer
 
-from ._files import write_atomic
-
 EXIT_USAGE = 2  # a user's mistake or the machine's state: bad input, missing file, full disk ...
 EXIT_DIVERGED = 3  # training diverged (a NaN or infinite loss or gradient)
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM (a checkpoint was saved)
@@ -62,16 +60,6 @@ def check_output_file(path: Path, option: str) -> None:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ValueError(f"{option} {path}: cannot create {parent} ({err.strerror})") from None
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write a whole file or nothing (temporary file, then os.replace). Something that exists
-    and is not a regular file (/dev/stdout, a pipe) is written to directly, never replaced."""
-    if path.exists() and not path.is_file():
-        with open(path, "w") as f:
-            f.write(text)
-        return
-    write_atomic(path, text)
 
 
 def os_message(err: OSError, where: str) -> str:

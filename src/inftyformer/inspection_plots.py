@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ._files import atomic_path
 from .inspection import Fidelity, Inspection
 
 
@@ -341,7 +342,10 @@ def _save(fig, path: str | Path, dpi: int) -> Path:
     fig.savefig(buffer, format="png", dpi=dpi)
     _pyplot().close(fig)
     image = Image.open(buffer).convert("RGB")
-    image.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+    with atomic_path(path) as tmp:  # (the temporary name has no .png: say the format)
+        image.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(
+            tmp, format="PNG", optimize=True
+        )
     return path
 
 

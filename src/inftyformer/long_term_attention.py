@@ -24,7 +24,12 @@ states (the coefficients B are far smaller: a narrow ψ peaks at 1/(w√2π)):
     μ = Σ_n p_n c_n,  σ² = Σ_n p_n (c_n − μ)² + softplus(w_σᵀ s + b_σ)
 
 The extra variance starts at `sigma_init`², or at the floor `min_sigma_sq` when it is not given,
-so a query that matches one place reads that place at the basis' resolution.
+so a query that matches one place reads that place at the basis' resolution. `sharpness` β
+sharpens the discrete attention, p_n = softmax_n(β s_n + w_μ,n), so that a query whose best match
+stands out reads there rather than at the mean of its matches; centres before `sink_edge` are
+not read. `read_heads` returns each head's read before the heads are merged, with the read's
+log-mass log Σ_n exp(s_n) (the unnormalised weight a softmax over the signal's places would give
+the memory), for a read merged into a pretrained model's own heads (`hf/head_read.py`).
     r = E_p[ψ] = 𝒩(μ; c, σ² + w²)                                      (continuous softmax)
     z = rᵀ V  = E_p[v(t)],  heads merged, then an output projection.
 
@@ -63,6 +68,17 @@ class LongTermAttentionOutput:
     kl: torch.Tensor  # scalar: mean variance-KL over non-empty rows, heads and queries
     mu: torch.Tensor  # [batch, H, Q] (for sticky memories)
     sigma_sq: torch.Tensor  # [batch, H, Q]
+
+
+@dataclass
+class HeadsRead:
+    """Each head's read before the heads are merged (`LongTermAttention.read_heads`)."""
+
+    z: torch.Tensor  # E_p[v(t)]  [batch, H, Q, d]
+    log_mass: torch.Tensor  # log Σ_n exp(s_n)  [batch, H, Q] (−inf: an empty memory)
+    mu: torch.Tensor  # [batch, H, Q]
+    sigma_sq: torch.Tensor  # [batch, H, Q]
+    kl: torch.Tensor  # scalar, as LongTermAttentionOutput.kl
 
 
 @dataclass
@@ -179,11 +195,13 @@ class LongTermAttention(nn.Module):
         *,
         check: bool = True,
         prepared: PreparedMemory | None = None,
-    ) -> LongTermAttentionOutput:
+        heads: bool = False,
+    ) -> LongTermAttentionOutput | HeadsRead:
         """query [batch, Q, e] (already projected unless `config.query_projection`).
         `check=False` skips the validation of the arguments (for callers that built them);
         `prepared`: `prepare(state, query.dtype)` computed once for many reads of an unchanging
-        state (generation), instead of at every call."""
+        state (generation), instead of at every call; `heads`: each head's read before the
+        heads are merged (`read_heads`), for a caller that merges them into its own."""
         c = self.config
         if check:
             if not isinstance(state, LongTermState):
@@ -206,28 +224,62 @@ class LongTermAttention(nn.Module):
                     )
             values.finite("query", query)
             values.run()
+        if heads:
+            return self.read_heads(query, state, prepared)
         batch, num_q, _ = query.shape
         H, d = c.num_heads, c.head_dim
         if prepared is None:
             prepared = self.prepare(state, query.dtype)
-        v, k_heads = prepared.values, prepared.keys  # [b, H, N, d], keys (PreparedMemory)
-        q = self.query(query) if self.query is not None else query
-        q = q.view(batch, num_q, H, d).transpose(1, 2)  # [batch, H, Q, d]
-        with full_precision(query):  # μ, σ² in float32 also under autocast (precision.py)
-            q32 = at_least_float32(q)
-            if c.density == "content":
-                mu, sigma_sq = self._content_density(q32, k_heads)
-            else:
-                mu, sigma_sq = self._linear_density(q32, prepared)  # [batch, H, Q] each
-
-        z = self._expected_values(mu, sigma_sq, v)  # E_p[v(t)]  [batch, H, Q, d]
+        z, mu, sigma_sq, _ = self._read(query, prepared)  # z [batch, H, Q, d]
         z = z.transpose(1, 2).reshape(batch, num_q, H * d)  # [batch, Q, e]
 
         filled = (~state.empty).to(device=query.device, dtype=query.dtype)  # [batch]
         context = self.out(z) * filled[:, None, None]  # [batch, Q, out_dim]
-        kl_rows = variance_kl(sigma_sq, c.sigma_0, check=False).mean(dim=(1, 2))  # [batch]
-        kl = (kl_rows * filled).sum() / filled.sum().clamp(min=1.0)
-        return LongTermAttentionOutput(context=context, kl=kl, mu=mu, sigma_sq=sigma_sq)
+        return LongTermAttentionOutput(
+            context=context, kl=self._kl(sigma_sq, filled), mu=mu, sigma_sq=sigma_sq
+        )
+
+    def read_heads(
+        self, query: torch.Tensor, state: LongTermState, prepared: PreparedMemory | None = None
+    ) -> HeadsRead:
+        """Each head's read before the heads are merged and projected (content density only):
+        query [batch, Q, e] (projected by W^Q here when the config has it). The caller merges
+        z into its own heads by the log-mass (`hf/head_read.py`); rows whose memory is empty
+        get log-mass −inf (no weight) and z = 0."""
+        if self.config.density != "content":
+            raise ValueError("read_heads needs the content density (density='content')")
+        if prepared is None:
+            prepared = self.prepare(state, query.dtype)
+        z, mu, sigma_sq, log_mass = self._read(query, prepared)
+        filled = ~state.empty.to(query.device)  # [batch]
+        log_mass = log_mass.masked_fill(~filled[:, None, None], -math.inf)
+        z = z * filled[:, None, None, None].to(z.dtype)
+        kl = self._kl(sigma_sq, filled.to(query.dtype))
+        return HeadsRead(z=z, log_mass=log_mass, mu=mu, sigma_sq=sigma_sq, kl=kl)
+
+    def _read(
+        self, query: torch.Tensor, prepared: PreparedMemory
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """query [batch, Q, e] → z = E_p[v(t)] [batch, H, Q, d], μ, σ² [batch, H, Q] and, for
+        the content density, the log-mass log Σ_n exp(s_n) [batch, H, Q] (else None)."""
+        c = self.config
+        batch, num_q, _ = query.shape
+        q = self.query(query) if self.query is not None else query
+        q = q.view(batch, num_q, c.num_heads, c.head_dim).transpose(1, 2)  # [batch, H, Q, d]
+        log_mass = None
+        with full_precision(query):  # μ, σ² in float32 also under autocast (precision.py)
+            q32 = at_least_float32(q)
+            if c.density == "content":
+                mu, sigma_sq, log_mass = self._content_density(q32, prepared.keys)
+            else:
+                mu, sigma_sq = self._linear_density(q32, prepared)  # [batch, H, Q] each
+        z = self._expected_values(mu, sigma_sq, prepared.values)  # E_p[v(t)]  [b, H, Q, d]
+        return z, mu, sigma_sq, log_mass
+
+    def _kl(self, sigma_sq: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:
+        """Mean variance-KL over the rows whose memory holds something (filled [batch])."""
+        kl_rows = variance_kl(sigma_sq, self.config.sigma_0, check=False).mean(dim=(1, 2))
+        return (kl_rows * filled).sum() / filled.sum().clamp(min=1.0)
 
     def _linear_density(
         self, q: torch.Tensor, prepared: PreparedMemory
@@ -244,17 +296,22 @@ class LongTermAttention(nn.Module):
 
     def _content_density(
         self, q: torch.Tensor, keys: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """ "content": the moments of a discrete attention over the basis centres (module doc).
-        q [b, H, Q, d], keys K / √d [b, H, N, d] → μ, σ² [b, H, Q]."""
+        q [b, H, Q, d], keys K / √d [b, H, N, d] → μ, σ², log Σ_n exp(s_n)  [b, H, Q]."""
+        c = self.config
         s = torch.matmul(q, keys.transpose(-1, -2))  # s = K q / √d  [b, H, Q, N]
+        centers = self.basis.centers.to(s.dtype)  # c_n  [N]
+        if c.sink_edge > 0.0:  # the oldest edge is not read
+            s = s.masked_fill(centers < c.sink_edge, -math.inf)
         prior = self.mu_head.weight[0] + self.mu_head.bias  # w_μ (the bias cancels)  [N]
-        p = torch.softmax(s + prior, dim=-1)  # p_n  [b, H, Q, N]
-        centers = self.basis.centers.to(p.dtype)  # c_n  [N]
+        p = torch.softmax(c.sharpness * s + prior, dim=-1)  # p_n  [b, H, Q, N]
         mu = torch.matmul(p, centers)  # Σ p_n c_n  [b, H, Q]
         spread = (p * (centers - mu.unsqueeze(-1)).square()).sum(-1)  # Σ p_n (c_n − μ)²
-        extra = F.softplus(torch.matmul(s, self.sigma_head.weight[0]) + self.sigma_head.bias)
-        return mu, (spread + extra).clamp(min=self.config.min_sigma_sq)
+        s_seen = s.masked_fill(s == -math.inf, 0.0)  # masked centres add nothing to w_σᵀ s
+        extra = F.softplus(torch.matmul(s_seen, self.sigma_head.weight[0]) + self.sigma_head.bias)
+        log_mass = torch.logsumexp(s, dim=-1)  # log Σ_n exp(s_n)  [b, H, Q]
+        return mu, (spread + extra).clamp(min=c.min_sigma_sq), log_mass
 
     def _expected_values(
         self, mu: torch.Tensor, sigma_sq: torch.Tensor, v: torch.Tensor
@@ -267,10 +324,11 @@ class LongTermAttention(nn.Module):
 @contextmanager
 def record_reads(model: nn.Module) -> Iterator[list[list[LongTermAttentionOutput]]]:
     """Every read of every `LongTermAttention` in `model` while the block runs: one list per
-    layer (in module order), one output per call, with their graphs, for a loss on where the
-    reads land (the facts task's `read_weight`)."""
+    layer (in module order), one output per call (a `LongTermAttentionOutput`, or a `HeadsRead`
+    for a read merged into a pretrained model's heads), with their graphs, for a loss on where
+    the reads land (the facts task's `read_weight`)."""
     layers = [m for m in model.modules() if isinstance(m, LongTermAttention)]
-    reads: list[list[LongTermAttentionOutput]] = [[] for _ in layers]
+    reads: list[list[LongTermAttentionOutput | HeadsRead]] = [[] for _ in layers]
     handles = [
         layer.register_forward_hook(lambda module, args, out, i=i: reads[i].append(out))
         for i, layer in enumerate(layers)

@@ -16,14 +16,38 @@ from .ridge import update_gain
 MAX_UPDATE_GAIN = 0.95
 
 DENSITY_FORMS = ("paper", "normalized", "content")
+# how a pretrained model's block uses its read (`inftyformer.hf`): added to the attention output
+# (the paper's), or merged into the base's own heads by attention mass (`hf/head_read.py`)
+MEMORY_READS = ("added", "heads")
 
 
-def check_density(density: object, sigma_init: object) -> None:
+def check_density(
+    density: object, sigma_init: object, sharpness: object = 1.0, sink_edge: object = 0.0
+) -> None:
     """The density settings of a long-term memory (shared by the native and pretrained configs)."""
     if density not in DENSITY_FORMS:
         raise ValueError(f"density must be one of {DENSITY_FORMS}, got {density!r}")
     if sigma_init is not None:
         check_range("sigma_init", sigma_init, 0.0, 10.0, low_open=True)
+    check_range("sharpness", sharpness, 0.0, 1e6, low_open=True)
+    check_range("sink_edge", sink_edge, 0.0, 0.5)
+    if density != "content" and (sharpness != 1.0 or sink_edge != 0.0):
+        raise ValueError(
+            "sharpness and sink_edge shape the content density: set density='content' "
+            f"(got density={density!r})"
+        )
+
+
+def check_memory_read(memory_read: object, density: object) -> None:
+    """`memory_read` of a pretrained model's memory: one of MEMORY_READS; "heads" reads with the
+    content density."""
+    if memory_read not in MEMORY_READS:
+        raise ValueError(f"memory_read must be one of {MEMORY_READS}, got {memory_read!r}")
+    if memory_read == "heads" and density != "content":
+        raise ValueError(
+            "memory_read='heads' reads with the content density: set density='content' "
+            f"(got {density!r})"
+        )
 
 
 # The settings of a trained long-term memory that may change (`--resume --allow-changes`, or
@@ -68,6 +92,13 @@ class LongTermConfig:
     # first, so that μ and σ depend on the query however small s is (at initialisation);
     # "content" matches the density to a softmax over the basis keys (retrieval by content)
     density: str = "normalized"
+    # "content" only: β of p_n = softmax(β s_n + w_μ,n), how sharply a read settles on the best
+    # match (the log-mass of a read, `LongTermAttention.read_heads`, uses s itself)
+    sharpness: float = 1.0
+    # "content" only: the centres c_n < sink_edge are not read. The oldest edge of the signal
+    # holds the document's first tokens, where a pretrained model parks attention it does not
+    # need (the attention sink); a window recomputed before each segment has its own.
+    sink_edge: float = 0.0
     # σ of every density at initialisation (the bias of w_σ); None: PyTorch's default
     # initialisation of the head, the paper's (σ ≈ 0.83)
     sigma_init: float | None = None
@@ -91,7 +122,7 @@ class LongTermConfig:
         # where the densities are computed (σ² = 1e300 passed a finiteness check, then failed)
         check_range("sigma_0", self.sigma_0, 0.0, MAX_WIDTH, low_open=True)
         check_range("min_sigma_sq", self.min_sigma_sq, 0.0, MAX_WIDTH**2, low_open=True)
-        check_density(self.density, self.sigma_init)
+        check_density(self.density, self.sigma_init, self.sharpness, self.sink_edge)
         if self.out_dim is not None:
             check_positive_int("out_dim", self.out_dim)
         for name in ("edge_padding", "conv_gate", "sticky", "query_projection"):
@@ -166,6 +197,8 @@ __all__ = [
     "DERIVED_SETTINGS",
     "MAX_UPDATE_GAIN",
     "LongTermConfig",
+    "MEMORY_READS",
     "check_density",
+    "check_memory_read",
     "check_update_gain",
 ]

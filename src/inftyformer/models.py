@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ._checks import check_memory_layers, check_positive_int, check_range
 from .basis import check_widths
 from .config import MEMORY_SETTINGS, ModelConfig
+from .long_term_config import check_memory_read
 from .long_term_memory import CHANGEABLE_SETTINGS, check_density
 from .model import LMOutput
 from .state import MemoryState
@@ -64,6 +65,11 @@ class PretrainedMemoryConfig:
     edge_padding: bool = True
     density: str = "normalized"  # "paper", "normalized" or "content" (long_term_attention.py)
     sigma_init: float | None = None  # σ at initialisation; None: the paper's (≈ 0.83)
+    sharpness: float = 1.0  # "content": β of the discrete attention over the basis centres
+    sink_edge: float = 0.0  # "content": the centres before it are not read
+    # "added" (the paper's read, added to the attention output) or "heads" (the base's own heads
+    # read the memory, merged by attention mass: `inftyformer.hf.head_read`)
+    memory_read: str = "added"
     memory_layers: tuple[int, ...] | None = None  # the blocks with a memory; None: every block
     vocab_size: int = 0  # read from the base's config.json
 
@@ -89,7 +95,8 @@ class PretrainedMemoryConfig:
         if self.window is not None:
             check_positive_int("window", self.window, minimum=0)
         object.__setattr__(self, "widths", check_widths(self.widths, self.num_basis))
-        check_density(self.density, self.sigma_init)
+        check_density(self.density, self.sigma_init, self.sharpness, self.sink_edge)
+        check_memory_read(self.memory_read, self.density)
         data = json.loads(config.read_text(encoding="utf-8"))
         data = data.get("text_config", data)  # a saved memory model nests the base's
         if self.memory_layers is not None:
@@ -158,6 +165,8 @@ PRETRAINED_MEMORY_SETTINGS = (
     "window",
     *CHANGEABLE_SETTINGS,  # the long-term memory's
     "sigma_0",
+    "sharpness",
+    "sink_edge",
     "kl_weight",
     "memory_lr",
     "density_lr",

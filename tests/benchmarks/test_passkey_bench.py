@@ -1,6 +1,6 @@
 """benchmarks/passkey.py end to end on a tiny random model: every row sees the same prompts, the
-untrained memory row equals the base with the same window (the read starts at zero), and the
-report renders from its JSON."""
+untrained memory row equals the base with the same window (the read starts at zero), the heads
+row differs from it, and the report renders from its JSON."""
 
 import json
 
@@ -13,13 +13,17 @@ def test_the_quick_side_by_side_runs_and_the_untrained_row_is_the_window_row(tmp
     passkey.main(["--quick", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "passkey.json").read_text())
     rows = data["rows"]
-    assert set(rows) == {"window", "full", "untrained"}
+    assert set(rows) == {"window", "full", "untrained", "heads"}
     assert data["parity"] == 0.0
     for d in ("40", "90"):
         assert rows["untrained"]["passkey"][d] == rows["window"]["passkey"][d]
         assert rows["full"]["passkey"][d]["tokens"] == rows["window"]["passkey"][d]["tokens"]
     report = (tmp_path / "passkey.md").read_text()
     assert "(iii) memory, untrained" in report and "gap closed" in report
+    assert "which blocks' heads find the key" in report
+    assert rows["heads"]["settings"]["memory_read"] == "heads"
+    # the heads read is not zero at initialisation: with something in memory it moves the NLL
+    assert rows["heads"]["passkey"]["90"]["nll"] != rows["window"]["passkey"]["90"]["nll"]
     passkey.main(["--render-only", "--out", str(tmp_path)])
     assert (tmp_path / "passkey.md").read_text() == report
 

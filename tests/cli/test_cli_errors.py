@@ -12,8 +12,8 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from inftyformer import cli
 from inftyformer.cli import EXIT_DIVERGED, EXIT_USAGE, app
+from inftyformer.commands import evaluate as evaluate_command
 
 runner = CliRunner()
 
@@ -125,7 +125,7 @@ def test_evaluate_json_write_failure_keeps_the_result_on_stdout(run_dir, tmp_pat
     def disk_full(path, text):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(cli, "write_text_atomic", disk_full)
+    monkeypatch.setattr(evaluate_command, "write_atomic", disk_full)
     target = tmp_path / "out.json"
     result = run("evaluate", run_dir, "--json", target, "--batches", 1)
     assert_one_line_error(result, EXIT_USAGE, "no space left.*written to stdout instead")

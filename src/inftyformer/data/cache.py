@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._files import atomic_path
+from .._files import atomic_path, write_atomic
 from .tokenized import TokenizedCorpus
 from .tokenizer import TextTokenizer
 
@@ -50,11 +50,6 @@ def _cache_paths(cache_dir: Path, reader: str, split: str, key: str) -> tuple[Pa
     return cache_dir / f"{stem}.tokens.npy", cache_dir / f"{stem}.meta.json"
 
 
-def _atomic_write(path: Path, write) -> None:
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        write(f)
-
-
 def _save_cache(corpus: TokenizedCorpus, tokens_path: Path, meta_path: Path) -> None:
     tokens_path.parent.mkdir(parents=True, exist_ok=True)
     meta = {
@@ -68,10 +63,11 @@ def _save_cache(corpus: TokenizedCorpus, tokens_path: Path, meta_path: Path) -> 
         "eos_id": corpus.eos_id,
         "tokenizer_name": corpus.tokenizer_name,
     }
-    _atomic_write(tokens_path, lambda f: np.save(f, np.ascontiguousarray(corpus.tokens)))
+    with atomic_path(tokens_path) as tmp, open(tmp, "wb") as f:
+        np.save(f, np.ascontiguousarray(corpus.tokens))
     meta["tokens_sha256"] = _file_sha256(tokens_path)  # a rewritten token file is noticed
     # The metadata goes last: its presence means the token file is complete.
-    _atomic_write(meta_path, lambda f: f.write(json.dumps(meta).encode()))
+    write_atomic(meta_path, json.dumps(meta))
 
 
 def _file_sha256(path: Path) -> str:

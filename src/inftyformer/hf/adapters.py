@@ -9,11 +9,17 @@ An adapter names three places, as dotted attribute paths:
                       memory's queries are computed from.
     attention_output  inside a block: the attention's output projection. Its output [batch, T, d]
                       gets the long-term read added, before the residual connection.
+    attention         inside a block: the attention module (its projections, for a memory read
+                      by the base's own heads, `head_read.py`)
+    rotary            from the *ForCausalLM model: the rotary embedding module, or "" when
+                      positions are absolute
 
                        GPT2LMHeadModel    LlamaForCausalLM (SmolLM2, TinyLlama, Llama-3 shapes)
     blocks             transformer.h      model.layers
     attention_input    ln_1               input_layernorm
     attention_output   attn.c_proj        self_attn.o_proj
+    attention          attn               self_attn
+    rotary             (absolute)         model.rotary_emb
 
 Adding an architecture is one more entry in `ADAPTERS` whose block has a pre-norm attention and a
 separate output projection; `tests/hf` shows how to check it (parity at initialisation).
@@ -39,6 +45,8 @@ class BlockAdapter:
     blocks: str
     attention_input: str
     attention_output: str
+    attention: str
+    rotary: str
 
     def block_list(self, model: nn.Module) -> list[nn.Module]:
         return list(_resolve(model, self.blocks))
@@ -51,12 +59,28 @@ class BlockAdapter:
         """The attention output projection of each block (the read is added to its output)."""
         return [_resolve(block, self.attention_output) for block in self.block_list(model)]
 
+    def attentions(self, model: nn.Module) -> list[nn.Module]:
+        """The attention module of each block."""
+        return [_resolve(block, self.attention) for block in self.block_list(model)]
+
+    def rotary_embedding(self, model: nn.Module) -> nn.Module | None:
+        """The rotary embedding module (called as `rotary(x, position_ids)` → cos, sin), or None
+        for absolute positions."""
+        return _resolve(model, self.rotary) if self.rotary else None
+
 
 ADAPTERS: dict[str, BlockAdapter] = {
     adapter.architecture: adapter
     for adapter in (
-        BlockAdapter("GPT2LMHeadModel", "transformer.h", "ln_1", "attn.c_proj"),
-        BlockAdapter("LlamaForCausalLM", "model.layers", "input_layernorm", "self_attn.o_proj"),
+        BlockAdapter("GPT2LMHeadModel", "transformer.h", "ln_1", "attn.c_proj", "attn", ""),
+        BlockAdapter(
+            "LlamaForCausalLM",
+            "model.layers",
+            "input_layernorm",
+            "self_attn.o_proj",
+            "self_attn",
+            "model.rotary_emb",
+        ),
     )
 }
 

@@ -10,6 +10,10 @@
                     holds what left it. None: one segment (W = L), as far as the base's positions
                     allow (W + L ≤ max_position_embeddings); 0: each call attends within itself
     kl_weight       weight of the variance-KL term in the loss (`variance_kl`)
+    memory_read     how a block uses its read: "added" (the paper's: its own projections, the
+                    read added to the attention output, zero at initialisation) or "heads"
+                    (ours: the base's own heads read the memory and merge it by attention mass,
+                    `head_read.py`; needs density="content" and the base's number of heads)
     memory_layers   the blocks (0-based) that get a long-term memory; None: every block. A few
                     late blocks train far fewer parameters, and the backward pass stops at the
                     first of them when the base is frozen (`docs/hf.md`)
@@ -28,12 +32,13 @@ from transformers.configuration_utils import SubConfigSpec
 
 from .._checks import check_memory_layers, check_positive_int, check_range
 from ..basis import check_widths
+from ..long_term_config import check_memory_read
 from ..long_term_memory import DERIVED_SETTINGS, LongTermConfig
 from .adapters import adapter_for
 
 # the LongTermConfig fields a user may set; dim, out_dim and query_projection follow from the base
 MEMORY_FIELDS = tuple(f.name for f in fields(LongTermConfig) if f.name not in DERIVED_SETTINGS)
-MODEL_FIELDS = ("segment_len", "window", "kl_weight", "memory_layers")
+MODEL_FIELDS = ("segment_len", "window", "kl_weight", "memory_layers", "memory_read")
 
 
 class InftyformerConfig(PretrainedConfig):
@@ -57,6 +62,9 @@ class InftyformerConfig(PretrainedConfig):
     min_sigma_sq: float = 1e-4
     density: str = "normalized"  # "paper", "normalized" or "content" (long_term_attention.py)
     sigma_init: float | None = None  # σ at initialisation; None: the paper's (≈ 0.83)
+    sharpness: float = 1.0  # "content": β of the discrete attention over the centres
+    sink_edge: float = 0.0  # "content": centres before it are not read
+    memory_read: str = "added"  # "added" (paper) or "heads" (head_read.py)
     segment_len: int = 512
     window: int | None = None  # None: one segment, within the base's positions; 0: none
     kl_weight: float = 1e-6
@@ -92,6 +100,13 @@ class InftyformerConfig(PretrainedConfig):
             self.memory_layers, getattr(text, "num_hidden_layers", None)
         )
         self.long_term_config()  # validates N, widths, λ, τ, M, σ₀ with named errors
+        check_memory_read(self.memory_read, self.density)
+        if self.memory_read == "heads":
+            if self.num_heads != int(text.num_attention_heads):
+                raise ValueError(
+                    f"memory_read='heads' reads with the base's {text.num_attention_heads} "
+                    f"heads, got num_heads={self.num_heads}"
+                )
 
     @property
     def memory_blocks(self) -> list[int]:

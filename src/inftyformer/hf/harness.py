@@ -29,6 +29,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
+from .._files import write_atomic
 from ..data.corpus import _split_files, split_flat_folder, text_layout
 from ..data.paths import SPLITS, resolve_data_dir
 
@@ -85,7 +86,7 @@ def write_task(
     folder = Path(task_dir).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.yaml"
-    path.write_text(json.dumps(task, indent=1) + "\n", encoding="utf-8")  # JSON is YAML
+    write_atomic(path, json.dumps(task, indent=1) + "\n")  # JSON is YAML
     return path
 
 

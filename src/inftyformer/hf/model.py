@@ -97,13 +97,27 @@ from transformers.utils import ModelOutput
 from .._checks import STATE_MAGNITUDE, check_token_ids
 from .._init import init_projection
 from ..basis import GaussianBasis
-from ..long_term_attention import LongTermAttention, LongTermAttentionOutput, PreparedMemory
+from ..long_term_attention import (
+    HeadsRead,
+    LongTermAttention,
+    LongTermAttentionOutput,
+    PreparedMemory,
+)
 from ..long_term_memory import LongTermMemory, LongTermState
 from ..model import IGNORE_INDEX, token_losses
 from ..short_term_memory import ShortTermState
 from ..state import LayerState, MemoryState, TokenWindow
 from .adapters import BlockAdapter, adapter_for
 from .config import MEMORY_FIELDS, MODEL_FIELDS, InftyformerConfig
+from .head_read import (
+    ATTENTION,
+    WindowMass,
+    head_projections,
+    init_from_heads,
+    merge_into_heads,
+    recording,
+    stop_recording,
+)
 from .segments import stream_forward
 from .window import WindowedInputs, pack
 
@@ -158,8 +172,11 @@ class _Call:
     layers: nn.ModuleList  # per memory layer: LayerMemory
     long_term: list[LongTermState]  # per memory layer: the memory this call reads
     normed: list[torch.Tensor | None]  # per memory layer: h_i [batch, T, d]
-    reads: list[LongTermAttentionOutput | None]
+    reads: list[LongTermAttentionOutput | HeadsRead | None]
     prepared: tuple[PreparedMemory, ...] | None = None  # per memory layer, unchanging memory
+    # memory_read="heads": per memory layer the attention module, and log Z_W of this call
+    attentions: list[nn.Module] | None = None
+    window_mass: WindowMass | None = None
 
 
 _OWNERS = itertools.count()
@@ -186,6 +203,14 @@ def _add_long_term_read(owner: int, index: int, module: nn.Module, args, output)
             "the architecture adapter names the wrong modules"
         )
     prepared = None if call.prepared is None else call.prepared[index]
+    if call.attentions is not None:  # memory_read="heads": merged into the base's heads
+        attention = call.attentions[index]
+        read = call.layers[index].attention
+        heads = read(h, call.long_term[index], check=False, prepared=prepared, heads=True)
+        call.reads[index] = heads
+        value_bias = head_projections(attention, heads.z.shape[1]).value_bias
+        log_window = call.window_mass.log_mass[id(attention)]
+        return merge_into_heads(output, args[0], heads, log_window, module, value_bias)
     read = call.layers[index].attention(h, call.long_term[index], check=False, prepared=prepared)
     call.reads[index] = read
     return output + read.context.to(output.dtype)  # W_o Attn(h) + LTM(h)
@@ -233,6 +258,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             self._hooks.append(
                 out.register_forward_hook(functools.partial(_add_long_term_read, self._owner, i))
             )
+        if config.memory_read == "heads":  # the base's heads read the memory (head_read.py)
+            base_model.set_attn_implementation(ATTENTION)
         if getattr(base_model, "generation_config", None) is not None:
             self.generation_config = copy.deepcopy(base_model.generation_config)
         self.post_init()
@@ -288,7 +315,17 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         keeps its own (pretrained) weights. HF calls this per leaf module, for the modules whose
         weights were not loaded; the basis buffers are constants recomputed from the config."""
         role = self._memory_roles().get(id(module))
-        if role == "projection":
+        if role == "projection" and self.config.memory_read == "heads":
+            for i, layer in enumerate(self.long_term):  # W^Q, W^K, W^V from the base's head
+                if module is layer.attention.query:
+                    init_from_heads(
+                        layer,
+                        self._blocks(self.adapter.attentions)[i],
+                        self.config.num_heads,
+                        self.adapter.rotary_embedding(self.base),
+                        self.config.window or self.config.segment_len,
+                    )
+        elif role == "projection":
             init_projection(module, self._init_std)
         elif role == "zero":
             nn.init.zeros_(module.weight)
@@ -297,6 +334,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             module.reset_parameters()
         elif role == "density":  # w_μ, w_σ: PyTorch's default, then σ where the config puts it
             module.reset_parameters()
+            if self.config.memory_read == "heads":  # a head reads where its content matches:
+                nn.init.zeros_(module.weight)  # no prior over places, no extra variance
             for layer in self.long_term:
                 if module is layer.attention.sigma_head:
                     layer.attention.init_sigma_bias()
@@ -348,6 +387,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+        if self.config.memory_read == "heads":
+            self.base.set_attn_implementation("sdpa")
         return self.base
 
     # ------------------------------------------------------------------ parameter groups
@@ -670,12 +711,16 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             reads=[None] * self.num_layers,
             prepared=read_cache,
         )
+        if self.config.memory_read == "heads":
+            call.attentions = self._blocks(self.adapter.attentions)
+            call.window_mass = WindowMass({id(m) for m in call.attentions})
         keep = logits_to_keep
         if inputs.context and isinstance(keep, torch.Tensor):
             keep = keep + inputs.context  # indices into this call's positions
         elif inputs.context and keep == 0:  # the window's positions are context only: their
             keep = inputs.ids.shape[1] - inputs.context  # logits are never computed
         token = _ACTIVE.set(call)
+        mass = None if call.window_mass is None else recording(call.window_mass)
         try:
             base_out = self.base(
                 input_ids=inputs.ids,
@@ -687,6 +732,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                 **kwargs,
             )
         finally:
+            if mass is not None:
+                stop_recording(mass)
             _ACTIVE.reset(token)
         if any(r is None for r in call.reads):
             missing = [self.memory_blocks[i] for i, r in enumerate(call.reads) if r is None]
@@ -714,6 +761,10 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         memory_loss = self.config.kl_weight * kl
         for zero in unused:
             memory_loss = memory_loss + zero
+        if self.config.memory_read == "heads":  # the reads' own output projections are unused
+            for layer in self.long_term:
+                out = layer.attention.out
+                memory_loss = memory_loss + 0.0 * (out.weight.sum() + out.bias.sum())
 
         logits = base_out.logits
         output = InftyformerOutput(

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .._files import write_atomic
+
 LOADER = "inftyformer_auto"  # the module's name in the folder (LOADER.py)
 AUTO_MAP = {
     "AutoConfig": f"{LOADER}.InftyformerConfig",
@@ -47,7 +49,7 @@ def mark_config(config) -> None:
 def write_loader(directory: str | Path) -> Path:
     """Write the loader module into a saved model's folder; returns its path."""
     path = Path(directory) / f"{LOADER}.py"
-    path.write_text(SOURCE, encoding="utf-8")
+    write_atomic(path, SOURCE)
     return path
 
 

@@ -28,6 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from .._files import atomic_path, write_atomic
 from ..base_weights import BaseReference, weight_files
 from .config import MEMORY_FIELDS, MODEL_FIELDS, InftyformerConfig
 
@@ -93,14 +94,15 @@ def save_adapter(model: Any, directory: str | Path, base_model: str | Path | Non
         if not k.startswith(PREFIX)
     }
     model.config.save_pretrained(directory)
-    save_file(tensors, directory / ADAPTER_WEIGHTS, metadata={"format": "pt"})
+    with atomic_path(directory / ADAPTER_WEIGHTS) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
     info = {
         "format": FORMAT,
         "base_model_name_or_path": reference.path,
         "base_model_sha256": reference.sha256,
         "base_weights_prefix": PREFIX,
     }
-    (directory / ADAPTER_CONFIG).write_text(json.dumps(info, indent=1), encoding="utf-8")
+    write_atomic(directory / ADAPTER_CONFIG, json.dumps(info, indent=1))
     return directory
 
 

@@ -1,6 +1,6 @@
-"""Training: the loop (`trainer`), its settings (`config`), checkpoints, saved runs (`runs`),
-metric logs and the distributed set-up. It knows the task contract (`inftyformer.tasks`), never a
-particular task."""
+"""Training: the loop (`trainer`, with its parts `optim`, `step`, `evaluation`, `resume` and
+`run_state`), its settings (`config`), checkpoints, saved runs (`runs`), metric logs and the
+distributed set-up. It knows the task contract (`inftyformer.tasks`), never a particular task."""
 
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from .config import TrainConfig, parse_overrides

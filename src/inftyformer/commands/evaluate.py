@@ -1,0 +1,104 @@
+"""`inftyformer evaluate`: score a saved run on a split of its data, or on other text, with
+the evaluation memory settings given, print its metrics and write them as JSON on request."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+
+from .._files import write_atomic
+from ..configure import split_settings, task_settings
+from ..errors import CommandError, check_output_file, os_message
+
+
+def run_evaluate(
+    checkpoint: Path,
+    split: str,
+    batches: int | None,
+    device: str,
+    *,
+    data_dir: str | None,
+    settings: list[str],
+    batch_size: int | None,
+    max_docs: int | None,
+    max_tokens: int | None,
+    base_model: str | None,
+    json_out: Path | None,
+    progress: bool,
+) -> None:
+    """Evaluate `checkpoint` (see `inftyformer evaluate --help`); `progress`: show a bar."""
+    from ..training import evaluate_run, read_configs
+    from ..training.config import parse_overrides
+
+    for name, value in (("batches", batches), ("batch-size", batch_size)):
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be >= 1, got {value}")
+    to_stdout = json_out is not None and str(json_out) == "-"
+    if json_out is not None and not to_stdout:
+        check_output_file(json_out, "--json")  # before a long evaluation, not after it
+    saved_train, _, saved_model = read_configs(checkpoint, base_model)
+    task = saved_train.task
+    text = split_settings(settings, task, type(saved_model))
+    if text["train"]:
+        raise ValueError(f"train settings cannot change at evaluation: {sorted(text['train'])}")
+    memory = parse_overrides(type(saved_model), text["model"], "model")
+    options = dict(eval_data=data_dir, max_docs=max_docs, max_tokens=max_tokens)
+    task_values = task_settings(task, options, text["task"], {"eval_data": "--data-dir"})
+    start = time.perf_counter()
+    metrics, evaluation, task_obj = evaluate_run(
+        checkpoint,
+        split,
+        batches,
+        device,
+        memory_settings=memory,
+        task_settings=task_values,
+        batch_size=batch_size,
+        progress=progress,
+        base_model=base_model,
+    )
+    seconds = time.perf_counter() - start
+    typer.echo(f"{_evaluated(split, data_dir)} {task_obj.describe(metrics)} ({seconds:.1f} s)")
+    typer.echo("  " + ", ".join(f"{k} {task_obj.format_metric(k, v)}" for k, v in metrics.items()))
+    if memory:
+        typer.echo("  evaluation memory: " + ", ".join(f"{k}={v}" for k, v in memory.items()))
+    if json_out is None:
+        return
+    payload = {
+        "checkpoint": str(checkpoint),
+        "task": task,
+        "split": split,
+        "metrics": metrics,
+        "sums": evaluation.sums,
+        "memory_settings": memory,
+        "task_config": task_obj.config.to_dict(),
+        "model_config": task_obj.model_config.to_dict(),
+        "details": evaluation.details,
+    }
+    document = json.dumps(payload, indent=1)
+    if to_stdout:
+        typer.echo(document)
+        return
+    try:
+        write_atomic(json_out, document)
+    except OSError as err:
+        typer.echo(document)  # the evaluation is not lost
+        raise CommandError(
+            f"could not write --json {json_out} ({os_message(err, 'choose another path')}); "
+            "the result was written to stdout instead"
+        ) from err
+    typer.echo(f"  wrote {json_out}")
+
+
+def _evaluated(split: str, data_dir: str | None) -> str:
+    """What was scored, as the result line's label: the split of the run's data ('test'), or
+    the text given with --data-dir (its SPLIT/ folder when it has one)."""
+    if data_dir is None:
+        return split
+    if data_dir == "-":
+        return "standard input:"
+    if (Path(data_dir).expanduser() / split).is_dir():
+        return f"{data_dir} ({split}):"
+    return f"{data_dir}:"

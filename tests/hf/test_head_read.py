@@ -1,0 +1,223 @@
+"""memory_read="heads": the base's own heads read the memory and merge it by attention mass
+(`inftyformer.hf.head_read`). Checked against hand computations: the recorded window mass, the
+rotated query's scores against rotary attention, the merge against one softmax over window and
+memory places; then the model: the base's logits with an empty memory, generation equal to
+recomputation, save/load, and the settings' errors."""
+
+import math
+
+import pytest
+import torch
+from tiny_hf import MEMORY, V, tiny_base, with_settings
+
+from inftyformer.hf import add_long_term_memory
+from inftyformer.hf.head_read import (
+    WindowMass,
+    init_from_heads,
+    merge_into_heads,
+    recording,
+    stop_recording,
+    window_attention,
+)
+from inftyformer.long_term_attention import HeadsRead
+
+HEADS = dict(density="content", memory_read="heads", sharpness=10.0, sink_edge=0.01, window=8)
+
+
+def heads_model(arch: str, seed: int = 0, **settings):
+    return add_long_term_memory(tiny_base(arch, seed), **{**MEMORY, **HEADS, **settings}).eval()
+
+
+def test_window_attention_records_the_log_mass_of_each_head_and_query():
+    """Grouped-query heads and an additive mask with a padded row: the output is scaled dot-
+    product attention's and log Z_W is logsumexp of the masked scores, computed by hand."""
+    torch.manual_seed(0)
+    b, H, Hkv, T, d = 2, 4, 2, 5, 8
+    q, k, v = torch.randn(b, H, T, d), torch.randn(b, Hkv, T, d), torch.randn(b, Hkv, T, d)
+    allowed = torch.ones(T, T).tril().bool().expand(b, 1, T, T).clone()
+    allowed[1, :, :, 0] = False  # row 1: its first token is padding
+    allowed[1, :, 0, 0] = True  # (a query must see something)
+    mask = torch.zeros(b, 1, T, T).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    module = torch.nn.Module()
+    mass = WindowMass({id(module)})
+    token = recording(mass)
+    try:
+        out, _ = window_attention(module, q, k, v, mask, scaling=d**-0.5)
+    finally:
+        stop_recording(token)
+    k_full, v_full = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    s = (q @ k_full.transpose(-1, -2)) / math.sqrt(d) + mask
+    want = torch.softmax(s, -1) @ v_full  # [b, H, T, d]
+    assert torch.allclose(out, want.transpose(1, 2), atol=1e-6)
+    assert torch.allclose(mass.log_mass[id(module)], torch.logsumexp(s, -1), atol=1e-6)
+    # a module no memory block merges into runs without recording
+    plain = torch.nn.Module()
+    plain.num_key_value_groups, plain.is_causal = 2, True  # what HF's attention modules carry
+    other, _ = window_attention(plain, q, k, v, mask, scaling=d**-0.5)
+    assert torch.allclose(other, out, atol=1e-5) and len(mass.log_mass) == 1
+
+
+def test_the_memory_queries_score_like_rotary_attention_delta_tokens_back():
+    """Llama: W^Q h₁ · W^K h₂ of the initialised read equals the base's rotary score of a query
+    at position m and a key at m − Δ (any m), for every head, grouped-query keys included."""
+    base = tiny_base("llama")
+    model = heads_model("llama")
+    attention = base.model.layers[1].self_attn
+    layer = model.long_term[1]
+    delta, H, d = 8, 4, 8
+    h1, h2 = torch.randn(3, 32), torch.randn(3, 32)
+    q_mem = layer.attention.query(h1).view(3, H, d)
+    k_mem = layer.attention.key(h2).view(3, H, d)
+    ours = (q_mem * k_mem).sum(-1)  # [3, H]
+    rotary = base.model.rotary_emb
+    for m in (delta, 20, 50):
+        cos_q, sin_q = rotary(h1[None], torch.tensor([[m] * 3]))
+        cos_k, sin_k = rotary(h2[None], torch.tensor([[m - delta] * 3]))
+
+        def rope(x, cos, sin):  # x [3, heads, d]
+            turned = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1)
+            return x * cos[0][:, None] + turned * sin[0][:, None]
+
+        q = rope(attention.q_proj(h1).view(3, H, d), cos_q, sin_q)
+        k = rope(attention.k_proj(h2).view(3, 2, d), cos_k, sin_k).repeat_interleave(2, 1)
+        assert torch.allclose(ours, (q * k).sum(-1), atol=1e-5), m
+
+
+def test_a_heads_read_starts_without_a_prior_over_places_or_extra_variance():
+    """w_μ and w_σ are zero, so a query's place and width come from its scores alone: σ² is the
+    spread of the sharpened softmax (plus the floor's worth of extra variance)."""
+    model = heads_model("llama", min_sigma_sq=1e-6)
+    for layer in model.long_term:
+        assert layer.attention.mu_head.weight.abs().sum() == 0
+        assert layer.attention.sigma_head.weight.abs().sum() == 0
+    ids = torch.randint(1, V, (2, 8), generator=torch.Generator().manual_seed(2))
+    memory = model(ids, memory=model(ids).memory).memory
+    with torch.no_grad():
+        read = model.long_term[0].attention
+        h = torch.randn(2, 3, 32)
+        heads = read(h, memory.layers[0].long_term, heads=True)
+        q = read.query(h).view(2, 3, 4, 8).transpose(1, 2)
+        keys = read.prepare(memory.layers[0].long_term, h.dtype).keys  # [b, H, N, d] / √d
+        s = q @ keys.transpose(-1, -2)
+        c = read.basis.centers
+        s = s.masked_fill(c < 0.01, -math.inf)
+        p = torch.softmax(10.0 * s, -1)
+        mu = p @ c
+        var = (p * (c - mu[..., None]) ** 2).sum(-1) + 1e-6
+        assert torch.allclose(heads.mu, mu, atol=1e-6)
+        assert torch.allclose(heads.sigma_sq, var.clamp(min=1e-6), rtol=1e-4, atol=1e-9)
+
+
+def test_gpt2_memory_projections_are_the_fused_attention_parts():
+    base = tiny_base("gpt2")
+    model = heads_model("gpt2")
+    read = model.long_term[0].attention
+    h = torch.randn(4, 32)
+    qkv = base.transformer.h[0].attn.c_attn(h)  # [4, 3e]: q | k | v, with biases
+    assert torch.allclose(read.query(h), qkv[:, :32], atol=1e-6)
+    k_bias, v_bias = base.transformer.h[0].attn.c_attn.bias[32:64], qkv[:, 64:] - read.value(h)
+    assert torch.allclose(read.key(h), qkv[:, 32:64] - k_bias, atol=1e-6)
+    assert torch.allclose(v_bias, base.transformer.h[0].attn.c_attn.bias[64:].expand(4, -1))
+
+
+def test_the_merge_is_one_softmax_over_window_and_memory_places():
+    """A memory whose read is exactly one place (score s_p, value v_p) merged by mass gives the
+    softmax attention over the window's tokens and that place together; W_o applied after."""
+    torch.manual_seed(1)
+    b, H, T, S, d = 2, 3, 4, 6, 5
+    s_w, v_w = torch.randn(b, H, T, S) * 2, torch.randn(b, H, S, d)
+    s_p, v_p = torch.randn(b, H, T) * 2, torch.randn(b, H, T, d)
+    o_w = torch.softmax(s_w, -1) @ v_w  # [b, H, T, d]
+    projection = torch.nn.Linear(H * d, 7)
+    heads_in = o_w.transpose(1, 2).reshape(b, T, H * d)
+    read = HeadsRead(z=v_p, log_mass=s_p, mu=s_p, sigma_sq=s_p, kl=s_p.new_zeros(()))
+    merged = merge_into_heads(
+        projection(heads_in), heads_in, read, torch.logsumexp(s_w, -1), projection, None
+    )
+    p = torch.softmax(torch.cat([s_w, s_p.unsqueeze(-1)], -1), -1)
+    want = (p[..., :S] @ v_w) + p[..., S:] * v_p  # [b, H, T, d]
+    assert torch.allclose(merged, projection(want.transpose(1, 2).reshape(b, T, H * d)), atol=1e-5)
+    # an empty memory (log-mass −inf) leaves the output as it was
+    read.log_mass = torch.full_like(s_p, -math.inf)
+    same = merge_into_heads(
+        projection(heads_in), heads_in, read, torch.logsumexp(s_w, -1), projection, None
+    )
+    assert torch.equal(same, projection(heads_in))
+
+
+@torch.no_grad()
+def test_with_an_empty_memory_the_logits_are_the_bases_and_a_filled_one_changes_them(arch):
+    ids = torch.randint(1, V, (2, 8), generator=torch.Generator().manual_seed(3))
+    model = heads_model(arch)
+    want = tiny_base(arch)(ids).logits
+    first = model(ids)
+    assert torch.allclose(first.logits, want, atol=1e-5)
+    third = model(ids, memory=model(ids, memory=first.memory).memory)
+    assert (third.logits - want).abs().max() > 1e-3  # the memory holds the first segment now
+    assert torch.isfinite(third.logits).all()
+
+
+def test_every_memory_parameter_gets_a_gradient(arch):
+    model = heads_model(arch).train()
+    ids = torch.randint(1, V, (2, 8), generator=torch.Generator().manual_seed(4))
+    memory = model(ids, memory=model(ids).memory).memory
+    model(ids, memory=memory, labels=ids).loss.backward()
+    missing = [n for n, p in model.long_term.named_parameters() if p.grad is None]
+    assert missing == []
+    trained = model.long_term[0].attention
+    for p in (trained.query.weight, trained.key.weight, trained.value.weight):
+        assert p.grad.abs().sum() > 0
+
+
+@torch.no_grad()
+def test_greedy_generation_equals_recomputation_with_the_heads_read(arch):
+    model = heads_model(arch)
+    ids = torch.randint(1, V, (2, 16), generator=torch.Generator().manual_seed(5))
+    memory = model(ids[:, 8:], memory=model(ids[:, :8]).memory).memory
+    memory = model(ids[:, :8], memory=memory).memory  # something in the long-term memory
+    prompt = torch.randint(1, V, (2, 4), generator=torch.Generator().manual_seed(6))
+    greedy = dict(max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+    out = model.generate(prompt, memory=memory, **greedy)
+    one_call = with_settings(model, segment_len=8)
+    text = prompt
+    for _ in range(4):
+        logits = one_call(text, memory=memory).logits[:, -1]
+        text = torch.cat([text, logits.argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out.sequences, text)
+
+
+@torch.no_grad()
+def test_save_and_load_keep_the_heads_read(tmp_path, arch):
+    from inftyformer.hf import InftyformerForCausalLM
+
+    model = heads_model(arch)
+    ids = torch.randint(1, V, (2, 8), generator=torch.Generator().manual_seed(9))
+    memory = model(ids, memory=model(ids).memory).memory
+    model.save_pretrained(tmp_path)
+    loaded = InftyformerForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.memory_read == "heads"
+    assert torch.allclose(loaded(ids, memory=memory).logits, model(ids, memory=memory).logits)
+    base = loaded.unwrap()
+    assert base.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(memory_read="heads"), "content density"),
+        (dict(memory_read="heads", density="content", num_heads=2), "base's 4 heads"),
+        (dict(memory_read="rows"), "memory_read must be one of"),
+        (dict(sharpness=10.0), "set density='content'"),
+        (dict(density="content", sink_edge=0.7), "sink_edge"),
+        (dict(density="content", sharpness=0.0), "sharpness"),
+    ],
+)
+def test_settings_that_cannot_work_are_refused_by_name(settings, message):
+    with pytest.raises(ValueError, match=message):
+        add_long_term_memory(tiny_base("llama"), **{**MEMORY, **settings})
+
+
+def test_init_from_heads_refuses_an_attention_without_projections():
+    model = heads_model("llama")
+    with pytest.raises(ValueError, match="no query/key/value projections"):
+        init_from_heads(model.long_term[0], torch.nn.Linear(2, 2), 4)
