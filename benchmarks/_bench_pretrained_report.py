@@ -89,6 +89,24 @@ def goals(s: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _carried(s: dict[str, Any]) -> bool:
+    return all("run_checkpoint_bytes" in r for r in s["candidates"])
+
+
+def _timings_note(s: dict[str, Any]) -> list[str]:
+    """Where the timings come from, when an earlier run's were kept (`--keep-timings`)."""
+    kept = s.get("timings_from")
+    if kept is None:
+        return []
+    load = ", ".join(f"{x:.2f}" for x in kept["machine"]["load_average"])
+    return [
+        "",
+        f"Streaming timings kept from `{kept['command']}` (load average {load} when it started), "
+        "and its generation speed when the choice is the same; the sizes, the choice and the "
+        "command-line runs measured by the command above.",
+    ]
+
+
 def settings_markdown(s: dict[str, Any]) -> list[str]:
     row = s["candidates"][s["chosen"]]
     lines = [
@@ -103,7 +121,15 @@ def settings_markdown(s: dict[str, Any]) -> list[str]:
         f"{s['batch']} × L = {s['segment_len']} after two streamed segments (a window of L "
         "tokens, a segment waiting to be fitted) against the base on the same window + segment, "
         f"{s['repeats']} interleaved rounds, one torch thread; medians of per-round ratios. "
-        "Checkpoint: the memory's weights and AdamW's two moments in safetensors.",
+        "Checkpoint: the memory's weights and AdamW's two moments in safetensors"
+        + (
+            f"; a run's checkpoint also holds the memory its {s['train_batch']} streams carry "
+            "(per memory block N × d coefficients and the L × d inputs waiting to be fitted; "
+            "the window's token ids), which the choice counts."
+            if _carried(s)
+            else "."
+        ),
+        *_timings_note(s),
         "",
         common.markdown_table(
             [
@@ -111,6 +137,7 @@ def settings_markdown(s: dict[str, Any]) -> list[str]:
                 "N = M",
                 "trained parameters (of base)",
                 "adapter checkpoint (of base)",
+                *([f"run checkpoint, batch {s['train_batch']} (of base)"] if _carried(s) else []),
                 "forward ms/token",
                 "× base, same window (median [min, max])",
                 "bf16 autocast: × base bf16, speed-up over fp32",
@@ -121,6 +148,11 @@ def settings_markdown(s: dict[str, Any]) -> list[str]:
                     r["num_basis"],
                     f"{r['trained_params'] / 1e6:.2f}M ({r['trained_fraction']:.1%})",
                     f"{_mb(r['checkpoint_bytes'])} ({r['checkpoint_fraction']:.1%})",
+                    *(
+                        [f"{_mb(r['run_checkpoint_bytes'])} ({r['run_checkpoint_fraction']:.1%})"]
+                        if _carried(s)
+                        else []
+                    ),
                     f"{r['stream']['ms_per_token']:.2f}",
                     f"{r['stream']['ratio_to_base']:.2f}× [{r['stream']['ratio_min']:.2f}, "
                     f"{r['stream']['ratio_max']:.2f}]",
@@ -244,7 +276,7 @@ def hf_section(s: dict[str, Any]) -> str:
                 "memory blocks",
                 "N = M",
                 "trained (of base)",
-                "checkpoint (of base)",
+                "checkpoint of a run (of base)" if _carried(s) else "checkpoint (of base)",
                 "streaming × base",
             ],
             [
@@ -252,7 +284,7 @@ def hf_section(s: dict[str, Any]) -> str:
                     _layers(r) + (" (recommended)" if i == s["chosen"] else ""),
                     r["num_basis"],
                     f"{r['trained_fraction']:.1%}",
-                    f"{r['checkpoint_fraction']:.1%}",
+                    f"{r.get('run_checkpoint_fraction', r['checkpoint_fraction']):.1%}",
                     f"{r['stream']['ratio_to_base']:.2f}×",
                 ]
                 for i, r in enumerate(s["candidates"])

@@ -106,6 +106,19 @@ def adapter_checkpoint_bytes(model) -> int:
         return path.stat().st_size
 
 
+def carried_state_bytes(model, ids, L: int) -> int:
+    """Bytes (safetensors) of the memory a training run carries for ids' rows after three
+    segments (a filled memory, a segment waiting to be fitted, a window): what a run's checkpoint
+    holds besides the adapter's weights and moments, to resume its streams exactly."""
+    from safetensors.torch import save
+
+    memory = None
+    with torch.no_grad():
+        for k in range(3):
+            memory = model(ids[:, k * L : (k + 1) * L], memory=memory).memory
+    return len(save({k: v.contiguous() for k, v in memory.tensors().items()}))
+
+
 def _bf16():
     return torch.autocast("cpu", dtype=torch.bfloat16)
 
@@ -168,12 +181,14 @@ def streaming_cost(base, models: dict[str, Any], ids, L: int, repeats: int, bf16
 
 
 def choose(rows: list[dict[str, Any]]) -> int:
-    """Index of the first candidate (most memory first) meeting the parameter, checkpoint and
-    streaming goals; else the one with the lowest streaming ratio."""
+    """Index of the first candidate (most memory first) meeting the parameter, checkpoint (a
+    run's: with the memory it carries, when measured) and streaming goals; else the one with the
+    lowest streaming ratio."""
     for i, row in enumerate(rows):
         if (
             row["trained_fraction"] <= GOALS["trained_fraction"]
-            and row["checkpoint_fraction"] <= GOALS["checkpoint_fraction"]
+            and row.get("run_checkpoint_fraction", row["checkpoint_fraction"])
+            <= GOALS["checkpoint_fraction"]
             and row["stream"]["ratio_to_base"] <= GOALS["stream_ratio"]
         ):
             return i
@@ -322,9 +337,13 @@ def measure_generation(base, model, ids, args, activate) -> dict[str, Any]:
     return generation
 
 
-def measure(base, model_dir: Path | None, ids, args, books: list[Path], activate) -> dict[str, Any]:
+def measure(
+    base, model_dir: Path | None, ids, args, books: list[Path], activate, previous=None
+) -> dict[str, Any]:
     """Every candidate's parameters, checkpoint size and streaming cost; the choice; at the
-    chosen setting bf16, generation speed and (with a model directory) the command line."""
+    chosen setting bf16, generation speed and (with a model directory) the command line.
+    `previous` (an earlier result, `--keep-timings`): its streaming timings are kept, and its
+    generation speed when the choice is the same; sizes and the command line are measured."""
     L = args.segment_len
     layers = int(base.config.num_hidden_layers)
     sizes = (16, 8) if args.tiny else (512, 256)
@@ -339,9 +358,22 @@ def measure(base, model_dir: Path | None, ids, args, books: list[Path], activate
         row["trained_fraction"] = row["trained_params"] / base_params
         row["checkpoint_bytes"] = adapter_checkpoint_bytes(model)
         row["checkpoint_fraction"] = row["checkpoint_bytes"] / size
+        row["carried_bytes"] = carried_state_bytes(model, ids[: args.batch], L)
+        row["run_checkpoint_bytes"] = row["checkpoint_bytes"] + row["carried_bytes"]
+        row["run_checkpoint_fraction"] = row["run_checkpoint_bytes"] / size
     bf16 = {row["name"] for row in rows if row["memory_layers"] is not None}
-    cost_ids = ids[: args.cost_batch, : 3 * L]
-    stream = streaming_cost(base, models, cost_ids, L, args.settings_repeats, bf16)
+    if previous is None:
+        cost_ids = ids[: args.cost_batch, : 3 * L]
+        stream = streaming_cost(base, models, cost_ids, L, args.settings_repeats, bf16)
+        timings = None
+    else:  # the earlier run's timings (a quiet machine), the rest measured now
+        stream = dict(previous["base_stream"])
+        old = {r["name"]: r for r in previous["candidates"]}
+        for row in rows:
+            stream[f"{row['name']}|fp32"] = old[row["name"]]["stream"]
+            if "stream_bf16" in old[row["name"]]:
+                stream[f"{row['name']}|bf16"] = old[row["name"]]["stream_bf16"]
+        timings = previous.get("timings_from") or {k: previous[k] for k in ("command", "machine")}
     print("settings cost", {k: round(v["ratio_to_base"], 3) for k, v in stream.items()})
     for row in rows:
         row["stream"] = stream[f"{row['name']}|fp32"]
@@ -352,7 +384,14 @@ def measure(base, model_dir: Path | None, ids, args, books: list[Path], activate
     for other in models.values():
         if other is not model:
             other.unwrap()
-    generation = measure_generation(base, model, ids, args, activate)
+    same = (
+        previous is not None
+        and previous["candidates"][previous["chosen"]]["name"] == (rows[chosen]["name"])
+    )
+    if same:
+        generation = previous["generation"]
+    else:
+        generation = measure_generation(base, model, ids, args, activate)
     cli = None
     if model_dir is not None and not args.no_cli:
         cli = command_line(model_dir, rows[chosen], books, args)
@@ -373,4 +412,5 @@ def measure(base, model_dir: Path | None, ids, args, books: list[Path], activate
         "chosen": chosen,
         "generation": generation,
         "command_line": cli,
+        **({} if timings is None else {"timings_from": timings}),
     }

@@ -342,6 +342,12 @@ def add_flags(parser) -> None:
     parser.add_argument("--no-cli", action="store_true", help="skip the command-line runs")
     parser.add_argument("--render-only", action="store_true", help="rewrite reports from JSON")
     parser.add_argument(
+        "--keep-timings",
+        action="store_true",
+        help="with --only-settings: keep the JSON's streaming timings (and its generation speed "
+        "if the choice is the same), measure sizes and the command line again",
+    )
+    parser.add_argument(
         "--only-generation", action="store_true", help="remeasure the recommended generation"
     )
 
@@ -382,10 +388,13 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = None if args.tiny else (args.model or setup.DEFAULT_MODEL)
     root = setup.data_dir()
     books = sorted((root / "pg19-mini" / "test").glob("*.txt")) if root else []
-    measured = settings.measure(base, model_dir, ids, args, books, activate)
+    result = json.loads(json_path.read_text()) if json_path.exists() else {}
+    if args.keep_timings and not (args.only_settings and "settings" in result):
+        parser.error("--keep-timings needs --only-settings and an earlier result in the JSON")
+    previous = result["settings"] if args.keep_timings else None
+    measured = settings.measure(base, model_dir, ids, args, books, activate, previous)
     measured["text"] = text
     if args.only_settings:
-        result = json.loads(json_path.read_text()) if json_path.exists() else {}
         result.update(
             settings=measured,
             markdown=_shown(args.out_dir / f"{stem}.md"),

@@ -24,6 +24,10 @@ def test_late_blocks_and_the_choice_rule():
     rows = [row(0.5, 1.0, 1.0), row(0.1, 0.2, over), row(0.1, 0.2, 1.1)]
     assert choose(rows) == 2  # the first meeting every goal
     assert choose(rows[:2]) == 0  # none: the cheapest to stream
+    # a run's checkpoint (with the memory it carries) counts when measured
+    heavy = {**row(0.1, 0.2, 1.0), "run_checkpoint_fraction": GOALS["checkpoint_fraction"] + 0.01}
+    light = {**row(0.1, 0.2, 1.1), "run_checkpoint_fraction": GOALS["checkpoint_fraction"]}
+    assert choose([heavy, light]) == 1
 
 
 def test_the_quick_run_measures_every_candidate_and_renders_from_json(tmp_path):
@@ -40,7 +44,19 @@ def test_the_quick_run_measures_every_candidate_and_renders_from_json(tmp_path):
     assert 0 <= s["chosen"] < len(s["candidates"])
     for c in s["candidates"]:
         assert c["trained_params"] > 0 and c["checkpoint_bytes"] > 0
+        assert c["carried_bytes"] > 0
+        assert c["run_checkpoint_bytes"] == c["checkpoint_bytes"] + c["carried_bytes"]
         assert c["stream"]["ratio_to_base"] > 0
+    assert "run checkpoint, batch" in (tmp_path / "pretrained_cost_tiny.md").read_text()
+    timings = [c["stream"] for c in s["candidates"]]
+    bench_pretrained.main(["--quick", "--only-settings", "--keep-timings", "--out-dir",
+                           str(tmp_path)])  # fmt: skip
+    kept = json.loads((tmp_path / "pretrained_cost_tiny.json").read_text())["settings"]
+    assert [c["stream"] for c in kept["candidates"]] == timings  # not measured again
+    assert kept["timings_from"]["command"] == s["command"]
+    assert "Streaming timings kept from" in (tmp_path / "pretrained_cost_tiny.md").read_text()
+    with pytest.raises(SystemExit):  # the whole run measures everything
+        bench_pretrained.main(["--quick", "--keep-timings", "--out-dir", str(tmp_path)])
     speeds = s["generation"]["rows"]
     assert set(speeds) == {"base, same prompt", "base, window + prompt", "memory model"}
     assert all(r["decode_tokens_per_s"] > 0 for r in speeds.values())
