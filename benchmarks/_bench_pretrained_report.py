@@ -101,8 +101,8 @@ def _timings_note(s: dict[str, Any]) -> list[str]:
     load = ", ".join(f"{x:.2f}" for x in kept["machine"]["load_average"])
     return [
         "",
-        f"Streaming timings kept from `{kept['command']}` (load average {load} when it started), "
-        "and its generation speed when the choice is the same; the sizes, the choice and the "
+        f"Streaming timings kept from `{kept['command']}` (load average {load} when it started; "
+        "the generation speed's run is named in its section); the sizes, the choice and the "
         "command-line runs measured by the command above.",
     ]
 

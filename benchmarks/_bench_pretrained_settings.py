@@ -14,6 +14,7 @@ through the command line, a frozen-base training run (peak RSS, its checkpoint) 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -258,22 +259,35 @@ def generation_speed(base, model, ids, L: int, prompt_len: int, new: int, repeat
 
 
 # ----------------------------------------------------------------------------- command line
+# The child runs under a small launcher that reports its resources: a process's peak RSS
+# (ru_maxrss) counts the memory of the process it was forked from until it execs, so a command
+# started straight from this (large) process would report at least this process's peak.
+_LAUNCHER = """
+import json, os, subprocess, sys, time
+start = time.perf_counter()
+child = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(child.pid, 0)
+report = {"wall_seconds": time.perf_counter() - start,
+          "cpu_seconds": usage.ru_utime + usage.ru_stime,
+          "peak_rss_bytes": usage.ru_maxrss * 1024}  # Linux: KiB
+with open(sys.argv[1], "w") as f:
+    json.dump(report, f)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def _run_child(cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """Run `cmd`, returning wall seconds, CPU seconds (user + system) and peak RSS (wait4)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    output = proc.stdout.read().decode(errors="replace")
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{output[-3000:]}")
-    return {
-        "wall_seconds": wall,
-        "cpu_seconds": usage.ru_utime + usage.ru_stime,
-        "peak_rss_bytes": usage.ru_maxrss * 1024,  # Linux: KiB
-        "output_tail": output[-600:],
-    }
+    """Run `cmd`, returning its wall seconds, CPU seconds (user + system) and peak RSS (wait4 in
+    a small launcher, so that this process's own memory is not counted)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "usage.json"
+        launch = [sys.executable, "-c", _LAUNCHER, str(report), *cmd]
+        proc = subprocess.run(launch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        output = proc.stdout.decode(errors="replace")
+        if proc.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{output[-3000:]}")
+        usage = json.loads(report.read_text())
+    return {**usage, "output_tail": output[-600:]}
 
 
 def small_corpus(root: Path, books: list[Path], chars: int) -> Path:

@@ -104,3 +104,22 @@ def test_the_hf_doc_block_is_replaced_between_its_markers(tmp_path):
     assert "1,3 (recommended)" in text
     doc.write_text("no markers\n")
     assert not update_hf_doc(doc, settings)
+
+
+def test_a_command_s_peak_rss_is_its_own_not_this_process_s():
+    import os
+    import sys
+
+    from _bench_pretrained_settings import _run_child
+
+    held = bytearray(400_000_000)  # this process: 400 MB more, touched
+    held[::4096] = b"\1" * len(held[::4096])
+    small = _run_child([sys.executable, "-c", "print('hi')"], dict(os.environ))
+    assert small["peak_rss_bytes"] < 150e6 and small["output_tail"].strip() == "hi"
+    assert small["wall_seconds"] > 0 and small["cpu_seconds"] > 0
+    big = _run_child([sys.executable, "-c", "b = bytearray(300_000_000); b[::4096] = b'1' * "
+                      "len(b[::4096])"], dict(os.environ))  # fmt: skip
+    assert 300e6 < big["peak_rss_bytes"] < 450e6
+    with pytest.raises(RuntimeError, match="failed"):
+        _run_child([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ))
+    del held
