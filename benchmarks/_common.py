@@ -210,15 +210,22 @@ def run_worker(
 
 # ----------------------------------------------------------------------------- output
 def write_json(path: str | Path, data: Any) -> None:
+    """Write `data` as JSON, whole or not at all (a kill mid-write keeps the old results)."""
+    from inftyformer._files import write_atomic  # here: a measuring worker does not import it
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    write_atomic(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
 
 
 def write_text(path: str | Path, text: str) -> None:
+    """Write `text` (ending in a newline), whole or not at all (the hand-kept notes inside a
+    report survive a kill mid-write)."""
+    from inftyformer._files import write_atomic
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text if text.endswith("\n") else text + "\n")
+    write_atomic(path, text if text.endswith("\n") else text + "\n")
 
 
 NOTES_BEGIN = "<!-- notes: kept when the script rewrites this file -->"

@@ -13,6 +13,8 @@ from typing import Any
 
 from _common import command_line, machine_info
 
+from inftyformer._files import write_atomic
+
 ROOT = Path(__file__).resolve().parents[1]
 FORMAT = 2  # layout of the report JSON (format 1: the scripts before this module)
 
@@ -41,7 +43,7 @@ def load_report(path: Path) -> dict[str, Any]:
 
 def write_report(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_atomic(path, json.dumps(data, indent=1, ensure_ascii=False) + "\n")  # whole or nothing
 
 
 def hand_notes(report_md: Path) -> str:

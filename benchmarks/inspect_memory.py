@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import kept_notes, machine_info
+from _common import kept_notes, machine_info, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 AGES = ("1", "10", "100")
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         old = [e for e in json.loads(path.read_text())["runs"] if e["name"] not in names]
         entries = old + entries
     data = {"segments": args.segments, "machine": machine_info(), "runs": entries}
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    write_json(path, data)
     render(data, args.out)
     print(f"wrote {args.out / 'memory.md'}")
     return 0

@@ -186,3 +186,34 @@ def test_committed_reports_render_from_their_json(module, report, tmp_path):
     assert (tmp_path / md).read_text(encoding="utf-8") == (report.parent / md).read_text(
         encoding="utf-8"
     )
+
+
+# --------------------------------------------------------------------------- writing results
+def test_a_full_disk_mid_write_keeps_the_old_results(tmp_path, monkeypatch):
+    """A report's JSON (measured figures) and a Markdown report with hand-kept notes are written
+    whole or not at all: a write that fails half-way leaves the old file and nothing beside it."""
+    import errno
+
+    import _common
+
+    def half_then_full(self, data, *args, **kwargs):
+        with open(self, "wb") as f:
+            f.write((data.encode() if isinstance(data, str) else data)[:5])
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    writers = [
+        (tmp_path / "r.json", lambda p: ex.write_report(p, {"new": 2})),
+        (tmp_path / "j.json", lambda p: _common.write_json(p, {"new": 2})),
+        (tmp_path / "m.md", lambda p: _common.write_text(p, "new\n")),
+    ]
+    for path, _ in writers:
+        path.write_text("old results\n")
+    monkeypatch.setattr(Path, "write_text", half_then_full)
+    monkeypatch.setattr(Path, "write_bytes", half_then_full)
+    for path, write in writers:
+        with pytest.raises(OSError, match="No space"):
+            write(path)
+    monkeypatch.undo()
+    for path, _ in writers:
+        assert path.read_text() == "old results\n", path
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["j.json", "m.md", "r.json"]
