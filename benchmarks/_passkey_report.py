@@ -23,9 +23,14 @@ ROWS = {
     "content-f6": "(viii) as (vii), σ² floor 1e-6 (min_sigma_sq; default 1e-4)",
     "content-n2048": "(ix) as (viii), N = 2,048, widths (0.00125, 0.0025)",
     "heads": "(x) the base's own heads read the memory, untrained (memory_read = heads)",
+    "heads-facts": "(xi) (x) trained on facts, answer loss only",
 }
 # the rows whose answer reads are recorded and tabled (trained with read supervision)
-READ_ROWS = ("facts", "facts-start", "content", "content-f6", "content-n2048", "heads")
+READ_ROWS = (
+    "facts", "facts-start", "content", "content-f6", "content-n2048", "heads", "heads-facts"
+)  # fmt: skip
+# the rows whose every block reads with the base's heads: which blocks find the key, compactly
+HEADS_ROWS = ("heads", "heads-facts")
 
 
 def render(data: dict[str, Any], out_dir: Path) -> None:
@@ -60,7 +65,7 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
                   for d, v in rows["full"]["passkey"].items()) + ".", ""]  # fmt: skip
     body = []
     for r in READ_ROWS:
-        if r == "heads":  # every block: one line per distance, below
+        if r in HEADS_ROWS:  # every block: one line per distance, below
             continue
         blocks = rows.get(r, {}).get("memory_layers") or []
         for d, v in rows.get(r, {}).get("passkey", {}).items():
@@ -78,20 +83,21 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
                   "the share of reads with the token within one σ of μ.", ""]  # fmt: skip
         lines += [ex.table(["row", "distance", "block", "|μ − key| tokens", "σ", "σ tokens",
                             "key within σ"], body, numeric_from=3), ""]  # fmt: skip
-    heads = rows.get("heads", {})
-    if heads.get("passkey"):
-        settings = ", ".join(f"{k} = {v}" for k, v in heads.get("settings", {}).items())
-        lines += ["## Row (x): which blocks' heads find the key", "",
-                  f"Every block reads its memory with its own heads ({settings}); nothing is "
-                  "trained. Per distance: the blocks in which some head's median |μ − key "
-                  "token| over the answer's queries is at most one token (block: head).",
-                  ""]  # fmt: skip
-        body = []
-        for d, v in heads["passkey"].items():
+    body = []
+    for r in HEADS_ROWS:
+        for d, v in rows.get(r, {}).get("passkey", {}).items():
             found = [f"{i}: {layer['best_head']}" for i, layer in enumerate(v.get("reads", []))
                      if layer and layer["best_head_distance_tokens"] <= 1.0]  # fmt: skip
-            body.append([f"d = {d}", str(len(found)), ", ".join(found) or "–"])
-        lines += [ex.table(["distance", "blocks", "block: head"], body), ""]
+            body.append([r, f"d = {d}", str(len(found)), ", ".join(found) or "–"])
+    if body:
+        settings = ", ".join(
+            f"{k} = {v}" for k, v in rows.get("heads", {}).get("settings", {}).items()
+        )
+        lines += ["## Rows (x), (xi): which blocks' heads find the key", "",
+                  f"Every block reads its memory with its own heads ({settings}). Per "
+                  "distance: the blocks in which some head's median |μ − key token| over the "
+                  "answer's queries is at most one token (block: head).", ""]  # fmt: skip
+        lines += [ex.table(["row", "distance", "blocks", "block: head"], body), ""]
     books = {r: rows[r]["books"] for r in order if "books" in rows[r]}
     if books:
         buckets = list(next(iter(books.values()))["buckets"])

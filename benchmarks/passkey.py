@@ -18,6 +18,7 @@ Rows (every one reads the same token streams):
     heads         untrained: every block's own attention heads read the memory and merge it by
                   attention mass (memory_read = heads, `inftyformer.hf.head_read`), with
                   --heads-sharpness and --heads-sink-edge
+    heads-facts   the heads read trained on facts, answer loss only (--heads-facts-run)
 
 Pass keys: the facts task's evaluation facts (`inftyformer.tasks.facts`: "The pass key is
 NNNNN…", five digits, never trained) written into the corpus's test books d tokens before the
@@ -348,6 +349,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--memory-layers", default=None,
                    help="the untrained row's blocks, a JSON list (default: every block); "
                         "give the trained rows' to compare like with like")  # fmt: skip
+    p.add_argument("--heads-facts-run", default=None)
     p.add_argument("--heads-sharpness", type=float, default=100.0)
     p.add_argument("--heads-sink-edge", type=float, default=0.01)
     p.add_argument("--docs", type=int, default=4)
