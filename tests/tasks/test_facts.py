@@ -127,6 +127,31 @@ def test_a_pretrained_base_trains_its_memory_on_facts(corpus, tmp_path):
     assert re.fullmatch(r" ?\d{5}", key)
 
 
+def test_the_heads_read_trains_on_facts_through_the_trainer(corpus, tmp_path):
+    """memory_read="heads" through the trainer and a checkpoint: the run finishes, the read's
+    projections (copied from the base's heads) moved, and the run loads with its read."""
+    pytest.importorskip("transformers")
+    from tiny_pretrained import write_tiny_model
+
+    from inftyformer.models import PretrainedMemoryConfig, build_model
+    from inftyformer.training import load_run
+
+    base = write_tiny_model(tmp_path / "base", "llama", max_positions=64)
+    model = PretrainedMemoryConfig(
+        base_model=str(base), freeze_base=True, segment_len=32, window=16, num_basis=16,
+        num_samples=32, density="content", memory_read="heads", sharpness=10.0, sink_edge=0.01,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    start = build_model(model).lm.long_term[0].attention.key.weight.detach().clone()
+    task = FactsConfig(data_dir=str(corpus), tokenizer=str(base), distance=(60,))
+    run = tiny_train(tmp_path / "run", task="facts", steps=2, batch_size=2, eval_every=2)
+    assert Trainer(run, task, model, echo=lambda s: None).fit().finished
+    loaded = load_run(tmp_path / "run" / "last").model
+    assert loaded.lm.config.memory_read == "heads"
+    trained = loaded.lm.long_term[0].attention.key.weight
+    assert not torch.equal(trained, start) and (trained - start).abs().max() < 0.1
+
+
 def test_read_targets_follow_the_memory_updates():
     """The key's place in [0, 1] as the unbounded update moves it: a memory fed one spike at the
     key's position (zeros elsewhere), segment by segment, peaks where `read_targets` says."""
