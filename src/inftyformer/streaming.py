@@ -146,6 +146,28 @@ def push(
     return out.logits[:, -1], state
 
 
+SAMPLING_NAMES = ("temperature", "top_k", "top_p")
+
+
+def check_sampling(
+    temperature: float,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    names: tuple[str, str, str] = SAMPLING_NAMES,
+) -> None:
+    """Refuse sampling options `sample_next` cannot use, naming each by `names` (the command
+    line passes its option names): temperature a finite number >= 0 (0: greedy), top_k None or
+    an int >= 1, top_p None or in (0, 1]."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise ValueError(f"{names[0]} must be a number, got {type(temperature).__name__}")
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise ValueError(f"{names[0]} must be a finite number >= 0, got {temperature}")
+    if top_k is not None:
+        check_positive_int(names[1], top_k)
+    if top_p is not None and not (0 < top_p <= 1):  # (NaN fails too)
+        raise ValueError(f"{names[2]} must be in (0, 1], got {top_p}")
+
+
 def sample_next(
     logits: torch.Tensor,
     temperature: float = 1.0,
@@ -188,14 +210,7 @@ def generate(
     Returns (new tokens [batch, max_new_tokens], state after prompt AND all new tokens, ready to
     continue the stream). temperature 0 is greedy. Put the model in eval mode first (dropout)."""
     check_positive_int("max_new_tokens", max_new_tokens, minimum=0)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise ValueError(f"temperature must be a number, got {type(temperature).__name__}")
-    if not (temperature >= 0 and math.isfinite(temperature)):
-        raise ValueError(f"temperature must be >= 0 and finite, got {temperature}")
-    if top_k is not None:
-        check_positive_int("top_k", top_k)
-    if top_p is not None and not (0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    check_sampling(temperature, top_k, top_p)
     logits, state = push(model, prompt, state)
     new = []
     with torch.no_grad():
@@ -209,4 +224,12 @@ def generate(
     return torch.stack(new, dim=1), state
 
 
-__all__ = ["block_phase", "cut_points", "generate", "push", "sample_next", "stream_loss"]
+__all__ = [
+    "block_phase",
+    "check_sampling",
+    "cut_points",
+    "generate",
+    "push",
+    "sample_next",
+    "stream_loss",
+]

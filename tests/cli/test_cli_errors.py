@@ -107,6 +107,13 @@ def test_generate_refuses_absurd_prompts(run_dir):
         result = run("generate", run_dir, "--prompt", prompt)
         assert_one_line_error(result, EXIT_USAGE, r"random:T needs 1 <= T <=")
     assert_one_line_error(run("generate", run_dir, "--temperature", "nan"), EXIT_USAGE, "finite")
+    for option, value, error in (
+        ("--temperature", -1, r"--temperature must be a finite number >= 0, got -1"),
+        ("--top-k", 0, r"--top-k must be >= 1, got 0"),
+        ("--top-p", 0, r"--top-p must be in \(0, 1\], got 0"),
+        ("--top-p", 1.5, r"--top-p must be in \(0, 1\], got 1.5"),
+    ):
+        assert_one_line_error(run("generate", run_dir, option, value), EXIT_USAGE, error)
 
 
 def test_evaluate_json_to_a_directory_fails_before_evaluating(run_dir, tmp_path, monkeypatch):

@@ -116,6 +116,24 @@ def test_generation_from_a_fresh_stream_and_sampling_options():
     assert none.shape == (3, 0) and state.batch_size == 3
 
 
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"temperature": float("nan")}, "temperature must be a finite number >= 0"),
+        ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
+        ({"temperature": True}, "temperature must be a number"),
+        ({"top_k": 0}, "top_k must be >= 1"),
+        ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+        ({"top_p": float("nan")}, r"top_p must be in \(0, 1\]"),
+    ],
+)
+def test_generate_refuses_sampling_options_it_cannot_use(options, error):
+    """One check of the sampling options (`check_sampling`), for the models' generate and the
+    command line (which names its options: test_cli_errors)."""
+    with pytest.raises(ValueError, match=error):
+        generate(build("xl"), stream(1, 5), 2, **options)
+
+
 def test_sample_next_respects_top_k_and_top_p():
     logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]]).repeat(500, 1)
     g = torch.Generator().manual_seed(0)

@@ -3,7 +3,6 @@ it, and show the continuation (whitespace a terminal would hide described) and t
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ def run_generate(
     """Continue `prompt` (see `inftyformer generate --help`)."""
     import torch
 
+    from ..streaming import check_sampling
     from ..training import load_run
 
     if threads < 0:
@@ -38,12 +38,7 @@ def run_generate(
     if threads:
         torch.set_num_threads(threads)
 
-    if not (temperature >= 0 and math.isfinite(temperature)):
-        raise ValueError(f"--temperature must be a finite number >= 0, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"--top-k must be >= 1, got {top_k}")
-    if top_p is not None and not 0 < top_p <= 1:  # (NaN fails too)
-        raise ValueError(f"--top-p must be in (0, 1], got {top_p}")
+    check_sampling(temperature, top_k, top_p, names=("--temperature", "--top-k", "--top-p"))
     if prompt_file is not None:
         text = read_user_text(prompt_file, "--prompt-file")
         if not text.strip():

@@ -1,0 +1,123 @@
+"""The forward hooks that put the long-term memory into a pretrained model's blocks (`model.py`,
+step 2), and the call-scoped context they read.
+
+    h_i = norm_i(x)                  the normalised attention input, recorded
+                                     (`record_attention_input`)
+    a_i = W_o Attn(h_i) + LTM_i(h_i) the continuous read added to the output projection's output
+                                     (`add_long_term_read`; memory_read="heads": merged into
+                                     the base's own heads instead, `head_read.py`)
+
+Hooks and call-scoped context. The hooks hold no state: they are `functools.partial`s of a
+module-level function and the block index. What they need for one call (the layers' long-term
+states, the recorded h_i, the reads) lives in a `Call` object that `forward` puts in a
+`contextvars.ContextVar` for the duration of the base model's forward and removes in a `finally`
+(`active`). This is safe because (a) a ContextVar is private to its thread (and asyncio task), so
+concurrent calls on other threads never see it; (b) nested calls restore the outer value on exit;
+(c) a hook acts only when the active call lists the very module it is attached to, so the base
+model called on its own (`model.base(...)`) or another model's modules run unchanged. Gradient
+checkpointing would recompute the blocks outside the call, so it is refused.
+
+This module does not import `model.py` (the model imports it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..long_term_attention import HeadsRead, LongTermAttentionOutput, PreparedMemory
+from ..long_term_memory import LongTermState
+from .head_read import WindowMass, head_projections, merge_into_heads, recording, stop_recording
+
+
+@dataclass
+class Call:
+    owner: int  # the model whose hooks act in this call
+    norms: list[nn.Module]  # per memory layer: the module whose output is h_i
+    outputs: list[nn.Module]  # per memory layer: the attention output projection
+    layers: nn.ModuleList  # per memory layer: LayerMemory
+    long_term: list[LongTermState]  # per memory layer: the memory this call reads
+    normed: list[torch.Tensor | None]  # per memory layer: h_i [batch, T, d]
+    reads: list[LongTermAttentionOutput | HeadsRead | None]
+    prepared: tuple[PreparedMemory, ...] | None = None  # per memory layer, unchanging memory
+    # memory_read="heads": per memory layer the attention module, and log Z_W of this call
+    attentions: list[nn.Module] | None = None
+    window_mass: WindowMass | None = None
+
+
+_OWNERS = itertools.count()
+_ACTIVE: contextvars.ContextVar[Call | None] = contextvars.ContextVar(
+    "inftyformer_hf_call", default=None
+)
+
+
+def new_owner() -> int:
+    """A number of its own for each model: a base wrapped twice has only the calling model's
+    hooks act."""
+    return next(_OWNERS)
+
+
+def record_attention_input(owner: int, index: int, module: nn.Module, args, output):
+    call = _ACTIVE.get()
+    if call is not None and call.owner == owner and call.norms[index] is module:
+        call.normed[index] = output  # h_i = norm_i(x)  [batch, T, d]
+    return None
+
+
+def add_long_term_read(owner: int, index: int, module: nn.Module, args, output):
+    call = _ACTIVE.get()
+    if call is None or call.owner != owner or call.outputs[index] is not module:
+        return None
+    h = call.normed[index]
+    if h is None:
+        raise RuntimeError(
+            f"block {index}: the attention output ran before its normalised input was seen; "
+            "the architecture adapter names the wrong modules"
+        )
+    prepared = None if call.prepared is None else call.prepared[index]
+    if call.attentions is not None:  # memory_read="heads": merged into the base's heads
+        attention = call.attentions[index]
+        read = call.layers[index].attention
+        heads = read(h, call.long_term[index], check=False, prepared=prepared, heads=True)
+        call.reads[index] = heads
+        value_bias = head_projections(attention, heads.z.shape[1]).value_bias
+        log_window = call.window_mass.log_mass[id(attention)]
+        return merge_into_heads(output, args[0], heads, log_window, module, value_bias)
+    read = call.layers[index].attention(h, call.long_term[index], check=False, prepared=prepared)
+    call.reads[index] = read
+    return output + read.context.to(output.dtype)  # W_o Attn(h) + LTM(h)
+
+
+def attach(owner: int, norms: list[nn.Module], outputs: list[nn.Module]) -> list:
+    """Register the two hooks on each memory block's modules; returns their handles."""
+    handles = []
+    for i, (norm, out) in enumerate(zip(norms, outputs, strict=True)):
+        handles.append(
+            norm.register_forward_hook(functools.partial(record_attention_input, owner, i))
+        )
+        handles.append(out.register_forward_hook(functools.partial(add_long_term_read, owner, i)))
+    return handles
+
+
+@contextlib.contextmanager
+def active(call: Call) -> Iterator[Call]:
+    """`call` is the active call (and, memory_read="heads", the window's attention mass is
+    recorded) for the duration of the block."""
+    token = _ACTIVE.set(call)
+    mass = None if call.window_mass is None else recording(call.window_mass)
+    try:
+        yield call
+    finally:
+        if mass is not None:
+            stop_recording(mass)
+        _ACTIVE.reset(token)
+
+
+__all__ = ["Call", "active", "add_long_term_read", "attach", "new_owner", "record_attention_input"]

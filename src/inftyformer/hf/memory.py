@@ -1,0 +1,180 @@
+"""The memory an `InftyformerForCausalLM` (`model.py`) reads and writes, one call at a time: an
+empty memory, a memory handed in (checked, rows reset), what enters the long-term memory at the
+start of a call (step 1) and the memory a call returns (step 3).
+
+1. The inputs that left the window (waiting in `LayerState.short_term`: each block's normalised
+   attention inputs, computed in the previous call) enter each block's long-term memory
+   (`LongTermMemory.update`: first fit, or squeeze-resample-refit) at the START of this call,
+   inside this call's graph, so the CNN gate gets gradient from this call's loss; the stored
+   coefficients come in detached (`fit_waiting`).
+3. The new memory is returned, detached: each layer's long-term state after step 1 (with the
+   sticky histogram of this call's reads); the window moves on to the last W valid tokens; the
+   h_i of the tokens that left it (with L-token calls and W = L: the previous segment, as
+   recomputed in this call; with W = 0: this segment) wait in `short_term` (valid positions
+   only, right-aligned, per row: `attention_mask` zeros are not stored) (`written`).
+
+Every memory parameter is in the graph of every call made with gradients: a layer whose memory
+had nothing to fit this call adds 0·Σp of its gate (`memory_loss`), the reads always run (rows
+with an empty memory read exactly 0), so DistributedDataParallel needs no
+`find_unused_parameters`.
+
+This module does not import `model.py` (the model imports it): the model is passed in.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..long_term_memory import LongTermState
+from ..short_term_memory import ShortTermState
+from ..state import LayerState, MemoryState, TokenWindow
+from .hooks import Call
+from .validation import check_memory, check_reset
+from .window import WindowedInputs, pack
+
+
+def source(model: nn.Module) -> str:
+    """The provenance stamped on `model`'s memory states: the base it stores the hidden states
+    of."""
+    config = model.config
+    text = config.text_config
+    return (
+        f"pretrained {config.base_architecture} (model_type {text.model_type}, hidden "
+        f"size {config.hidden_size}, {model.num_layers} layers, vocabulary "
+        f"{text.vocab_size})"
+        + ("" if config.memory_layers is None else f", memory in blocks {model.memory_blocks}")
+    )
+
+
+def init_memory(model: nn.Module, batch_size: int, device=None) -> MemoryState:
+    """An empty memory for `batch_size` parallel streams."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    p = model._param()
+    device = p.device if device is None else device
+    d = model.config.hidden_size
+    return MemoryState(
+        tuple(
+            LayerState(
+                short_term=ShortTermState.empty(batch_size, d, device, p.dtype),
+                long_term=layer.memory.init_state(batch_size, device, p.dtype),
+            )
+            for layer in model.long_term
+        ),
+        TokenWindow.empty(batch_size, device) if model.config.window else None,
+        model.memory_source,
+    )
+
+
+def prepare_memory(
+    model: nn.Module,
+    memory: MemoryState | None,
+    batch_size: int,
+    reset: torch.Tensor | None = None,
+) -> MemoryState:
+    """Check `memory` (None: empty) and clear the rows flagged by `reset` [batch] bool."""
+    if reset is not None:
+        check_reset(reset, batch_size)
+        reset = reset.to(model._param().device)
+        if memory is not None and bool(reset.all()):
+            memory = None  # every row starts over (possibly with another batch size)
+    if memory is None:
+        return model.init_memory(batch_size)
+    memory = check_memory(model, memory, batch_size)
+    return memory if reset is None else memory.reset(reset)
+
+
+def fit_waiting(
+    layers: nn.ModuleList, memory: MemoryState, generator: torch.Generator | None
+) -> tuple[list[LongTermState], list[torch.Tensor]]:
+    """Step 1: each layer's waiting segment enters its long-term memory (in the caller's
+    graph). Returns the long-term states and 0·Σp of the gates that had nothing to fit."""
+    states, unused = [], []
+    for layer, state in zip(layers, memory.layers, strict=True):
+        long_term, waiting = state.long_term, state.short_term
+        counts = waiting.length  # [batch]
+        if not bool((counts > 0).any()):
+            if torch.is_grad_enabled() and layer.memory.gate is not None:
+                unused += [p.sum() * 0.0 for p in layer.memory.gate.parameters()]
+            states.append(long_term)
+            continue
+        width = waiting.memory.shape[1]
+        # rows may hold segments of different lengths (padding): one fit per distinct length
+        for n in counts.unique().tolist():
+            if n == 0:
+                continue
+            rows = counts == n  # [batch]
+            x = waiting.memory[:, width - n :]  # the last n are valid (right-aligned)
+            updated = layer.memory.update(long_term, x, generator, check=False)
+            long_term = updated if bool(rows.all()) else updated.select(rows, long_term)
+        states.append(long_term)
+    return states, unused
+
+
+@torch.no_grad()
+def consolidate(
+    model: nn.Module, memory: MemoryState, generator: torch.Generator | None = None
+) -> MemoryState:
+    """Fit the waiting segment into the long-term memory now (no gradient) and return a
+    memory with nothing waiting: what `generate` reads."""
+    check_memory(model, memory, memory.batch_size)
+    states, _ = fit_waiting(model.long_term, memory, generator)
+    return MemoryState(
+        tuple(
+            LayerState(
+                short_term=ShortTermState.empty(
+                    memory.batch_size,
+                    model.config.hidden_size,
+                    lt.coefficients.device,
+                    lt.coefficients.dtype,
+                ),
+                long_term=lt.detach(),
+            )
+            for lt in states
+        ),
+        memory.window,
+        memory.source,
+    )
+
+
+def written(
+    model: nn.Module,
+    call: Call,
+    long_term: list[LongTermState],
+    unused: list[torch.Tensor],
+    inputs: WindowedInputs,
+    window: TokenWindow | None,
+    batch: int,
+    past: int,
+) -> tuple[MemoryState, torch.Tensor, torch.Tensor]:
+    """Step 3: the memory a call returns (detached), the reads' KL (mean over layers) and the
+    memory loss. `window`: the one this call read. A call continuing a cache (`past` > 0,
+    generation) writes nothing: its memory is the one it read, nothing waiting."""
+    if past:
+        leaving = None
+    else:
+        leaving, window = inputs.advance(model.config.window)
+    layers = []
+    for i, layer in enumerate(model.long_term):
+        read = call.reads[i]
+        lt = layer.memory.observe(long_term[i], read.mu, read.sigma_sq, check=False)
+        if past:
+            d = model.config.hidden_size
+            h = call.normed[i]
+            waiting = ShortTermState.empty(batch, d, h.device, h.dtype)
+        else:
+            waiting = ShortTermState(*pack(call.normed[i].detach(), leaving))
+        layers.append(LayerState(short_term=waiting, long_term=lt.detach()))
+    kl = torch.stack([r.kl for r in call.reads]).mean()
+    memory_loss = model.config.kl_weight * kl
+    for zero in unused:
+        memory_loss = memory_loss + zero
+    if model.config.memory_read == "heads":  # the reads' own output projections are unused
+        for layer in model.long_term:
+            out = layer.attention.out
+            memory_loss = memory_loss + 0.0 * (out.weight.sum() + out.bias.sum())
+    return MemoryState(tuple(layers), window, model.memory_source), kl, memory_loss
+
+
+__all__ = ["consolidate", "fit_waiting", "init_memory", "prepare_memory", "source", "written"]
