@@ -108,6 +108,16 @@ def test_a_heads_read_starts_without_a_prior_over_places_or_extra_variance():
         assert torch.allclose(heads.sigma_sq, var.clamp(min=1e-6), rtol=1e-4, atol=1e-9)
 
 
+def test_the_heads_reads_gate_starts_open():
+    """The CNN gate X ⊙ sigmoid(Conv1d(X)) starts at 0.99 everywhere, so the memory stores the
+    states the heads would read (a random gate scales each by a random factor below one)."""
+    model = heads_model("gpt2")
+    for layer in model.long_term:
+        gate = layer.memory.gate
+        assert gate.weight.abs().sum() == 0
+        assert torch.allclose(torch.sigmoid(gate.bias), torch.full_like(gate.bias, 0.99))
+
+
 def test_gpt2_memory_projections_are_the_fused_attention_parts():
     base = tiny_base("gpt2")
     model = heads_model("gpt2")

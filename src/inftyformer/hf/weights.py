@@ -12,11 +12,16 @@ This module does not import `model.py` (the model imports it): the model is pass
 
 from __future__ import annotations
 
+import math
+
 from torch import nn
 
 from .._init import init_projection
 from ..basis import GaussianBasis
 from .head_read import init_from_heads
+
+# the heads read's CNN gate at initialisation: sigmoid(b) = 0.99, nearly the identity
+OPEN_GATE_BIAS = math.log(99.0)
 
 
 def init_std(config) -> float:
@@ -62,6 +67,9 @@ def init_weights(model: nn.Module, module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
     elif role == "default":
         module.reset_parameters()
+        if config.memory_read == "heads":  # the CNN gate starts open: X ⊙ sigmoid(b) with
+            nn.init.zeros_(module.weight)  # sigmoid(b) = 0.99 stores the states the heads
+            nn.init.constant_(module.bias, OPEN_GATE_BIAS)  # read, not randomly scaled ones
     elif role == "density":  # w_μ, w_σ: PyTorch's default, then σ where the config puts it
         module.reset_parameters()
         if config.memory_read == "heads":  # a head reads where its content matches:
