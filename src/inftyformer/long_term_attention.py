@@ -230,7 +230,7 @@ class LongTermAttention(nn.Module):
         H, d = c.num_heads, c.head_dim
         if prepared is None:
             prepared = self.prepare(state, query.dtype)
-        z, mu, sigma_sq, _ = self._read(query, prepared)  # z [batch, H, Q, d]
+        z, mu, sigma_sq, _ = self._read(query, prepared, with_mass=False)  # z [b, H, Q, d]
         z = z.transpose(1, 2).reshape(batch, num_q, H * d)  # [batch, Q, e]
 
         filled = (~state.empty).to(device=query.device, dtype=query.dtype)  # [batch]
@@ -250,7 +250,7 @@ class LongTermAttention(nn.Module):
             raise ValueError("read_heads needs the content density (density='content')")
         if prepared is None:
             prepared = self.prepare(state, query.dtype)
-        z, mu, sigma_sq, log_mass = self._read(query, prepared)
+        z, mu, sigma_sq, log_mass = self._read(query, prepared, with_mass=True)
         filled = ~state.empty.to(query.device)  # [batch]
         log_mass = log_mass.masked_fill(~filled[:, None, None], -math.inf)
         z = z * filled[:, None, None, None].to(z.dtype)
@@ -258,10 +258,11 @@ class LongTermAttention(nn.Module):
         return HeadsRead(z=z, log_mass=log_mass, mu=mu, sigma_sq=sigma_sq, kl=kl)
 
     def _read(
-        self, query: torch.Tensor, prepared: PreparedMemory
+        self, query: torch.Tensor, prepared: PreparedMemory, with_mass: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """query [batch, Q, e] → z = E_p[v(t)] [batch, H, Q, d], μ, σ² [batch, H, Q] and, for
-        the content density, the log-mass log Σ_n exp(s_n) [batch, H, Q] (else None)."""
+        the content density `with_mass`, the log-mass log Σ_n exp(s_n) [batch, H, Q] (else
+        None)."""
         c = self.config
         batch, num_q, _ = query.shape
         q = self.query(query) if self.query is not None else query
@@ -270,7 +271,7 @@ class LongTermAttention(nn.Module):
         with full_precision(query):  # μ, σ² in float32 also under autocast (precision.py)
             q32 = at_least_float32(q)
             if c.density == "content":
-                mu, sigma_sq, log_mass = self._content_density(q32, prepared.keys)
+                mu, sigma_sq, log_mass = self._content_density(q32, prepared.keys, with_mass)
             else:
                 mu, sigma_sq = self._linear_density(q32, prepared)  # [batch, H, Q] each
         z = self._expected_values(mu, sigma_sq, prepared.values)  # E_p[v(t)]  [b, H, Q, d]
@@ -295,22 +296,26 @@ class LongTermAttention(nn.Module):
         return mu, sigma_sq.clamp(min=self.config.min_sigma_sq)
 
     def _content_density(
-        self, q: torch.Tensor, keys: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, q: torch.Tensor, keys: torch.Tensor, with_mass: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """ "content": the moments of a discrete attention over the basis centres (module doc).
-        q [b, H, Q, d], keys K / √d [b, H, N, d] → μ, σ², log Σ_n exp(s_n)  [b, H, Q]."""
+        q [b, H, Q, d], keys K / √d [b, H, N, d] → μ, σ² and (`with_mass`, else None)
+        log Σ_n exp(s_n)  [b, H, Q]."""
         c = self.config
         s = torch.matmul(q, keys.transpose(-1, -2))  # s = K q / √d  [b, H, Q, N]
         centers = self.basis.centers.to(s.dtype)  # c_n  [N]
+        w_sigma = self.sigma_head.weight[0]  # [N]
+        scores = s  # w_σᵀ s over the centres that are read
         if c.sink_edge > 0.0:  # the oldest edge is not read
-            s = s.masked_fill(centers < c.sink_edge, -math.inf)
+            unread = centers < c.sink_edge
+            s = s.masked_fill(unread, -math.inf)
+            w_sigma = w_sigma.masked_fill(unread, 0.0)
         prior = self.mu_head.weight[0] + self.mu_head.bias  # w_μ (the bias cancels)  [N]
         p = torch.softmax(c.sharpness * s + prior, dim=-1)  # p_n  [b, H, Q, N]
         mu = torch.matmul(p, centers)  # Σ p_n c_n  [b, H, Q]
         spread = (p * (centers - mu.unsqueeze(-1)).square()).sum(-1)  # Σ p_n (c_n − μ)²
-        s_seen = s.masked_fill(s == -math.inf, 0.0)  # masked centres add nothing to w_σᵀ s
-        extra = F.softplus(torch.matmul(s_seen, self.sigma_head.weight[0]) + self.sigma_head.bias)
-        log_mass = torch.logsumexp(s, dim=-1)  # log Σ_n exp(s_n)  [b, H, Q]
+        extra = F.softplus(torch.matmul(scores, w_sigma) + self.sigma_head.bias)
+        log_mass = torch.logsumexp(s, dim=-1) if with_mass else None  # log Σ_n exp(s_n)
         return mu, (spread + extra).clamp(min=c.min_sigma_sq), log_mass
 
     def _expected_values(

@@ -130,6 +130,36 @@ def test_gpt2_memory_projections_are_the_fused_attention_parts():
     assert torch.allclose(v_bias, base.transformer.h[0].attn.c_attn.bias[64:].expand(4, -1))
 
 
+def test_the_value_bias_is_each_heads_own_grouped_query_heads_included():
+    """A Llama with biased projections: head h's value bias is its key/value group's, as the
+    base's attention repeats it; GPT-2's is the value third of c_attn's bias."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from inftyformer.hf.head_read import head_projections, value_bias
+
+    torch.manual_seed(3)
+    config = LlamaConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attention_bias=True,
+    )
+    attention = LlamaForCausalLM(config).model.layers[0].self_attn
+    torch.nn.init.normal_(attention.v_proj.bias)
+    bias = value_bias(attention, 4).view(4, 8)
+    kv = attention.v_proj.bias.view(2, 8)
+    for h in range(4):
+        assert torch.equal(bias[h], kv[h // 2])
+    assert torch.equal(head_projections(attention, 4).value_bias, bias.view(-1))
+    gpt2 = tiny_base("gpt2").transformer.h[0].attn
+    assert torch.equal(value_bias(gpt2, 4), gpt2.c_attn.bias[64:])
+    with pytest.raises(ValueError, match="no value projection"):
+        value_bias(torch.nn.Linear(2, 2), 4)
+
+
 def test_the_merge_is_one_softmax_over_window_and_memory_places():
     """A memory whose read is exactly one place (score s_p, value v_p) merged by mass gives the
     softmax attention over the window's tokens and that place together; W_o applied after."""

@@ -132,17 +132,35 @@ def head_projections(attention: nn.Module, num_heads: int) -> HeadProjections:
         def per_head(w: torch.Tensor) -> torch.Tensor:  # [H_kv·d, e] → [H·d, e]
             return w.view(-1, d, e).repeat_interleave(groups, 0).reshape(-1, e)
 
-        v_bias = None if v.bias is None else per_head(v.bias.view(-1, 1)).view(-1)
+        v_bias = value_bias(attention, num_heads)
         return HeadProjections(
             q.weight, q.bias, per_head(k.weight), per_head(v.weight), v_bias, num_heads
         )
     if hasattr(attention, "c_attn"):  # GPT-2's Conv1D: y = x W + b, W [e, 3e]
         w, b = attention.c_attn.weight, attention.c_attn.bias
         e = w.shape[0]
+        v_bias = value_bias(attention, num_heads)
         return HeadProjections(
-            w[:, :e].t(), b[:e], w[:, e : 2 * e].t(), w[:, 2 * e :].t(), b[2 * e :], num_heads
+            w[:, :e].t(), b[:e], w[:, e : 2 * e].t(), w[:, 2 * e :].t(), v_bias, num_heads
         )
     raise ValueError(f"no query/key/value projections found in {type(attention).__name__}")
+
+
+def value_bias(attention: nn.Module, num_heads: int) -> torch.Tensor | None:
+    """The value projection's bias per head [H·d] (grouped-query heads repeated), or None: what
+    a merge adds to each read (the read's own W^V has no bias; ∫ p = 1). Only the bias is built,
+    so that the merge, which runs in every call, copies no weight matrix."""
+    if hasattr(attention, "v_proj"):
+        bias = attention.v_proj.bias
+        if bias is None:
+            return None
+        d = attention.q_proj.weight.shape[0] // num_heads
+        groups = num_heads * d // bias.shape[0]
+        return bias.view(-1, d).repeat_interleave(groups, 0).view(-1)
+    if hasattr(attention, "c_attn"):
+        e = attention.c_attn.weight.shape[0]
+        return attention.c_attn.bias[2 * e :]
+    raise ValueError(f"no value projection found in {type(attention).__name__}")
 
 
 def rotate_queries(weight: torch.Tensor, bias, num_heads: int, cos, sin):
@@ -216,6 +234,7 @@ __all__ = [
     "merge_into_heads",
     "recording",
     "rotate_queries",
+    "value_bias",
     "stop_recording",
     "window_attention",
 ]

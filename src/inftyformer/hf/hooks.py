@@ -34,7 +34,7 @@ from torch import nn
 
 from ..long_term_attention import HeadsRead, LongTermAttentionOutput, PreparedMemory
 from ..long_term_memory import LongTermState
-from .head_read import WindowMass, head_projections, merge_into_heads, recording, stop_recording
+from .head_read import WindowMass, merge_into_heads, recording, stop_recording, value_bias
 
 
 @dataclass
@@ -87,9 +87,9 @@ def add_long_term_read(owner: int, index: int, module: nn.Module, args, output):
         read = call.layers[index].attention
         heads = read(h, call.long_term[index], check=False, prepared=prepared, heads=True)
         call.reads[index] = heads
-        value_bias = head_projections(attention, heads.z.shape[1]).value_bias
+        bias = value_bias(attention, heads.z.shape[1])
         log_window = call.window_mass.log_mass[id(attention)]
-        return merge_into_heads(output, args[0], heads, log_window, module, value_bias)
+        return merge_into_heads(output, args[0], heads, log_window, module, bias)
     read = call.layers[index].attention(h, call.long_term[index], check=False, prepared=prepared)
     call.reads[index] = read
     return output + read.context.to(output.dtype)  # W_o Attn(h) + LTM(h)
