@@ -13,7 +13,7 @@ def test_the_quick_side_by_side_runs_and_the_untrained_row_is_the_window_row(tmp
     passkey.main(["--quick", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "passkey.json").read_text())
     rows = data["rows"]
-    assert set(rows) == {"window", "full", "untrained", "heads"}
+    assert set(rows) == {"window", "full", "untrained", "heads", "mixture"}
     assert data["parity"] == 0.0
     for d in ("40", "90"):
         assert rows["untrained"]["passkey"][d] == rows["window"]["passkey"][d]
