@@ -27,14 +27,15 @@ ROWS = {
     "mixture": "(xii) (x) with density = mixture (the discrete attention over the centres "
     "itself, β = 1), untrained",
     "mixture-n2048": "(xiii) (xii) with N = 2,048, widths (0.00125, 0.0025)",
+    "exact": "ceiling: the heads read the exact stored states (a growing cache, not a memory)",
 }
 # the rows whose answer reads are recorded and tabled (trained with read supervision)
 READ_ROWS = (
     "facts", "facts-start", "content", "content-f6", "content-n2048", "heads", "heads-facts",
-    "mixture", "mixture-n2048",
+    "mixture", "mixture-n2048", "exact",
 )  # fmt: skip
 # the rows whose every block reads with the base's heads: which blocks find the key, compactly
-HEADS_ROWS = ("heads", "heads-facts", "mixture", "mixture-n2048")
+HEADS_ROWS = ("heads", "heads-facts", "mixture", "mixture-n2048", "exact")
 
 
 def render(data: dict[str, Any], out_dir: Path) -> None:

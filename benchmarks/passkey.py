@@ -22,6 +22,9 @@ Rows (every one reads the same token streams):
     mixture       as heads, with density = mixture: each head reads the discrete attention
                   over the basis centres itself (β = 1), not a Gaussian at its moments
     mixture-n2048 as mixture with N = 2,048 (widths halved twice)
+    exact         the ceiling of the heads read: as mixture, but the heads read the exact states
+                  the memory was given, one place per token (a growing cache, not a memory of
+                  fixed size: `_passkey_exact.py`)
 
 Pass keys: the facts task's evaluation facts (`inftyformer.tasks.facts`: "The pass key is
 NNNNN…", five digits, never trained) written into the corpus's test books d tokens before the
@@ -85,20 +88,26 @@ class Row:
             self.positions = int(self.base.config.max_position_embeddings)
             return
         settings = {"window": args.window, "segment_len": args.segment_len}
-        if name in ("untrained", "heads", *MIXTURE):
+        if name in ("untrained", "heads", "exact", *MIXTURE):
             torch.manual_seed(0)
             layers = json.loads(args.memory_layers) if args.memory_layers else None
             if name == "heads":  # every block, the base's own heads (no weights trained)
                 layers = None
                 settings.update(HEADS, sharpness=args.heads_sharpness)
                 settings["sink_edge"] = args.heads_sink_edge
-            if name in MIXTURE:
+            if name in (*MIXTURE, "exact"):
                 layers = None
-                settings.update(MIXTURE[name], sink_edge=args.heads_sink_edge)
+                settings.update(
+                    MIXTURE.get(name, MIXTURE["mixture"]), sink_edge=args.heads_sink_edge
+                )
             config = PretrainedMemoryConfig(
                 base_model=args.base_model, memory_layers=layers, freeze_base=True, **settings
             )
             self.memory = build_model(config).eval()
+            if name == "exact":
+                from _passkey_exact import read_exact_states
+
+                read_exact_states(self.memory)
         else:
             option = name.removesuffix("-sticky")
             self.run = getattr(args, option.replace("-", "_") + "_run")
@@ -370,7 +379,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", default=",".join(ROWS))
     args = p.parse_args(argv)
     quick = dict(distances="40,90", keys=2, segment_len=16, window=16, docs=2, doc_len=48,
-                 rows="window,full,untrained,heads,mixture")  # fmt: skip
+                 rows="window,full,untrained,heads,mixture,exact")  # fmt: skip
     out_dir, setup = prompt_setup(args, quick, extra=("docs", "doc_len"))
     if not args.render_only:
         prompts, docs = passkey_prompts(args), book_windows(args)
