@@ -44,6 +44,11 @@ the memory), for a read merged into a pretrained model's own heads (`hf/head_rea
 The KL term ½(σ²/σ₀² − log(σ²/σ₀²) − 1) keeps σ near σ₀. Rows whose memory is empty read
 nothing (their context is exactly 0 and they add no KL), but every parameter stays in the graph,
 so DistributedDataParallel needs no `find_unused_parameters`.
+
+Validation at the boundary: `attention.attend(query, state)` checks a query and a state handed in
+from outside, then calls the module; the module call itself (`attention(query, state)`, which the
+transformer block and the pretrained adapter's hooks make, so that forward hooks see every read)
+holds only the computation.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ from torch import nn
 from ._checks import ValueChecks, check_dtype, check_tensor
 from ._init import init_projection
 from .basis import GaussianBasis
-from .continuous_softmax import variance_kl
+from .continuous_softmax import _variance_kl
 from .fused_attention import expected_values
 from .long_term_config import CONTENT_DENSITIES
 from .long_term_memory import LongTermConfig, LongTermState, allowed_dtypes
@@ -179,7 +184,7 @@ class LongTermAttention(nn.Module):
         with full_precision(B):
             B32 = at_least_float32(B)
             if c.density in CONTENT_DENSITIES:  # every score is needed  [b, H, N, d]
-                psi = self.basis(self.basis.centers.to(B32.dtype), check=False)  # ψ_j(c_n) [N, N]
+                psi = self.basis._psi(self.basis.centers.to(B32.dtype))  # ψ_j(c_n) [N, N]
                 signal = torch.matmul(psi, B32)  # x̄(c_n) = Bᵀ ψ(c_n)  [b, N, e]
                 K = self.key(signal).view(batch, -1, H, d).transpose(1, 2) / math.sqrt(d)
                 if c.density == "mixture":  # v(c_n) = x̄(c_n) W^V  [b, H, N, d]
@@ -199,42 +204,48 @@ class LongTermAttention(nn.Module):
             keys = k_folded.view(batch, 2, H, d).permute(0, 2, 3, 1) / math.sqrt(d)  # [b,H,d,2]
         return PreparedMemory(values=v, keys=keys, gram=gram)
 
+    def attend(self, query: torch.Tensor, state: LongTermState) -> LongTermAttentionOutput:
+        """The read of `forward` for a query and a state handed in from outside the library:
+        both are checked first (types, shapes, dtypes, device, finite values and the state's
+        invariants; one host synchronisation), then the module is called."""
+        c = self.config
+        if not isinstance(state, LongTermState):
+            raise TypeError(f"state must be a LongTermState, got {type(state).__name__}")
+        values = ValueChecks()
+        state.check(c, "state", values=values)
+        check_tensor("query", query, 3)
+        if query.shape[0] != state.batch_size or query.shape[2] != c.dim:
+            raise ValueError(
+                f"query must have shape (batch={state.batch_size}, queries, e={c.dim}), "
+                f"got {tuple(query.shape)}"
+            )
+        if query.shape[1] == 0:
+            raise ValueError("query must hold at least one query vector (got 0 queries)")
+        check_dtype("query", query, *allowed_dtypes(self.key.weight))
+        for name, t in (("query", query), ("state.coefficients", state.coefficients)):
+            if t.device != self.key.weight.device:
+                raise ValueError(
+                    f"{name} is on {t.device}, the attention on {self.key.weight.device}"
+                )
+        values.finite("query", query)
+        values.run()
+        return self(query, state)
+
     def forward(
         self,
         query: torch.Tensor,
         state: LongTermState,
         *,
-        check: bool = True,
         prepared: PreparedMemory | None = None,
         heads: bool = False,
     ) -> LongTermAttentionOutput | HeadsRead:
-        """query [batch, Q, e] (already projected unless `config.query_projection`).
-        `check=False` skips the validation of the arguments (for callers that built them);
-        `prepared`: `prepare(state, query.dtype)` computed once for many reads of an unchanging
-        state (generation), instead of at every call; `heads`: each head's read before the
-        heads are merged (`read_heads`), for a caller that merges them into its own."""
+        """query [batch, Q, e] (already projected unless `config.query_projection`), read from
+        `state`, both as the library builds them (a block's queries, a state the model checked;
+        `attend` checks inputs from outside first). `prepared`: `prepare(state, query.dtype)`
+        computed once for many reads of an unchanging state (generation), instead of at every
+        call; `heads`: each head's read before the heads are merged (`read_heads`), for a caller
+        that merges them into its own."""
         c = self.config
-        if check:
-            if not isinstance(state, LongTermState):
-                raise TypeError(f"state must be a LongTermState, got {type(state).__name__}")
-            values = ValueChecks()
-            state.check(c, "state", values=values)
-            check_tensor("query", query, 3)
-            if query.shape[0] != state.batch_size or query.shape[2] != c.dim:
-                raise ValueError(
-                    f"query must have shape (batch={state.batch_size}, queries, e={c.dim}), "
-                    f"got {tuple(query.shape)}"
-                )
-            if query.shape[1] == 0:
-                raise ValueError("query must hold at least one query vector (got 0 queries)")
-            check_dtype("query", query, *allowed_dtypes(self.key.weight))
-            for name, t in (("query", query), ("state.coefficients", state.coefficients)):
-                if t.device != self.key.weight.device:
-                    raise ValueError(
-                        f"{name} is on {t.device}, the attention on {self.key.weight.device}"
-                    )
-            values.finite("query", query)
-            values.run()
         if heads:
             return self.read_heads(query, state, prepared)
         batch, num_q, _ = query.shape
@@ -297,7 +308,7 @@ class LongTermAttention(nn.Module):
 
     def _kl(self, sigma_sq: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:
         """Mean variance-KL over the rows whose memory holds something (filled [batch])."""
-        kl_rows = variance_kl(sigma_sq, self.config.sigma_0, check=False).mean(dim=(1, 2))
+        kl_rows = _variance_kl(sigma_sq, self.config.sigma_0).mean(dim=(1, 2))
         return (kl_rows * filled).sum() / filled.sum().clamp(min=1.0)
 
     def _linear_density(
