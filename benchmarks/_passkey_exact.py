@@ -27,9 +27,9 @@ def read_exact_states(model) -> None:
 
 def _patch(layer) -> None:
     memory, attention = layer.memory, layer.attention
-    update, store = memory.update, {}
+    update, store = memory._update, {}  # the update the model calls (unchecked)
 
-    def exact_update(state, x, generator=None, **kwargs):
+    def exact_update(state, x, generator):
         empty = state.empty
         if bool(empty.all()):
             store["x"] = x.detach()  # [batch, L, e]
@@ -37,7 +37,7 @@ def _patch(layer) -> None:
             raise ValueError("the exact row needs streams that start together")
         else:
             store["x"] = torch.cat([store["x"], x.detach()], dim=1)  # [batch, P, e]
-        return update(state, x, generator, **kwargs)
+        return update(state, x, generator)
 
     def exact_heads(query, state, prepared=None):
         c = attention.config
@@ -60,7 +60,7 @@ def _patch(layer) -> None:
         return HeadsRead(z=p @ v, log_mass=torch.logsumexp(s, dim=-1), mu=mu,
                          sigma_sq=sigma_sq, kl=query.new_zeros(()))  # fmt: skip
 
-    memory.update = exact_update
+    memory._update = exact_update
     attention.read_heads = exact_heads
 
 
