@@ -7,7 +7,10 @@ token — instead of the continuous signal of N basis functions:
 with the same query (rotated to just beyond the window), projections and merge by mass as the
 heads read (`inftyformer.hf.head_read`). It is not a memory of fixed size and not the ∞-former:
 it separates what the heads read can do from what the signal loses (the fit, the squeeze).
-Only for streams that start together (every batch row's memory empty at the same step)."""
+With `positions=True` (row `exact-positions`, rotary bases) every stored state keeps its stream
+position instead: query and key rotated by their own positions, as in the base's attention.
+Only for streams that start together (every batch row's memory empty at the same step) and
+read in blocks of C tokens after a window of W (the layout of passkey.py's rows)."""
 
 from __future__ import annotations
 
@@ -18,14 +21,27 @@ import torch
 from inftyformer.long_term_attention import HeadsRead
 
 
-def read_exact_states(model) -> None:
+def read_exact_states(model, positions: bool = False) -> None:
     """Patch each memory layer of `model` (memory_read="heads") in place, as described above."""
     lm = model.lm
+    rotary, window = None, model.config.window or 0
+    if positions:
+        rotary = getattr(getattr(lm.base, "model", None), "rotary_emb", None)
+        if rotary is None:
+            raise ValueError("exact-positions needs a base with rotary positions (Llama family)")
     for layer in lm.long_term:
-        _patch(layer)
+        _patch(layer, rotary, window)
 
 
-def _patch(layer) -> None:
+def _rotate(x: torch.Tensor, rotary, positions: torch.Tensor) -> torch.Tensor:
+    """x [b, H, T, d] rotated by rotary positions [T] (x cos + rotate_half(x) sin)."""
+    cos, sin = rotary(x, positions[None])  # [1, T, d]
+    half = x.shape[-1] // 2
+    turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None] + turned * sin[:, None]
+
+
+def _patch(layer, rotary, window: int) -> None:
     memory, attention = layer.memory, layer.attention
     update, store = memory._update, {}  # the update the model calls (unchecked)
 
@@ -52,6 +68,9 @@ def _patch(layer) -> None:
         q = attention.query(query).view(b, num_q, H, d).transpose(1, 2)  # [b, H, Q, d]
         k = attention.key(x).view(b, P, H, d).transpose(1, 2)  # [b, H, P, d]
         v = attention.value(x).view(b, P, H, d).transpose(1, 2)
+        if rotary is not None:  # q = R_W W_q h: turn it on to its own position P + W + j
+            q = _rotate(q, rotary, torch.arange(P, P + num_q))  # R_{P + j} R_W = R_{P + W + j}
+            k = _rotate(k, rotary, torch.arange(P))  # each state at its own position
         s = q @ k.transpose(-1, -2) / math.sqrt(d)  # [b, H, Q, P]
         p = torch.softmax(s, dim=-1)
         t = (torch.arange(P, dtype=s.dtype) + 0.5) / P  # the tokens' places in [0, 1]

@@ -28,14 +28,15 @@ ROWS = {
     "itself, β = 1), untrained",
     "mixture-n2048": "(xiii) (xii) with N = 2,048, widths (0.00125, 0.0025)",
     "exact": "ceiling: the heads read the exact stored states (a growing cache, not a memory)",
+    "exact-positions": "ceiling, each stored state at its own position (rotary)",
 }
 # the rows whose answer reads are recorded and tabled (trained with read supervision)
 READ_ROWS = (
     "facts", "facts-start", "content", "content-f6", "content-n2048", "heads", "heads-facts",
-    "mixture", "mixture-n2048", "exact",
+    "mixture", "mixture-n2048", "exact", "exact-positions",
 )  # fmt: skip
 # the rows whose every block reads with the base's heads: which blocks find the key, compactly
-HEADS_ROWS = ("heads", "heads-facts", "mixture", "mixture-n2048", "exact")
+HEADS_ROWS = ("heads", "heads-facts", "mixture", "mixture-n2048", "exact", "exact-positions")
 
 
 def render(data: dict[str, Any], out_dir: Path) -> None:

@@ -25,6 +25,7 @@ Rows (every one reads the same token streams):
     exact         the ceiling of the heads read: as mixture, but the heads read the exact states
                   the memory was given, one place per token (a growing cache, not a memory of
                   fixed size: `_passkey_exact.py`)
+    exact-positions  as exact, every stored state at its own stream position (rotary bases)
 
 Pass keys: the facts task's evaluation facts (`inftyformer.tasks.facts`: "The pass key is
 NNNNN…", five digits, never trained) written into the corpus's test books d tokens before the
@@ -65,6 +66,7 @@ HEADS = dict(memory_read="heads", density="content", min_sigma_sq=1e-6)
 MIXTURE = {
     "mixture": dict(memory_read="heads", density="mixture", min_sigma_sq=1e-6, sharpness=1.0),
 }
+EXACT = ("exact", "exact-positions")  # the ceiling rows: the heads read exact stored states
 MIXTURE["mixture-n2048"] = dict(
     MIXTURE["mixture"], num_basis=2048, num_samples=2048, widths=(0.00125, 0.0025)
 )
@@ -88,14 +90,14 @@ class Row:
             self.positions = int(self.base.config.max_position_embeddings)
             return
         settings = {"window": args.window, "segment_len": args.segment_len}
-        if name in ("untrained", "heads", "exact", *MIXTURE):
+        if name in ("untrained", "heads", *EXACT, *MIXTURE):
             torch.manual_seed(0)
             layers = json.loads(args.memory_layers) if args.memory_layers else None
             if name == "heads":  # every block, the base's own heads (no weights trained)
                 layers = None
                 settings.update(HEADS, sharpness=args.heads_sharpness)
                 settings["sink_edge"] = args.heads_sink_edge
-            if name in (*MIXTURE, "exact"):
+            if name in (*MIXTURE, *EXACT):
                 layers = None
                 settings.update(
                     MIXTURE.get(name, MIXTURE["mixture"]), sink_edge=args.heads_sink_edge
@@ -104,10 +106,10 @@ class Row:
                 base_model=args.base_model, memory_layers=layers, freeze_base=True, **settings
             )
             self.memory = build_model(config).eval()
-            if name == "exact":
+            if name in EXACT:
                 from _passkey_exact import read_exact_states
 
-                read_exact_states(self.memory)
+                read_exact_states(self.memory, positions=name == "exact-positions")
         else:
             option = name.removesuffix("-sticky")
             self.run = getattr(args, option.replace("-", "_") + "_run")
@@ -379,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", default=",".join(ROWS))
     args = p.parse_args(argv)
     quick = dict(distances="40,90", keys=2, segment_len=16, window=16, docs=2, doc_len=48,
-                 rows="window,full,untrained,heads,mixture,exact")  # fmt: skip
+                 rows="window,full,untrained,heads,mixture,exact,exact-positions")  # fmt: skip
     out_dir, setup = prompt_setup(args, quick, extra=("docs", "doc_len"))
     if not args.render_only:
         prompts, docs = passkey_prompts(args), book_windows(args)

@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--set", default="{}", help="adapter settings over row (xii)'s, JSON")
     p.add_argument("--docs", type=int, default=0, help="test-book windows (0: none)")
     p.add_argument("--doc-len", type=int, default=2048)
-    p.add_argument("--rows", default="variant", help="variant, window and/or full")
+    p.add_argument(
+        "--rows", default="variant", help="variant, window, full, exact, exact-positions"
+    )
     p.add_argument("--jsonl", default=None, help="append each row's line to this file")
     args = p.parse_args(argv)
     quick = dict(distances="40", keys=2, segment_len=16, window=16, docs=1, doc_len=48)

@@ -13,7 +13,8 @@ def test_the_quick_side_by_side_runs_and_the_untrained_row_is_the_window_row(tmp
     passkey.main(["--quick", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "passkey.json").read_text())
     rows = data["rows"]
-    assert set(rows) == {"window", "full", "untrained", "heads", "mixture", "exact"}
+    assert set(rows) == {"window", "full", "untrained", "heads", "mixture", "exact",
+                         "exact-positions"}  # fmt: skip
     assert data["parity"] == 0.0
     for d in ("40", "90"):
         assert rows["untrained"]["passkey"][d] == rows["window"]["passkey"][d]
@@ -25,9 +26,11 @@ def test_the_quick_side_by_side_runs_and_the_untrained_row_is_the_window_row(tmp
     # the heads read is not zero at initialisation: with something in memory it moves the NLL
     assert rows["heads"]["passkey"]["90"]["nll"] != rows["window"]["passkey"]["90"]["nll"]
     # the ceiling row reads the exact stored states: it moves the NLL, and not as the signal does
-    nll = {r: rows[r]["passkey"]["90"]["nll"] for r in ("window", "mixture", "exact")}
+    names = ("window", "mixture", "exact", "exact-positions")
+    nll = {r: rows[r]["passkey"]["90"]["nll"] for r in names}
     assert abs(nll["exact"] - nll["window"]) > 1e-3, nll
     assert abs(nll["exact"] - nll["mixture"]) > 1e-3, nll
+    assert abs(nll["exact-positions"] - nll["exact"]) > 1e-6, nll  # the positions reach it
     passkey.main(["--render-only", "--out", str(tmp_path)])
     assert (tmp_path / "passkey.md").read_text() == report
 
