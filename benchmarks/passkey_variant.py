@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--jsonl", default=None, help="append each row's line to this file")
     args = p.parse_args(argv)
+    # what passkey.Row reads besides the prompts: the ceiling rows' settings are row (xii)'s
+    args.memory_layers, args.heads_sink_edge, args.heads_sharpness = None, 0.01, 100.0
     quick = dict(distances="40", keys=2, segment_len=16, window=16, docs=1, doc_len=48)
     _, setup = prompt_setup(args, quick, extra=("docs", "doc_len"))
     prompts = passkey_prompts(args)

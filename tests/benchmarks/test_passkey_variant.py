@@ -10,13 +10,14 @@ import pytest
 def test_a_variant_and_the_window_row_write_one_line_each(tmp_path):
     pytest.importorskip("transformers")
     out = tmp_path / "lines.jsonl"
-    argv = ["--quick", "--rows", "variant,window", "--jsonl", str(out)]
+    argv = ["--quick", "--rows", "variant,window,exact", "--jsonl", str(out)]
     passkey_variant.main([*argv, "--set", '{"tau": 0.75}'])
     passkey_variant.main([*argv[:2], "variant", "--jsonl", str(out), "--set", '{"tau": 0.25}'])
     lines = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [line["row"] for line in lines] == ["variant", "window", "variant"]
+    assert [line["row"] for line in lines] == ["variant", "window", "exact", "variant"]
     assert lines[0]["set"] == {"tau": 0.75} and lines[1]["set"] == {}
     assert lines[0]["books"]["buckets"]
     nll = [line["passkey"]["40"]["nll"] for line in lines]
     assert abs(nll[0] - nll[1]) > 1e-3  # the heads read moves the answer's NLL
-    assert abs(nll[0] - nll[2]) > 1e-6  # and τ reaches the memory
+    assert abs(nll[0] - nll[3]) > 1e-6  # and τ reaches the memory
+    assert abs(nll[2] - nll[1]) > 1e-3  # the ceiling row reads the exact states
