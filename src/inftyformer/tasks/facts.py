@@ -52,7 +52,7 @@ from .._checks import check_positive_int, check_range
 from ..data import TextTokenizer, check_split, load_split, resolve_data_dir
 from ..data.corpus import text_layout
 from ..long_term_attention import record_reads
-from ..model import IGNORE_INDEX
+from ..model import IGNORE_INDEX, token_losses
 from ..models import model_kind
 from ..ridge import squeezed_position
 from .base import (
@@ -322,9 +322,7 @@ class FactsTask(LastBlockTask):
         lm_last = lm[rows, -C:].to(out.logits.device)
         loss = out.loss
         if self.config.lm_weight > 0 and bool((lm_last != IGNORE_INDEX).any()):
-            lm_loss = nn.functional.cross_entropy(
-                out.logits.flatten(0, 1).float(), lm_last.flatten(), ignore_index=IGNORE_INDEX
-            )
+            lm_loss = token_losses(out.logits, lm_last)[1]  # mean NLL of the book's tokens
             loss = loss + self.config.lm_weight * lm_loss
         means = {k: float(v.detach()) for k, v in out.aux.items()}
         if self.config.read_weight > 0:
