@@ -245,7 +245,7 @@ def check_forward(args):
         bad.append("reset")
     all_reset = reset is not None and "reset" not in bad and bool(reset.all())
     if memory is not None and memory.batch_size != batch and not all_reset:
-        bad.append("memory")
+        bad.append("state")
     # any length is accepted: past a segment it is streamed, each call within the positions
     if bad:
         expect_error(call, *bad)
