@@ -36,7 +36,7 @@ TARGETS = {
     "test_fuzz_long_term_update_many": "`LongTermMemory.update` (x, generator, state fields)",
     "test_fuzz_long_term_observe_many": "`LongTermMemory.observe` (μ, σ², state fields)",
     "test_fuzz_long_term_sample_positions_many": "`LongTermMemory.sample_positions` (state)",
-    "test_fuzz_long_term_attention_many": "`LongTermAttention.forward` (query, state fields)",
+    "test_fuzz_long_term_attention_many": "`LongTermAttention.attend` (query, state fields)",
     "test_fuzz_memory_lm_inputs_many": "`MemoryLM.forward` (tokens, targets, reset, state)",
     "test_fuzz_memory_lm_state_fields_many": "`MemoryLM.forward` (every state field, 4 models)",
     "test_fuzz_every_state_a_model_makes_passes_its_check_many": (

@@ -4,7 +4,7 @@ name the argument and what was expected, instead of an obscure error from deep i
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -55,11 +55,13 @@ def check_token_ids(
     vocab_size: int,
     device: torch.device,
     ignore_index: int | None = None,
+    values: ValueChecks | None = None,
 ) -> torch.Tensor:
     """Token ids [batch, length] (non-empty, integers in [0, vocab_size), or `ignore_index`
     where given) as int64 on `device`; a ValueError naming `name` and the bad values otherwise.
     `device` is the model's: a model on the `meta` device (parameters without data, e.g. built
-    under `torch.device("meta")` and never loaded) is refused here, before any computation."""
+    under `torch.device("meta")` and never loaded) is refused here, before any computation.
+    The range is read here, or queued in `values` for the caller's one synchronisation."""
     if torch.device(device).type == "meta":
         raise ValueError(
             "the model is on the meta device: its parameters hold no data. Load its weights "
@@ -77,10 +79,22 @@ def check_token_ids(
     bad = (ids < 0) | (ids >= vocab_size)
     if ignore_index is not None:
         bad &= ids != ignore_index
-    if bool(bad.any()):
-        allowed = f"[0, {vocab_size})" + (f" or {ignore_index}" if ignore_index is not None else "")
-        raise ValueError(f"{name} must be in {allowed}; found {ids[bad].unique()[:5].tolist()}")
+    allowed = f"[0, {vocab_size})" + (f" or {ignore_index}" if ignore_index is not None else "")
+    own = values is None
+    values = ValueChecks() if own else values
+    values.require(
+        ~bad, lambda: f"{name} must be in {allowed}; found {ids[bad].unique()[:5].tolist()}"
+    )
+    if own:
+        values.run()
     return ids
+
+
+def check_generator(generator: object) -> None:
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"generator must be a torch.Generator or None, got {type(generator).__name__}"
+        )
 
 
 def check_positive_int(name: str, value: object, minimum: int = 1) -> None:
@@ -139,10 +153,16 @@ class ValueChecks:
 
     def __init__(self) -> None:
         self._failed: list[torch.Tensor] = []
-        self._errors: list[tuple[type[ValueError], str]] = []
+        self._errors: list[tuple[type[ValueError], str | Callable[[], str]]] = []
 
-    def require(self, ok: torch.Tensor, message: str, error: type[ValueError] = ValueError) -> None:
-        """`ok` (bool, any shape) must be True everywhere; else `error(message)`."""
+    def require(
+        self,
+        ok: torch.Tensor,
+        message: str | Callable[[], str],
+        error: type[ValueError] = ValueError,
+    ) -> None:
+        """`ok` (bool, any shape) must be True everywhere; else `error(message)` (a callable
+        message is built only then, e.g. to name the bad values)."""
         if ok.numel():
             self._failed.append(~ok.all())
             self._errors.append((error, message))
@@ -171,7 +191,7 @@ class ValueChecks:
         self._failed, self._errors = [], []
         if bool(failed.any()):
             error, message = errors[int(failed.nonzero()[0, 0])]
-            raise error(message)
+            raise error(message() if callable(message) else message)
 
 
 def check_memory_layers(layers: object, num_layers: int | None) -> list[int] | None:

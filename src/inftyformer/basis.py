@@ -84,15 +84,19 @@ class GaussianBasis(nn.Module):
         centers = torch.linspace(0.0, 1.0, self.num_centers, dtype=torch.float64)
         return centers, torch.tensor(self.width_values, dtype=torch.float64)
 
-    def forward(self, t: torch.Tensor, *, check: bool = True) -> torch.Tensor:
-        """ψ(t): t [...] → [..., N], in t's dtype (floating point; finite unless `check=False`,
-        which skips that host synchronisation for callers that built t)."""
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        """ψ(t): t [...] → [..., N], in t's dtype. t must be floating point and finite (checked
+        here, with one host synchronisation)."""
         check_tensor("t", t)
         check_floating("t", t)
-        if check:
-            check_finite("t", t)
-        c = self.centers.to(device=t.device, dtype=t.dtype)
-        w = self.widths.to(device=t.device, dtype=t.dtype)
+        check_finite("t", t)
+        return self._psi(t)
+
+    def _psi(self, t: torch.Tensor) -> torch.Tensor:
+        """ψ(t) for a floating-point t [...] → [..., N] (`forward` without the checks, for the
+        library's callers that built t)."""
+        c = self.centers.to(device=t.device, dtype=t.dtype)  # c_j  [N]
+        w = self.widths.to(device=t.device, dtype=t.dtype)  # w_j  [N]
         return gaussian_density(t.unsqueeze(-1), c, w * w)
 
     def float64(self, t: torch.Tensor) -> torch.Tensor:

@@ -225,13 +225,11 @@ class MemoryBlock(nn.Module):
         kl = None
         if self.long_term_attention is not None:
             # continuous read with the same queries W_q LN(x)
-            read = self.long_term_attention(query, long_term, check=False)
+            read = self.long_term_attention(query, long_term)
             attended = attended + read.context  # added to self-attention's, before the residual
             kl = read.kl
             # sticky memories: where these queries attended steers the next resampling
-            long_term = self.long_term_memory.observe(
-                long_term, read.mu, read.sigma_sq, check=False
-            )
+            long_term = self.long_term_memory._observe(long_term, read.mu, read.sigma_sq)
             if trace is not None:
                 trace.mu, trace.sigma_sq = read.mu.detach(), read.sigma_sq.detach()
                 trace.read_empty = long_term.empty
@@ -305,9 +303,7 @@ class MemoryBlock(nn.Module):
                 (self.config.d_model,),
                 eps=self.config.layer_norm_eps,
             )  # [batch, C, d]
-            updated, record = self.long_term_memory.update_traced(
-                long_term, chunk, generator, check=False
-            )
+            updated, record = self.long_term_memory._update(long_term, chunk, generator)
             if trace is not None:
                 trace.updates.append((record.detach(), rows))
             # rows in another phase keep their memory

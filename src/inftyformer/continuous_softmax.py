@@ -11,6 +11,10 @@ Gradients are plain autograd of this expression, exact in (μ, σ²): no custom 
 natural parameters (the authors' version costs half an update step and loses precision). The
 attention itself reads E_p[ψ]ᵀ V through fused_attention.py, the same closed form contracted with
 V block by block, so that the [..., N] tensor of r is never materialised.
+
+Validation at the boundary: the public functions check what they are handed and call the private
+`_continuous_softmax` / `_variance_kl`, which hold only the math; the library's own callers, whose
+arguments the model already validated, call those directly.
 """
 
 from __future__ import annotations
@@ -24,14 +28,13 @@ from .basis import GaussianBasis
 
 
 def continuous_softmax(
-    mu: torch.Tensor, sigma_sq: torch.Tensor, basis: GaussianBasis, *, check: bool = True
+    mu: torch.Tensor, sigma_sq: torch.Tensor, basis: GaussianBasis
 ) -> torch.Tensor:
     """E_p[ψ(t)] for p = 𝒩(μ, σ²): mu, sigma_sq [...] → [..., N].
 
     mu and sigma_sq must be floating-point tensors that broadcast together (the result has their
-    promoted dtype); mu must be finite and sigma_sq positive and finite. `check=False` skips the
-    value checks (one host synchronisation) for callers that built the arguments.
-    """
+    promoted dtype); mu must be finite and sigma_sq positive and finite (checked here, with one
+    host synchronisation: this is the entry point for tensors from outside the library)."""
     check_tensor("mu", mu)
     check_tensor("sigma_sq", sigma_sq)
     check_floating("mu", mu)
@@ -44,14 +47,18 @@ def continuous_softmax(
         raise ValueError(
             f"mu {tuple(mu.shape)} and sigma_sq {tuple(sigma_sq.shape)} do not broadcast"
         ) from err
-    if check:
-        values = ValueChecks()
-        values.finite("mu", mu)
-        values.require(
-            (sigma_sq.detach() > 0) & torch.isfinite(sigma_sq.detach()),
-            "sigma_sq must be positive and finite everywhere",
-        )
-        values.run()
+    values = ValueChecks()
+    values.finite("mu", mu)
+    _require_variance(values, sigma_sq)
+    values.run()
+    return _continuous_softmax(mu, sigma_sq, basis)
+
+
+def _continuous_softmax(
+    mu: torch.Tensor, sigma_sq: torch.Tensor, basis: GaussianBasis
+) -> torch.Tensor:
+    """r = E_p[ψ(t)] = 𝒩(μ; c, σ² + w²): mu, sigma_sq [...] → [..., N] (`continuous_softmax`
+    without the checks)."""
     # The basis is a grid of widths × centres: only the squared distance depends on the centre and
     # only the variance on the width, so the full [..., N] tensor is touched by two kernels.
     c = basis.center_grid.to(device=mu.device, dtype=mu.dtype)  # [C]
@@ -67,26 +74,27 @@ def continuous_softmax(
     return r.flatten(-2)  # [..., N] in the basis' width-major order
 
 
-def variance_kl(sigma_sq: torch.Tensor, sigma_0: float, *, check: bool = True) -> torch.Tensor:
+def variance_kl(sigma_sq: torch.Tensor, sigma_0: float) -> torch.Tensor:
     """The variance part of KL(𝒩(μ, σ²) ‖ 𝒩(μ₀, σ₀²)), the paper's regulariser on
     the variance, elementwise:
 
         ½ (σ²/σ₀² − log(σ²/σ₀²) − 1)
 
     It is zero at σ = σ₀ and keeps the attention densities from collapsing or spreading out.
-    sigma_sq: a floating-point tensor, positive and finite; sigma_0 > 0. `check=False` skips the
-    value check of sigma_sq (one host synchronisation) for callers that built it.
-    """
+    sigma_sq: a floating-point tensor, positive and finite (checked here, with one host
+    synchronisation); sigma_0 > 0."""
     check_tensor("sigma_sq", sigma_sq)
     check_floating("sigma_sq", sigma_sq)
     check_range("sigma_0", sigma_0, 0.0, low_open=True)
-    if check:
-        values = ValueChecks()
-        values.require(
-            (sigma_sq.detach() > 0) & torch.isfinite(sigma_sq.detach()),
-            "sigma_sq must be positive and finite everywhere",
-        )
-        values.run()
+    values = ValueChecks()
+    _require_variance(values, sigma_sq)
+    values.run()
+    return _variance_kl(sigma_sq, sigma_0)
+
+
+def _variance_kl(sigma_sq: torch.Tensor, sigma_0: float) -> torch.Tensor:
+    """½ (σ²/σ₀² − log(σ²/σ₀²) − 1) elementwise, in sigma_sq's dtype (`variance_kl` without the
+    checks)."""
     # at least float32: near σ = σ₀ the three terms cancel, and in bfloat16 their rounding
     # (~4e-3 each) made the KL negative; the result has the input's dtype
     wide = sigma_sq.float() if sigma_sq.dtype in (torch.float16, torch.bfloat16) else sigma_sq
@@ -95,3 +103,10 @@ def variance_kl(sigma_sq: torch.Tensor, sigma_0: float, *, check: bool = True) -
     # overflow to inf (or underflow to 0), and inf − log(inf) would be NaN where the KL is inf
     log_ratio = torch.log(wide) - 2.0 * math.log(sigma_0)
     return (0.5 * (ratio - log_ratio - 1.0)).to(sigma_sq.dtype)
+
+
+def _require_variance(values: ValueChecks, sigma_sq: torch.Tensor) -> None:
+    sigma_sq = sigma_sq.detach()
+    values.require(
+        (sigma_sq > 0) & torch.isfinite(sigma_sq), "sigma_sq must be positive and finite everywhere"
+    )

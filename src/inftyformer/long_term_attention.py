@@ -27,7 +27,15 @@ The extra variance starts at `sigma_init`², or at the floor `min_sigma_sq` when
 so a query that matches one place reads that place at the basis' resolution. `sharpness` β
 sharpens the discrete attention, p_n = softmax_n(β s_n + w_μ,n), so that a query whose best match
 stands out reads there rather than at the mean of its matches; centres before `sink_edge` are
-not read. `read_heads` returns each head's read before the heads are merged, with the read's
+not read. `density="mixture"` (ours) reads the discrete attention itself instead of a Gaussian
+matched to its moments: p(t) = Σ_n p_n δ(t − c_n), a mixture of the signal at the centres,
+
+    z = E_p[v(t)] = Σ_n p_n x̄(c_n) W^V
+
+so a query whose attention is spread over several places (ordinary text) reads their values
+rather than the signal between them, and a query that matches one place reads the signal there
+exactly (μ, σ² are still its moments: the KL term, sticky memories and the diagnostics use them).
+`read_heads` returns each head's read before the heads are merged, with the read's
 log-mass log Σ_n exp(s_n) (the unnormalised weight a softmax over the signal's places would give
 the memory), for a read merged into a pretrained model's own heads (`hf/head_read.py`).
     r = E_p[ψ] = 𝒩(μ; c, σ² + w²)                                      (continuous softmax)
@@ -36,6 +44,11 @@ the memory), for a read merged into a pretrained model's own heads (`hf/head_rea
 The KL term ½(σ²/σ₀² − log(σ²/σ₀²) − 1) keeps σ near σ₀. Rows whose memory is empty read
 nothing (their context is exactly 0 and they add no KL), but every parameter stays in the graph,
 so DistributedDataParallel needs no `find_unused_parameters`.
+
+Validation at the boundary: `attention.attend(query, state)` checks a query and a state handed in
+from outside, then calls the module; the module call itself (`attention(query, state)`, which the
+transformer block and the pretrained adapter's hooks make, so that forward hooks see every read)
+holds only the computation.
 """
 
 from __future__ import annotations
@@ -52,8 +65,9 @@ from torch import nn
 from ._checks import ValueChecks, check_dtype, check_tensor
 from ._init import init_projection
 from .basis import GaussianBasis
-from .continuous_softmax import variance_kl
+from .continuous_softmax import _variance_kl
 from .fused_attention import expected_values
+from .long_term_config import CONTENT_DENSITIES
 from .long_term_memory import LongTermConfig, LongTermState, allowed_dtypes
 from .precision import at_least_float32, full_precision, wide_dtype
 
@@ -144,7 +158,7 @@ class LongTermAttention(nn.Module):
         c = self.config
         if c.sigma_init is not None:
             self.sigma_head.bias.fill_(math.log(math.expm1(c.sigma_init**2)))
-        elif c.density == "content":  # the extra variance starts at the floor
+        elif c.density in CONTENT_DENSITIES:  # the extra variance starts at the floor
             self.sigma_head.bias.fill_(math.log(math.expm1(c.min_sigma_sq)))
 
     def reset_projections(self, std: float) -> None:
@@ -169,10 +183,12 @@ class LongTermAttention(nn.Module):
         v = self.value(B).view(batch, -1, H, d).transpose(1, 2)  # V = B W^V  [batch, H, N, d]
         with full_precision(B):
             B32 = at_least_float32(B)
-            if c.density == "content":  # every score is needed  [b, H, N, d]
-                psi = self.basis(self.basis.centers.to(B32.dtype), check=False)  # ψ_j(c_n) [N, N]
+            if c.density in CONTENT_DENSITIES:  # every score is needed  [b, H, N, d]
+                psi = self.basis._psi(self.basis.centers.to(B32.dtype))  # ψ_j(c_n) [N, N]
                 signal = torch.matmul(psi, B32)  # x̄(c_n) = Bᵀ ψ(c_n)  [b, N, e]
                 K = self.key(signal).view(batch, -1, H, d).transpose(1, 2) / math.sqrt(d)
+                if c.density == "mixture":  # v(c_n) = x̄(c_n) W^V  [b, H, N, d]
+                    v = self.value(signal.to(B.dtype)).view(batch, -1, H, d).transpose(1, 2)
                 return PreparedMemory(values=v, keys=K)
             w = torch.cat([self.mu_head.weight, self.sigma_head.weight])  # [2, N]
             if c.density == "paper":
@@ -188,42 +204,48 @@ class LongTermAttention(nn.Module):
             keys = k_folded.view(batch, 2, H, d).permute(0, 2, 3, 1) / math.sqrt(d)  # [b,H,d,2]
         return PreparedMemory(values=v, keys=keys, gram=gram)
 
+    def attend(self, query: torch.Tensor, state: LongTermState) -> LongTermAttentionOutput:
+        """The read of `forward` for a query and a state handed in from outside the library:
+        both are checked first (types, shapes, dtypes, device, finite values and the state's
+        invariants; one host synchronisation), then the module is called."""
+        c = self.config
+        if not isinstance(state, LongTermState):
+            raise TypeError(f"state must be a LongTermState, got {type(state).__name__}")
+        values = ValueChecks()
+        state.check(c, "state", values=values)
+        check_tensor("query", query, 3)
+        if query.shape[0] != state.batch_size or query.shape[2] != c.dim:
+            raise ValueError(
+                f"query must have shape (batch={state.batch_size}, queries, e={c.dim}), "
+                f"got {tuple(query.shape)}"
+            )
+        if query.shape[1] == 0:
+            raise ValueError("query must hold at least one query vector (got 0 queries)")
+        check_dtype("query", query, *allowed_dtypes(self.key.weight))
+        for name, t in (("query", query), ("state.coefficients", state.coefficients)):
+            if t.device != self.key.weight.device:
+                raise ValueError(
+                    f"{name} is on {t.device}, the attention on {self.key.weight.device}"
+                )
+        values.finite("query", query)
+        values.run()
+        return self(query, state)
+
     def forward(
         self,
         query: torch.Tensor,
         state: LongTermState,
         *,
-        check: bool = True,
         prepared: PreparedMemory | None = None,
         heads: bool = False,
     ) -> LongTermAttentionOutput | HeadsRead:
-        """query [batch, Q, e] (already projected unless `config.query_projection`).
-        `check=False` skips the validation of the arguments (for callers that built them);
-        `prepared`: `prepare(state, query.dtype)` computed once for many reads of an unchanging
-        state (generation), instead of at every call; `heads`: each head's read before the
-        heads are merged (`read_heads`), for a caller that merges them into its own."""
+        """query [batch, Q, e] (already projected unless `config.query_projection`), read from
+        `state`, both as the library builds them (a block's queries, a state the model checked;
+        `attend` checks inputs from outside first). `prepared`: `prepare(state, query.dtype)`
+        computed once for many reads of an unchanging state (generation), instead of at every
+        call; `heads`: each head's read before the heads are merged (`read_heads`), for a caller
+        that merges them into its own."""
         c = self.config
-        if check:
-            if not isinstance(state, LongTermState):
-                raise TypeError(f"state must be a LongTermState, got {type(state).__name__}")
-            values = ValueChecks()
-            state.check(c, "state", values=values)
-            check_tensor("query", query, 3)
-            if query.shape[0] != state.batch_size or query.shape[2] != c.dim:
-                raise ValueError(
-                    f"query must have shape (batch={state.batch_size}, queries, e={c.dim}), "
-                    f"got {tuple(query.shape)}"
-                )
-            if query.shape[1] == 0:
-                raise ValueError("query must hold at least one query vector (got 0 queries)")
-            check_dtype("query", query, *allowed_dtypes(self.key.weight))
-            for name, t in (("query", query), ("state.coefficients", state.coefficients)):
-                if t.device != self.key.weight.device:
-                    raise ValueError(
-                        f"{name} is on {t.device}, the attention on {self.key.weight.device}"
-                    )
-            values.finite("query", query)
-            values.run()
         if heads:
             return self.read_heads(query, state, prepared)
         batch, num_q, _ = query.shape
@@ -246,8 +268,8 @@ class LongTermAttention(nn.Module):
         query [batch, Q, e] (projected by W^Q here when the config has it). The caller merges
         z into its own heads by the log-mass (`hf/head_read.py`); rows whose memory is empty
         get log-mass −inf (no weight) and z = 0."""
-        if self.config.density != "content":
-            raise ValueError("read_heads needs the content density (density='content')")
+        if self.config.density not in CONTENT_DENSITIES:
+            raise ValueError("read_heads needs a content density (density='mixture' or 'content')")
         if prepared is None:
             prepared = self.prepare(state, query.dtype)
         z, mu, sigma_sq, log_mass = self._read(query, prepared, with_mass=True)
@@ -270,16 +292,23 @@ class LongTermAttention(nn.Module):
         log_mass = None
         with full_precision(query):  # μ, σ² in float32 also under autocast (precision.py)
             q32 = at_least_float32(q)
-            if c.density == "content":
-                mu, sigma_sq, log_mass = self._content_density(q32, prepared.keys, with_mass)
+            if c.density in CONTENT_DENSITIES:
+                p, mu, sigma_sq, log_mass = self._content_density(q32, prepared.keys, with_mass)
             else:
                 mu, sigma_sq = self._linear_density(q32, prepared)  # [batch, H, Q] each
+        if c.density == "mixture":  # z = Σ_n p_n v(c_n)  [b, H, Q, d]
+            return (
+                torch.matmul(p.to(prepared.values.dtype), prepared.values),
+                mu,
+                sigma_sq,
+                log_mass,
+            )
         z = self._expected_values(mu, sigma_sq, prepared.values)  # E_p[v(t)]  [b, H, Q, d]
         return z, mu, sigma_sq, log_mass
 
     def _kl(self, sigma_sq: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:
         """Mean variance-KL over the rows whose memory holds something (filled [batch])."""
-        kl_rows = variance_kl(sigma_sq, self.config.sigma_0, check=False).mean(dim=(1, 2))
+        kl_rows = _variance_kl(sigma_sq, self.config.sigma_0).mean(dim=(1, 2))
         return (kl_rows * filled).sum() / filled.sum().clamp(min=1.0)
 
     def _linear_density(
@@ -297,10 +326,10 @@ class LongTermAttention(nn.Module):
 
     def _content_density(
         self, q: torch.Tensor, keys: torch.Tensor, with_mass: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """ "content": the moments of a discrete attention over the basis centres (module doc).
-        q [b, H, Q, d], keys K / √d [b, H, N, d] → μ, σ² and (`with_mass`, else None)
-        log Σ_n exp(s_n)  [b, H, Q]."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """ "content"/"mixture": a discrete attention over the basis centres and its moments
+        (module doc). q [b, H, Q, d], keys K / √d [b, H, N, d] → p [b, H, Q, N], μ, σ² and
+        (`with_mass`, else None) log Σ_n exp(s_n)  [b, H, Q]."""
         c = self.config
         s = torch.matmul(q, keys.transpose(-1, -2))  # s = K q / √d  [b, H, Q, N]
         centers = self.basis.centers.to(s.dtype)  # c_n  [N]
@@ -316,7 +345,7 @@ class LongTermAttention(nn.Module):
         spread = (p * (centers - mu.unsqueeze(-1)).square()).sum(-1)  # Σ p_n (c_n − μ)²
         extra = F.softplus(torch.matmul(scores, w_sigma) + self.sigma_head.bias)
         log_mass = torch.logsumexp(s, dim=-1) if with_mass else None  # log Σ_n exp(s_n)
-        return mu, (spread + extra).clamp(min=c.min_sigma_sq), log_mass
+        return p, mu, (spread + extra).clamp(min=c.min_sigma_sq), log_mass
 
     def _expected_values(
         self, mu: torch.Tensor, sigma_sq: torch.Tensor, v: torch.Tensor

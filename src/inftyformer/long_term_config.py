@@ -15,7 +15,9 @@ from .ridge import update_gain
 # and the ~1% error of the estimate cannot matter.
 MAX_UPDATE_GAIN = 0.95
 
-DENSITY_FORMS = ("paper", "normalized", "content")
+DENSITY_FORMS = ("paper", "normalized", "content", "mixture")
+# the densities built from a discrete attention over the basis centres (retrieval by content)
+CONTENT_DENSITIES = ("content", "mixture")
 # how a pretrained model's block uses its read (`inftyformer.hf`): added to the attention output
 # (the paper's), or merged into the base's own heads by attention mass (`hf/head_read.py`)
 MEMORY_READS = ("added", "heads")
@@ -31,21 +33,23 @@ def check_density(
         check_range("sigma_init", sigma_init, 0.0, 10.0, low_open=True)
     check_range("sharpness", sharpness, 0.0, 1e6, low_open=True)
     check_range("sink_edge", sink_edge, 0.0, 0.5)
-    if density != "content" and (sharpness != 1.0 or sink_edge != 0.0):
+    if density not in CONTENT_DENSITIES and (sharpness != 1.0 or sink_edge != 0.0):
         raise ValueError(
-            "sharpness and sink_edge shape the content density: set density='content' "
+            "sharpness and sink_edge shape the content density: set density='content' or "
+            "'mixture' "
             f"(got density={density!r})"
         )
 
 
 def check_memory_read(memory_read: object, density: object) -> None:
-    """`memory_read` of a pretrained model's memory: one of MEMORY_READS; "heads" reads with the
-    content density."""
+    """`memory_read` of a pretrained model's memory: one of MEMORY_READS; "heads" reads with a
+    content density ("content" or "mixture")."""
     if memory_read not in MEMORY_READS:
         raise ValueError(f"memory_read must be one of {MEMORY_READS}, got {memory_read!r}")
-    if memory_read == "heads" and density != "content":
+    if memory_read == "heads" and density not in CONTENT_DENSITIES:
         raise ValueError(
-            "memory_read='heads' reads with the content density: set density='content' "
+            "memory_read='heads' reads with the content density: set density='mixture' or "
+            "'content' "
             f"(got {density!r})"
         )
 
@@ -90,13 +94,14 @@ class LongTermConfig:
     # how the scores s = K q / √d become the density (long_term_attention.py): "paper" feeds s
     # to w_μ, w_σ as in the paper's §3.2; "normalized" standardises s over the N basis keys
     # first, so that μ and σ depend on the query however small s is (at initialisation);
-    # "content" matches the density to a softmax over the basis keys (retrieval by content)
+    # "content" matches the density to a softmax over the basis keys (retrieval by content);
+    # "mixture" reads that softmax itself: a mixture of the signal at the basis centres
     density: str = "normalized"
-    # "content" only: β of p_n = softmax(β s_n + w_μ,n), how sharply a read settles on the best
-    # match (the log-mass of a read, `LongTermAttention.read_heads`, uses s itself)
+    # "content"/"mixture" only: β of p_n = softmax(β s_n + w_μ,n), how sharply a read settles on
+    # the best match (the log-mass of a read, `LongTermAttention.read_heads`, uses s itself)
     sharpness: float = 1.0
-    # "content" only: the centres c_n < sink_edge are not read. The oldest edge of the signal
-    # holds the document's first tokens, where a pretrained model parks attention it does not
+    # "content"/"mixture" only: the centres c_n < sink_edge are not read. The oldest edge of the
+    # signal holds the document's first tokens, where a pretrained model parks attention it does not
     # need (the attention sink); a window recomputed before each segment has its own.
     sink_edge: float = 0.0
     # σ of every density at initialisation (the bias of w_σ); None: PyTorch's default
@@ -193,6 +198,7 @@ def _candidate_fixes(c: LongTermConfig):
 
 __all__ = [
     "CHANGEABLE_SETTINGS",
+    "CONTENT_DENSITIES",
     "DENSITY_FORMS",
     "DERIVED_SETTINGS",
     "MAX_UPDATE_GAIN",

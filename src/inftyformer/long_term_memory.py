@@ -13,6 +13,11 @@ only parameters (the CNN gate) and caches of constants (the design matrices G).
 
 The update and the sticky sampling are the paper's "unbounded memory" and "sticky memories".
 The settings (`LongTermConfig`) and the update-gain check are `long_term_config.py`.
+
+The public methods (`update`, `update_traced`, `observe`, `sample_positions`, `signal`) check what
+they are handed and call private ones that hold only the computation (`_update`, `_observe`,
+`_sample_positions`); the transformer block and the pretrained adapter, whose states the model
+validated where they entered, call the private ones.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from ._checks import (
     ValueChecks,
     check_dtype,
     check_floating,
+    check_generator,
     check_positive_int,
     check_shape,
     check_tensor,
@@ -44,8 +50,9 @@ from .long_term_config import (  # noqa: F401  (re-exported: the settings' old h
 from .precision import allowed_dtypes, wide_dtype  # noqa: F401  (re-exported)
 from .ridge import (
     RidgeRegression,
+    _evaluate_signal,
+    _fit_coefficients,
     evaluate_signal,
-    fit_coefficients,
     infinite_positions,
     limit_to_data,
     supremum_grid,
@@ -309,32 +316,32 @@ class LongTermMemory(nn.Module):
         return mass / mass.sum(-1, keepdim=True)
 
     def observe(
-        self,
-        state: LongTermState,
-        mu: torch.Tensor,
-        sigma_sq: torch.Tensor,
-        *,
-        check: bool = True,
+        self, state: LongTermState, mu: torch.Tensor, sigma_sq: torch.Tensor
     ) -> LongTermState:
         """Sticky memories: record where a call's queries attended (μ, σ² [batch, heads,
         queries]) for the next resampling. The histogram is averaged over every call since the
         last update, weighted by its number of queries, so that one call of C queries and C calls
         of one query give about the same histogram. Rows with an empty memory read nothing and
-        record nothing. A no-op unless `config.sticky`. `check=False` skips the validation of
-        the arguments (for callers that built them, e.g. the transformer block)."""
-        if check:
-            values = ValueChecks()
-            self.check_state(state, values=values)
-            check_shape("mu", mu, (state.batch_size, None, None))
-            check_shape("sigma_sq", sigma_sq, tuple(mu.shape))
-            check_floating("mu", mu)
-            check_floating("sigma_sq", sigma_sq)
-            values.finite("mu", mu)
-            values.require(
-                (sigma_sq.detach() > 0) & torch.isfinite(sigma_sq.detach()),
-                "sigma_sq must be positive and finite everywhere",
-            )
-            values.run()
+        record nothing. A no-op unless `config.sticky`. Checks its arguments (one host
+        synchronisation); the transformer block calls the unchecked `_observe`."""
+        values = ValueChecks()
+        self.check_state(state, values=values)
+        check_shape("mu", mu, (state.batch_size, None, None))
+        check_shape("sigma_sq", sigma_sq, tuple(mu.shape))
+        check_floating("mu", mu)
+        check_floating("sigma_sq", sigma_sq)
+        values.finite("mu", mu)
+        values.require(
+            (sigma_sq.detach() > 0) & torch.isfinite(sigma_sq.detach()),
+            "sigma_sq must be positive and finite everywhere",
+        )
+        values.run()
+        return self._observe(state, mu, sigma_sq)
+
+    def _observe(
+        self, state: LongTermState, mu: torch.Tensor, sigma_sq: torch.Tensor
+    ) -> LongTermState:
+        """`observe` on valid arguments."""
         if not self.config.sticky or mu.shape[-1] == 0:  # nothing attended, nothing recorded
             return state
         hist = self.attention_histogram(mu, sigma_sq).to(state.attention_mass.dtype)  # [b, bins]
@@ -345,19 +352,19 @@ class LongTermMemory(nn.Module):
         return observed.select(~state.empty, state)
 
     def sample_positions(
-        self,
-        state: LongTermState,
-        generator: torch.Generator | None = None,
-        *,
-        check: bool = True,
+        self, state: LongTermState, generator: torch.Generator | None = None
     ) -> torch.Tensor:
         """Where to read the old signal before squeezing it: u [M] (uniform grid i/M) or
-        [batch, M] (sticky: drawn from the attention histogram, sorted). `check=False` skips the
-        validation of the state (for callers that checked it)."""
+        [batch, M] (sticky: drawn from the attention histogram, sorted). Checks the state."""
+        self.check_state(state)
+        check_generator(generator)
+        return self._sample_positions(state, generator)
+
+    def _sample_positions(
+        self, state: LongTermState, generator: torch.Generator | None
+    ) -> torch.Tensor:
+        """`sample_positions` for a valid state."""
         c = self.config
-        if check:
-            self.check_state(state)
-            _check_generator(generator)
         B = state.coefficients
         if not c.sticky:
             return (
@@ -398,55 +405,51 @@ class LongTermMemory(nn.Module):
         return x * torch.sigmoid(g.squeeze(2).transpose(1, 2))  # [batch, L, e]
 
     def update(
-        self,
-        state: LongTermState,
-        x: torch.Tensor,
-        generator: torch.Generator | None = None,
-        *,
-        check: bool = True,
+        self, state: LongTermState, x: torch.Tensor, generator: torch.Generator | None = None
     ) -> LongTermState:
         """Put the new vectors x [batch, L, e] into memory and return the new state.
 
         Empty rows get the first fit; the others the unbounded update (old signal resampled,
         squeezed into [0, τ], refitted with x). B_past is detached; the returned coefficients
         carry the graph of this step only (through the CNN gate and x), so callers detach the
-        state before keeping it across segments. `check=False` skips the validation of the
-        arguments (for callers that built them, e.g. the transformer block).
+        state before keeping it across segments. Checks its arguments (one host
+        synchronisation); the transformer block calls the unchecked `_update`.
         """
-        return self.update_traced(state, x, generator, check=check)[0]
+        return self.update_traced(state, x, generator)[0]
 
     def update_traced(
-        self,
-        state: LongTermState,
-        x: torch.Tensor,
-        generator: torch.Generator | None = None,
-        *,
-        check: bool = True,
+        self, state: LongTermState, x: torch.Tensor, generator: torch.Generator | None = None
     ) -> tuple[LongTermState, LongTermUpdate]:
         """`update`, and what it did (`LongTermUpdate`: the vectors fitted after the gate, where
         the old signal was read before the squeeze, which rows got a first fit): the same
         computation, the record only keeps references to tensors it made anyway."""
         c = self.config
-        if check:
-            values = ValueChecks()
-            self.check_state(state, values=values)
-            check_tensor("x", x, 3)
-            if x.shape[0] != state.batch_size or x.shape[2] != c.dim:
-                raise ValueError(
-                    f"x must have shape (batch={state.batch_size}, length, e={c.dim}), "
-                    f"got {tuple(x.shape)}"
-                )
-            if x.shape[1] == 0:
-                raise ValueError("x must hold at least one vector (got a zero-length segment)")
-            check_floating("x", x)
-            if x.device != state.coefficients.device:
-                raise ValueError(
-                    f"x is on {x.device}, the state on {state.coefficients.device}: "
-                    "use state.to(device)"
-                )
-            _check_generator(generator)
-            values.finite("x", x)
-            values.run()
+        values = ValueChecks()
+        self.check_state(state, values=values)
+        check_tensor("x", x, 3)
+        if x.shape[0] != state.batch_size or x.shape[2] != c.dim:
+            raise ValueError(
+                f"x must have shape (batch={state.batch_size}, length, e={c.dim}), "
+                f"got {tuple(x.shape)}"
+            )
+        if x.shape[1] == 0:
+            raise ValueError("x must hold at least one vector (got a zero-length segment)")
+        check_floating("x", x)
+        if x.device != state.coefficients.device:
+            raise ValueError(
+                f"x is on {x.device}, the state on {state.coefficients.device}: "
+                "use state.to(device)"
+            )
+        check_generator(generator)
+        values.finite("x", x)
+        values.run()
+        return self._update(state, x, generator)
+
+    def _update(
+        self, state: LongTermState, x: torch.Tensor, generator: torch.Generator | None
+    ) -> tuple[LongTermState, LongTermUpdate]:
+        """`update_traced` on valid arguments."""
+        c = self.config
         x = self.smooth(x.to(state.coefficients.dtype))
         length = x.shape[1]
         empty = state.empty.to(x.device)
@@ -455,14 +458,14 @@ class LongTermMemory(nn.Module):
         if bool(empty.any()):
             # first fit: B = G_Lᵀ X                                        [batch, N, e]
             G_L = self.ridge.segment(length, x.device, x.dtype)  # [L, N]
-            B_new = fit_coefficients(x, G_L, check=False)
+            B_new = _fit_coefficients(x, G_L)
         if not bool(empty.all()):
-            u = self.sample_positions(state, generator, check=False)  # [M] or [batch, M]
+            u = self._sample_positions(state, generator)  # [M] or [batch, M]
             # x̃ = B_pastᵀ ψ(u)  [batch, M, e]
-            x_old = evaluate_signal(B_past, self.basis, u, check=False)
+            x_old = _evaluate_signal(B_past, self.basis, u)
             G_inf = self.infinite_design(length, x.device, x.dtype)  # [M + L, N]
             # [batch, N, e]
-            B_upd = fit_coefficients(torch.cat([x_old, x], dim=1), G_inf, check=False)
+            B_upd = _fit_coefficients(torch.cat([x_old, x], dim=1), G_inf)
             # sticky: u follows the attention and no config check bounds A(u) (ridge.py), so
             # B is scaled to max_grid |x̄| ≤ max(max_grid |x̄_past|, max |X|)  (§3.3–3.4)
             if c.sticky:
@@ -480,13 +483,6 @@ class LongTermMemory(nn.Module):
         """Read the stored signal x̄(t) back at positions t [T] → [batch, T, e]."""
         self.check_state(state)
         return evaluate_signal(state.coefficients, self.basis, t)
-
-
-def _check_generator(generator: object) -> None:
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(
-            f"generator must be a torch.Generator or None, got {type(generator).__name__}"
-        )
 
 
 __all__ = [

@@ -151,12 +151,18 @@ class MemoryLM(nn.Module):
             self, prompt, max_new_tokens, temperature, top_k, top_p, state, generator
         )
 
-    def check_state(self, state: MemoryState, batch_size: int | None = None) -> None:
+    def check_state(
+        self,
+        state: MemoryState,
+        batch_size: int | None = None,
+        values: ValueChecks | None = None,
+    ) -> None:
         """Validate a state for this model before any computation: one layer state per block,
         each matching the model type (provenance), shapes, dtypes (the model's floating dtype,
         under autocast also the autocast dtype; lengths int64, `empty` bool), the model's
         device, and the values (finite, lengths in range, sticky histograms), the values read
-        with one host synchronisation for the whole state."""
+        with one host synchronisation for the whole state (here, or by the caller that passes
+        `values`)."""
         if not isinstance(state, MemoryState):
             raise TypeError(f"state must be a MemoryState, got {type(state).__name__}")
         if len(state.layers) != len(self.blocks):
@@ -166,7 +172,8 @@ class MemoryLM(nn.Module):
         batch = state.batch_size if batch_size is None else batch_size
         device = self._param.device
         dtypes = allowed_dtypes(self._param)
-        values = ValueChecks()
+        own = values is None
+        values = ValueChecks() if own else values
         for i, (block, layer) in enumerate(zip(self.blocks, state.layers, strict=True)):
             block.check_state(layer, batch, f"state.layers[{i}]", dtypes, values)
             for name, t in layer.tensors().items():
@@ -175,15 +182,23 @@ class MemoryLM(nn.Module):
                         f"state.layers[{i}].{name} is on {t.device}, the model on "
                         f"{device}: use state.to(device)"
                     )
-        values.run()
+        if own:
+            values.run()
 
     # ------------------------------------------------------------------ inputs
-    def _check_ids(self, name: str, ids: object, allow_ignore: bool) -> torch.Tensor:
+    def _check_ids(
+        self, name: str, ids: object, allow_ignore: bool, values: ValueChecks
+    ) -> torch.Tensor:
         ignore = IGNORE_INDEX if allow_ignore else None
-        return check_token_ids(name, ids, self.config.vocab_size, self._param.device, ignore)
+        device = self._param.device
+        return check_token_ids(name, ids, self.config.vocab_size, device, ignore, values)
 
     def _prepare_state(
-        self, state: MemoryState | None, batch: int, reset: torch.Tensor | None
+        self,
+        state: MemoryState | None,
+        batch: int,
+        reset: torch.Tensor | None,
+        values: ValueChecks,
     ) -> MemoryState:
         if reset is not None:
             if not isinstance(reset, torch.Tensor) or reset.dtype != torch.bool:
@@ -202,7 +217,7 @@ class MemoryLM(nn.Module):
                 f"state has batch size {state.batch_size} but tokens have {batch} rows "
                 "(pass reset=all True to start new streams)"
             )
-        self.check_state(state, batch)
+        self.check_state(state, batch, values)
         return state if reset is None else state.reset(reset)
 
     # ------------------------------------------------------------------ forward
@@ -220,7 +235,10 @@ class MemoryLM(nn.Module):
         return what each layer's memories did (`LMOutput.trace`, for `inftyformer.inspection`:
         the long-term reads' μ, σ², the long-term updates, the compressed slots)."""
         c = self.config
-        tokens = self._check_ids("tokens", tokens, allow_ignore=False)
+        # what the caller hands in is checked here, once; the values (token ranges, the state's
+        # finiteness and invariants) with one host synchronisation. The blocks run unchecked.
+        values = ValueChecks()
+        tokens = self._check_ids("tokens", tokens, False, values)
         batch, length = tokens.shape
         if length > c.segment_len:
             raise ValueError(
@@ -228,13 +246,14 @@ class MemoryLM(nn.Module):
                 "cut it with inftyformer.stream_loss or raise segment_len"
             )
         if targets is not None:
-            targets = self._check_ids("targets", targets, allow_ignore=True)
+            targets = self._check_ids("targets", targets, True, values)
             if targets.shape != tokens.shape:
                 raise ValueError(
                     f"targets must have the shape of tokens {tuple(tokens.shape)}, "
                     f"got {tuple(targets.shape)}"
                 )
-        state = self._prepare_state(state, batch, reset)
+        state = self._prepare_state(state, batch, reset, values)
+        values.run()
 
         x = self.dropout(self.embedding(tokens))  # [batch, L, d]
         layers: list[LayerState] = []

@@ -12,6 +12,10 @@ It stops the fitted signal from blowing up at the ends of [0, 1].
 
 G is built in float64 with a linear solve (never an explicit inverse: in float32 that is ~1% off at
 N = 512) and depends only on (positions, N, widths, λ, padding), so callers cache it.
+
+`fit_coefficients` and `evaluate_signal` check what they are handed and call `_fit_coefficients`
+and `_evaluate_signal`, which hold only the math; the long-term memory calls those directly on
+the tensors it built.
 """
 
 from __future__ import annotations
@@ -108,30 +112,40 @@ def _check_basis(basis: object) -> None:
         raise TypeError(f"basis must be a GaussianBasis, got {type(basis).__name__}")
 
 
-def fit_coefficients(x: torch.Tensor, G: torch.Tensor, *, check: bool = True) -> torch.Tensor:
-    """B = Gᵀ X for a batch: x [batch, P, e], G [P, N] → B [batch, N, e]. Both floating point;
-    in float32 at least, also under autocast (precision.py); `check=False` skips the finiteness
-    check (a host synchronisation)."""
-    check_tensor("x", x, 3)
-    check_floating("x", x)
-    check_shape("G", G, (x.shape[1], None))
-    check_floating("G", G)
-    if check:
-        values = ValueChecks()
-        values.finite("x", x)
-        values.finite("G", G)
-        values.run()
+def _fit_coefficients(x: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+    """B = Gᵀ X: x [batch, P, e], G [P, N] → B [batch, N, e], in float32 at least, also under
+    autocast (precision.py)."""
     with full_precision(x):
         x = at_least_float32(x)
         return torch.einsum("pn,bpe->bne", G.to(dtype=x.dtype, device=x.device), x)
 
 
-def evaluate_signal(
-    B: torch.Tensor, basis: GaussianBasis, t: torch.Tensor, *, check: bool = True
-) -> torch.Tensor:
-    """x̄(t) = Bᵀ ψ(t): B [batch, N, e], t [T] or [batch, T] → [batch, T, e]. B and t floating
-    point; in float32 at least, also under autocast (precision.py); `check=False` skips their
-    finiteness check (a host synchronisation)."""
+def _evaluate_signal(B: torch.Tensor, basis: GaussianBasis, t: torch.Tensor) -> torch.Tensor:
+    """x̄(t) = Bᵀ ψ(t): B [batch, N, e], t [T] or [batch, T] → [batch, T, e], in float32 at
+    least, also under autocast (precision.py)."""
+    with full_precision(B):
+        B = at_least_float32(B)
+        psi = basis._psi(t.to(dtype=B.dtype, device=B.device))  # [T, N] or [batch, T, N]
+        return torch.matmul(psi, B)
+
+
+def fit_coefficients(x: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+    """`_fit_coefficients` for arguments from outside: x [batch, P, e] and G [P, N] floating
+    point and finite (one host synchronisation)."""
+    check_tensor("x", x, 3)
+    check_floating("x", x)
+    check_shape("G", G, (x.shape[1], None))
+    check_floating("G", G)
+    values = ValueChecks()
+    values.finite("x", x)
+    values.finite("G", G)
+    values.run()
+    return _fit_coefficients(x, G)
+
+
+def evaluate_signal(B: torch.Tensor, basis: GaussianBasis, t: torch.Tensor) -> torch.Tensor:
+    """`_evaluate_signal` for arguments from outside: B [batch, N, e] and t [T] or [batch, T]
+    floating point and finite (one host synchronisation)."""
     _check_basis(basis)
     check_shape("B", B, (None, basis.num_basis, None))
     check_floating("B", B)
@@ -139,15 +153,11 @@ def evaluate_signal(
     check_floating("t", t)
     if t.dim() not in (1, 2) or (t.dim() == 2 and t.shape[0] != B.shape[0]):
         raise ValueError(f"t must have shape [T] or [batch={B.shape[0]}, T], got {tuple(t.shape)}")
-    if check:
-        values = ValueChecks()
-        values.finite("B", B)
-        values.finite("t", t)
-        values.run()
-    with full_precision(B):
-        B = at_least_float32(B)
-        psi = basis(t.to(dtype=B.dtype, device=B.device), check=False)  # [T, N] or [batch, T, N]
-        return torch.matmul(psi, B)
+    values = ValueChecks()
+    values.finite("B", B)
+    values.finite("t", t)
+    values.run()
+    return _evaluate_signal(B, basis, t)
 
 
 def spectral_radius_bound(A: torch.Tensor, squarings: int = 12) -> float:

@@ -265,7 +265,7 @@ def attention_args(draw):
 
 def check_attention(args):
     attention, state, name, valid_state, query = args
-    call = lambda: attention(query, state)  # noqa: E731
+    call = lambda: attention.attend(query, state)  # noqa: E731
     valid = (
         isinstance(query, torch.Tensor)
         and query.dtype == torch.float32

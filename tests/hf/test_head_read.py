@@ -197,8 +197,9 @@ def test_with_an_empty_memory_the_logits_are_the_bases_and_a_filled_one_changes_
     assert torch.isfinite(third.logits).all()
 
 
-def test_every_memory_parameter_gets_a_gradient(arch):
-    model = heads_model(arch).train()
+@pytest.mark.parametrize("density", ["content", "mixture"])
+def test_every_memory_parameter_gets_a_gradient(arch, density):
+    model = heads_model(arch, density=density).train()
     ids = torch.randint(1, V, (2, 8), generator=torch.Generator().manual_seed(4))
     memory = model(ids, state=model(ids).state).state
     model(ids, state=memory, labels=ids).loss.backward()
@@ -210,8 +211,9 @@ def test_every_memory_parameter_gets_a_gradient(arch):
 
 
 @torch.no_grad()
-def test_greedy_generation_equals_recomputation_with_the_heads_read(arch):
-    model = heads_model(arch)
+@pytest.mark.parametrize("density", ["content", "mixture"])
+def test_greedy_generation_equals_recomputation_with_the_heads_read(arch, density):
+    model = heads_model(arch, density=density)
     ids = torch.randint(1, V, (2, 16), generator=torch.Generator().manual_seed(5))
     memory = model(ids[:, 8:], state=model(ids[:, :8]).state).state
     memory = model(ids[:, :8], state=memory).state  # something in the long-term memory
@@ -247,7 +249,7 @@ def test_save_and_load_keep_the_heads_read(tmp_path, arch):
         (dict(memory_read="heads"), "content density"),
         (dict(memory_read="heads", density="content", num_heads=2), "base's 4 heads"),
         (dict(memory_read="rows"), "memory_read must be one of"),
-        (dict(sharpness=10.0), "set density='content'"),
+        (dict(sharpness=10.0), "set density='content' or 'mixture'"),
         (dict(density="content", sink_edge=0.7), "sink_edge"),
         (dict(density="content", sharpness=0.0), "sharpness"),
     ],

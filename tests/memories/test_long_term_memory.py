@@ -250,9 +250,9 @@ def test_update_and_attention_reject_bad_input():
     with pytest.raises(ValueError, match="state.coefficients"):
         memory.update(bad, torch.randn(2, 5, 8))
     with pytest.raises(ValueError, match="query must have shape"):
-        attention(torch.randn(2, 4, 6), state)
+        attention.attend(torch.randn(2, 4, 6), state)
     with pytest.raises(ValueError, match="NaN"):
-        attention(torch.full((2, 4, 8), float("inf")), state)
+        attention.attend(torch.full((2, 4, 8), float("inf")), state)
     with pytest.raises(ValueError, match="batch_size"):
         memory.init_state(0)
 

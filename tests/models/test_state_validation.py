@@ -148,7 +148,7 @@ def test_long_term_state_of_the_wrong_dtype_is_refused(field, value, match):
         memory.update(bad, torch.randn(2, 5, 8))
     if field != "coefficients" or "floating" in match:
         with pytest.raises(TypeError, match=match):
-            attention(torch.randn(2, 3, 8), bad)
+            attention.attend(torch.randn(2, 3, 8), bad)
 
 
 @pytest.mark.parametrize(
@@ -171,13 +171,15 @@ def test_sticky_sampling_refuses_a_histogram_that_is_not_one(mass, training):
 def test_attention_refuses_zero_queries_and_bad_query_dtypes():
     _, attention, state = long_term()
     with pytest.raises(ValueError, match="at least one query"):
-        attention(torch.randn(2, 0, 8), state)
+        attention.attend(torch.randn(2, 0, 8), state)
     with pytest.raises(TypeError, match="query must have dtype torch.float32"):
-        attention(torch.randn(2, 3, 8, dtype=torch.float64), state)
+        attention.attend(torch.randn(2, 3, 8, dtype=torch.float64), state)
     with pytest.raises(TypeError, match="query must have dtype"):
-        attention(torch.ones(2, 3, 8, dtype=torch.long), state)
+        attention.attend(torch.ones(2, 3, 8, dtype=torch.long), state)
     with pytest.raises(ValueError, match="state.coefficients contains NaN"):
-        attention(torch.randn(2, 3, 8), replace(state, coefficients=state.coefficients * math.nan))
+        attention.attend(
+            torch.randn(2, 3, 8), replace(state, coefficients=state.coefficients * math.nan)
+        )
 
 
 def test_observe_and_update_refuse_bad_arguments():

@@ -85,12 +85,12 @@ def add_long_term_read(owner: int, index: int, module: nn.Module, args, output):
     if call.attentions is not None:  # memory_read="heads": merged into the base's heads
         attention = call.attentions[index]
         read = call.layers[index].attention
-        heads = read(h, call.long_term[index], check=False, prepared=prepared, heads=True)
+        heads = read(h, call.long_term[index], prepared=prepared, heads=True)
         call.reads[index] = heads
         bias = value_bias(attention, heads.z.shape[1])
         log_window = call.window_mass.log_mass[id(attention)]
         return merge_into_heads(output, args[0], heads, log_window, module, bias)
-    read = call.layers[index].attention(h, call.long_term[index], check=False, prepared=prepared)
+    read = call.layers[index].attention(h, call.long_term[index], prepared=prepared)
     call.reads[index] = read
     return output + read.context.to(output.dtype)  # W_o Attn(h) + LTM(h)
 

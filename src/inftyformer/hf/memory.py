@@ -106,7 +106,7 @@ def fit_waiting(
                 continue
             rows = counts == n  # [batch]
             x = waiting.memory[:, width - n :]  # the last n are valid (right-aligned)
-            updated = layer.memory.update(long_term, x, generator, check=False)
+            updated = layer.memory._update(long_term, x, generator)[0]
             long_term = updated if bool(rows.all()) else updated.select(rows, long_term)
         states.append(long_term)
     return states, unused
@@ -158,7 +158,7 @@ def written(
     layers = []
     for i, layer in enumerate(model.long_term):
         read = call.reads[i]
-        lt = layer.memory.observe(long_term[i], read.mu, read.sigma_sq, check=False)
+        lt = layer.memory._observe(long_term[i], read.mu, read.sigma_sq)
         if past:
             d = model.config.hidden_size
             h = call.normed[i]

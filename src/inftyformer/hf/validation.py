@@ -1,7 +1,8 @@
 """What a call of an `InftyformerForCausalLM` (`model.py`) is handed, checked at the boundary with
 a clear ValueError: the token ids and labels, the attention mask, the positions the call reaches,
 the options of an input longer than a segment, and a memory (its layers, shapes, dtypes, device,
-window and provenance). The internal calls that follow run unchecked (`check=False`).
+window and provenance). The internal calls that follow run unchecked (the memory's and the
+attention's private methods and the attention's module call).
 
 This module does not import `model.py` (the model imports it): the model is passed in.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import STATE_MAGNITUDE, check_token_ids
+from .._checks import STATE_MAGNITUDE, ValueChecks, check_token_ids
 from ..long_term_memory import LongTermState
 from ..model import IGNORE_INDEX
 from ..state import LayerState, MemoryState, TokenWindow
@@ -134,6 +135,7 @@ def check_state(model: nn.Module, state: object, batch_size: int) -> MemoryState
         )
     d, device = model.config.hidden_size, model._param().device
     limit = position_limit(model.config)
+    values = ValueChecks()  # every layer's values, read with one host synchronisation
     for i, (layer, part) in enumerate(zip(model.long_term, state.layers, strict=True)):
         name = f"state.layers[{i}]"
         if not isinstance(part, LayerState) or part.long_term is None:
@@ -141,15 +143,19 @@ def check_state(model: nn.Module, state: object, batch_size: int) -> MemoryState
         if part.compressed is not None:
             raise ValueError(f"{name}.compressed must be None for this model")
         # what waits is one call's hidden states: at most the base's positions
-        part.short_term.check(f"{name}.short_term", batch_size, d, limit or 1 << 30)
+        part.short_term.check(f"{name}.short_term", batch_size, d, limit or 1 << 30, values=values)
         if not isinstance(part.long_term, LongTermState):
             raise ValueError(f"{name}.long_term must be a LongTermState")
         try:  # like a native model's states: dtypes, shapes, values within STATE_MAGNITUDE
             part.long_term.check(
-                layer.memory.config, "state", layer.memory.state_dtypes(), None, STATE_MAGNITUDE
+                layer.memory.config,
+                f"{name}.long_term",
+                layer.memory.state_dtypes(),
+                values,
+                STATE_MAGNITUDE,
             )
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{name}.long_term: {err}") from err
+        except TypeError as err:
+            raise ValueError(str(err)) from err
         if part.long_term.batch_size != batch_size:
             raise ValueError(
                 f"{name}.long_term has batch size {part.long_term.batch_size}, "
@@ -160,7 +166,8 @@ def check_state(model: nn.Module, state: object, batch_size: int) -> MemoryState
                 f"{name} is on {part.long_term.coefficients.device}, the model on {device}: "
                 "use state.to(device)"
             )
-    check_window(model.config, state.window, batch_size, device)
+    check_window(model.config, state.window, batch_size, device, values)
+    values.run()
     # provenance last: a state of other shapes is named by its shapes above
     if state.source is not None and state.source != model.state_source:
         raise ValueError(
@@ -170,7 +177,10 @@ def check_state(model: nn.Module, state: object, batch_size: int) -> MemoryState
     return state
 
 
-def check_window(config, window: TokenWindow | None, batch_size: int, device) -> None:
+def check_window(
+    config, window: TokenWindow | None, batch_size: int, device, values: ValueChecks
+) -> None:
+    """The memory's token window for this model; its values queued in `values`."""
     size = config.window
     if not size:
         if window is not None:
@@ -184,7 +194,7 @@ def check_window(config, window: TokenWindow | None, batch_size: int, device) ->
             f"state has no token window, but this model attends to the previous {size} "
             "tokens (window > 0): was the state made by a model with window=0?"
         )
-    window.check(batch_size)
+    window.check(batch_size, values)
     if window.tokens.shape[1] > size:
         raise ValueError(
             f"state.window holds {window.tokens.shape[1]} tokens, more than this model's "
@@ -196,8 +206,7 @@ def check_window(config, window: TokenWindow | None, batch_size: int, device) ->
             "use state.to(device)"
         )
     vocab = config.text_config.vocab_size
-    if window.tokens.numel() and int(window.tokens.max()) >= vocab:
-        raise ValueError(f"state.window.tokens must be in [0, {vocab})")
+    values.require(window.tokens < vocab, f"state.window.tokens must be in [0, {vocab})")
 
 
 __all__ = [

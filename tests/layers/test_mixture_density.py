@@ -1,0 +1,96 @@
+"""density="mixture": the read is the discrete attention over the basis centres itself,
+z = Σ_n p_n x̄(c_n) W^V, not a Gaussian at its moments (long_term_attention.py)."""
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from inftyformer import LongTermAttention, LongTermConfig, LongTermMemory
+
+
+def _setup(seed: int = 0, **settings):
+    torch.manual_seed(seed)
+    cfg = LongTermConfig(
+        dim=32, num_heads=4, num_basis=32, num_samples=32, density="mixture", **settings
+    )
+    mem, att = LongTermMemory(cfg), LongTermAttention(cfg, None)
+    g = torch.Generator().manual_seed(seed + 1)
+    state = mem.update(mem.init_state(2), torch.randn(2, 64, 32, generator=g)).detach()
+    return cfg, att, state, torch.randn(2, 5, 32, generator=g)
+
+
+def _signal_at_centres(att, state):
+    B = state.coefficients.double()  # [b, N, e]
+    c = att.basis.centers.double()
+    w = att.basis.widths.double()
+    psi = torch.exp(-0.5 * (c[:, None] - c[None, :]) ** 2 / w**2) / (w * math.sqrt(2 * math.pi))
+    return psi @ B  # x̄(c_n) = Σ_j B_j ψ_j(c_n)  [b, N, e]
+
+
+@pytest.mark.parametrize("settings", [{}, {"sharpness": 4.0, "sink_edge": 0.1}])
+def test_mixture_read_matches_a_hand_computation(settings):
+    """z = Σ_n p_n x̄(c_n) W^V per head, p_n = softmax(β s_n + w_μ,n) over the centres read."""
+    cfg, att, state, q = _setup(**settings)
+    with torch.no_grad():
+        att.mu_head.weight.normal_()
+    out = att(q, state)
+    H, d = cfg.num_heads, cfg.head_dim
+    signal = _signal_at_centres(att, state)
+    K = (signal @ att.key.weight.double().T).view(2, -1, H, d).transpose(1, 2)  # [b, H, N, d]
+    V = (signal @ att.value.weight.double().T).view(2, -1, H, d).transpose(1, 2)
+    qh = q.double().view(2, -1, H, d).transpose(1, 2)  # [b, H, Q, d]
+    s = qh @ K.transpose(-1, -2) / math.sqrt(d)  # [b, H, Q, N]
+    c = att.basis.centers.double()
+    s = s.masked_fill(c < cfg.sink_edge, -math.inf)
+    p = torch.softmax(cfg.sharpness * s + att.mu_head.weight[0].double(), dim=-1)
+    z = (p @ V).transpose(1, 2).reshape(2, -1, H * d)
+    context = z @ att.out.weight.double().T + att.out.bias.double()
+    torch.testing.assert_close(out.context.double(), context, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(out.mu.double(), (p * c).sum(-1), rtol=1e-5, atol=1e-6)
+    heads = att.read_heads(q, state)
+    torch.testing.assert_close(heads.z.double(), p @ V, rtol=1e-4, atol=1e-6)
+    log_mass = torch.logsumexp(s, dim=-1)
+    torch.testing.assert_close(heads.log_mass.double(), log_mass, rtol=1e-5, atol=1e-5)
+
+
+def test_two_matches_read_both_values_not_the_signal_between_them():
+    """A query matching two places equally reads the mean of their values and nothing of the
+    place between them; the Gaussian of density='content' sits between them and reads it."""
+    cfg, att, state, _ = _setup(widths=(0.02,))
+    N = cfg.num_basis
+    psi = att.basis(att.basis.centers.double())  # ψ_j(c_n)  [N, N]
+    B = torch.linalg.inv(psi).float()  # x̄(c_n) = e_n
+    state = replace(state, coefficients=B.expand(2, N, N).clone())
+    with torch.no_grad():
+        for w in (att.key.weight, att.value.weight):
+            w.copy_(torch.eye(cfg.dim))
+        att.mu_head.weight.zero_()
+    q = (40.0 * (torch.eye(N)[3] + torch.eye(N)[5])).expand(2, 1, N)  # head 0 holds 0..7
+    z = att.read_heads(q, state).z[:, 0, 0]  # [b, d]
+    torch.testing.assert_close(z[:, 3], torch.full((2,), 0.5), atol=1e-4, rtol=0)
+    torch.testing.assert_close(z[:, 5], torch.full((2,), 0.5), atol=1e-4, rtol=0)
+    assert z[:, 4].abs().max() < 1e-4
+    content = LongTermAttention(replace(cfg, density="content"), None)
+    content.load_state_dict(att.state_dict())
+    between = content.read_heads(q, state).z[:, 0, 0]
+    assert between[:, 4].min() > between[:, 3].max()  # the Gaussian reads c_4 most
+
+
+def test_every_parameter_gets_a_gradient():
+    _, att, state, q = _setup()
+    out = att(q, state)
+    (out.context.sum() + out.kl).backward()
+    for name, p in att.named_parameters():
+        assert p.grad is not None, name
+    assert att.value.weight.grad.abs().sum() > 0
+    assert att.mu_head.weight.grad.abs().sum() > 0
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="density"):
+        LongTermConfig(dim=8, num_heads=2, density="mixtures")
+    LongTermConfig(dim=8, num_heads=2, density="mixture", sharpness=3.0, sink_edge=0.05)
+    with pytest.raises(ValueError, match="sharpness"):
+        LongTermConfig(dim=8, num_heads=2, density="normalized", sharpness=3.0)
