@@ -308,7 +308,9 @@ def main() -> None:
         write_report(json.loads(json_path.read_text()), args.out)
         return
     trees = dict(t.split("=", 1) for t in args.tree) or {"current": str(ROOT / "src")}
-    settings = {"workers": args.workers, "repeats": args.repeats, "warmup": 4}
+    settings = {"workers": 0, "repeats": args.repeats, "warmup": 4}
+    machine = common.machine_info()
+    machine["torch_threads"] = args.threads
     script = Path(__file__).resolve()
     t0 = time.perf_counter()
     workers: dict[str, list[dict[str, Any]]] = {t: [] for t in trees}
@@ -327,23 +329,23 @@ def main() -> None:
                 if Path(run["inftyformer_file"]).resolve() != expected:
                     raise SystemExit(f"{tree}: imported {run['inftyformer_file']}, not {expected}")
                 workers[tree].append(run)
-    machine = common.machine_info()
-    machine["torch_threads"] = args.threads
-    result = {
-        "command": common.command_line(),
-        "machine": machine,
-        "load_average_end": list(os.getloadavg()),
-        "settings": settings,
-        "size": SIZE,
-        "batch": SIZES[SIZE]["batch"],
-        "segment_len": make_config(SIZE, "xl").segment_len,
-        "trees": trees,
-        "workers": workers,
-        "summary": summarize(workers),
-        "wall_s": time.perf_counter() - t0,
-    }
-    common.write_json(json_path, result)
-    write_report(result, args.out)
+            # after every round of workers: a run cut short keeps the rounds it finished
+            settings["workers"] = i + 1
+            result = {
+                "command": common.command_line(),
+                "machine": machine,
+                "load_average_end": list(os.getloadavg()),
+                "settings": settings,
+                "size": SIZE,
+                "batch": SIZES[SIZE]["batch"],
+                "segment_len": make_config(SIZE, "xl").segment_len,
+                "trees": trees,
+                "workers": workers,
+                "summary": summarize(workers),
+                "wall_s": time.perf_counter() - t0,
+            }
+            common.write_json(json_path, result)
+            write_report(result, args.out)
     print(json_path.with_suffix(".md").read_text())
 
 
