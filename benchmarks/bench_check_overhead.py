@@ -210,6 +210,18 @@ def write_report(result: dict[str, Any], out: Path) -> None:
             f"Training step, `{t}` over `{first}` (ratio to the reference): "
             f"{min(over):.3f} to {max(over):.3f} across the four models."
         )
+    spreads = []  # between the workers of one tree: max − min over the median
+    for t in trees:
+        for name in MODEL_TYPES:
+            r = [w["modes"]["train"][name]["ratio_to_reference"] for w in result["workers"][t]]
+            if len(r) > 1:
+                spreads.append((max(r) - min(r)) / statistics.median(r))
+    if spreads:
+        lines.append(
+            "Spread of the same ratio between the workers of one tree (max − min over the median, "
+            f"the noise to read the last column against): up to {max(spreads):.3f}, median "
+            f"{statistics.median(spreads):.3f} over trees and models."
+        )
     shares = [
         result["summary"][t]["validation_ms"][name]
         / result["summary"][t]["train"][name]["median_ms"]

@@ -72,6 +72,11 @@ def test_report_renders_from_the_json_and_keeps_the_notes(tmp_path):
     )
     write_report(result, out)
     assert "why it is so" in out.with_suffix(".md").read_text()
+    assert "Spread of the same ratio" not in text  # one worker per tree: no spread to show
+    workers["before"].append(worker(100, 2.0, 1.0))  # ratios 1.5 and 2.0: spread 0.5 / 1.75
+    result["summary"] = summarize(workers)
+    write_report(result, out)
+    assert "up to 0.286, median 0.286" in out.with_suffix(".md").read_text()
 
 
 def test_a_git_tree_is_the_src_directory_of_that_commit(tmp_path):
