@@ -24,13 +24,18 @@ ROWS = {
     "content-n2048": "(ix) as (viii), N = 2,048, widths (0.00125, 0.0025)",
     "heads": "(x) the base's own heads read the memory, untrained (memory_read = heads)",
     "heads-facts": "(xi) (x) trained on facts, answer loss only",
+    "mixture": "(xii) (x) with density = mixture (the discrete attention over the centres "
+    "itself, β = 1), untrained",
+    "mixture-n2048": "(xiii) (xii) with N = 2,048, widths (0.00125, 0.0025)",
+    "exact": "ceiling: the heads read the exact stored states (a growing cache, not a memory)",
 }
 # the rows whose answer reads are recorded and tabled (trained with read supervision)
 READ_ROWS = (
-    "facts", "facts-start", "content", "content-f6", "content-n2048", "heads", "heads-facts"
+    "facts", "facts-start", "content", "content-f6", "content-n2048", "heads", "heads-facts",
+    "mixture", "mixture-n2048", "exact",
 )  # fmt: skip
 # the rows whose every block reads with the base's heads: which blocks find the key, compactly
-HEADS_ROWS = ("heads", "heads-facts")
+HEADS_ROWS = ("heads", "heads-facts", "mixture", "mixture-n2048", "exact")
 
 
 def render(data: dict[str, Any], out_dir: Path) -> None:
@@ -93,8 +98,8 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
         settings = ", ".join(
             f"{k} = {v}" for k, v in rows.get("heads", {}).get("settings", {}).items()
         )
-        lines += ["## Rows (x), (xi): which blocks' heads find the key", "",
-                  f"Every block reads its memory with its own heads ({settings}). Per "
+        lines += ["## Rows (x)–(xiii): which blocks' heads find the key", "",
+                  f"Every block reads its memory with its own heads (row (x): {settings}). Per "
                   "distance: the blocks in which some head's median |μ − key token| over the "
                   "answer's queries is at most one token (block: head).", ""]  # fmt: skip
         lines += [ex.table(["row", "distance", "blocks", "block: head"], body), ""]

@@ -19,6 +19,12 @@ Rows (every one reads the same token streams):
                   attention mass (memory_read = heads, `inftyformer.hf.head_read`), with
                   --heads-sharpness and --heads-sink-edge
     heads-facts   the heads read trained on facts, answer loss only (--heads-facts-run)
+    mixture       as heads, with density = mixture: each head reads the discrete attention
+                  over the basis centres itself (β = 1), not a Gaussian at its moments
+    mixture-n2048 as mixture with N = 2,048 (widths halved twice)
+    exact         the ceiling of the heads read: as mixture, but the heads read the exact states
+                  the memory was given, one place per token (a growing cache, not a memory of
+                  fixed size: `_passkey_exact.py`)
 
 Pass keys: the facts task's evaluation facts (`inftyformer.tasks.facts`: "The pass key is
 NNNNN…", five digits, never trained) written into the corpus's test books d tokens before the
@@ -55,6 +61,13 @@ from _passkey_report import NAME, READ_ROWS, ROWS, gather, render
 EDGES = (0, 256, 512, 1024, 2048, 4096, 8192)
 # the heads row's fixed settings (its sharpness and sink edge are options)
 HEADS = dict(memory_read="heads", density="content", min_sigma_sq=1e-6)
+# the mixture rows' settings (sink edge: --heads-sink-edge)
+MIXTURE = {
+    "mixture": dict(memory_read="heads", density="mixture", min_sigma_sq=1e-6, sharpness=1.0),
+}
+MIXTURE["mixture-n2048"] = dict(
+    MIXTURE["mixture"], num_basis=2048, num_samples=2048, widths=(0.00125, 0.0025)
+)
 
 
 # ----------------------------------------------------------------------------- the models
@@ -75,17 +88,26 @@ class Row:
             self.positions = int(self.base.config.max_position_embeddings)
             return
         settings = {"window": args.window, "segment_len": args.segment_len}
-        if name in ("untrained", "heads"):
+        if name in ("untrained", "heads", "exact", *MIXTURE):
             torch.manual_seed(0)
             layers = json.loads(args.memory_layers) if args.memory_layers else None
             if name == "heads":  # every block, the base's own heads (no weights trained)
                 layers = None
                 settings.update(HEADS, sharpness=args.heads_sharpness)
                 settings["sink_edge"] = args.heads_sink_edge
+            if name in (*MIXTURE, "exact"):
+                layers = None
+                settings.update(
+                    MIXTURE.get(name, MIXTURE["mixture"]), sink_edge=args.heads_sink_edge
+                )
             config = PretrainedMemoryConfig(
                 base_model=args.base_model, memory_layers=layers, freeze_base=True, **settings
             )
             self.memory = build_model(config).eval()
+            if name == "exact":
+                from _passkey_exact import read_exact_states
+
+                read_exact_states(self.memory)
         else:
             option = name.removesuffix("-sticky")
             self.run = getattr(args, option.replace("-", "_") + "_run")
@@ -357,7 +379,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", default=",".join(ROWS))
     args = p.parse_args(argv)
     quick = dict(distances="40,90", keys=2, segment_len=16, window=16, docs=2, doc_len=48,
-                 rows="window,full,untrained,heads")  # fmt: skip
+                 rows="window,full,untrained,heads,mixture,exact")  # fmt: skip
     out_dir, setup = prompt_setup(args, quick, extra=("docs", "doc_len"))
     if not args.render_only:
         prompts, docs = passkey_prompts(args), book_windows(args)
@@ -376,6 +398,8 @@ def main(argv: list[str] | None = None) -> None:
             if name == "heads":
                 entry["settings"] = {**HEADS, "sharpness": args.heads_sharpness,
                                      "sink_edge": args.heads_sink_edge}  # fmt: skip
+            if name in MIXTURE:
+                entry["settings"] = {**MIXTURE[name], "sink_edge": args.heads_sink_edge}
             entry["seconds"] = time.perf_counter() - start
             path = out_dir / f"{NAME}.rows" / f"{name}.json"
             path.write_text(json.dumps({"setup": setup, "row": entry}, indent=1) + "\n")

@@ -13,7 +13,7 @@ def test_the_quick_side_by_side_runs_and_the_untrained_row_is_the_window_row(tmp
     passkey.main(["--quick", "--out", str(tmp_path)])
     data = json.loads((tmp_path / "passkey.json").read_text())
     rows = data["rows"]
-    assert set(rows) == {"window", "full", "untrained", "heads"}
+    assert set(rows) == {"window", "full", "untrained", "heads", "mixture", "exact"}
     assert data["parity"] == 0.0
     for d in ("40", "90"):
         assert rows["untrained"]["passkey"][d] == rows["window"]["passkey"][d]
@@ -24,6 +24,10 @@ def test_the_quick_side_by_side_runs_and_the_untrained_row_is_the_window_row(tmp
     assert rows["heads"]["settings"]["memory_read"] == "heads"
     # the heads read is not zero at initialisation: with something in memory it moves the NLL
     assert rows["heads"]["passkey"]["90"]["nll"] != rows["window"]["passkey"]["90"]["nll"]
+    # the ceiling row reads the exact stored states: it moves the NLL, and not as the signal does
+    nll = {r: rows[r]["passkey"]["90"]["nll"] for r in ("window", "mixture", "exact")}
+    assert abs(nll["exact"] - nll["window"]) > 1e-3, nll
+    assert abs(nll["exact"] - nll["mixture"]) > 1e-3, nll
     passkey.main(["--render-only", "--out", str(tmp_path)])
     assert (tmp_path / "passkey.md").read_text() == report
 

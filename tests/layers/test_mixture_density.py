@@ -94,3 +94,34 @@ def test_settings_are_checked():
     LongTermConfig(dim=8, num_heads=2, density="mixture", sharpness=3.0, sink_edge=0.05)
     with pytest.raises(ValueError, match="sharpness"):
         LongTermConfig(dim=8, num_heads=2, density="normalized", sharpness=3.0)
+
+
+def test_merged_by_mass_it_is_one_softmax_over_the_window_and_the_centres():
+    """At β = 1 the heads read merged into a head's window attention by mass
+    (`hf/head_read.merge_into_heads`) equals one softmax over the window's tokens and the N
+    centres read, the centres' keys and values being the signal's there."""
+    from inftyformer.hf.head_read import merge_into_heads
+
+    cfg, att, state, q = _setup(sink_edge=0.1)
+    with torch.no_grad():
+        att.mu_head.weight.zero_()  # no prior over places (the heads read starts without one)
+    H, d, S = cfg.num_heads, cfg.head_dim, 6
+    g = torch.Generator().manual_seed(7)
+    s_w = torch.randn(2, H, q.shape[1], S, generator=g) * 2  # window scores  [b, H, Q, S]
+    v_w = torch.randn(2, H, S, d, generator=g)
+    o_w = torch.softmax(s_w, -1) @ v_w
+    heads_in = o_w.transpose(1, 2).reshape(2, -1, H * d)
+    projection = torch.nn.Linear(H * d, 5)
+    with torch.no_grad():
+        read = att.read_heads(q, state)
+        merged = merge_into_heads(projection(heads_in), heads_in, read,
+                                  torch.logsumexp(s_w, -1), projection, None)  # fmt: skip
+    signal = _signal_at_centres(att, state)
+    read_at = att.basis.centers >= cfg.sink_edge  # the centres read
+    K = (signal @ att.key.weight.double().T).view(2, -1, H, d).transpose(1, 2)[:, :, read_at]
+    V = (signal @ att.value.weight.double().T).view(2, -1, H, d).transpose(1, 2)[:, :, read_at]
+    s_m = q.double().view(2, -1, H, d).transpose(1, 2) @ K.transpose(-1, -2) / math.sqrt(d)
+    p = torch.softmax(torch.cat([s_w.double(), s_m], -1), -1)
+    want = p[..., :S] @ v_w.double() + p[..., S:] @ V  # [b, H, Q, d]
+    want = projection(want.transpose(1, 2).reshape(2, -1, H * d).float())
+    torch.testing.assert_close(merged, want, rtol=1e-4, atol=1e-5)

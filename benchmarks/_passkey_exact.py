@@ -1,0 +1,67 @@
+"""Row `exact` of benchmarks/passkey.py: the ceiling of the heads read. Every memory block's heads
+read the exact states its memory was given — a cache that grows with the stream, one place per
+token — instead of the continuous signal of N basis functions:
+
+    s_j = q · x_j W_k / √d,   z = Σ_j softmax(s)_j x_j W_v,   log-mass log Σ_j exp(s_j)
+
+with the same query (rotated to just beyond the window), projections and merge by mass as the
+heads read (`inftyformer.hf.head_read`). It is not a memory of fixed size and not the ∞-former:
+it separates what the heads read can do from what the signal loses (the fit, the squeeze).
+Only for streams that start together (every batch row's memory empty at the same step)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from inftyformer.long_term_attention import HeadsRead
+
+
+def read_exact_states(model) -> None:
+    """Patch each memory layer of `model` (memory_read="heads") in place, as described above."""
+    lm = model.lm
+    for layer in lm.long_term:
+        _patch(layer)
+
+
+def _patch(layer) -> None:
+    memory, attention = layer.memory, layer.attention
+    update, store = memory._update, {}  # the update the model calls (unchecked)
+
+    def exact_update(state, x, generator):
+        empty = state.empty
+        if bool(empty.all()):
+            store["x"] = x.detach()  # [batch, L, e]
+        elif bool(empty.any()):
+            raise ValueError("the exact row needs streams that start together")
+        else:
+            store["x"] = torch.cat([store["x"], x.detach()], dim=1)  # [batch, P, e]
+        return update(state, x, generator)
+
+    def exact_heads(query, state, prepared=None):
+        c = attention.config
+        b, num_q, _ = query.shape
+        H, d = c.num_heads, c.head_dim
+        if "x" not in store or bool(state.empty.all()):
+            zeros = query.new_zeros(b, H, num_q)
+            return HeadsRead(z=query.new_zeros(b, H, num_q, d), log_mass=zeros - math.inf,
+                             mu=zeros, sigma_sq=zeros + 1.0, kl=query.new_zeros(()))  # fmt: skip
+        x = store["x"]
+        P = x.shape[1]
+        q = attention.query(query).view(b, num_q, H, d).transpose(1, 2)  # [b, H, Q, d]
+        k = attention.key(x).view(b, P, H, d).transpose(1, 2)  # [b, H, P, d]
+        v = attention.value(x).view(b, P, H, d).transpose(1, 2)
+        s = q @ k.transpose(-1, -2) / math.sqrt(d)  # [b, H, Q, P]
+        p = torch.softmax(s, dim=-1)
+        t = (torch.arange(P, dtype=s.dtype) + 0.5) / P  # the tokens' places in [0, 1]
+        mu = p @ t
+        sigma_sq = (p * (t - mu.unsqueeze(-1)).square()).sum(-1)
+        return HeadsRead(z=p @ v, log_mass=torch.logsumexp(s, dim=-1), mu=mu,
+                         sigma_sq=sigma_sq, kl=query.new_zeros(()))  # fmt: skip
+
+    memory._update = exact_update
+    attention.read_heads = exact_heads
+
+
+__all__ = ["read_exact_states"]
