@@ -116,7 +116,7 @@ def carried_state_bytes(model, ids, L: int) -> int:
     memory = None
     with torch.no_grad():
         for k in range(3):
-            memory = model(ids[:, k * L : (k + 1) * L], memory=memory).memory
+            memory = model(ids[:, k * L : (k + 1) * L], state=memory).state
     return len(save({k: v.contiguous() for k, v in memory.tensors().items()}))
 
 
@@ -132,8 +132,8 @@ def streaming_cost(base, models: dict[str, Any], ids, L: int, repeats: int, bf16
     memories = {}
     with torch.no_grad():
         for name, model in models.items():
-            memory = model(ids[:, :L]).memory
-            memories[name] = model(ids[:, L : 2 * L], memory=memory).memory
+            memory = model(ids[:, :L]).state
+            memories[name] = model(ids[:, L : 2 * L], state=memory).state
             if model.config.window != L:
                 raise ValueError(f"{name}: window {model.config.window} != L {L}")
     last: dict[str, torch.Tensor] = {}
@@ -154,7 +154,7 @@ def streaming_cost(base, models: dict[str, Any], ids, L: int, repeats: int, bf16
     for name, model in models.items():
         for precision in ("fp32", "bf16") if name in bf16 else ("fp32",):
             key = f"{name}|{precision}"
-            fn = lambda m=model, mem=memories[name]: m(segment, memory=mem)  # noqa: E731
+            fn = lambda m=model, mem=memories[name]: m(segment, state=mem)  # noqa: E731
             variants[key] = run(key, fn, precision)
     times = common.interleaved(variants, repeats=repeats, warmup=1)
     tokens = segment.numel()
@@ -216,8 +216,8 @@ def generation_speed(base, model, ids, L: int, prompt_len: int, new: int, repeat
     Per variant: seconds to the first new token (prefill) and tokens/s of the rest (decoding)."""
     ids = ids[:1]
     with torch.no_grad():
-        memory = model(ids[:, :L]).memory
-        memory = model(ids[:, L : 2 * L], memory=memory).memory
+        memory = model(ids[:, :L]).state
+        memory = model(ids[:, L : 2 * L], state=memory).state
     prompt = ids[:, 2 * L : 2 * L + prompt_len]
     context = ids[:, L : 2 * L + prompt_len]
     options = dict(
@@ -239,7 +239,7 @@ def generation_speed(base, model, ids, L: int, prompt_len: int, new: int, repeat
     variants = {
         "base, same prompt": run("base, same prompt", base.generate, prompt),
         "base, window + prompt": run("base, window + prompt", base.generate, context),
-        "memory model": run("memory model", model.generate, prompt, memory=memory),
+        "memory model": run("memory model", model.generate, prompt, state=memory),
     }
     common.interleaved(variants, repeats=repeats, warmup=1)
     out = {}

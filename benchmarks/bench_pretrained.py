@@ -25,7 +25,7 @@ Checks (numbers, not pass/fail):
   given model (Llama family)
   and for a random GPT-2 (GPT-2 small's shape; tiny with --tiny);
 - generation: the read's output projection set to N(0, 0.02²) so that the memory matters, then
-  greedy `generate` from a memory vs recomputing `model(text so far, memory=m)` at every step;
+  greedy `generate` from a memory vs recomputing `model(text so far, state=m)` at every step;
 - save/load: `save_pretrained` → `AutoModelForCausalLM.from_pretrained`, and the memory state
   through `save_state` / `load_state`: max |Δlogit| of the next segment.
 
@@ -72,9 +72,9 @@ def parity(base, ids: torch.Tensor, segment_len: int) -> list[float]:
     ]
     memory, deltas = None, []
     for i, want in zip(range(0, ids.shape[1], segment_len), reference, strict=True):
-        out = model(ids[:, i : i + segment_len], memory=memory)
+        out = model(ids[:, i : i + segment_len], state=memory)
         deltas.append(float((out.logits - want).abs().max()))
-        memory = out.memory
+        memory = out.state
     model.unwrap()
     return deltas
 
@@ -90,13 +90,13 @@ def activate(model, std: float = 0.02, seed: int = 0) -> None:
 
 @torch.no_grad()
 def generation_check(model, ids, segment_len, prompt_len, new_tokens, tokenizer) -> dict:
-    memory = model(ids[:, :segment_len]).memory
-    memory = model(ids[:, segment_len : 2 * segment_len], memory=memory).memory
+    memory = model(ids[:, :segment_len]).state
+    memory = model(ids[:, segment_len : 2 * segment_len], state=memory).state
     prompt = ids[:, 2 * segment_len : 2 * segment_len + prompt_len]
     start = time.perf_counter()
     out = model.generate(
         prompt,
-        memory=memory,
+        state=memory,
         max_new_tokens=new_tokens,
         do_sample=False,
         return_dict_in_generate=True,
@@ -106,7 +106,7 @@ def generation_check(model, ids, segment_len, prompt_len, new_tokens, tokenizer)
     gen_s = time.perf_counter() - start
     seq, worst = prompt, 0.0
     for step in range(new_tokens):
-        logits = model(seq, memory=memory).logits[:, -1]
+        logits = model(seq, state=memory).logits[:, -1]
         worst = max(worst, float((logits - out.logits[step]).abs().max()))
         seq = torch.cat([seq, logits.argmax(-1, keepdim=True)], dim=1)
     alone = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
@@ -133,8 +133,8 @@ def save_load_check(model, ids, segment_len) -> dict:
 
     from inftyformer import load_state, save_state
 
-    memory = model(ids[:, :segment_len]).memory
-    expected = model(ids[:, segment_len : 2 * segment_len], memory=memory).logits
+    memory = model(ids[:, :segment_len]).state
+    expected = model(ids[:, segment_len : 2 * segment_len], state=memory).logits
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         model.save_pretrained(Path(tmp) / "model")
@@ -147,7 +147,7 @@ def save_load_check(model, ids, segment_len) -> dict:
         loaded = AutoModelForCausalLM.from_pretrained(Path(tmp) / "model").eval()
         load_s = time.perf_counter() - start
         memory = load_state(Path(tmp) / "memory.safetensors")
-    got = loaded(ids[:, segment_len : 2 * segment_len], memory=memory).logits
+    got = loaded(ids[:, segment_len : 2 * segment_len], state=memory).logits
     return {
         "loaded_class": type(loaded).__name__,
         "files": files,
@@ -164,8 +164,8 @@ def cost(base, model, ids: torch.Tensor, repeats: int) -> dict:
     """Interleaved timings of the base and the memory model on one segment ids [B, L]."""
     batch, length = ids.shape
     with torch.no_grad():  # steady state: a filled long-term memory and a waiting segment
-        memory = model(ids).memory
-        memory = model(ids, memory=memory).memory
+        memory = model(ids).state
+        memory = model(ids, state=memory).state
 
     def base_forward():
         with torch.no_grad():
@@ -173,13 +173,13 @@ def cost(base, model, ids: torch.Tensor, repeats: int) -> dict:
 
     def memory_forward():
         with torch.no_grad():
-            model(ids, memory=memory)
+            model(ids, state=memory)
 
     def base_train():
         base(ids, labels=ids).loss.backward()
 
     def memory_train():
-        model(ids, memory=memory, labels=ids).loss.backward()
+        model(ids, state=memory, labels=ids).loss.backward()
 
     def clear():
         base.zero_grad(set_to_none=True)
@@ -257,7 +257,7 @@ def markdown(result: dict[str, Any]) -> str:
         "Output projections set to N(0, 0.02²) so that the memory changes the logits; two "
         f"segments streamed into the memory, then greedy `generate` of {g['new_tokens']} tokens "
         f"after a {g['prompt_tokens']}-token prompt ({g['rows']} rows), against recomputing "
-        "`model(text so far, memory=m)` from scratch at every step.",
+        "`model(text so far, state=m)` from scratch at every step.",
         "",
         f"- same tokens as the recomputation: {g['tokens_equal_recomputation']}; "
         f"max |Δlogit| {g['max_abs_logit_diff_vs_recomputation']:.3g}",

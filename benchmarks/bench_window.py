@@ -49,9 +49,9 @@ def parity(base, ids: torch.Tensor, segment_len: int) -> list[float]:
     memory, deltas = None, []
     for i in range(0, ids.shape[1], L):
         want = base(ids[:, max(i - L, 0) : i + L]).logits[:, -L:]
-        out = model(ids[:, i : i + L], memory=memory)
+        out = model(ids[:, i : i + L], state=memory)
         deltas.append(float((out.logits - want).abs().max()))
-        memory = out.memory
+        memory = out.state
     model.unwrap()
     return deltas
 
@@ -70,7 +70,7 @@ def cost(base, ids: torch.Tensor, segment_len: int, repeats: int) -> dict[str, A
         for name, model in (("plain", plain), ("windowed", windowed)):
             memory = None
             for _ in range(3):
-                memory = model(seg, memory=memory).memory
+                memory = model(seg, state=memory).state
             memories[name] = memory
     state: dict[str, Any] = {}
 
@@ -95,7 +95,7 @@ def cost(base, ids: torch.Tensor, segment_len: int, repeats: int) -> dict[str, A
                 else:
                     model = plain if kind == "memory, window 0" else windowed
                     key = "plain" if kind == "memory, window 0" else "windowed"
-                    out = model(seg, memory=memories[key])
+                    out = model(seg, state=memories[key])
                     logits = out.logits
                 if grad:
                     seg_loss(logits).backward()

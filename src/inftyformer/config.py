@@ -13,12 +13,17 @@ tokens one call may hold and the unit in which states leave the short-term memor
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Any
 
 from ._checks import check_positive_int, check_range
-from .basis import check_widths
-from .long_term_memory import CHANGEABLE_SETTINGS, LongTermConfig
+from .long_term_config import (
+    CHANGEABLE_SETTINGS,
+    DERIVED_SETTINGS,
+    LongTermConfig,
+    WithLongTerm,
+    takes_long_term_settings,
+)
 
 MODEL_TYPES = ("transformer", "xl", "compressive", "infty")
 
@@ -35,8 +40,17 @@ MEMORY_SETTINGS = (
 )
 
 
+# the native model's long-term memory by default: cpu-small's N = M = 128
+NATIVE_LONG_TERM = LongTermConfig(num_basis=128, num_samples=128)
+
+
+@takes_long_term_settings
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(WithLongTerm):
+    """Typed settings of a native model. The long-term memory's are nested (`long_term`) and
+    also go by their own names (`WithLongTerm`): ``ModelConfig(vocab_size=256, num_basis=256)``,
+    ``config.replace(tau=0.5)``, ``config.num_basis``."""
+
     vocab_size: int
     model_type: str = "infty"
     # ---- backbone
@@ -55,25 +69,16 @@ class ModelConfig:
     compression_rate: int = 4  # c: states per compressed slot (Conv1d kernel = stride = c)
     compressed_len: int = 128  # n_cm: compressed slots kept per layer (oldest dropped)
     reconstruction_weight: float = 1.0
-    # ---- ∞-former long-term memory (`LongTermConfig`, paper §3)
+    # ---- ∞-former long-term memory (paper §3): N, widths, λ, τ, M, … (`LongTermConfig`; its
+    # dim e and heads H are the model's d_model and n_heads, `long_term_config()`)
     use_long_term: bool = True  # False: an "infty" model without long-term memory (= "xl")
-    num_basis: int = 128  # N
-    widths: tuple[float, ...] = (0.01, 0.05)
-    ridge_lambda: float = 1.0  # λ
-    tau: float = 0.75  # τ
-    num_samples: int = 128  # M
-    sticky: bool = False
-    sticky_bins: int = 128
-    kl_weight: float = 1e-6
-    sigma_0: float = 0.05  # σ₀
-    min_sigma_sq: float = 1e-4  # the floor of σ²
-    conv_gate: bool = True
-    edge_padding: bool = True
-    density: str = "normalized"  # "paper", "normalized" or "content" (long_term_attention.py)
-    sigma_init: float | None = None  # σ at initialisation; None: the paper's (≈ 0.83)
+    long_term: LongTermConfig = NATIVE_LONG_TERM
+
+    # the memory's size and heads are the model's
+    MODEL_DECIDES = (*DERIVED_SETTINGS, "num_heads")
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "widths", check_widths(self.widths))
+        self._check_long_term()
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {self.model_type!r}")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "segment_len"):
@@ -93,9 +98,7 @@ class ModelConfig:
         check_range("attention_dropout", self.attention_dropout, 0.0, 1.0, high_open=True)
         check_range("layer_norm_eps", self.layer_norm_eps, 0.0, low_open=True)
         check_range("reconstruction_weight", self.reconstruction_weight, 0.0)
-        check_range("kl_weight", self.kl_weight, 0.0)
-        check_range("min_sigma_sq", self.min_sigma_sq, 0.0, 1.0, low_open=True)
-        for name in ("tie_embeddings", "use_long_term", "sticky", "conv_gate", "edge_padding"):
+        for name in ("tie_embeddings", "use_long_term"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
         if self.model_type == "transformer" and self.mem_len != 0:
@@ -104,7 +107,7 @@ class ModelConfig:
                 "use model_type 'xl' for a short-term memory"
             )
         if self.model_type == "infty":
-            self.long_term_config()  # validates N, widths, λ, τ, M, σ₀ with named errors
+            self.long_term_config()  # the update's gain for this L, with named errors
 
     # ------------------------------------------------------------------ derived
     @property
@@ -135,31 +138,22 @@ class ModelConfig:
         return m + C - 1
 
     def long_term_config(self) -> LongTermConfig:
-        return LongTermConfig.from_settings(
-            self,
+        """Each layer's memory: e = d_model, H = n_heads, queries from the layer's own W_q, its
+        update's gain checked for segments of L = segment_len."""
+        return self.long_term.sized(
             dim=self.d_model,
             num_heads=self.n_heads,
             out_dim=self.d_model,
-            query_projection=False,  # queries come from the layer's own W_q
+            query_projection=False,
+            segment_len=self.segment_len,
         )
 
     # ------------------------------------------------------------------ (de)serialisation
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["widths"] = list(self.widths)
-        return d
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig fields {unknown}")
+        """A saved config (`to_dict`, flat; the memory's settings may be nested)."""
         # configs saved before the density setting existed read the scores as the paper does
-        return cls(**{"density": "paper", **data})
-
-    def replace(self, **changes: Any) -> ModelConfig:
-        return replace(self, **changes)
+        return cls._from_saved(data, {"density": "paper"})
 
     def describe(self) -> str:
         """A name for the start line: the model type."""
@@ -241,4 +235,4 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
 }
 
-__all__ = ["MEMORY_SETTINGS", "MODEL_TYPES", "PRESETS", "ModelConfig"]
+__all__ = ["MEMORY_SETTINGS", "MODEL_TYPES", "NATIVE_LONG_TERM", "PRESETS", "ModelConfig"]

@@ -126,6 +126,7 @@ class LongTermAttention(nn.Module):
         """`basis`: the ψ of the memory this attention reads (a layer's memory and attention
         share one); a new one from `config` when not given."""
         super().__init__()
+        config.check_sized()
         self.config = config
         e, N = config.dim, config.num_basis
         if basis is None:

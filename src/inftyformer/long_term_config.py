@@ -1,10 +1,16 @@
 """The long-term memory's settings: `LongTermConfig`, which of them may change on a trained
-memory, and the update-gain check that refuses settings whose unbounded update (paper §3.3) would
-make the memory grow. The memory itself is `long_term_memory.py`."""
+memory, the update-gain check that refuses settings whose unbounded update (paper §3.3) would
+make the memory grow, and `WithLongTerm`, how a model's config nests them (the native
+`ModelConfig`, the pretrained `PretrainedMemoryConfig`). The memory itself is
+`long_term_memory.py`."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import typing
 from dataclasses import dataclass, fields, replace
+from typing import Any, ClassVar
 
 from ._checks import check_bool, check_positive_int, check_range
 from .basis import MAX_WIDTH, check_widths
@@ -55,9 +61,10 @@ def check_memory_read(memory_read: object, density: object) -> None:
 
 
 # The settings of a trained long-term memory that may change (`--resume --allow-changes`, or
-# evaluation with other memory settings): how the memory is updated, not N, the widths, the gate
-# or the density heads, which shape its weights or what they learned. Each model kind adds its
-# own (the native short-term lengths and dropout, the pretrained model's learning rates).
+# evaluation with other memory settings): how the memory is updated and read and the weight of
+# its KL term, not N, the widths, the gate or the density heads, which shape its weights or what
+# they learned. Each model kind adds its own (`models.MODEL_KINDS`: the native short-term
+# lengths and dropout, the pretrained model's window and learning rates).
 CHANGEABLE_SETTINGS = (
     "num_samples",
     "tau",
@@ -65,8 +72,13 @@ CHANGEABLE_SETTINGS = (
     "sticky",
     "sticky_bins",
     "edge_padding",
+    "sigma_0",
+    "sharpness",
+    "sink_edge",
+    "kl_weight",
 )
-# what the model around the memory decides, never a user's setting
+# what the model around the memory decides, never a user's setting (None in a config nested in
+# a model's config, filled in by `LongTermConfig.sized`)
 DERIVED_SETTINGS = ("dim", "out_dim", "query_projection", "segment_len")
 
 
@@ -75,11 +87,14 @@ class LongTermConfig:
     """Hyper-parameters of the long-term memory and its continuous attention.
 
     Paper values: sorting N=512, widths (0.01, 0.05), λ=1, τ=0.75, M=512;
-    GPT-2 N=512, widths (0.005, 0.01), λ=0.5, τ=0.5.
+    GPT-2 N=512, widths (0.005, 0.01), λ=0.5, τ=0.5 (`GPT2_LONG_TERM`).
+
+    A memory needs `dim` and `num_heads`; a config nested in a model's config leaves them (and
+    the other `DERIVED_SETTINGS`) to the model, which fills them in with `sized`.
     """
 
-    dim: int  # e: size of the stored vectors, of the queries and of W^K, W^V
-    num_heads: int = 6  # H (head size d = e / H)
+    dim: int | None = None  # e: size of the stored vectors, of the queries and of W^K, W^V
+    num_heads: int | None = None  # H (head size d = e / H); None: the model's
     num_basis: int = 256  # N
     widths: tuple[float, ...] = (0.01, 0.05)
     ridge_lambda: float = 1.0  # λ
@@ -90,6 +105,7 @@ class LongTermConfig:
     sticky: bool = False
     sticky_bins: int = 128
     sigma_0: float = 0.05  # σ₀ of the KL prior
+    kl_weight: float = 1e-6  # weight of the reads' variance KL (toward σ₀) in the model's loss
     min_sigma_sq: float = 1e-4  # clamp on σ² (1e-6 is unsafe in float32)
     # how the scores s = K q / √d become the density (long_term_attention.py): "paper" feeds s
     # to w_μ, w_σ as in the paper's §3.2; "normalized" standardises s over the N basis keys
@@ -112,9 +128,10 @@ class LongTermConfig:
     segment_len: int | None = None  # L of the updates: the update's gain is checked for it here
 
     def __post_init__(self) -> None:
-        check_positive_int("dim", self.dim)
-        check_positive_int("num_heads", self.num_heads)
-        if self.dim % self.num_heads:
+        for name in ("dim", "num_heads"):
+            if getattr(self, name) is not None:
+                check_positive_int(name, getattr(self, name))
+        if self.dim is not None and self.num_heads is not None and self.dim % self.num_heads:
             raise ValueError(f"dim ({self.dim}) must be divisible by num_heads ({self.num_heads})")
         check_positive_int("num_basis", self.num_basis)
         object.__setattr__(self, "widths", check_widths(self.widths, self.num_basis))
@@ -127,6 +144,7 @@ class LongTermConfig:
         # where the densities are computed (σ² = 1e300 passed a finiteness check, then failed)
         check_range("sigma_0", self.sigma_0, 0.0, MAX_WIDTH, low_open=True)
         check_range("min_sigma_sq", self.min_sigma_sq, 0.0, MAX_WIDTH**2, low_open=True)
+        check_range("kl_weight", self.kl_weight, 0.0)
         check_density(self.density, self.sigma_init, self.sharpness, self.sink_edge)
         if self.out_dim is not None:
             check_positive_int("out_dim", self.out_dim)
@@ -138,16 +156,21 @@ class LongTermConfig:
 
     @property
     def head_dim(self) -> int:
+        self.check_sized()
         return self.dim // self.num_heads
 
-    @classmethod
-    def from_settings(cls, settings: object, **fixed: object) -> LongTermConfig:
-        """The fields of this config that `settings` (a model's config) holds under the same
-        names, with `fixed` on top (what the model decides: dim, out_dim, …)."""
-        values = {
-            f.name: getattr(settings, f.name) for f in fields(cls) if hasattr(settings, f.name)
-        }
-        return cls(**{**values, **fixed})
+    def check_sized(self) -> None:
+        """A memory is built from a config with its size: dim and num_heads."""
+        if self.dim is None or self.num_heads is None:
+            raise ValueError(
+                "a long-term memory needs dim and num_heads (a config nested in a model's "
+                "config gets them from the model: its long_term_config())"
+            )
+
+    def sized(self, **derived: Any) -> LongTermConfig:
+        """This config with what the model around the memory decides (`dim`, `num_heads`,
+        `out_dim`, …) filled in."""
+        return replace(self, **derived)
 
 
 def check_update_gain(config: LongTermConfig, lengths: tuple[int, ...]) -> None:
@@ -196,13 +219,107 @@ def _candidate_fixes(c: LongTermConfig):
         yield "num_basis", c.num_basis // 2
 
 
+# the paper's GPT-2 memory (§4.2): the pretrained model's defaults, in both of its configs
+GPT2_LONG_TERM = LongTermConfig(
+    num_basis=512, widths=(0.005, 0.01), ridge_lambda=0.5, tau=0.5, num_samples=512
+)
+
+
+class WithLongTerm:
+    """A model's config with the long-term memory's settings nested as `long_term` (a
+    `LongTermConfig` without what the model decides: `MODEL_DECIDES`, filled in by the model's
+    `long_term_config()`); a frozen dataclass decorated with `takes_long_term_settings`.
+
+    The memory's settings also go by their own names, flat, as the command line (`--set
+    num_basis=256`) and every saved config (checkpoints, runs, results) name them: the
+    constructor and `replace` take them (on top of `long_term`), `to_dict` writes them,
+    `from_dict` reads them (or a nested "long_term"), and `config.num_basis` reads
+    `config.long_term.num_basis`."""
+
+    long_term: LongTermConfig
+    MODEL_DECIDES: ClassVar[tuple[str, ...]] = DERIVED_SETTINGS
+
+    @classmethod
+    def long_term_names(cls) -> tuple[str, ...]:
+        """The memory's settings a user sets, by name."""
+        return tuple(f.name for f in fields(LongTermConfig) if f.name not in cls.MODEL_DECIDES)
+
+    @classmethod
+    def setting_types(cls) -> dict[str, Any]:
+        """Every setting, flat (the memory's by their names), and its type."""
+        own, memory = typing.get_type_hints(cls), typing.get_type_hints(LongTermConfig)
+        out = {f.name: own[f.name] for f in fields(cls) if f.init and f.name != "long_term"}
+        return {**out, **{name: memory[name] for name in cls.long_term_names()}}
+
+    def replace(self, **changes: Any) -> Any:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every setting, flat (JSON: tuples as lists)."""
+        flat = {name: getattr(self, name) for name in self.setting_types()}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in flat.items()}
+
+    @classmethod
+    def _from_saved(cls, data: dict[str, Any], defaults: dict[str, Any]) -> Any:
+        """A saved config: flat, or with the memory's settings nested under "long_term";
+        `defaults` for settings that configs saved before they existed lack."""
+        data = dict(data)
+        nested = data.pop("long_term", None) or {}
+        if not isinstance(nested, dict):
+            raise ValueError(f"long_term must be a dict of settings, got {type(nested).__name__}")
+        data = {**nested, **data}
+        unknown = sorted(set(data) - set(cls.setting_types()))
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} fields {unknown}")
+        return cls(**{**defaults, **data})
+
+    def _check_long_term(self) -> None:
+        """`long_term` is a LongTermConfig whose model-decided settings are left to the model;
+        a model's floor of σ² is at most 1."""
+        lt = self.long_term
+        if not isinstance(lt, LongTermConfig):
+            raise TypeError(f"long_term must be a LongTermConfig, got {type(lt).__name__}")
+        unset = {f.name: f.default for f in fields(LongTermConfig)}
+        for name in self.MODEL_DECIDES:
+            if getattr(lt, name) != unset[name]:
+                raise ValueError(f"long_term.{name} is the model's: leave it unset")
+        check_range("min_sigma_sq", lt.min_sigma_sq, 0.0, 1.0, low_open=True)
+
+    def __getattr__(self, name: str) -> Any:  # only when `name` is not an attribute
+        if name in type(self).long_term_names():
+            return getattr(self.long_term, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+def takes_long_term_settings(cls: type) -> type:
+    """Class decorator, over @dataclass, of a `WithLongTerm` config: its constructor (hence
+    `dataclasses.replace`) also takes the memory's settings by their own names and applies them
+    to `long_term` (given, or the class's default)."""
+    init = cls.__init__
+    names = set(cls.long_term_names())
+    default = next(f.default for f in fields(cls) if f.name == "long_term")
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **settings: Any) -> None:
+        memory = {k: settings.pop(k) for k in list(settings) if k in names}
+        if memory:
+            settings["long_term"] = replace(settings.get("long_term", default), **memory)
+        init(self, *args, **settings)
+
+    cls.__init__ = __init__
+    return cls
+
+
 __all__ = [
     "CHANGEABLE_SETTINGS",
     "CONTENT_DENSITIES",
     "DENSITY_FORMS",
     "DERIVED_SETTINGS",
+    "GPT2_LONG_TERM",
     "MAX_UPDATE_GAIN",
     "LongTermConfig",
+    "WithLongTerm",
+    "takes_long_term_settings",
     "MEMORY_READS",
     "check_density",
     "check_memory_read",

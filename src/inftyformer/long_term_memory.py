@@ -227,6 +227,7 @@ class LongTermMemory(nn.Module):
 
     def __init__(self, config: LongTermConfig) -> None:
         super().__init__()
+        config.check_sized()
         self.config = config
         self.basis = GaussianBasis(config.num_basis, config.widths)
         self.ridge = RidgeRegression(self.basis, config.ridge_lambda, config.edge_padding)

@@ -285,7 +285,7 @@ class MemoryLM(nn.Module):
             token_loss, lm_loss = token_losses(logits, targets)
             loss = lm_loss
             if "kl" in aux:
-                loss = loss + c.kl_weight * aux["kl"]
+                loss = loss + c.long_term.kl_weight * aux["kl"]
             if "reconstruction" in aux:
                 loss = loss + c.reconstruction_weight * aux["reconstruction"]
             for zero in unused:  # keeps every parameter in the graph (DDP)

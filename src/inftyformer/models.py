@@ -13,7 +13,6 @@ call nothing else; a new kind is a config class and a model class, registered wi
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
 from collections.abc import Callable, Sequence
@@ -26,18 +25,25 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ._checks import check_memory_layers, check_positive_int, check_range
-from .basis import check_widths
 from .config import MEMORY_SETTINGS, ModelConfig
-from .long_term_config import check_memory_read
-from .long_term_memory import CHANGEABLE_SETTINGS, check_density
+from .long_term_config import (
+    CHANGEABLE_SETTINGS,
+    GPT2_LONG_TERM,
+    LongTermConfig,
+    WithLongTerm,
+    check_memory_read,
+    takes_long_term_settings,
+)
 from .model import LMOutput
 from .state import MemoryState
 
 
+@takes_long_term_settings
 @dataclass(frozen=True)
-class PretrainedMemoryConfig:
+class PretrainedMemoryConfig(WithLongTerm):
     """A pretrained causal LM plus long-term memory (paper §4.2, GPT-2; `docs/hf.md`). Memory
-    defaults are the paper's GPT-2 settings; the learning rates are its split: the memory at
+    defaults are the paper's GPT-2 settings (`GPT2_LONG_TERM`; nested as `long_term`, also by
+    their own names: `WithLongTerm`); the learning rates are its split: the memory at
     `memory_lr` without weight decay, the base at the run's `lr` (paper: 5e-5)."""
 
     base_model: str  # directory of a Hugging Face causal LM (config.json, weights, tokenizer)
@@ -51,22 +57,9 @@ class PretrainedMemoryConfig:
     # W: previous tokens each call recomputes as context (None: one segment, as far as the
     # base's positions allow; 0: each segment attends within itself; `docs/hf.md`)
     window: int | None = None
-    num_basis: int = 512  # N
-    widths: tuple[float, ...] = (0.005, 0.01)
-    ridge_lambda: float = 0.5  # λ
-    tau: float = 0.5  # τ
-    num_samples: int = 512  # M
-    sticky: bool = False
-    sticky_bins: int = 128
-    sigma_0: float = 0.05
-    min_sigma_sq: float = 1e-4  # the floor of σ² (a read narrower than the basis: 1e-6)
-    kl_weight: float = 1e-6
-    conv_gate: bool = True
-    edge_padding: bool = True
-    density: str = "normalized"  # "paper", "normalized" or "content" (long_term_attention.py)
-    sigma_init: float | None = None  # σ at initialisation; None: the paper's (≈ 0.83)
-    sharpness: float = 1.0  # "content": β of the discrete attention over the basis centres
-    sink_edge: float = 0.0  # "content": the centres before it are not read
+    # N, widths, λ, τ, M, … (num_heads None: the base's heads; a read narrower than the basis
+    # needs min_sigma_sq 1e-6); its dim is the base's hidden size (`inftyformer.hf.config`)
+    long_term: LongTermConfig = GPT2_LONG_TERM
     # "added" (the paper's read, added to the attention output) or "heads" (the base's own heads
     # read the memory, merged by attention mass: `inftyformer.hf.head_read`)
     memory_read: str = "added"
@@ -82,21 +75,17 @@ class PretrainedMemoryConfig:
                 f"base_model {self.base_model} is not a Hugging Face model directory (no "
                 "config.json); convert a GGUF file with `inftyformer convert-gguf`"
             )
-        for name in ("memory", "freeze_base", "sticky", "conv_gate", "edge_padding"):
+        for name in ("memory", "freeze_base"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        self._check_long_term()
         check_range("memory_lr", self.memory_lr, 0.0, low_open=True)
         if self.density_lr is not None:
             check_range("density_lr", self.density_lr, 0.0, low_open=True)
-        check_range("kl_weight", self.kl_weight, 0.0)
-        check_range("min_sigma_sq", self.min_sigma_sq, 0.0, 1.0, low_open=True)
-        for name in ("segment_len", "num_basis", "num_samples", "sticky_bins"):
-            check_positive_int(name, getattr(self, name))
+        check_positive_int("segment_len", self.segment_len)
         if self.window is not None:
             check_positive_int("window", self.window, minimum=0)
-        object.__setattr__(self, "widths", check_widths(self.widths, self.num_basis))
-        check_density(self.density, self.sigma_init, self.sharpness, self.sink_edge)
-        check_memory_read(self.memory_read, self.density)
+        check_memory_read(self.memory_read, self.long_term.density)
         data = json.loads(config.read_text(encoding="utf-8"))
         data = data.get("text_config", data)  # a saved memory model nests the base's
         if self.memory_layers is not None:
@@ -123,26 +112,16 @@ class PretrainedMemoryConfig:
     def adapter_settings(self) -> dict[str, Any]:
         """The `inftyformer.hf.add_long_term_memory` settings."""
         skip = {"base_model", "memory", "freeze_base", "memory_lr", "density_lr", "vocab_size"}
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["widths"] = list(self.widths)
-        if self.memory_layers is not None:
-            out["memory_layers"] = list(self.memory_layers)
-        return out
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        del own["long_term"]
+        return {**own, **{name: getattr(self.long_term, name) for name in self.long_term_names()}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PretrainedMemoryConfig:
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown PretrainedMemoryConfig fields {unknown}")
+        """A saved config (`to_dict`, flat; the memory's settings may be nested)."""
         # configs saved before the density setting existed read the scores as the paper does,
         # before the window existed each segment attended within itself
-        return cls(**{"density": "paper", "window": 0, **data})
-
-    def replace(self, **changes: Any) -> PretrainedMemoryConfig:
-        return dataclasses.replace(self, **changes)
+        return cls._from_saved(data, {"density": "paper", "window": 0})
 
     def with_memory_settings(self, overrides: dict[str, Any] | None = None) -> Any:
         """Other memory settings for evaluation (:data:`PRETRAINED_MEMORY_SETTINGS`); the
@@ -164,10 +143,6 @@ PRETRAINED_MEMORY_SETTINGS = (
     "segment_len",
     "window",
     *CHANGEABLE_SETTINGS,  # the long-term memory's
-    "sigma_0",
-    "sharpness",
-    "sink_edge",
-    "kl_weight",
     "memory_lr",
     "density_lr",
 )

@@ -146,8 +146,8 @@ def check_settings(args):
     with torch.no_grad():
         out = model(ids)
         assert torch.allclose(out.logits, model_base(ids).logits, atol=1e-5)
-        again = model(ids, memory=out.memory)  # the first segment is now the window
-        again = model(ids, memory=again.memory)  # and now in the memory, read back
+        again = model(ids, state=out.state)  # the first segment is now the window
+        again = model(ids, state=again.state)  # and now in the memory, read back
     assert finite(again.logits)
     model.unwrap()  # the base is shared: the next example wraps it afresh
 
@@ -172,7 +172,7 @@ def model_and_memory(arch: str):
     model = add_long_term_memory(make_base(arch), num_basis=16, num_samples=16, segment_len=L)
     model = model.eval()
     with torch.no_grad():
-        memory = model(torch.randint(0, V, (BATCH, L))).memory
+        memory = model(torch.randint(0, V, (BATCH, L))).state
     return model, memory
 
 
@@ -227,7 +227,7 @@ def check_forward(args):
     arch, ids, labels, mask, reset, use_memory = args
     model, memory = model_and_memory(arch)
     memory = memory if use_memory else None
-    kwargs = dict(labels=labels, attention_mask=mask, reset=reset, memory=memory)
+    kwargs = dict(labels=labels, attention_mask=mask, reset=reset, state=memory)
     call = lambda: model(ids, **kwargs)  # noqa: E731
     bad = []
     if not ids_ok(ids, allow_ignore=False):
@@ -245,7 +245,7 @@ def check_forward(args):
         bad.append("reset")
     all_reset = reset is not None and "reset" not in bad and bool(reset.all())
     if memory is not None and memory.batch_size != batch and not all_reset:
-        bad.append("memory")
+        bad.append("state")
     # any length is accepted: past a segment it is streamed, each call within the positions
     if bad:
         expect_error(call, *bad)
@@ -254,7 +254,7 @@ def check_forward(args):
     with torch.no_grad():
         out = call()
     assert out.logits.shape == (*ids.shape, V) and finite(out.logits)
-    model.check_memory(out.memory, batch)
+    model.check_state(out.state, batch)
     if labels is not None:
         assert torch.isfinite(out.loss) or int((labels[:, 1:] != IGNORE_INDEX).sum()) == 0
 

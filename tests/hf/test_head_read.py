@@ -91,7 +91,7 @@ def test_a_heads_read_starts_without_a_prior_over_places_or_extra_variance():
         assert layer.attention.mu_head.weight.abs().sum() == 0
         assert layer.attention.sigma_head.weight.abs().sum() == 0
     ids = torch.randint(1, V, (2, 8), generator=torch.Generator().manual_seed(2))
-    memory = model(ids, memory=model(ids).memory).memory
+    memory = model(ids, state=model(ids).state).state
     with torch.no_grad():
         read = model.long_term[0].attention
         h = torch.randn(2, 3, 32)
@@ -192,7 +192,7 @@ def test_with_an_empty_memory_the_logits_are_the_bases_and_a_filled_one_changes_
     want = tiny_base(arch)(ids).logits
     first = model(ids)
     assert torch.allclose(first.logits, want, atol=1e-5)
-    third = model(ids, memory=model(ids, memory=first.memory).memory)
+    third = model(ids, state=model(ids, state=first.state).state)
     assert (third.logits - want).abs().max() > 1e-3  # the memory holds the first segment now
     assert torch.isfinite(third.logits).all()
 
@@ -201,8 +201,8 @@ def test_with_an_empty_memory_the_logits_are_the_bases_and_a_filled_one_changes_
 def test_every_memory_parameter_gets_a_gradient(arch, density):
     model = heads_model(arch, density=density).train()
     ids = torch.randint(1, V, (2, 8), generator=torch.Generator().manual_seed(4))
-    memory = model(ids, memory=model(ids).memory).memory
-    model(ids, memory=memory, labels=ids).loss.backward()
+    memory = model(ids, state=model(ids).state).state
+    model(ids, state=memory, labels=ids).loss.backward()
     missing = [n for n, p in model.long_term.named_parameters() if p.grad is None]
     assert missing == []
     trained = model.long_term[0].attention
@@ -215,15 +215,15 @@ def test_every_memory_parameter_gets_a_gradient(arch, density):
 def test_greedy_generation_equals_recomputation_with_the_heads_read(arch, density):
     model = heads_model(arch, density=density)
     ids = torch.randint(1, V, (2, 16), generator=torch.Generator().manual_seed(5))
-    memory = model(ids[:, 8:], memory=model(ids[:, :8]).memory).memory
-    memory = model(ids[:, :8], memory=memory).memory  # something in the long-term memory
+    memory = model(ids[:, 8:], state=model(ids[:, :8]).state).state
+    memory = model(ids[:, :8], state=memory).state  # something in the long-term memory
     prompt = torch.randint(1, V, (2, 4), generator=torch.Generator().manual_seed(6))
     greedy = dict(max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
-    out = model.generate(prompt, memory=memory, **greedy)
+    out = model.generate(prompt, state=memory, **greedy)
     one_call = with_settings(model, segment_len=8)
     text = prompt
     for _ in range(4):
-        logits = one_call(text, memory=memory).logits[:, -1]
+        logits = one_call(text, state=memory).logits[:, -1]
         text = torch.cat([text, logits.argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(out.sequences, text)
 
@@ -234,11 +234,11 @@ def test_save_and_load_keep_the_heads_read(tmp_path, arch):
 
     model = heads_model(arch)
     ids = torch.randint(1, V, (2, 8), generator=torch.Generator().manual_seed(9))
-    memory = model(ids, memory=model(ids).memory).memory
+    memory = model(ids, state=model(ids).state).state
     model.save_pretrained(tmp_path)
     loaded = InftyformerForCausalLM.from_pretrained(tmp_path).eval()
     assert loaded.config.memory_read == "heads"
-    assert torch.allclose(loaded(ids, memory=memory).logits, model(ids, memory=memory).logits)
+    assert torch.allclose(loaded(ids, state=memory).logits, model(ids, state=memory).logits)
     base = loaded.unwrap()
     assert base.config._attn_implementation == "sdpa"
 

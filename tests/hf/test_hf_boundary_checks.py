@@ -15,6 +15,6 @@ def test_the_pretrained_step_calls_no_checked_entry_inside(monkeypatch):
     memory = None
     for _ in range(3):
         ids = torch.randint(0, V, (2, 8), generator=g)
-        out = model(input_ids=ids, labels=ids, memory=memory)
+        out = model(input_ids=ids, labels=ids, state=memory)
         out.loss.backward()
-        memory = out.memory
+        memory = out.state

@@ -15,8 +15,8 @@ PROMPT, NEW = 5, 6
 
 def stream(model, batch: int, seed: int = 0):
     ids = torch.randint(1, V, (batch, 2 * 8), generator=torch.Generator().manual_seed(seed))
-    memory = model(ids[:, :8]).memory
-    return model(ids[:, 8:], memory=memory).memory  # the second segment is still waiting
+    memory = model(ids[:, :8]).state
+    return model(ids[:, 8:], state=memory).state  # the second segment is still waiting
 
 
 @torch.no_grad()
@@ -27,11 +27,11 @@ def test_greedy_generate_equals_step_by_step_recomputation(arch):
     greedy = dict(
         max_new_tokens=NEW, do_sample=False, return_dict_in_generate=True, output_logits=True
     )
-    out = model.generate(prompt, memory=memory, **greedy)
+    out = model.generate(prompt, state=memory, **greedy)
     one_call = with_settings(model, segment_len=PROMPT + NEW)
     ids, scores = prompt, []
     for _ in range(NEW):  # from scratch each step: the whole text so far, the same memory
-        logits = one_call(ids, memory=memory).logits[:, -1]
+        logits = one_call(ids, state=memory).logits[:, -1]
         scores.append(logits)
         ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(out.sequences, ids)
@@ -50,14 +50,14 @@ def test_beam_search_reads_each_rows_own_memory(arch):
     memory = stream(model, 2)
     prompt = torch.randint(1, V, (2, PROMPT), generator=torch.Generator().manual_seed(8))
     beams = dict(max_new_tokens=4, do_sample=False, num_beams=3, num_return_sequences=2)
-    both = model.generate(prompt, memory=memory, **beams)
+    both = model.generate(prompt, state=memory, **beams)
     assert both.shape == (4, PROMPT + 4)
     for row in range(2):
         row_memory = memory.repeat_rows(1)
         row_memory = type(memory).from_tensors(
             {k: v[row : row + 1] for k, v in row_memory.tensors().items()}, len(memory.layers)
         )
-        alone = model.generate(prompt[row : row + 1], memory=row_memory, **beams)
+        alone = model.generate(prompt[row : row + 1], state=row_memory, **beams)
         assert torch.equal(both[2 * row : 2 * row + 2], alone)
 
 
@@ -79,13 +79,13 @@ def test_generate_shortens_the_window_to_the_base_positions(arch):
     model = tiny_memory_model(arch)
     memory = stream(model, 2)
     prompt = torch.randint(1, V, (2, 6), generator=torch.Generator().manual_seed(9))
-    out = model.generate(prompt, memory=memory, max_new_tokens=54, do_sample=False)
+    out = model.generate(prompt, state=memory, max_new_tokens=54, do_sample=False)
     short = model.consolidate(memory)
     short.window.tokens, short.window.length = short.window.tokens[:, -4:], torch.tensor([4, 4])
     one_call = with_settings(model, segment_len=60, window=4)
     ids = prompt
     for _ in range(54):
-        step = one_call(ids, memory=short).logits[:, -1].argmax(-1, keepdim=True)
+        step = one_call(ids, state=short).logits[:, -1].argmax(-1, keepdim=True)
         ids = torch.cat([ids, step], dim=1)
     assert torch.equal(out, ids)
 
@@ -101,9 +101,9 @@ def test_a_long_prompt_goes_into_the_memory_first(arch, window):
     memory = stream(model, 2)
     prompt = torch.randint(1, V, (2, 100), generator=torch.Generator().manual_seed(10))
     greedy = dict(do_sample=False, return_dict_in_generate=True, output_logits=True)
-    out = model.generate(prompt, memory=memory, max_new_tokens=NEW, **greedy)
-    streamed = model(prompt[:, :96], memory=memory).memory
-    explicit = model.generate(prompt[:, 96:], memory=streamed, max_new_tokens=NEW, **greedy)
+    out = model.generate(prompt, state=memory, max_new_tokens=NEW, **greedy)
+    streamed = model(prompt[:, :96], state=memory).state
+    explicit = model.generate(prompt[:, 96:], state=streamed, max_new_tokens=NEW, **greedy)
     assert out.sequences.shape == (2, 100 + NEW)
     assert torch.equal(out.sequences[:, :100], prompt)
     assert torch.equal(out.sequences[:, 96:], explicit.sequences)
@@ -112,12 +112,12 @@ def test_a_long_prompt_goes_into_the_memory_first(arch, window):
     # what was streamed matters: the same last part after another beginning differs
     other = prompt.clone()
     other[:, :90] = torch.randint(1, V, (2, 90), generator=torch.Generator().manual_seed(11))
-    changed = model.generate(other, memory=memory, max_new_tokens=NEW, **greedy)
+    changed = model.generate(other, state=memory, max_new_tokens=NEW, **greedy)
     assert (changed.logits[0] - out.logits[0]).abs().max() > 1e-3
     # a prompt of exactly one segment is not cut: the same as before
     assert torch.equal(
-        model.generate(prompt[:, :L], memory=memory, max_new_tokens=NEW, do_sample=False),
-        model.generate(prompt[:, :L], memory=model.consolidate(memory), max_new_tokens=NEW,
+        model.generate(prompt[:, :L], state=memory, max_new_tokens=NEW, do_sample=False),
+        model.generate(prompt[:, :L], state=model.consolidate(memory), max_new_tokens=NEW,
                        do_sample=False),
     )  # fmt: skip
     assert model.generate(prompt, max_length=103, do_sample=False).shape == (2, 103)
@@ -140,3 +140,26 @@ def test_a_long_padded_prompt_streams_the_valid_tokens(arch):
     padded = model.generate(prompt, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
     alone = model.generate(prompt[1:2, L:], max_new_tokens=NEW, do_sample=False)
     assert torch.equal(padded[1, L:], alone[0])
+
+
+@torch.no_grad()
+def test_the_old_names_of_the_state_still_work_and_warn(arch):
+    """`init_memory`, `memory=` (forward and generate) and `out.memory`: each warns and gives
+    what its new name gives; passing both names is refused."""
+    model = tiny_memory_model(arch)
+    ids = torch.randint(1, V, (2, 8), generator=torch.Generator().manual_seed(3))
+    out = model(ids, state=model.init_state(2))
+    with pytest.warns(DeprecationWarning, match="use init_state"):
+        empty = model.init_memory(2)
+    assert empty.tensors().keys() == model.init_state(2).tensors().keys()
+    with pytest.warns(DeprecationWarning, match=r"use state="):
+        old = model(ids, memory=out.state)
+    assert torch.equal(old.logits, model(ids, state=out.state).logits)
+    with pytest.warns(DeprecationWarning, match=r"use state \(the same"):
+        assert old.memory is old.state
+    greedy = dict(max_new_tokens=3, do_sample=False)
+    with pytest.warns(DeprecationWarning, match=r"use state="):
+        tokens = model.generate(ids, memory=out.state, **greedy)
+    assert torch.equal(tokens, model.generate(ids, state=out.state, **greedy))
+    with pytest.raises(TypeError, match="pass state= only"), pytest.warns(DeprecationWarning):
+        model(ids, state=out.state, memory=out.state)

@@ -17,12 +17,12 @@ def tokens(batch: int, length: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(1, V, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def explicit(model, ids, memory=None, **options):
+def explicit(model, ids, state=None, **options):
     """The calls segment by segment, as a user would write them."""
     outs = []
     for start in range(0, ids.shape[1], L):
-        outs.append(model(ids[:, start : start + L], memory=memory, **options))
-        memory = outs[-1].memory
+        outs.append(model(ids[:, start : start + L], state=state, **options))
+        state = outs[-1].state
     return outs
 
 
@@ -51,18 +51,18 @@ def test_a_long_call_equals_the_calls_segment_by_segment(arch, window):
     ids = tokens(2, T)
     labels = ids.clone()
     labels[0, 10:20] = -100
-    start = model(tokens(2, L, 1)).memory  # also from a memory with something in it
+    start = model(tokens(2, L, 1)).state  # also from a memory with something in it
     seen = base_calls(model)
-    out = model(ids, memory=start, labels=labels)
+    out = model(ids, state=start, labels=labels)
     # every base call: at most one segment after the window, within the 64 positions
     width = model.config.window
     assert len(seen) == 13 and max(n for n, _ in seen) == L + width
     assert max(end for _, end in seen) <= 64
-    calls = explicit(model, ids, memory=start)
+    calls = explicit(model, ids, state=start)
     logits = torch.cat([c.logits for c in calls], dim=1)
     assert out.logits.shape == (2, T, V)
     assert torch.equal(out.logits, logits)  # the same calls: bit for bit
-    assert same_memory(out.memory, calls[-1].memory)
+    assert same_memory(out.state, calls[-1].state)
     # the loss: one call's definition over the whole input (labels shifted inside, across the
     # segment boundaries too), plus the mean of the calls' memory losses
     want = F.cross_entropy(
@@ -77,7 +77,7 @@ def test_a_long_call_equals_the_calls_segment_by_segment(arch, window):
     # the memory is used: the same last segment after another beginning is predicted otherwise
     other = ids.clone()
     other[:, : T - 2 * L] = tokens(2, T - 2 * L, 2)
-    assert (model(other, memory=start).logits[:, -L:] - out.logits[:, -L:]).abs().max() > 1e-3
+    assert (model(other, state=start).logits[:, -L:] - out.logits[:, -L:]).abs().max() > 1e-3
 
 
 @torch.no_grad()
@@ -85,13 +85,13 @@ def test_a_call_of_one_segment_is_one_call_as_before(arch):
     """Up to segment_len tokens: one base call, the output of the single-call path; one token
     more: two calls."""
     model = tiny_memory_model(arch)
-    memory = model(tokens(2, L, 1)).memory
+    memory = model(tokens(2, L, 1)).state
     seen = base_calls(model)
     ids = tokens(2, L + 1)
-    out = model(ids[:, :L], memory=memory, labels=ids[:, :L])
+    out = model(ids[:, :L], state=memory, labels=ids[:, :L])
     assert seen == [(2 * L, 2 * L)]
     assert out.token_loss.shape == (2, L - 1)  # as before: the shift inside one call
-    longer = model(ids, memory=memory, labels=ids)
+    longer = model(ids, state=memory, labels=ids)
     assert seen[1:] == [(2 * L, 2 * L), (L + 1, L + 1)]
     assert torch.equal(longer.logits[:, :L], out.logits)
     assert longer.token_loss.shape == (2, L)  # the boundary's prediction counts too
@@ -144,8 +144,8 @@ def test_a_padded_row_gives_what_the_row_alone_gives(arch, side, window):
     assert torch.allclose(out.logits[0], model(ids[:1]).logits[0], atol=1e-5)  # row 0: no padding
     later = tokens(2, L, 3)
     assert torch.allclose(
-        model(later, memory=out.memory).logits[1],
-        model(later[1:2], memory=alone.memory).logits[0],
+        model(later, state=out.state).logits[1],
+        model(later[1:2], state=alone.state).logits[0],
         atol=1e-5,
     )
 
@@ -180,7 +180,7 @@ def test_bad_long_inputs_give_clear_errors(arch):
         (dict(labels=ids + V), r"labels must be in \[0, 61\)"),
         (dict(attention_mask=torch.ones(2, T - 1)), r"attention_mask must have shape \(2, >= 100"),
         (dict(attention_mask=torch.ones(2, 1, T, T)), "4-D masks are not supported"),
-        (dict(memory=model(ids[:1, :L]).memory), "memory has batch size 1"),
+        (dict(state=model(ids[:1, :L]).state), "state has batch size 1"),
         (dict(reset=torch.tensor([1, 0])), "reset must be a bool"),
     ]
     for kwargs, message in cases:

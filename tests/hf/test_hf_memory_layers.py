@@ -16,9 +16,9 @@ def tokens(batch: int, length: int, seed: int = 0) -> torch.Tensor:
 def stream(model, ids):
     memory, logits = None, []
     for start in range(0, ids.shape[1], L):
-        out = model(ids[:, start : start + L], memory=memory)
+        out = model(ids[:, start : start + L], state=memory)
         logits.append(out.logits)
-        memory = out.memory
+        memory = out.state
     return torch.cat(logits, 1), memory
 
 
@@ -51,8 +51,8 @@ def test_a_subset_trains_fewer_parameters_and_saves_its_blocks(arch, tmp_path):
         torch.testing.assert_close(stream(loaded, ids)[0], stream(sub.eval(), ids)[0])
     # a memory made with another set of blocks is refused by its layer count
     _, memory = stream(full.eval(), ids)
-    with pytest.raises(ValueError, match="memory has 2 layers, the model has 1"):
-        loaded(ids[:, :L], memory=memory)
+    with pytest.raises(ValueError, match="state has 2 layers, the model has 1"):
+        loaded(ids[:, :L], state=memory)
 
 
 @pytest.mark.parametrize(

@@ -45,9 +45,9 @@ def test_logits_equal_the_base_at_initialisation(arch, window):
     memory = None
     for i in range(0, 4 * L, L):
         want = base(ids[:, max(i - back, 0) : i + L]).logits[:, -L:]
-        out = model(ids[:, i : i + L], memory=memory)
+        out = model(ids[:, i : i + L], state=memory)
         assert (out.logits - want).abs().max().item() == 0.0
-        memory = out.memory
+        memory = out.state
     assert not bool(memory.layers[0].long_term.empty.any())
     if window is None:
         assert torch.equal(memory.window.tokens, ids[:, -L:])  # the last segment, for the next
@@ -65,20 +65,20 @@ def test_the_window_is_exact_context_and_the_memory_holds_what_left_it(arch):
     base = model.base
     ids = tokens(2, 3 * L)
     first = model(ids[:, :L])
-    second = model(ids[:, L : 2 * L], memory=first.memory)
+    second = model(ids[:, L : 2 * L], state=first.state)
     assert torch.allclose(second.logits, base(ids[:, : 2 * L]).logits[:, L:], atol=1e-6)
-    assert bool(second.memory.layers[0].long_term.empty.all())
-    third = model(ids[:, 2 * L :], memory=second.memory)
+    assert bool(second.state.layers[0].long_term.empty.all())
+    third = model(ids[:, 2 * L :], state=second.state)
     alone = base(ids[:, L:]).logits[:, L:]  # segment 3 given segment 2: no memory read
     assert (third.logits - alone).abs().max() > 1e-3
-    assert not bool(third.memory.layers[0].long_term.empty.any())
+    assert not bool(third.state.layers[0].long_term.empty.any())
     # what waits is segment 1's normalised input, computed as the window of the second call
     other = tokens(2, L, 7)
-    swapped = model(ids[:, L : 2 * L], memory=model(other).memory).memory
+    swapped = model(ids[:, L : 2 * L], state=model(other).state).state
     assert not torch.equal(
-        swapped.layers[0].short_term.memory, second.memory.layers[0].short_term.memory
+        swapped.layers[0].short_term.memory, second.state.layers[0].short_term.memory
     )
-    assert torch.equal(swapped.window.tokens, second.memory.window.tokens)
+    assert torch.equal(swapped.window.tokens, second.state.window.tokens)
 
 
 @torch.no_grad()
@@ -86,13 +86,13 @@ def test_window_positions_stay_within_the_base(arch):
     """Each call runs the base on the window and at most one segment (a longer input is
     streamed: `test_hf_long_inputs.py`), so W + L within the positions is all it takes."""
     model = tiny_memory_model(arch)
-    memory = model(tokens(2, L)).memory
+    memory = model(tokens(2, L)).state
     seen = []
     model.base.register_forward_pre_hook(
         lambda module, args, kwargs: seen.append(int(kwargs["position_ids"].max()) + 1),
         with_kwargs=True,
     )
-    assert model(tokens(2, 64 - L + 1), memory=memory).logits.shape[1] == 64 - L + 1
+    assert model(tokens(2, 64 - L + 1), state=memory).logits.shape[1] == 64 - L + 1
     assert seen == [2 * L] * 7 + [L + 1]
     # defaults: one segment each, within the positions; explicit settings are checked
     default = add_long_term_memory(tiny_base(arch))
@@ -109,20 +109,20 @@ def test_window_positions_stay_within_the_base(arch):
 def test_an_old_segment_reaches_a_later_one_only_through_the_memory(arch):
     model = tiny_memory_model(arch)
     first_a, first_b, later = tokens(2, L, 1), tokens(2, L, 2), tokens(2, L, 3)
-    mem_a = model(first_a).memory
-    mem_b = model(first_b).memory
-    read_a = model(later, memory=mem_a).logits
-    read_b = model(later, memory=mem_b).logits
+    mem_a = model(first_a).state
+    mem_b = model(first_b).state
+    read_a = model(later, state=mem_a).logits
+    read_b = model(later, state=mem_b).logits
     fresh = model(later).logits
     assert (read_a - read_b).abs().max() > 1e-3  # the old content changes what is predicted
     assert (read_a - fresh).abs().max() > 1e-3
     # the same old content, however it reached the memory, gives the same prediction
-    assert torch.allclose(model(later, memory=mem_a).logits, read_a, atol=0, rtol=0)
+    assert torch.allclose(model(later, state=mem_a).logits, read_a, atol=0, rtol=0)
     # content two segments back is still there (fitted into the continuous signal)
-    two_back = model(tokens(2, L, 4), memory=mem_a).memory
-    two_back_b = model(tokens(2, L, 4), memory=mem_b).memory
+    two_back = model(tokens(2, L, 4), state=mem_a).state
+    two_back_b = model(tokens(2, L, 4), state=mem_b).state
     assert (
-        model(later, memory=two_back).logits - model(later, memory=two_back_b).logits
+        model(later, state=two_back).logits - model(later, state=two_back_b).logits
     ).abs().max() > 1e-4
 
 
@@ -130,24 +130,24 @@ def test_an_old_segment_reaches_a_later_one_only_through_the_memory(arch):
 def test_reset_rows_equal_a_fresh_stream(arch):
     model = tiny_memory_model(arch)
     ids = tokens(3, 3 * L)
-    memory = model(ids[:, :L]).memory
-    memory = model(ids[:, L : 2 * L], memory=memory).memory
+    memory = model(ids[:, :L]).state
+    memory = model(ids[:, L : 2 * L], state=memory).state
     reset = torch.tensor([False, True, False])
-    out = model(ids[:, 2 * L :], memory=memory, reset=reset)
+    out = model(ids[:, 2 * L :], state=memory, reset=reset)
     fresh = model(ids[1:2, 2 * L :])
-    kept = model(ids[:, 2 * L :], memory=memory)
+    kept = model(ids[:, 2 * L :], state=memory)
     assert torch.allclose(out.logits[1], fresh.logits[0], atol=1e-5)
     assert torch.allclose(out.logits[[0, 2]], kept.logits[[0, 2]], atol=1e-6)
     assert not torch.allclose(out.logits[1], kept.logits[1], atol=1e-3)
     # the next call continues row 1 from its new document only
     nxt = tokens(3, L, 9)
     assert torch.allclose(
-        model(nxt, memory=out.memory).logits[1],
-        model(nxt[1:2], memory=fresh.memory).logits[0],
+        model(nxt, state=out.state).logits[1],
+        model(nxt[1:2], state=fresh.state).logits[0],
         atol=1e-5,
     )
     # reset=all starts new streams, even with another batch size
-    assert model(ids[:2, :L], memory=memory, reset=torch.ones(2, dtype=torch.bool)).memory
+    assert model(ids[:2, :L], state=memory, reset=torch.ones(2, dtype=torch.bool)).state
 
 
 @torch.no_grad()
@@ -159,18 +159,18 @@ def test_padding_stores_only_the_valid_positions(arch, window):
     ids = tokens(2, L)
     mask = torch.ones(2, L, dtype=torch.long)
     mask[1, 5:] = 0
-    padded = model(ids, attention_mask=mask).memory
-    short = model(ids[1:2, :5]).memory
+    padded = model(ids, attention_mask=mask).state
+    short = model(ids[1:2, :5]).state
     held = padded.layers[0].short_term if window == 0 else padded.window
     assert held.length.tolist() == [L, 5]
     later = tokens(2, L, 5)
-    after = model(later, memory=padded)
-    assert torch.allclose(after.logits[1], model(later[1:2], memory=short).logits[0], atol=1e-5)
+    after = model(later, state=padded)
+    assert torch.allclose(after.logits[1], model(later[1:2], state=short).logits[0], atol=1e-5)
     # and the call after that (the padded row's first segment now in the long-term memory)
     last = tokens(2, L, 6)
     assert torch.allclose(
-        model(last, memory=after.memory).logits[1],
-        model(last[1:2], memory=model(later[1:2], memory=short).memory).logits[0],
+        model(last, state=after.state).logits[1],
+        model(last[1:2], state=model(later[1:2], state=short).state).logits[0],
         atol=1e-5,
     )
 
@@ -201,8 +201,8 @@ def test_frozen_base_gets_no_gradient_and_every_memory_parameter_does(arch):
     first.loss.backward()
     assert all(p.grad is not None for p in model.memory_parameters())  # DDP: all in the graph
     model.zero_grad(set_to_none=True)
-    second = model(ids[:, L : 2 * L], memory=first.memory)  # segment 1 is its window
-    third = model(ids[:, 2 * L :], memory=second.memory, labels=ids[:, 2 * L :])
+    second = model(ids[:, L : 2 * L], state=first.state)  # segment 1 is its window
+    third = model(ids[:, 2 * L :], state=second.state, labels=ids[:, 2 * L :])
     third.loss.backward()
     assert all(p.grad is None for p in model.base_parameters())
     gate = model.long_term[0].memory.gate.weight.grad
@@ -217,10 +217,10 @@ def test_stream_loss_carries_the_memory_across_segments(arch):
         result = stream_loss(model, doc[:, :-1], doc[:, 1:])
         memory, manual = None, []
         for start in range(0, doc.shape[1] - 1, L):
-            out = model(doc[:, start : min(start + L, doc.shape[1] - 1)], memory=memory)
+            out = model(doc[:, start : min(start + L, doc.shape[1] - 1)], state=memory)
             target = doc[:, start + 1 : start + 1 + out.logits.shape[1]]
             manual.append(F.cross_entropy(out.logits.transpose(1, 2), target, reduction="none"))
-            memory = out.memory
+            memory = out.state
     assert result.segments == 4 and result.token_loss.shape == (2, 3 * L + 3)
     assert torch.allclose(result.token_loss, torch.cat(manual, 1), atol=1e-6)
 
@@ -229,8 +229,8 @@ def test_save_pretrained_round_trip_gives_identical_logits(arch, tmp_path):
     model = tiny_memory_model(arch, sticky=True)
     ids = tokens(2, 2 * L)
     with torch.no_grad():
-        memory = model(ids[:, :L]).memory
-        expected = model(ids[:, L:], memory=memory).logits
+        memory = model(ids[:, :L]).state
+        expected = model(ids[:, L:], state=memory).logits
     model.save_pretrained(tmp_path / "model")
     files = {p.name for p in (tmp_path / "model").iterdir()}
     assert "model.safetensors" in files and not any(f.endswith(".bin") for f in files)
@@ -242,7 +242,7 @@ def test_save_pretrained_round_trip_gives_identical_logits(arch, tmp_path):
     memory = load_state(tmp_path / "memory.safetensors")
     assert torch.equal(memory.window.tokens, ids[:, :L])
     with torch.no_grad():
-        assert torch.equal(loaded(ids[:, L:], memory=memory).logits, expected)
+        assert torch.equal(loaded(ids[:, L:], state=memory).logits, expected)
 
 
 def test_models_and_runs_saved_before_the_window_keep_attending_within_segments(tmp_path):
@@ -273,11 +273,11 @@ def test_models_and_runs_saved_before_the_window_keep_attending_within_segments(
 def test_a_memory_that_does_not_fit_the_window_is_refused():
     with_window, without = tiny_memory_model("gpt2"), tiny_memory_model("gpt2", window=0)
     ids = tokens(2, L)
-    with pytest.raises(ValueError, match="memory has no token window"):
-        with_window(ids, memory=without(ids).memory)
-    with pytest.raises(ValueError, match="memory has a token window"):
-        without(ids, memory=with_window(ids).memory)
-    memory = with_window(ids).memory
+    with pytest.raises(ValueError, match="state has no token window"):
+        with_window(ids, state=without(ids).state)
+    with pytest.raises(ValueError, match="state has a token window"):
+        without(ids, state=with_window(ids).state)
+    memory = with_window(ids).state
     cases = [
         (TokenWindow(ids[:1], memory.window.length[:1]), "window.tokens must have shape"),
         (TokenWindow(tokens(2, L + 1), memory.window.length), "more than this model's window"),
@@ -287,7 +287,7 @@ def test_a_memory_that_does_not_fit_the_window_is_refused():
     ]
     for window, message in cases:
         with pytest.raises((TypeError, ValueError), match=message):
-            with_window(ids, memory=MemoryState(memory.layers, window))
+            with_window(ids, state=MemoryState(memory.layers, window))
 
 
 def test_unsupported_architecture_is_refused_with_the_supported_list():
@@ -307,27 +307,27 @@ def test_unsupported_architecture_is_refused_with_the_supported_list():
 def test_bad_inputs_give_clear_errors():
     model = tiny_memory_model("gpt2")
     ids = tokens(2, L)
-    memory = model(ids).memory
+    memory = model(ids).state
     cases = [
         (dict(input_ids=ids[0]), "input_ids must have shape"),
         (dict(input_ids=ids.float()), "integer ids"),
         (dict(input_ids=ids + V), r"input_ids must be in \[0, 61\)"),
         (dict(input_ids=ids, labels=ids[:, :-1]), "labels must have the shape"),
-        (dict(input_ids=ids[:1], memory=memory), "memory has batch size 2"),
-        (dict(input_ids=ids, memory="memory"), "memory must be a MemoryState"),
+        (dict(input_ids=ids[:1], state=memory), "state has batch size 2"),
+        (dict(input_ids=ids, state="memory"), "state must be a MemoryState"),
         (dict(input_ids=ids, reset=torch.tensor([1, 0])), "reset must be a bool"),
         (dict(input_ids=ids, attention_mask=torch.ones(2, L - 1)), "attention_mask must have"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
             model(**kwargs)
-    with pytest.raises(ValueError, match="memory has 1 layers, the model has 2"):
-        model(ids, memory=MemoryState(memory.layers[:1]))
+    with pytest.raises(ValueError, match="state has 1 layers, the model has 2"):
+        model(ids, state=MemoryState(memory.layers[:1]))
     wider = add_long_term_memory(
         GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=16, n_layer=2, n_head=2)), **MEMORY
     )
     with pytest.raises(ValueError, match="short_term.memory must have shape"):
-        wider(ids, memory=memory)
+        wider(ids, state=memory)
     with pytest.raises(ValueError, match="unknown long-term memory settings"):
         add_long_term_memory(tiny_base("gpt2"), dim=8)
     with pytest.raises(ValueError, match="segment_len must be in"):
@@ -344,14 +344,14 @@ def test_a_base_wrapped_twice_reads_once():
     twice = add_long_term_memory(first.unwrap(), num_basis=16, num_samples=16, segment_len=L)
     twice.load_state_dict(second.state_dict())
     ids = tokens(2, L)
-    memory = second(ids).memory
-    assert torch.equal(twice(ids, memory=memory).logits, second(ids, memory=memory).logits)
+    memory = second(ids).state
+    assert torch.equal(twice(ids, state=memory).logits, second(ids, state=memory).logits)
     with pytest.raises(RuntimeError, match="unwrapped"):
         first(ids)
     # wrapping without unwrapping: only the calling model's hooks act
     again = add_long_term_memory(twice.base, num_basis=16, num_samples=16, segment_len=L)
     again.load_state_dict(second.state_dict())
-    assert torch.equal(again(ids, memory=memory).logits, second(ids, memory=memory).logits)
+    assert torch.equal(again(ids, state=memory).logits, second(ids, state=memory).logits)
 
 
 def test_tiny_model_directories_load_like_real_ones(tmp_path):

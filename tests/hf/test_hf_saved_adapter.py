@@ -32,7 +32,7 @@ def memory_model_on_disk_base(tmp_path, arch):
 def two_segments(model, ids):
     with torch.no_grad():
         first = model(ids[:, :8])
-        second = model(ids[:, 8:16], memory=first.memory)
+        second = model(ids[:, 8:16], state=first.state)
     return torch.cat([first.logits, second.logits], 1)
 
 

@@ -97,23 +97,23 @@ def test_a_memory_carries_its_base_and_another_base_refuses_it(tmp_path):
     llama = add_long_term_memory(tiny_base("llama"), **MEMORY).eval()  # the same shapes
     ids = torch.randint(0, 61, (2, 8))
     with torch.no_grad():
-        memory = llama(ids).memory
-        assert memory.source == llama.memory_source != gpt2.memory_source
-        with pytest.raises(ValueError, match="memory was made by pretrained LlamaForCausalLM"):
-            gpt2(ids, memory=memory)
+        memory = llama(ids).state
+        assert memory.source == llama.state_source != gpt2.state_source
+        with pytest.raises(ValueError, match="state was made by pretrained LlamaForCausalLM"):
+            gpt2(ids, state=memory)
         save_state(tmp_path / "memory.safetensors", memory)
         loaded = load_state(tmp_path / "memory.safetensors")
-        assert loaded.source == llama.memory_source
-        with pytest.raises(ValueError, match="memory was made by"):
-            gpt2(ids, memory=loaded)
+        assert loaded.source == llama.state_source
+        with pytest.raises(ValueError, match="state was made by"):
+            gpt2(ids, state=loaded)
         # its own model reads it, after every operation that keeps a state
         reset = memory.reset(torch.tensor([True, False]))
         kept_states = (loaded, memory.detach(), memory.to("cpu"), memory.repeat_rows(1), reset)
         for kept in (*kept_states, llama.consolidate(memory)):
-            assert kept.source == llama.memory_source
-            llama(ids, memory=kept)
+            assert kept.source == llama.state_source
+            llama(ids, state=kept)
         # a state without provenance (built by hand) is checked by its contents only
-        gpt2(ids, memory=MemoryState.from_tensors(memory.tensors(), len(memory.layers)))
+        gpt2(ids, state=MemoryState.from_tensors(memory.tensors(), len(memory.layers)))
 
 
 def test_a_pretrained_memory_is_checked_like_a_native_state():
@@ -124,20 +124,20 @@ def test_a_pretrained_memory_is_checked_like_a_native_state():
     model = add_long_term_memory(tiny_base("gpt2"), **MEMORY).eval()
     ids = torch.randint(0, 61, (1, 8))
     with torch.no_grad():
-        memory = model(ids).memory
+        memory = model(ids).state
         tensors = memory.tensors()
         huge = dict(tensors)
         huge["layers.0.long_term.coefficients"] = torch.full_like(
             tensors["layers.0.long_term.coefficients"], 1e20
         )  # finite, beyond what a model's memory holds: NaN logits downstream
         with pytest.raises(ValueError, match="coefficients"):
-            model(ids, memory=MemoryState.from_tensors(huge, 2, memory.source))
+            model(ids, state=MemoryState.from_tensors(huge, 2, memory.source))
         long = dict(tensors)
         for i in range(2):  # more waiting states than one call of the base can leave
             long[f"layers.{i}.short_term.memory"] = torch.zeros(1, 65, 32)
             long[f"layers.{i}.short_term.length"] = torch.tensor([65])
         with pytest.raises(ValueError, match="short_term"):
-            model(ids, memory=MemoryState.from_tensors(long, 2, memory.source))
+            model(ids, state=MemoryState.from_tensors(long, 2, memory.source))
 
 
 def test_from_pretrained_refuses_weights_that_do_not_fit(tmp_path):

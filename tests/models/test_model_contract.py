@@ -87,8 +87,10 @@ def test_one_list_of_the_memory_settings_that_may_change():
     lt_fields = {f.name for f in dataclasses.fields(LongTermConfig)}
     assert set(CHANGEABLE_SETTINGS) <= lt_fields
     for kind in MODEL_KINDS.values():
-        names = {f.name for f in dataclasses.fields(kind.config)}
+        names = set(kind.config.setting_types())
         assert set(CHANGEABLE_SETTINGS) <= set(kind.changeable) <= names, kind.name
+        memory = [name for name in kind.changeable if name in kind.config.long_term_names()]
+        assert memory == list(CHANGEABLE_SETTINGS), kind.name  # the list, not a copy of it
     config = ModelConfig(vocab_size=8)
     assert changeable_settings(config) == MODEL_KINDS["native"].changeable
     assert "num_basis" not in changeable_settings(config)  # it shapes the weights

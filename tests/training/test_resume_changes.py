@@ -94,6 +94,24 @@ def test_task_and_memory_settings_are_refused_unless_allowed(finished):
         Trainer(finished, SORT, tiny_sorting(d_model=32), resume=True, allow_changes=True)
 
 
+def test_a_checkpoint_without_the_settings_added_since_resumes_unchanged(finished):
+    """A checkpoint saved before a model setting existed (here the memory's sharpness and
+    sink_edge) resumes as it was: the settings it lacks are at their defaults, not changes."""
+    from pathlib import Path
+
+    from inftyformer.training import save_checkpoint
+
+    path = Path(finished.out_dir) / "last"
+    ckpt = load_checkpoint(path)
+    meta = dict(ckpt.meta)
+    old = {k: v for k, v in meta["model_config"].items() if k not in ("sharpness", "sink_edge")}
+    save_checkpoint(path.parent, "last", ckpt.tensors, {**meta, "model_config": old})
+    trainer = Trainer(finished, SORT, tiny_sorting(), resume=True, echo=quiet)
+    assert trainer.history == []
+    with pytest.raises(CheckpointError, match=r"model\.tau: 0\.75 -> 0\.5"):  # a real change
+        Trainer(finished, SORT, tiny_sorting(tau=0.5), resume=True, echo=quiet)
+
+
 def test_a_run_start_cleans_what_a_kill_left(finished):
     from pathlib import Path
 

@@ -5,13 +5,14 @@
 
     base = AutoModelForCausalLM.from_pretrained(path)
     model = add_long_term_memory(base, num_basis=512, widths=(0.005, 0.01), tau=0.5)
-    out = model(input_ids, memory=None, labels=labels)   # out.logits, out.loss, out.memory
-    out = model(next_ids, memory=out.memory)              # the memory is carried explicitly
+    out = model(input_ids, state=None, labels=labels)    # out.logits, out.loss, out.state
+    out = model(next_ids, state=out.state)                # the memory state is carried explicitly
 
 Needs the optional extra `inftyformer[hf]` (transformers >= 5); the rest of inftyformer works
 without it. Modules: `adapters.py` (where the memory plugs into each architecture),
 `config.py`, `model.py` (the model; its hooks `hooks.py`, its memory between calls `memory.py`,
-its argument checks `validation.py`, `generation.py`, its weights' initialisation `weights.py`),
+its argument checks `validation.py`, `generation.py`, its weights' initialisation `weights.py`,
+the state's deprecated old names `renamed.py`),
 `segments.py` (the segment loop of a long input), `streaming.py` (long documents in segments),
 `convert.py` (a GGUF file to a safetensors model directory).
 """

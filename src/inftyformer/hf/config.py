@@ -2,14 +2,15 @@
 
     text_config     the base model's config (GPT2Config, LlamaConfig, ...), saved nested in
                     config.json, so `from_pretrained` rebuilds the base with `AutoModelForCausalLM`
-    num_heads ...   the `LongTermConfig` fields (paper §3); `dim` and `out_dim` are the base's
-                    hidden size, and the memory has its own query projection W^Q (`model.py`)
+    num_heads ...   the `LongTermConfig` fields (paper §3), flat as Hugging Face saves them
+                    (`long_term` is them as one LongTermConfig); `dim` and `out_dim` are the
+                    base's hidden size, and the memory has its own query projection W^Q
+                    (`model.py`); kl_weight weights the variance-KL term in the loss
     segment_len     L: tokens per call when a long document is streamed (`streaming.py`)
     window          W: how many of the stream's previous tokens each call recomputes as context
                     before its own (the short-term window, `model.py`); the long-term memory
                     holds what left it. None: one segment (W = L), as far as the base's positions
                     allow (W + L ≤ max_position_embeddings); 0: each call attends within itself
-    kl_weight       weight of the variance-KL term in the loss (`variance_kl`)
     memory_read     how a block uses its read: "added" (the paper's: its own projections, the
                     read added to the attention output, zero at initialisation) or "heads"
                     (ours: the base's own heads read the memory and merge it by attention mass,
@@ -18,8 +19,9 @@
                     late blocks train far fewer parameters, and the backward pass stops at the
                     first of them when the base is frozen (`docs/hf.md`)
 
-Defaults are the paper's GPT-2 settings (§4.2, `docs/hf.md`): N = 512, widths {0.005, 0.01},
-λ = 0.5, τ = 0.5, M = 512, KL weight 1e-6.
+Defaults are the paper's GPT-2 settings (§4.2, `docs/hf.md`; `GPT2_LONG_TERM`, also the defaults
+of the training command's `PretrainedMemoryConfig`): N = 512, widths {0.005, 0.01}, λ = 0.5,
+τ = 0.5, M = 512, KL weight 1e-6.
 """
 
 from __future__ import annotations
@@ -30,15 +32,15 @@ from typing import Any
 from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
-from .._checks import check_memory_layers, check_positive_int, check_range
+from .._checks import check_memory_layers, check_positive_int
 from ..basis import check_widths
-from ..long_term_config import check_memory_read
-from ..long_term_memory import DERIVED_SETTINGS, LongTermConfig
+from ..long_term_config import DERIVED_SETTINGS, GPT2_LONG_TERM, LongTermConfig, check_memory_read
 from .adapters import adapter_for
 
 # the LongTermConfig fields a user may set; dim, out_dim and query_projection follow from the base
 MEMORY_FIELDS = tuple(f.name for f in fields(LongTermConfig) if f.name not in DERIVED_SETTINGS)
-MODEL_FIELDS = ("segment_len", "window", "kl_weight", "memory_layers", "memory_read")
+MODEL_FIELDS = ("segment_len", "window", "memory_layers", "memory_read")
+_LT = GPT2_LONG_TERM
 
 
 class InftyformerConfig(PretrainedConfig):
@@ -48,26 +50,28 @@ class InftyformerConfig(PretrainedConfig):
     }
 
     text_config: dict | PretrainedConfig | None = None
-    num_heads: int | None = None  # None: the base's number of attention heads
-    num_basis: int = 512
-    widths: tuple[float, ...] | list[float] = (0.005, 0.01)
-    ridge_lambda: float = 0.5
-    tau: float = 0.5
-    num_samples: int = 512
-    edge_padding: bool = True
-    conv_gate: bool = True
-    sticky: bool = False
-    sticky_bins: int = 128
-    sigma_0: float = 0.05
-    min_sigma_sq: float = 1e-4
-    density: str = "normalized"  # "paper", "normalized" or "content" (long_term_attention.py)
-    sigma_init: float | None = None  # σ at initialisation; None: the paper's (≈ 0.83)
-    sharpness: float = 1.0  # "content": β of the discrete attention over the centres
-    sink_edge: float = 0.0  # "content": centres before it are not read
+    # the memory's settings (`LongTermConfig`), the paper's GPT-2 values by default
+    num_heads: int | None = _LT.num_heads  # None: the base's number of attention heads
+    num_basis: int = _LT.num_basis
+    widths: tuple[float, ...] | list[float] = _LT.widths
+    ridge_lambda: float = _LT.ridge_lambda
+    tau: float = _LT.tau
+    num_samples: int = _LT.num_samples
+    edge_padding: bool = _LT.edge_padding
+    conv_gate: bool = _LT.conv_gate
+    sticky: bool = _LT.sticky
+    sticky_bins: int = _LT.sticky_bins
+    sigma_0: float = _LT.sigma_0
+    kl_weight: float = _LT.kl_weight
+    min_sigma_sq: float = _LT.min_sigma_sq
+    density: str = _LT.density  # "paper", "normalized" or "content" (long_term_attention.py)
+    sharpness: float = _LT.sharpness  # "content": β of the discrete attention over the centres
+    sink_edge: float = _LT.sink_edge  # "content": centres before it are not read
+    sigma_init: float | None = _LT.sigma_init  # σ at initialisation; None: the paper's (≈ 0.83)
+    # the model's
     memory_read: str = "added"  # "added" (paper) or "heads" (head_read.py)
     segment_len: int = 512
     window: int | None = None  # None: one segment, within the base's positions; 0: none
-    kl_weight: float = 1e-6
     memory_layers: list[int] | None = None  # None: every block
 
     def __post_init__(self, **kwargs: Any) -> None:
@@ -80,7 +84,6 @@ class InftyformerConfig(PretrainedConfig):
             self.num_heads = int(text.num_attention_heads)
         # the same checks as the native ModelConfig (types, finiteness, ranges)
         check_positive_int("segment_len", self.segment_len)
-        check_range("kl_weight", self.kl_weight, 0.0)
         limit = getattr(text, "max_position_embeddings", None)
         if self.segment_len < 1 or (limit is not None and self.segment_len > limit):
             raise ValueError(
@@ -99,7 +102,7 @@ class InftyformerConfig(PretrainedConfig):
         self.memory_layers = check_memory_layers(
             self.memory_layers, getattr(text, "num_hidden_layers", None)
         )
-        self.long_term_config()  # validates N, widths, λ, τ, M, σ₀ with named errors
+        self.long_term_config()  # the memory's settings and its update's gain, named errors
         check_memory_read(self.memory_read, self.density)
         if self.memory_read == "heads":
             if self.num_heads != int(text.num_attention_heads):
@@ -136,10 +139,17 @@ class InftyformerConfig(PretrainedConfig):
     def hidden_size(self) -> int:
         return int(self.text_config.hidden_size)
 
+    @property
+    def long_term(self) -> LongTermConfig:
+        """The memory's settings as one LongTermConfig (what the model decides left unset)."""
+        return LongTermConfig(**{name: getattr(self, name) for name in MEMORY_FIELDS})
+
     def long_term_config(self) -> LongTermConfig:
-        """The core memory's config: e = the base's hidden size, own W^Q, output of size e."""
-        return LongTermConfig.from_settings(
-            self, dim=self.hidden_size, out_dim=self.hidden_size, query_projection=True
+        """Each block's memory: e = the base's hidden size, own W^Q, output of size e, its
+        update's gain checked for segments of L = segment_len."""
+        e = self.hidden_size
+        return self.long_term.sized(
+            dim=e, out_dim=e, query_projection=True, segment_len=self.segment_len
         )
 
 

@@ -4,7 +4,7 @@
 Generation (`generate`): the memory is read-only. The waiting segment is fitted once before
 generating; the first step runs the window before the prompt, the base's key/value cache keeps
 both, and every step reads the same long-term memory, so greedy `generate` gives the tokens of
-recomputing `model(prompt + tokens so far, memory=m)` in one call at every step (the text
+recomputing `model(prompt + tokens so far, state=m)` in one call at every step (the text
 stays in the base's cache: past a segment, the reference is a model of longer segment_len). A
 prompt longer than a segment goes into the memory first, all but its last part (1 … L tokens),
 which generation continues. A call that continues a
@@ -33,11 +33,11 @@ def generate(
     model: nn.Module,
     base_generate: Callable,
     inputs: torch.Tensor | None = None,
-    memory=None,
+    state=None,
     reset=None,
     **kwargs,
 ):
-    """HF `generate` (`base_generate`) reading `memory`: see
+    """HF `generate` (`base_generate`) reading the memory `state`: see
     `InftyformerForCausalLM.generate`."""
     ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
     if ids is None:
@@ -55,24 +55,24 @@ def generate(
                 )
             kwargs["attention_mask"] = mask[:, cut:]
         with torch.no_grad():
-            memory = model(
+            state = model(
                 head,
-                memory=memory,
+                state=state,
                 reset=reset,
                 attention_mask=None if mask is None else mask[:, :cut],
                 use_cache=False,
-            ).memory
+            ).state
         reset, ids = None, ids[:, cut:]
         count_from_the_cut(model, kwargs, cut)
-    if memory is not None or reset is not None:
-        memory = model.consolidate(model.prepare_memory(memory, ids.shape[0], reset))
-    if memory is None:
-        memory = model.init_memory(ids.shape[0])
-    memory = window_within_positions(model, memory, ids.shape[1], kwargs)
-    cache = model.prepare_reads(memory)
+    if state is not None or reset is not None:
+        state = model.consolidate(model.prepare_state(state, ids.shape[0], reset))
+    if state is None:
+        state = model.init_state(ids.shape[0])
+    state = window_within_positions(model, state, ids.shape[1], kwargs)
+    cache = model.prepare_reads(state)
     if kwargs.get("attention_mask") is None:  # ids without a mask are all tokens, no padding
         kwargs["attention_mask"] = torch.ones_like(ids)
-    out = base_generate(ids, memory=memory, read_cache=cache, **kwargs)
+    out = base_generate(ids, state=state, read_cache=cache, **kwargs)
     if not cut:
         return out
     sequences = out if isinstance(out, torch.Tensor) else out.sequences
@@ -100,36 +100,36 @@ def count_from_the_cut(model: nn.Module, options: dict, cut: int) -> None:
 
 
 def window_within_positions(
-    model: nn.Module, memory: MemoryState, prompt: int, options
+    model: nn.Module, state: MemoryState, prompt: int, options
 ) -> MemoryState:
-    """The memory with its window shortened (oldest tokens first) so that the window, the
+    """The state with its window shortened (oldest tokens first) so that the window, the
     prompt and the new tokens fit the base's positions."""
-    window, limit = memory.window, position_limit(model.config)
+    window, limit = state.window, position_limit(model.config)
     if window is None or limit is None or not window.tokens.shape[1]:
-        return memory
+        return state
     config = options.get("generation_config") or model.generation_config
     new = options.get("max_new_tokens", config.max_new_tokens)
     if new is None:
         new = options.get("max_length", config.max_length) - prompt
     room = max(limit - prompt - int(new), 0)
     if window.tokens.shape[1] <= room:
-        return memory
+        return state
     width = window.tokens.shape[1]
     short = TokenWindow(window.tokens[:, width - room :], window.length.clamp(max=room))
-    return MemoryState(memory.layers, short, memory.source)
+    return MemoryState(state.layers, short, state.source)
 
 
 @torch.no_grad()
-def prepare_reads(model: nn.Module, memory: MemoryState) -> tuple[PreparedMemory, ...]:
-    """Each layer's `LongTermAttention.prepare` of a memory with nothing waiting (what
+def prepare_reads(model: nn.Module, state: MemoryState) -> tuple[PreparedMemory, ...]:
+    """Each layer's `LongTermAttention.prepare` of a state with nothing waiting (what
     `generate` reads at every step): V = B W^V and the folded keys, computed once instead
     of per generated token."""
-    if any(bool((layer.short_term.length > 0).any()) for layer in memory.layers):
-        raise ValueError("prepare_reads needs a consolidated memory (nothing waiting)")
+    if any(bool((layer.short_term.length > 0).any()) for layer in state.layers):
+        raise ValueError("prepare_reads needs a consolidated state (nothing waiting)")
     dtype = model._param().dtype
     return tuple(
-        layer.attention.prepare(state.long_term, dtype)
-        for layer, state in zip(model.long_term, memory.layers, strict=True)
+        layer.attention.prepare(part.long_term, dtype)
+        for layer, part in zip(model.long_term, state.layers, strict=True)
     )
 
 
@@ -137,12 +137,12 @@ def expand_inputs(
     base_expand: Callable, expand_size: int, is_encoder_decoder: bool, input_ids, kwargs: dict
 ):
     """Beams and multiple return sequences (HF's `_expand_inputs_for_generation`,
-    `base_expand`): each row's memory is repeated for its copies."""
-    memory = kwargs.pop("memory", None)
+    `base_expand`): each row's state is repeated for its copies."""
+    state = kwargs.pop("state", None)
     cache = kwargs.pop("read_cache", None)
     input_ids, kwargs = base_expand(expand_size, is_encoder_decoder, input_ids, **kwargs)
-    if memory is not None:
-        kwargs["memory"] = memory.repeat_rows(expand_size)
+    if state is not None:
+        kwargs["state"] = state.repeat_rows(expand_size)
     if cache is not None:
         kwargs["read_cache"] = tuple(p.repeat_interleave(expand_size) for p in cache)
     return input_ids, kwargs

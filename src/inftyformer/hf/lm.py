@@ -94,7 +94,7 @@ class PretrainedMemoryLM(nn.Module):
     def init_state(
         self, batch_size: int, device: torch.device | str | None = None
     ) -> MemoryState | None:
-        return self.lm.init_memory(batch_size, device) if self.config.memory else None
+        return self.lm.init_state(batch_size, device) if self.config.memory else None
 
     def forward(
         self,
@@ -116,17 +116,17 @@ class PretrainedMemoryLM(nn.Module):
             head = lean_head(self.lm, self._architecture)  # None: the loss through the logits
         with contextlib.nullcontext(None) if head is None else HeadInputs(head, skip=True) as seen:
             if self.config.memory:
-                out = self.lm(tokens, memory=state, reset=reset, generator=generator)
-                logits, memory, aux = out.logits, out.memory, {"kl": out.kl}
+                out = self.lm(tokens, state=state, reset=reset, generator=generator)
+                logits, state, aux = out.logits, out.state, {"kl": out.kl}
                 memory_loss = out.memory_loss
             else:
-                logits, memory, aux, memory_loss = self.lm(input_ids=tokens).logits, None, {}, 0.0
+                logits, state, aux, memory_loss = self.lm(input_ids=tokens).logits, None, {}, 0.0
         if head is None:
-            output = LMOutput(logits=logits, state=memory, aux=aux)
+            output = LMOutput(logits=logits, state=state, aux=aux)
         else:  # the head computed nothing: the logits come from its input when asked for
             if len(seen.inputs) != 1:
                 raise RuntimeError(f"the output head ran {len(seen.inputs)} times in one call")
-            output = _LazyLogits(seen.inputs[0], head, state=memory, aux=aux)
+            output = _LazyLogits(seen.inputs[0], head, state=state, aux=aux)
         if targets is not None:
             if head is not None:
                 targets = targets.to(seen.inputs[0].device)
@@ -192,7 +192,7 @@ class PretrainedMemoryLM(nn.Module):
         if end_ids:
             options.update(eos_token_id=list(end_ids), pad_token_id=end_ids[0])
         if self.config.memory:
-            options["memory"] = state
+            options["state"] = state
         out = self.lm.generate(context, **options)
         new = out[:, context.shape[1] :]
         return new, self.push(out, state) if with_state else None

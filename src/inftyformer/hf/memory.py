@@ -1,13 +1,13 @@
-"""The memory an `InftyformerForCausalLM` (`model.py`) reads and writes, one call at a time: an
-empty memory, a memory handed in (checked, rows reset), what enters the long-term memory at the
-start of a call (step 1) and the memory a call returns (step 3).
+"""The memory state (`MemoryState`) an `InftyformerForCausalLM` (`model.py`) reads and writes,
+one call at a time: an empty state, a state handed in (checked, rows reset), what enters the
+long-term memory at the start of a call (step 1) and the state a call returns (step 3).
 
 1. The inputs that left the window (waiting in `LayerState.short_term`: each block's normalised
    attention inputs, computed in the previous call) enter each block's long-term memory
    (`LongTermMemory.update`: first fit, or squeeze-resample-refit) at the START of this call,
    inside this call's graph, so the CNN gate gets gradient from this call's loss; the stored
    coefficients come in detached (`fit_waiting`).
-3. The new memory is returned, detached: each layer's long-term state after step 1 (with the
+3. The new state is returned, detached: each layer's long-term state after step 1 (with the
    sticky histogram of this call's reads); the window moves on to the last W valid tokens; the
    h_i of the tokens that left it (with L-token calls and W = L: the previous segment, as
    recomputed in this call; with W = 0: this segment) wait in `short_term` (valid positions
@@ -30,7 +30,7 @@ from ..long_term_memory import LongTermState
 from ..short_term_memory import ShortTermState
 from ..state import LayerState, MemoryState, TokenWindow
 from .hooks import Call
-from .validation import check_memory, check_reset
+from .validation import check_reset, check_state
 from .window import WindowedInputs, pack
 
 
@@ -47,8 +47,8 @@ def source(model: nn.Module) -> str:
     )
 
 
-def init_memory(model: nn.Module, batch_size: int, device=None) -> MemoryState:
-    """An empty memory for `batch_size` parallel streams."""
+def init_state(model: nn.Module, batch_size: int, device=None) -> MemoryState:
+    """An empty memory state for `batch_size` parallel streams."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     p = model._param()
@@ -63,36 +63,36 @@ def init_memory(model: nn.Module, batch_size: int, device=None) -> MemoryState:
             for layer in model.long_term
         ),
         TokenWindow.empty(batch_size, device) if model.config.window else None,
-        model.memory_source,
+        model.state_source,
     )
 
 
-def prepare_memory(
+def prepare_state(
     model: nn.Module,
-    memory: MemoryState | None,
+    state: MemoryState | None,
     batch_size: int,
     reset: torch.Tensor | None = None,
 ) -> MemoryState:
-    """Check `memory` (None: empty) and clear the rows flagged by `reset` [batch] bool."""
+    """Check `state` (None: empty) and clear the rows flagged by `reset` [batch] bool."""
     if reset is not None:
         check_reset(reset, batch_size)
         reset = reset.to(model._param().device)
-        if memory is not None and bool(reset.all()):
-            memory = None  # every row starts over (possibly with another batch size)
-    if memory is None:
-        return model.init_memory(batch_size)
-    memory = check_memory(model, memory, batch_size)
-    return memory if reset is None else memory.reset(reset)
+        if state is not None and bool(reset.all()):
+            state = None  # every row starts over (possibly with another batch size)
+    if state is None:
+        return model.init_state(batch_size)
+    state = check_state(model, state, batch_size)
+    return state if reset is None else state.reset(reset)
 
 
 def fit_waiting(
-    layers: nn.ModuleList, memory: MemoryState, generator: torch.Generator | None
+    layers: nn.ModuleList, state: MemoryState, generator: torch.Generator | None
 ) -> tuple[list[LongTermState], list[torch.Tensor]]:
     """Step 1: each layer's waiting segment enters its long-term memory (in the caller's
     graph). Returns the long-term states and 0·Σp of the gates that had nothing to fit."""
     states, unused = [], []
-    for layer, state in zip(layers, memory.layers, strict=True):
-        long_term, waiting = state.long_term, state.short_term
+    for layer, part in zip(layers, state.layers, strict=True):
+        long_term, waiting = part.long_term, part.short_term
         counts = waiting.length  # [batch]
         if not bool((counts > 0).any()):
             if torch.is_grad_enabled() and layer.memory.gate is not None:
@@ -114,17 +114,17 @@ def fit_waiting(
 
 @torch.no_grad()
 def consolidate(
-    model: nn.Module, memory: MemoryState, generator: torch.Generator | None = None
+    model: nn.Module, state: MemoryState, generator: torch.Generator | None = None
 ) -> MemoryState:
     """Fit the waiting segment into the long-term memory now (no gradient) and return a
-    memory with nothing waiting: what `generate` reads."""
-    check_memory(model, memory, memory.batch_size)
-    states, _ = fit_waiting(model.long_term, memory, generator)
+    state with nothing waiting: what `generate` reads."""
+    check_state(model, state, state.batch_size)
+    states, _ = fit_waiting(model.long_term, state, generator)
     return MemoryState(
         tuple(
             LayerState(
                 short_term=ShortTermState.empty(
-                    memory.batch_size,
+                    state.batch_size,
                     model.config.hidden_size,
                     lt.coefficients.device,
                     lt.coefficients.dtype,
@@ -133,8 +133,8 @@ def consolidate(
             )
             for lt in states
         ),
-        memory.window,
-        memory.source,
+        state.window,
+        state.source,
     )
 
 
@@ -174,7 +174,7 @@ def written(
         for layer in model.long_term:
             out = layer.attention.out
             memory_loss = memory_loss + 0.0 * (out.weight.sum() + out.bias.sum())
-    return MemoryState(tuple(layers), window, model.memory_source), kl, memory_loss
+    return MemoryState(tuple(layers), window, model.state_source), kl, memory_loss
 
 
-__all__ = ["consolidate", "fit_waiting", "init_memory", "prepare_memory", "source", "written"]
+__all__ = ["consolidate", "fit_waiting", "init_state", "prepare_state", "source", "written"]

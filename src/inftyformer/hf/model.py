@@ -76,6 +76,7 @@ from . import memory as memories
 from .adapters import BlockAdapter, adapter_for
 from .config import MEMORY_FIELDS, MODEL_FIELDS, InftyformerConfig
 from .head_read import ATTENTION, WindowMass
+from .renamed import renamed, renamed_argument
 from .segments import stream_forward
 from .window import WindowedInputs
 
@@ -104,7 +105,8 @@ class LayerMemory(nn.Module):
 class InftyformerOutput(ModelOutput):
     """loss        lm_loss + memory_loss (when labels are given)
     logits      [batch, T, V]
-    memory      the new memory (MemoryState, detached), to pass to the next call
+    state       the new memory state (MemoryState, detached), to pass to the next call
+                (`.memory`: the old name, deprecated)
     cache       the base model's key/value cache (generation)
     lm_loss     mean next-token NLL over labels ≠ −100 (labels shifted inside, as in HF)
     token_loss  [batch, T − 1] NLL per predicted position, 0 where ignored
@@ -113,12 +115,14 @@ class InftyformerOutput(ModelOutput):
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
-    memory: MemoryState | None = None
+    state: MemoryState | None = None
     cache: object | None = None
     lm_loss: torch.Tensor | None = None
     token_loss: torch.Tensor | None = None
     kl: torch.Tensor | None = None
     memory_loss: torch.Tensor | None = None
+
+    memory = property(renamed("InftyformerOutput.memory", "state", lambda out: out.state))
 
 
 # ---------------------------------------------------------------------- the model
@@ -255,34 +259,36 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
     def _param(self) -> torch.Tensor:
         return next(iter(self.long_term.parameters()))
 
-    def init_memory(self, batch_size: int, device=None) -> MemoryState:
-        """An empty memory for `batch_size` parallel streams."""
-        return memories.init_memory(self, batch_size, device)
+    def init_state(self, batch_size: int, device=None) -> MemoryState:
+        """An empty memory state for `batch_size` parallel streams."""
+        return memories.init_state(self, batch_size, device)
+
+    init_memory = renamed("init_memory", "init_state", init_state)
 
     @property
-    def memory_source(self) -> str:
+    def state_source(self) -> str:
         """The provenance stamped on this model's memory states: the base it stores the hidden
         states of. A state stamped by another base (e.g. a Llama memory given to a GPT-2 model
-        of the same shapes) is refused by `check_memory`."""
+        of the same shapes) is refused by `check_state`."""
         return memories.source(self)
 
-    def check_memory(self, memory: object, batch_size: int) -> MemoryState:
-        """A clear ValueError when `memory` does not fit this model and a batch of
+    def check_state(self, state: object, batch_size: int) -> MemoryState:
+        """A clear ValueError when `state` does not fit this model and a batch of
         `batch_size` rows."""
-        return validation.check_memory(self, memory, batch_size)
+        return validation.check_state(self, state, batch_size)
 
-    def prepare_memory(
-        self, memory: MemoryState | None, batch_size: int, reset: torch.Tensor | None = None
+    def prepare_state(
+        self, state: MemoryState | None, batch_size: int, reset: torch.Tensor | None = None
     ) -> MemoryState:
-        """Check `memory` (None: empty) and clear the rows flagged by `reset` [batch] bool."""
-        return memories.prepare_memory(self, memory, batch_size, reset)
+        """Check `state` (None: empty) and clear the rows flagged by `reset` [batch] bool."""
+        return memories.prepare_state(self, state, batch_size, reset)
 
     def consolidate(
-        self, memory: MemoryState, generator: torch.Generator | None = None
+        self, state: MemoryState, generator: torch.Generator | None = None
     ) -> MemoryState:
         """Fit the waiting segment into the long-term memory now (no gradient) and return a
-        memory with nothing waiting: what `generate` reads."""
-        return memories.consolidate(self, memory, generator)
+        state with nothing waiting: what `generate` reads."""
+        return memories.consolidate(self, state, generator)
 
     def _check_ids(self, name: str, ids: object, allow_ignore: bool) -> torch.Tensor:
         return validation.check_ids(self.config, name, ids, self._param().device, allow_ignore)
@@ -291,7 +297,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
-        memory: MemoryState | None = None,
+        state: MemoryState | None = None,
         read_cache: tuple[PreparedMemory, ...] | None = None,
         labels: torch.Tensor | None = None,
         reset: torch.Tensor | None = None,
@@ -304,10 +310,12 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         **kwargs,
     ) -> InftyformerOutput:
         """input_ids [batch, T] (one segment; more than `segment_len` tokens are streamed
-        through the memory in calls of one segment, `_stream`), memory from the previous call
-        (None: empty), labels [batch, T] (shifted inside as in HF, −100 ignored), reset [batch]
+        through the memory in calls of one segment, `_stream`), the memory state from the
+        previous call (None: empty; `memory=`: the old name, deprecated), labels [batch, T]
+        (shifted inside as in HF, −100 ignored), reset [batch]
         bool (rows whose document ended before this segment). `generator` seeds the sticky
         sampling in training."""
+        state = renamed_argument(kwargs, "memory", "state", state)
         validation.check_call(self, kwargs)
         ids = self._check_ids("input_ids", input_ids, allow_ignore=False)
         batch, length = ids.shape
@@ -316,27 +324,27 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             validation.check_labels(labels, ids)
         if length > self.config.segment_len:  # more than a segment: streamed, call by call
             return self._stream(
-                ids, memory, labels, reset, attention_mask, position_ids, cache, use_cache,
+                ids, state, labels, reset, attention_mask, position_ids, cache, use_cache,
                 generator, logits_to_keep, kwargs,
             )  # fmt: skip
         past_cache = cache or kwargs.get("past_key_values")
         validation.check_positions(self.config, length, position_ids, past_cache)
         valid = validation.check_mask(attention_mask, batch, length, self._param().device)
-        if read_cache is None or reset is not None or not isinstance(memory, MemoryState):
-            memory = self.prepare_memory(memory, batch, reset)
-        elif memory.batch_size != batch or len(read_cache) != self.num_layers:
-            raise ValueError("read_cache and memory must come from prepare_reads for this batch")
-        # else: a generation step; generate() checked this memory once, it does not change
+        if read_cache is None or reset is not None or not isinstance(state, MemoryState):
+            state = self.prepare_state(state, batch, reset)
+        elif state.batch_size != batch or len(read_cache) != self.num_layers:
+            raise ValueError("read_cache and state must come from prepare_reads for this batch")
+        # else: a generation step; generate() checked this state once, it does not change
         past = 0 if cache is None else int(cache.get_seq_length())
 
         # 1. what the previous call stored enters the long-term memory, in this call's graph
-        long_term, unused = memories.fit_waiting(self.long_term, memory, generator)
+        long_term, unused = memories.fit_waiting(self.long_term, state, generator)
 
         # the short-term window: the previous tokens, recomputed before this call's as context
         # (a call that continues a base cache has them in the cache already)
         limit = validation.position_limit(self.config)
         inputs = WindowedInputs.build(
-            memory.window, ids, valid, attention_mask, position_ids, past, limit
+            state.window, ids, valid, attention_mask, position_ids, past, limit
         )
 
         # 2. the base model, with the reads added by the hooks
@@ -372,16 +380,16 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             missing = [self.memory_blocks[i] for i, r in enumerate(call.reads) if r is None]
             raise RuntimeError(f"the long-term memory of blocks {missing} was not read")
 
-        # 3. the new memory: long-term after step 1 (+ sticky histogram); what left the window
+        # 3. the new state: long-term after step 1 (+ sticky histogram); what left the window
         # waits (this segment, without a window), the window moves on. A call continuing a
         # cache (generation) writes nothing.
-        new_memory, kl, memory_loss = memories.written(
-            self, call, long_term, unused, inputs, memory.window, batch, past
+        new_state, kl, memory_loss = memories.written(
+            self, call, long_term, unused, inputs, state.window, batch, past
         )
         logits = base_out.logits
         output = InftyformerOutput(
             logits=logits,
-            memory=new_memory,
+            state=new_state,
             cache=getattr(base_out, "cache", None),
             kl=kl,
             memory_loss=memory_loss,
@@ -396,7 +404,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         return output
 
     def _stream(
-        self, ids, memory, labels, reset, attention_mask, position_ids, cache, use_cache,
+        self, ids, state, labels, reset, attention_mask, position_ids, cache, use_cache,
         generator, logits_to_keep, kwargs,
     ) -> InftyformerOutput:  # fmt: skip
         """`forward` on more than `segment_len` tokens: checked here, then streamed through
@@ -408,33 +416,35 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         validation.check_stream(self.config, length, position_ids, past, logits_to_keep)
         valid = validation.check_mask(attention_mask, batch, length, self._param().device)
         fields = stream_forward(
-            self, ids, memory, labels, reset, valid, use_cache, logits_to_keep, generator,
+            self, ids, state, labels, reset, valid, use_cache, logits_to_keep, generator,
             **kwargs,
         )  # fmt: skip
         return InftyformerOutput(**fields)
 
     # ------------------------------------------------------------------ generation
-    def generate(self, inputs: torch.Tensor | None = None, memory=None, reset=None, **kwargs):
-        """HF `generate` reading `memory` (read-only: the waiting segment is fitted once, before
+    def generate(self, inputs: torch.Tensor | None = None, state=None, reset=None, **kwargs):
+        """HF `generate` reading the memory `state` (read-only; `memory=`: the old name,
+        deprecated: the waiting segment is fitted once, before
         the first step; nothing is written while generating). `reset` [batch] clears rows
         first. A prompt longer than a segment goes into the memory first, all but its last
         part (1 … segment_len tokens, the text generation continues; the same cut as
         `PretrainedMemoryLM.generate`), so that no step passes the base's positions; its
         max_length / min_length count the whole prompt, as HF's do. Returns what HF's generate
         returns, the whole prompt included (the memory is not advanced: run
-        `model(ids, memory=memory)` to write the generated text into it)."""
-        return generation.generate(self, super().generate, inputs, memory, reset, **kwargs)
+        `model(ids, state=state)` to write the generated text into it)."""
+        state = renamed_argument(kwargs, "memory", "state", state)
+        return generation.generate(self, super().generate, inputs, state, reset, **kwargs)
 
-    def prepare_reads(self, memory: MemoryState) -> tuple[PreparedMemory, ...]:
-        """Each layer's `LongTermAttention.prepare` of a memory with nothing waiting (what
+    def prepare_reads(self, state: MemoryState) -> tuple[PreparedMemory, ...]:
+        """Each layer's `LongTermAttention.prepare` of a state with nothing waiting (what
         `generate` reads at every step): V = B W^V and the folded keys, computed once instead
         of per generated token."""
-        return generation.prepare_reads(self, memory)
+        return generation.prepare_reads(self, state)
 
     def _expand_inputs_for_generation(
         self, expand_size: int = 1, is_encoder_decoder: bool = False, input_ids=None, **kwargs
     ):
-        """Beams and multiple return sequences: each row's memory is repeated for its copies."""
+        """Beams and multiple return sequences: each row's state is repeated for its copies."""
         expand = super()._expand_inputs_for_generation
         return generation.expand_inputs(expand, expand_size, is_encoder_decoder, input_ids, kwargs)
 

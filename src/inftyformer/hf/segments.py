@@ -30,7 +30,7 @@ from ..state import MemoryState
 def segment_calls(
     model: nn.Module,
     tokens: torch.Tensor,
-    memory: MemoryState | None = None,
+    state: MemoryState | None = None,
     segment_len: int | None = None,
     reset: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
@@ -38,7 +38,7 @@ def segment_calls(
     options: Callable[[int, int], dict[str, Any]] | None = None,
 ) -> Iterator[tuple[int, int, Any]]:
     """(start, stop, output) of each call of `model` (an `InftyformerForCausalLM`) on
-    tokens[:, start:stop], in order, the memory carried from call to call (`reset` applies to
+    tokens[:, start:stop], in order, the memory state carried from call to call (`reset` applies to
     the first). `attention_mask` [batch, T] is cut like the tokens; `options(start, stop)`:
     further keyword arguments of that call."""
     seg = model.config.segment_len if segment_len is None else segment_len
@@ -49,13 +49,13 @@ def segment_calls(
         stop = min(start + seg, length)
         out = model(
             tokens[:, start:stop],
-            memory=memory,
+            state=state,
             reset=reset if start == 0 else None,
             generator=generator,
             attention_mask=None if attention_mask is None else attention_mask[:, start:stop],
             **({} if options is None else options(start, stop)),
         )
-        memory = out.memory
+        state = out.state
         yield start, stop, out
 
 
@@ -71,7 +71,7 @@ def _tokens_first(valid: torch.Tensor) -> torch.Tensor | None:
 def stream_forward(
     model: nn.Module,
     ids: torch.Tensor,
-    memory: MemoryState | None,
+    state: MemoryState | None,
     labels: torch.Tensor | None,
     reset: torch.Tensor | None,
     valid: torch.Tensor | None,
@@ -85,7 +85,7 @@ def stream_forward(
     and the fields of one `InftyformerOutput`, as a single call gives them:
 
         logits       of every position [batch, T, V] (the last `logits_to_keep` when > 0)
-        memory       after the last segment
+        state        after the last segment
         lm_loss      mean next-token NLL over labels ≠ −100, labels shifted over the whole input
         token_loss   [batch, T − 1]
         kl, memory_loss  means over the calls; loss = lm_loss + memory_loss
@@ -108,7 +108,7 @@ def stream_forward(
         return {"use_cache": use_cache if stop == length else False, **kwargs}
 
     logits, losses, kls, memory_losses, out = [], [], [], [], None
-    calls = segment_calls(model, ids, memory, None, reset, generator, mask, options)
+    calls = segment_calls(model, ids, state, None, reset, generator, mask, options)
     for start, stop, out in calls:
         logits.append(out.logits)
         kls.append(out.kl)
@@ -126,7 +126,7 @@ def stream_forward(
     memory_loss = torch.stack(memory_losses).mean()
     output = dict(
         logits=all_logits,
-        memory=out.memory,
+        state=out.state,
         cache=out.cache,
         kl=torch.stack(kls).mean(),
         memory_loss=memory_loss,

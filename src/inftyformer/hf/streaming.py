@@ -34,7 +34,7 @@ from .segments import segment_calls
 @dataclass
 class StreamOutput:
     token_loss: torch.Tensor | None  # [batch, T] NLL per token, 0 where targets are −100
-    memory: MemoryState  # after the last segment (detached)
+    state: MemoryState  # after the last segment (detached)
     memory_loss: torch.Tensor  # scalar: mean over segments of kl_weight·KL (+ 0·Σp, DDP)
     segments: int  # number of model calls
 
@@ -43,14 +43,14 @@ def stream_loss(
     model: InftyformerForCausalLM,
     tokens: torch.Tensor,
     targets: torch.Tensor | None = None,
-    memory: MemoryState | None = None,
+    state: MemoryState | None = None,
     segment_len: int | None = None,
     reset: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> StreamOutput:
     """Per-token NLL of tokens [batch, T] against targets [batch, T] (None: only fill the
     memory), in segments of `segment_len` (default: the model's; a longer one is cut again by
-    the model's own calls), carrying `memory`.
+    the model's own calls), carrying the memory `state`.
     Training loss: `token_loss.sum() / (targets != -100).sum() + memory_loss`."""
     if not isinstance(model, InftyformerForCausalLM):
         raise TypeError(f"model must be an InftyformerForCausalLM, got {type(model).__name__}")
@@ -66,14 +66,14 @@ def stream_loss(
     if targets is not None:
         targets = model._check_ids("targets", targets, allow_ignore=True)
     losses, memory_losses = [], []
-    for start, stop, out in segment_calls(model, tokens, memory, segment_len, reset, generator):
-        memory = out.memory
+    for start, stop, out in segment_calls(model, tokens, state, segment_len, reset, generator):
+        state = out.state
         memory_losses.append(out.memory_loss)
         if targets is not None:
             losses.append(token_losses(out.logits, targets[:, start:stop])[0])
     return StreamOutput(
         token_loss=torch.cat(losses, dim=1) if losses else None,
-        memory=memory,
+        state=state,
         memory_loss=torch.stack(memory_losses).mean(),
         segments=len(memory_losses),
     )

@@ -121,35 +121,33 @@ def check_reset(reset: object, batch_size: int) -> None:
         raise ValueError(f"reset must have shape ({batch_size},), got {tuple(reset.shape)}")
 
 
-def check_memory(model: nn.Module, memory: object, batch_size: int) -> MemoryState:
-    """A clear ValueError when `memory` does not fit `model` and a batch of `batch_size`
+def check_state(model: nn.Module, state: object, batch_size: int) -> MemoryState:
+    """A clear ValueError when `state` does not fit `model` and a batch of `batch_size`
     rows."""
-    if not isinstance(memory, MemoryState):
-        raise ValueError(f"memory must be a MemoryState or None, got {type(memory).__name__}")
-    if len(memory.layers) != model.num_layers:
+    if not isinstance(state, MemoryState):
+        raise ValueError(f"state must be a MemoryState or None, got {type(state).__name__}")
+    if len(state.layers) != model.num_layers:
+        raise ValueError(f"state has {len(state.layers)} layers, the model has {model.num_layers}")
+    if state.batch_size != batch_size:
         raise ValueError(
-            f"memory has {len(memory.layers)} layers, the model has {model.num_layers}"
-        )
-    if memory.batch_size != batch_size:
-        raise ValueError(
-            f"memory has batch size {memory.batch_size} but input_ids have {batch_size} rows "
+            f"state has batch size {state.batch_size} but input_ids have {batch_size} rows "
             "(pass reset=all True to start new streams)"
         )
     d, device = model.config.hidden_size, model._param().device
     limit = position_limit(model.config)
     values = ValueChecks()  # every layer's values, read with one host synchronisation
-    for i, (layer, state) in enumerate(zip(model.long_term, memory.layers, strict=True)):
-        name = f"memory.layers[{i}]"
-        if not isinstance(state, LayerState) or state.long_term is None:
+    for i, (layer, part) in enumerate(zip(model.long_term, state.layers, strict=True)):
+        name = f"state.layers[{i}]"
+        if not isinstance(part, LayerState) or part.long_term is None:
             raise ValueError(f"{name} must be a LayerState with a long_term state")
-        if state.compressed is not None:
+        if part.compressed is not None:
             raise ValueError(f"{name}.compressed must be None for this model")
         # what waits is one call's hidden states: at most the base's positions
-        state.short_term.check(f"{name}.short_term", batch_size, d, limit or 1 << 30, values=values)
-        if not isinstance(state.long_term, LongTermState):
+        part.short_term.check(f"{name}.short_term", batch_size, d, limit or 1 << 30, values=values)
+        if not isinstance(part.long_term, LongTermState):
             raise ValueError(f"{name}.long_term must be a LongTermState")
         try:  # like a native model's states: dtypes, shapes, values within STATE_MAGNITUDE
-            state.long_term.check(
+            part.long_term.check(
                 layer.memory.config,
                 f"{name}.long_term",
                 layer.memory.state_dtypes(),
@@ -158,25 +156,25 @@ def check_memory(model: nn.Module, memory: object, batch_size: int) -> MemorySta
             )
         except TypeError as err:
             raise ValueError(str(err)) from err
-        if state.long_term.batch_size != batch_size:
+        if part.long_term.batch_size != batch_size:
             raise ValueError(
-                f"{name}.long_term has batch size {state.long_term.batch_size}, "
+                f"{name}.long_term has batch size {part.long_term.batch_size}, "
                 f"expected {batch_size}"
             )
-        if state.long_term.coefficients.device != device:
+        if part.long_term.coefficients.device != device:
             raise ValueError(
-                f"{name} is on {state.long_term.coefficients.device}, the model on {device}: "
-                "use memory.to(device)"
+                f"{name} is on {part.long_term.coefficients.device}, the model on {device}: "
+                "use state.to(device)"
             )
-    check_window(model.config, memory.window, batch_size, device, values)
+    check_window(model.config, state.window, batch_size, device, values)
     values.run()
-    # provenance last: a memory of other shapes is named by its shapes above
-    if memory.source is not None and memory.source != model.memory_source:
+    # provenance last: a state of other shapes is named by its shapes above
+    if state.source is not None and state.source != model.state_source:
         raise ValueError(
-            f"memory was made by {memory.source}; this model is {model.memory_source}: a "
-            "memory holds one base model's hidden states and cannot be read by another"
+            f"state was made by {state.source}; this model is {model.state_source}: a "
+            "memory state holds one base model's hidden states and cannot be read by another"
         )
-    return memory
+    return state
 
 
 def check_window(
@@ -187,28 +185,28 @@ def check_window(
     if not size:
         if window is not None:
             raise ValueError(
-                "memory has a token window, but this model attends within each call "
-                "(window=0): was the memory made by a model with a window?"
+                "state has a token window, but this model attends within each call "
+                "(window=0): was the state made by a model with a window?"
             )
         return
     if window is None:
         raise ValueError(
-            f"memory has no token window, but this model attends to the previous {size} "
-            "tokens (window > 0): was the memory made by a model with window=0?"
+            f"state has no token window, but this model attends to the previous {size} "
+            "tokens (window > 0): was the state made by a model with window=0?"
         )
     window.check(batch_size, values)
     if window.tokens.shape[1] > size:
         raise ValueError(
-            f"memory.window holds {window.tokens.shape[1]} tokens, more than this model's "
+            f"state.window holds {window.tokens.shape[1]} tokens, more than this model's "
             f"window of {size}"
         )
     if window.tokens.device != device:
         raise ValueError(
-            f"memory.window is on {window.tokens.device}, the model on {device}: "
-            "use memory.to(device)"
+            f"state.window is on {window.tokens.device}, the model on {device}: "
+            "use state.to(device)"
         )
     vocab = config.text_config.vocab_size
-    values.require(window.tokens < vocab, f"memory.window.tokens must be in [0, {vocab})")
+    values.require(window.tokens < vocab, f"state.window.tokens must be in [0, {vocab})")
 
 
 __all__ = [
@@ -216,7 +214,7 @@ __all__ = [
     "check_ids",
     "check_labels",
     "check_mask",
-    "check_memory",
+    "check_state",
     "check_positions",
     "check_reset",
     "check_stream",

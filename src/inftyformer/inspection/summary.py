@@ -141,10 +141,10 @@ def inspect_stream(
         model_type=c.model_type,
         num_tokens=record.num_tokens,
         segment_len=record.segment_len,
-        sigma_0=c.sigma_0 if c.has_long_term else None,
-        sticky=c.has_long_term and c.sticky,
-        tau=c.tau if c.has_long_term else None,
-        num_samples=c.num_samples if c.has_long_term else None,
+        sigma_0=c.long_term.sigma_0 if c.has_long_term else None,
+        sticky=c.has_long_term and c.long_term.sticky,
+        tau=c.long_term.tau if c.has_long_term else None,
+        num_samples=c.long_term.num_samples if c.has_long_term else None,
         reads=list(none),
         sigmas=list(none),
         mus=list(none),
@@ -158,15 +158,16 @@ def inspect_stream(
         rec = record.layers[i]
         if block.long_term_memory is not None:
             if rec.reads:
-                out.reads[i] = read_map(record, i, c.tau, bins)
+                out.reads[i] = read_map(record, i, c.long_term.tau, bins)
                 out.sigmas[i] = sigma_values(record, i)
                 out.mus[i] = mu_values(record, i)
                 out.mu_spreads[i] = mu_spread(record, i)
             if any(s is not None for _, _, s in rec.updates):
-                out.samples[i] = sample_history(record, i, c.tau)
+                out.samples[i] = sample_history(record, i, c.long_term.tau)
             if rec.updates:
                 basis = block.long_term_memory.basis
-                out.fidelity[i] = memory_fidelity(record, i, basis, c.tau, ages, per_block)
+                tau = c.long_term.tau
+                out.fidelity[i] = memory_fidelity(record, i, basis, tau, ages, per_block)
         if block.compressive is not None and rec.compressions:
             fid, ref = compressed_fidelity(record, i, c.compression_rate, c.compressed_len, ages)
             out.compressed[i], out.pooled_reference[i] = fid, ref

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..models import changeable_settings, model_kind
+from ..models import changeable_settings, config_from_dict, model_kind
 from ..tasks import Task, TaskConfig
 from .checkpoint import (
     Checkpoint,
@@ -142,6 +142,10 @@ class RunDirectory:
                 f"{ckpt.path}: the checkpoint was trained on task {meta.get('task')!r}, "
                 f"not {self.cfg.task!r}"
             )
+        try:  # as saved, with the settings added since at what they were then (their defaults)
+            saved_model = config_from_dict(model_kind(self.model_cfg), saved_model).to_dict()
+        except (TypeError, ValueError, FileNotFoundError):
+            pass  # compared as it is: the differences are named below
         model_now = self.model_cfg.to_dict()
         changeable = changeable_settings(self.model_cfg)
         fixed = changed(saved_model, model_now, sorted(set(model_now) - set(changeable)))
