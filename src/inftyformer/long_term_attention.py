@@ -181,7 +181,6 @@ class LongTermAttention(nn.Module):
         c = self.config
         batch, H, d = state.batch_size, c.num_heads, c.head_dim
         B = state.coefficients.to(wide_dtype(dtype))  # [batch, N, e]
-        v = self.value(B).view(batch, -1, H, d).transpose(1, 2)  # V = B W^V  [batch, H, N, d]
         with full_precision(B):
             B32 = at_least_float32(B)
             if c.density in CONTENT_DENSITIES:  # every score is needed  [b, H, N, d]
@@ -190,19 +189,22 @@ class LongTermAttention(nn.Module):
                 K = self.key(signal).view(batch, -1, H, d).transpose(1, 2) / math.sqrt(d)
                 if c.density == "mixture":  # v(c_n) = x̄(c_n) W^V  [b, H, N, d]
                     v = self.value(signal.to(B.dtype)).view(batch, -1, H, d).transpose(1, 2)
-                return PreparedMemory(values=v, keys=K)
-            w = torch.cat([self.mu_head.weight, self.sigma_head.weight])  # [2, N]
-            if c.density == "paper":
-                k_folded = self.key(torch.matmul(w, B32))  # (wᵀ B) W^K  [b, 2, e]
-                gram = None
+                    return PreparedMemory(values=v, keys=K)
+                keys, gram = K, None
             else:
-                # s − mean(s) = K̃ q / √d with K̃ = (B − mean_N B) W^K: centre B over the basis
-                K = self.key(B32 - B32.mean(dim=1, keepdim=True))  # K̃  [b, N, e]
-                k_folded = torch.matmul(w, K)  # wᵀ K̃  [b, 2, e]
-                K = K.view(batch, -1, H, d).transpose(1, 2)  # [b, H, N, d]
-                # mean_N (s − mean s)² = qᵀ (K̃ᵀ K̃ / (N d)) q
-                gram = torch.matmul(K.transpose(-1, -2), K) / (K.shape[2] * d)  # [b, H, d, d]
-            keys = k_folded.view(batch, 2, H, d).permute(0, 2, 3, 1) / math.sqrt(d)  # [b,H,d,2]
+                w = torch.cat([self.mu_head.weight, self.sigma_head.weight])  # [2, N]
+                if c.density == "paper":
+                    k_folded = self.key(torch.matmul(w, B32))  # (wᵀ B) W^K  [b, 2, e]
+                    gram = None
+                else:
+                    # s − mean(s) = K̃ q / √d with K̃ = (B − mean_N B) W^K: centre B over the basis
+                    K = self.key(B32 - B32.mean(dim=1, keepdim=True))  # K̃  [b, N, e]
+                    k_folded = torch.matmul(w, K)  # wᵀ K̃  [b, 2, e]
+                    K = K.view(batch, -1, H, d).transpose(1, 2)  # [b, H, N, d]
+                    # mean_N (s − mean s)² = qᵀ (K̃ᵀ K̃ / (N d)) q
+                    gram = torch.matmul(K.transpose(-1, -2), K) / (K.shape[2] * d)  # [b,H,d,d]
+                keys = k_folded.view(batch, 2, H, d).permute(0, 2, 3, 1) / math.sqrt(d)  # [b,H,d,2]
+        v = self.value(B).view(batch, -1, H, d).transpose(1, 2)  # V = B W^V  [batch, H, N, d]
         return PreparedMemory(values=v, keys=keys, gram=gram)
 
     def attend(self, query: torch.Tensor, state: LongTermState) -> LongTermAttentionOutput:
