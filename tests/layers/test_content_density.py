@@ -1,5 +1,6 @@
-"""density="content": the density's moments matched to a softmax over the basis keys, so that a
-query reads where its content matches (long_term_attention.py)."""
+"""The content densities (long_term_attention.py): "content", the density's moments matched to a
+softmax over the basis keys, so that a query reads where its content matches; "mixture", that
+softmax read as it stands, z = Σ_n p_n x̄(c_n) W^V, not a Gaussian at its moments."""
 
 import math
 from dataclasses import replace
@@ -11,15 +12,23 @@ from inftyformer import LongTermAttention, LongTermConfig, LongTermMemory
 from inftyformer.continuous_softmax import continuous_softmax
 
 
-def _setup(seed: int = 0, **settings):
+def _setup(seed: int = 0, density: str = "content", **settings):
     torch.manual_seed(seed)
     cfg = LongTermConfig(
-        dim=32, num_heads=4, num_basis=32, num_samples=32, density="content", **settings
+        dim=32, num_heads=4, num_basis=32, num_samples=32, density=density, **settings
     )
     mem, att = LongTermMemory(cfg), LongTermAttention(cfg, None)
     g = torch.Generator().manual_seed(seed + 1)
     state = mem.update(mem.init_state(2), torch.randn(2, 64, 32, generator=g)).detach()
     return cfg, att, state, torch.randn(2, 5, 32, generator=g)
+
+
+def _signal_at_centres(att, state):
+    B = state.coefficients.double()  # [b, N, e]
+    c = att.basis.centers.double()
+    w = att.basis.widths.double()
+    psi = torch.exp(-0.5 * (c[:, None] - c[None, :]) ** 2 / w**2) / (w * math.sqrt(2 * math.pi))
+    return psi @ B  # x̄(c_n) = Σ_j B_j ψ_j(c_n)  [b, N, e]
 
 
 def test_content_density_matches_a_hand_computation():
@@ -32,9 +41,7 @@ def test_content_density_matches_a_hand_computation():
     H, d = cfg.num_heads, cfg.head_dim
     B = state.coefficients.double()  # [b, N, e]
     c = att.basis.centers.double()
-    psi = torch.exp(-0.5 * (c[:, None] - c[None, :]) ** 2 / att.basis.widths.double() ** 2)
-    psi = psi / (att.basis.widths.double() * math.sqrt(2 * math.pi))  # ψ_j(c_n)  [N, N]
-    signal = psi @ B  # x̄(c_n) = Σ_j B_j ψ_j(c_n)
+    signal = _signal_at_centres(att, state)  # x̄(c_n)
     K = (signal @ att.key.weight.double().T).view(2, -1, H, d).transpose(1, 2)  # [b, H, N, d]
     qh = q.double().view(2, -1, H, d).transpose(1, 2)  # [b, H, Q, d]
     s = qh @ K.transpose(-1, -2) / math.sqrt(d)  # [b, H, Q, N]
@@ -96,15 +103,16 @@ def test_the_extra_variance_starts_at_sigma_init_or_at_the_floor():
     assert att(q, state).sigma_sq.double().sub(flat + 0.01).abs().max().item() < 1e-4
 
 
-def test_every_parameter_gets_a_gradient():
+@pytest.mark.parametrize("density", ["content", "mixture"])
+def test_every_parameter_gets_a_gradient(density):
     """DistributedDataParallel without find_unused_parameters: every parameter in the graph."""
-    _, att, state, q = _setup()
+    _, att, state, q = _setup(density=density)
     out = att(q, state)
     (out.context.sum() + out.kl).backward()
     for name, p in att.named_parameters():
         assert p.grad is not None, name
-    assert att.key.weight.grad.abs().sum() > 0
-    assert att.mu_head.weight.grad.abs().sum() > 0
+    for p in (att.key.weight, att.value.weight, att.mu_head.weight):
+        assert p.grad.abs().sum() > 0
 
 
 def test_the_floor_of_sigma_is_a_setting_of_both_model_configs(tmp_path):
@@ -129,3 +137,92 @@ def test_the_floor_of_sigma_is_a_setting_of_both_model_configs(tmp_path):
     assert floors == {1e-6}
     with pytest.raises(ValueError, match="min_sigma_sq"):
         PretrainedMemoryConfig(base_model=base, min_sigma_sq=0.0)
+
+
+# ------------------------------------------------------------------- density="mixture"
+@pytest.mark.parametrize("settings", [{}, {"sharpness": 4.0, "sink_edge": 0.1}])
+def test_mixture_read_matches_a_hand_computation(settings):
+    """z = Σ_n p_n x̄(c_n) W^V per head, p_n = softmax(β s_n + w_μ,n) over the centres read."""
+    cfg, att, state, q = _setup(density="mixture", **settings)
+    with torch.no_grad():
+        att.mu_head.weight.normal_()
+    out = att(q, state)
+    H, d = cfg.num_heads, cfg.head_dim
+    signal = _signal_at_centres(att, state)
+    K = (signal @ att.key.weight.double().T).view(2, -1, H, d).transpose(1, 2)  # [b, H, N, d]
+    V = (signal @ att.value.weight.double().T).view(2, -1, H, d).transpose(1, 2)
+    qh = q.double().view(2, -1, H, d).transpose(1, 2)  # [b, H, Q, d]
+    s = qh @ K.transpose(-1, -2) / math.sqrt(d)  # [b, H, Q, N]
+    c = att.basis.centers.double()
+    s = s.masked_fill(c < cfg.sink_edge, -math.inf)
+    p = torch.softmax(cfg.sharpness * s + att.mu_head.weight[0].double(), dim=-1)
+    z = (p @ V).transpose(1, 2).reshape(2, -1, H * d)
+    context = z @ att.out.weight.double().T + att.out.bias.double()
+    torch.testing.assert_close(out.context.double(), context, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(out.mu.double(), (p * c).sum(-1), rtol=1e-5, atol=1e-6)
+    heads = att.read_heads(q, state)
+    torch.testing.assert_close(heads.z.double(), p @ V, rtol=1e-4, atol=1e-6)
+    log_mass = torch.logsumexp(s, dim=-1)
+    torch.testing.assert_close(heads.log_mass.double(), log_mass, rtol=1e-5, atol=1e-5)
+
+
+def test_two_matches_read_both_values_not_the_signal_between_them():
+    """A query matching two places equally reads the mean of their values and nothing of the
+    place between them; the Gaussian of density='content' sits between them and reads it."""
+    cfg, att, state, _ = _setup(density="mixture", widths=(0.02,))
+    N = cfg.num_basis
+    psi = att.basis(att.basis.centers.double())  # ψ_j(c_n)  [N, N]
+    B = torch.linalg.inv(psi).float()  # x̄(c_n) = e_n
+    state = replace(state, coefficients=B.expand(2, N, N).clone())
+    with torch.no_grad():
+        for w in (att.key.weight, att.value.weight):
+            w.copy_(torch.eye(cfg.dim))
+        att.mu_head.weight.zero_()
+    q = (40.0 * (torch.eye(N)[3] + torch.eye(N)[5])).expand(2, 1, N)  # head 0 holds 0..7
+    z = att.read_heads(q, state).z[:, 0, 0]  # [b, d]
+    torch.testing.assert_close(z[:, 3], torch.full((2,), 0.5), atol=1e-4, rtol=0)
+    torch.testing.assert_close(z[:, 5], torch.full((2,), 0.5), atol=1e-4, rtol=0)
+    assert z[:, 4].abs().max() < 1e-4
+    content = LongTermAttention(replace(cfg, density="content"), None)
+    content.load_state_dict(att.state_dict())
+    between = content.read_heads(q, state).z[:, 0, 0]
+    assert between[:, 4].min() > between[:, 3].max()  # the Gaussian reads c_4 most
+
+
+def test_mixture_settings_are_checked():
+    with pytest.raises(ValueError, match="density"):
+        LongTermConfig(dim=8, num_heads=2, density="mixtures")
+    LongTermConfig(dim=8, num_heads=2, density="mixture", sharpness=3.0, sink_edge=0.05)
+    with pytest.raises(ValueError, match="sharpness"):
+        LongTermConfig(dim=8, num_heads=2, density="normalized", sharpness=3.0)
+
+
+def test_merged_by_mass_it_is_one_softmax_over_the_window_and_the_centres():
+    """At β = 1 the heads read merged into a head's window attention by mass
+    (`hf/head_read.merge_into_heads`) equals one softmax over the window's tokens and the N
+    centres read, the centres' keys and values being the signal's there."""
+    from inftyformer.hf.head_read import merge_into_heads
+
+    cfg, att, state, q = _setup(density="mixture", sink_edge=0.1)
+    with torch.no_grad():
+        att.mu_head.weight.zero_()  # no prior over places (the heads read starts without one)
+    H, d, S = cfg.num_heads, cfg.head_dim, 6
+    g = torch.Generator().manual_seed(7)
+    s_w = torch.randn(2, H, q.shape[1], S, generator=g) * 2  # window scores  [b, H, Q, S]
+    v_w = torch.randn(2, H, S, d, generator=g)
+    o_w = torch.softmax(s_w, -1) @ v_w
+    heads_in = o_w.transpose(1, 2).reshape(2, -1, H * d)
+    projection = torch.nn.Linear(H * d, 5)
+    with torch.no_grad():
+        read = att.read_heads(q, state)
+        merged = merge_into_heads(projection(heads_in), heads_in, read,
+                                  torch.logsumexp(s_w, -1), projection, None)  # fmt: skip
+    signal = _signal_at_centres(att, state)
+    read_at = att.basis.centers >= cfg.sink_edge  # the centres read
+    K = (signal @ att.key.weight.double().T).view(2, -1, H, d).transpose(1, 2)[:, :, read_at]
+    V = (signal @ att.value.weight.double().T).view(2, -1, H, d).transpose(1, 2)[:, :, read_at]
+    s_m = q.double().view(2, -1, H, d).transpose(1, 2) @ K.transpose(-1, -2) / math.sqrt(d)
+    p = torch.softmax(torch.cat([s_w.double(), s_m], -1), -1)
+    want = p[..., :S] @ v_w.double() + p[..., S:] @ V  # [b, H, Q, d]
+    want = projection(want.transpose(1, 2).reshape(2, -1, H * d).float())
+    torch.testing.assert_close(merged, want, rtol=1e-4, atol=1e-5)
