@@ -133,21 +133,10 @@ def test_gpt2_memory_projections_are_the_fused_attention_parts():
 def test_the_value_bias_is_each_heads_own_grouped_query_heads_included():
     """A Llama with biased projections: head h's value bias is its key/value group's, as the
     base's attention repeats it; GPT-2's is the value third of c_attn's bias."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from inftyformer.hf.head_read import head_projections, value_bias
 
-    torch.manual_seed(3)
-    config = LlamaConfig(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attention_bias=True,
-    )
-    attention = LlamaForCausalLM(config).model.layers[0].self_attn
+    llama = tiny_base("llama", 3, num_hidden_layers=1, attention_bias=True)
+    attention = llama.model.layers[0].self_attn
     torch.nn.init.normal_(attention.v_proj.bias)
     bias = value_bias(attention, 4).view(4, 8)
     kv = attention.v_proj.bias.view(2, 8)

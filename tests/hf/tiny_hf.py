@@ -11,10 +11,11 @@ ARCHITECTURES = ("gpt2", "llama")
 MEMORY = dict(num_basis=16, num_samples=16, segment_len=L)
 
 
-def tiny_base(arch: str, seed: int = 0):
+def tiny_base(arch: str, seed: int = 0, **overrides):
+    """A random GPT-2 or Llama of 2 blocks, 4 heads, width 32; `overrides` go to its config."""
     torch.manual_seed(seed)
     if arch == "gpt2":
-        config = GPT2Config(
+        settings = dict(
             vocab_size=V,
             n_embd=32,
             n_layer=2,
@@ -27,8 +28,8 @@ def tiny_base(arch: str, seed: int = 0):
             embd_pdrop=0.0,
             attn_pdrop=0.0,
         )
-        return GPT2LMHeadModel(config).eval()
-    config = LlamaConfig(
+        return GPT2LMHeadModel(GPT2Config(**{**settings, **overrides})).eval()
+    settings = dict(
         vocab_size=V,
         hidden_size=32,
         intermediate_size=64,
@@ -41,6 +42,7 @@ def tiny_base(arch: str, seed: int = 0):
         eos_token_id=None,
         pad_token_id=0,
     )
+    config = LlamaConfig(**{**settings, **overrides})
     return LlamaForCausalLM(config).eval()
 
 
