@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 import torch
+from transformers.models.llama.modeling_llama import rotate_half
 
 from inftyformer.long_term_attention import HeadsRead
 
@@ -36,9 +37,7 @@ def read_exact_states(model, positions: bool = False) -> None:
 def _rotate(x: torch.Tensor, rotary, positions: torch.Tensor) -> torch.Tensor:
     """x [b, H, T, d] rotated by rotary positions [T] (x cos + rotate_half(x) sin)."""
     cos, sin = rotary(x, positions[None])  # [1, T, d]
-    half = x.shape[-1] // 2
-    turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None] + turned * sin[:, None]
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
 def _patch(layer, rotary, window: int) -> None:

@@ -66,12 +66,12 @@ HEADS = dict(memory_read="heads", density="content", min_sigma_sq=1e-6)
 MIXTURE = {
     "mixture": dict(memory_read="heads", density="mixture", min_sigma_sq=1e-6, sharpness=1.0),
 }
-EXACT = ("exact", "exact-positions")  # the ceiling rows: the heads read exact stored states
-# their cost grows with the square of the stream: prompts longer than this are not run (–)
-EXACT_MAX_TOKENS = 8192
 MIXTURE["mixture-n2048"] = dict(
     MIXTURE["mixture"], num_basis=2048, num_samples=2048, widths=(0.00125, 0.0025)
 )
+EXACT = ("exact", "exact-positions")  # the ceiling rows: the heads read exact stored states
+# their cost grows with the square of the stream: prompts longer than this are not run (–)
+EXACT_MAX_TOKENS = 8192
 
 
 # ----------------------------------------------------------------------------- the models
