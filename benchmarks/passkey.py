@@ -78,7 +78,8 @@ EXACT_MAX_TOKENS = 8192
 class Row:
     """One row's model: `block_logits(ids, ctx)` scores the last block of each stream."""
 
-    def __init__(self, name: str, args: argparse.Namespace) -> None:
+    def __init__(self, name: str, args: argparse.Namespace, overrides: dict | None = None) -> None:
+        """`overrides`: adapter settings over an untrained memory row's own (passkey_variant.py)."""
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -104,6 +105,7 @@ class Row:
                 settings.update(
                     MIXTURE.get(name, MIXTURE["mixture"]), sink_edge=args.heads_sink_edge
                 )
+            settings.update(overrides or {})
             config = PretrainedMemoryConfig(
                 base_model=args.base_model, memory_layers=layers, freeze_base=True, **settings
             )

@@ -19,7 +19,6 @@ import json
 import time
 
 from passkey import (
-    MIXTURE,
     Row,
     add_prompt_arguments,
     book_windows,
@@ -31,10 +30,6 @@ from passkey import (
 
 
 def main(argv: list[str] | None = None) -> None:
-    import torch
-
-    from inftyformer.models import PretrainedMemoryConfig, build_model
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_prompt_arguments(p, distances="700", keys=5)
     p.add_argument("--set", default="{}", help="adapter settings over row (xii)'s, JSON")
@@ -53,17 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     docs = book_windows(args) if args.docs else None
     for name in args.rows.split(","):
         start = time.perf_counter()
-        if name == "variant":
-            settings = dict(MIXTURE["mixture"], sink_edge=0.01, window=args.window,
-                            segment_len=args.segment_len, **json.loads(args.set))  # fmt: skip
-            torch.manual_seed(0)
-            config = PretrainedMemoryConfig(
-                base_model=args.base_model, freeze_base=True, **settings
-            )
-            row = Row.__new__(Row)
-            row.name, row.args, row.run = "mixture", args, None
-            row.memory = build_model(config).eval()
-            row.config = row.memory.config
+        if name == "variant":  # row (xii) with --set over its settings
+            row = Row("mixture", args, overrides=json.loads(args.set))
         else:
             row = Row(name, args)
         keys = {
