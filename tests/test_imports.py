@@ -27,6 +27,7 @@ LAYERS = {
         "compressive_memory",
         "long_term_config",
         "long_term_memory",
+        "long_term_state",
         "state",
     ],
     "layers": ["relative_attention", "long_term_attention", "block", "config"],

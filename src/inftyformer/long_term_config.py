@@ -27,6 +27,10 @@ CONTENT_DENSITIES = ("content", "mixture")
 # how a pretrained model's block uses its read (`inftyformer.hf`): added to the attention output
 # (the paper's), or merged into the base's own heads by attention mass (`hf/head_read.py`)
 MEMORY_READS = ("added", "heads")
+# how much of [0, 1] the unbounded update leaves the old signal: τ itself (the paper's), or
+# τ_t = min(τ, S / (S + L)) for S tokens stored and L new ones, so that every stored token keeps
+# the same share until the memory holds L·τ/(1 − τ) tokens, and τ from then on
+SQUEEZES = ("fixed", "by_length")
 
 
 def check_density(
@@ -68,6 +72,7 @@ def check_memory_read(memory_read: object, density: object) -> None:
 CHANGEABLE_SETTINGS = (
     "num_samples",
     "tau",
+    "squeeze",
     "ridge_lambda",
     "sticky",
     "sticky_bins",
@@ -99,6 +104,8 @@ class LongTermConfig:
     widths: tuple[float, ...] = (0.01, 0.05)
     ridge_lambda: float = 1.0  # λ
     tau: float = 0.75  # τ: the old signal is squeezed into [0, τ]
+    # "fixed": τ every update (paper §3.3); "by_length": min(τ, S / (S + L)) (SQUEEZES)
+    squeeze: str = "fixed"
     num_samples: int = 512  # M: points at which the old signal is resampled
     edge_padding: bool = True
     conv_gate: bool = True
@@ -138,6 +145,8 @@ class LongTermConfig:
         # λ > 0: at λ = 0 the Gram matrix F Fᵀ is singular as soon as N exceeds the positions
         check_range("ridge_lambda", self.ridge_lambda, 0.0, low_open=True)
         check_range("tau", self.tau, 0.0, 1.0, low_open=True, high_open=True)
+        if self.squeeze not in SQUEEZES:
+            raise ValueError(f"squeeze must be one of {SQUEEZES}, got {self.squeeze!r}")
         check_positive_int("num_samples", self.num_samples)
         check_positive_int("sticky_bins", self.sticky_bins)
         # at most the widest basis function (and its square): larger values overflow float32

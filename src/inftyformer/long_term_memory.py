@@ -1,12 +1,14 @@
 """The ∞-former's long-term memory: a continuous signal x̄(t) = Bᵀ ψ(t) over t ∈ [0, 1] that
 costs N×e however long the past is (paper §3.2–3.4).
 
-Everything about the *stream* lives in `LongTermState`, passed in and returned; the module holds
-only parameters (the CNN gate) and caches of constants (the design matrices G).
+Everything about the *stream* lives in `LongTermState` (long_term_state.py), passed in and
+returned; the module holds only parameters (the CNN gate) and caches of constants (the design
+matrices G).
 
     first fit after a reset         B = G_Lᵀ X                                  (eq. 9)
     unbounded update (each segment) x̃ = B_pastᵀ ψ(u),  u = sample positions
                                     B = G_infᵀ [x̃ at τ·i/M ; X at (τ, 1)]
+                                    τ fixed, or min(τ, S / (S + L)) (squeeze="by_length")
     sticky memories                 u drawn from the histogram of past attention, and B
                                     scaled so that it holds no more than its data
     smoothing (the CNN gate)        X ← X ⊙ sigmoid(Conv1d(X))
@@ -22,7 +24,7 @@ validated where they entered, call the private ones.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +32,6 @@ from torch import nn
 
 from ._checks import (
     ValueChecks,
-    check_dtype,
     check_floating,
     check_generator,
     check_positive_int,
@@ -47,6 +48,7 @@ from .long_term_config import (  # noqa: F401  (re-exported: the settings' old h
     check_density,
     check_update_gain,
 )
+from .long_term_state import UNKNOWN_STORED, LongTermState  # noqa: F401  (re-exported)
 from .precision import allowed_dtypes, wide_dtype  # noqa: F401  (re-exported)
 from .ridge import (
     RidgeRegression,
@@ -57,146 +59,6 @@ from .ridge import (
     limit_to_data,
     supremum_grid,
 )
-
-
-@dataclass
-class LongTermState:
-    """The long-term memory of a batch of parallel streams.
-
-    coefficients    B [batch, N, e]      the signal x̄(t) = Bᵀ ψ(t) of each row
-    attention_mass  [batch, bins]        histogram of where the queries attended since the last
-                                         update (sticky memories); uniform when there was none
-    observed        [batch]              queries behind `attention_mass` (its weight when the
-                                         next call's histogram is averaged in)
-    empty           bool [batch]         rows with nothing in memory (fresh stream or reset)
-    """
-
-    coefficients: torch.Tensor
-    attention_mass: torch.Tensor
-    observed: torch.Tensor
-    empty: torch.Tensor
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(
-                    f"LongTermState.{f.name} must be a torch.Tensor, got {type(value).__name__}"
-                )
-
-    @property
-    def batch_size(self) -> int:
-        return self.coefficients.shape[0]
-
-    def _map(self, fn) -> LongTermState:
-        return LongTermState(*(fn(getattr(self, f.name)) for f in fields(self)))
-
-    def detach(self) -> LongTermState:
-        return self._map(lambda t: t.detach())
-
-    def to(self, device: torch.device | str) -> LongTermState:
-        return self._map(lambda t: t.to(device))
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """Flat dict for saving (safetensors)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> LongTermState:
-        missing = [f.name for f in fields(cls) if f.name not in tensors]
-        if missing:
-            raise ValueError(f"long-term state is missing tensors {missing}")
-        return cls(**{f.name: tensors[f.name] for f in fields(cls)})
-
-    def check(
-        self,
-        config: LongTermConfig,
-        name: str = "state",
-        dtypes: tuple[torch.dtype, ...] | None = None,
-        values: ValueChecks | None = None,
-        magnitude: float | None = None,
-    ) -> None:
-        """Validate this state for a memory of `config`: shapes, dtypes (the float fields share
-        one floating dtype, one of `dtypes` when given; `empty` is bool), one device; then, in
-        `values` (read by the caller with one synchronisation) or here, the values: finite
-        coefficients (and within ±`magnitude` when given: a model's memory fits normalised
-        vectors), `attention_mass` a histogram (≥ 0, rows summing to 1), `observed` ≥ 0."""
-        c = config
-        check_shape(f"{name}.coefficients", self.coefficients, (None, c.num_basis, c.dim))
-        batch = self.batch_size
-        for field in ("attention_mass", "observed", "empty"):
-            t = getattr(self, field)
-            if t.dim() and t.shape[0] != batch:
-                raise ValueError(
-                    f"{name}.{field} has {t.shape[0]} rows, {name}.coefficients {batch}: the "
-                    "fields of a state hold the same rows"
-                )
-        check_shape(f"{name}.attention_mass", self.attention_mass, (batch, c.sticky_bins))
-        check_shape(f"{name}.observed", self.observed, (batch,))
-        check_shape(f"{name}.empty", self.empty, (batch,))
-        check_floating(f"{name}.coefficients", self.coefficients)
-        dtype = self.coefficients.dtype
-        if dtypes is not None:
-            check_dtype(f"{name}.coefficients", self.coefficients, *dtypes)
-        for field in ("attention_mass", "observed"):
-            if getattr(self, field).dtype != dtype:
-                raise TypeError(
-                    f"{name}.{field} must have the dtype of {name}.coefficients ({dtype}), "
-                    f"got {getattr(self, field).dtype}"
-                )
-        check_dtype(f"{name}.empty", self.empty, torch.bool)
-        device = self.coefficients.device
-        for f in fields(self):
-            t = getattr(self, f.name)
-            if t.device != device:
-                raise ValueError(
-                    f"{name}.{f.name} is on {t.device}, {name}.coefficients on {device}: "
-                    "a state lives on one device"
-                )
-        own = values is None
-        values = ValueChecks() if own else values
-        if magnitude is None:
-            values.finite(f"{name}.coefficients", self.coefficients)
-        else:
-            values.bounded(f"{name}.coefficients", self.coefficients, magnitude)
-        mass = self.attention_mass.detach()
-        values.require(
-            (mass >= 0).all(-1) & ((mass.sum(-1) - 1).abs() <= 1e-3),
-            f"{name}.attention_mass must be a histogram per row: finite, >= 0, summing to 1",
-        )
-        observed = self.observed.detach()
-        values.require(
-            (observed >= 0) & torch.isfinite(observed),
-            f"{name}.observed must be finite and >= 0 (queries counted since the last update)",
-        )
-        if own:
-            values.run()
-
-    def select(self, rows: torch.Tensor, other: LongTermState) -> LongTermState:
-        """Row-wise choice: this state where the bool mask `rows` [batch] is True, `other`
-        elsewhere."""
-
-        def pick(mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
-            return torch.where(rows.view(-1, *([1] * (mine.dim() - 1))), mine, theirs)
-
-        return LongTermState(
-            *(pick(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
-        )
-
-    def reset(self, rows: torch.Tensor) -> LongTermState:
-        """Clear the rows flagged in the boolean mask `rows` [batch] (their document ended)."""
-        check_shape("rows", rows, (self.batch_size,))
-        if rows.dtype != torch.bool:
-            raise TypeError(f"rows must be a bool mask, got dtype {rows.dtype}")
-        rows = rows.to(self.coefficients.device)
-        bins = self.attention_mass.shape[-1]
-        cleared = LongTermState(
-            coefficients=torch.zeros_like(self.coefficients),
-            attention_mass=torch.full_like(self.attention_mass, 1.0 / bins),
-            observed=torch.zeros_like(self.observed),
-            empty=torch.ones_like(self.empty),
-        )
-        return cleared.select(rows, self)
 
 
 @dataclass
@@ -255,6 +117,7 @@ class LongTermMemory(nn.Module):
             ),
             observed=torch.zeros(batch_size, device=device, dtype=dtype),
             empty=torch.ones(batch_size, dtype=torch.bool, device=device),
+            stored=torch.zeros(batch_size, dtype=torch.int64, device=device),
         )
 
     def reset(self, state: LongTermState, rows: torch.Tensor) -> LongTermState:
@@ -278,18 +141,43 @@ class LongTermMemory(nn.Module):
         state.check(self.config, name, self.state_dtypes(), values)
 
     # ---------------------------------------------------------------- design matrices
-    def infinite_design(self, length: int, device, dtype) -> torch.Tensor:
+    def infinite_design(self, length: int, device, dtype, tau: float | None = None) -> torch.Tensor:
         """G_inf [M + L, N]: M old samples at τ·i/M (i = 1..M), then L new vectors at
-        τ + (1 − τ)(i + ½)/L, all in one regression."""
-        c = self.config
+        τ + (1 − τ)(i + ½)/L, all in one regression (τ: the config's unless given)."""
+        c = self.config if tau is None else replace(self.config, tau=tau)
 
         def positions() -> torch.Tensor:
-            check_update_gain(c, (length,))  # once per L, with the matrix it makes
+            check_update_gain(c, (length,))  # once per (τ, L), with the matrix it makes
             return infinite_positions(c.num_samples, c.tau, length)
 
         return self.ridge.design(
             ("infinite", c.num_samples, c.tau, length), positions, device, dtype
         )
+
+    def squeeze_ratios(self, stored: torch.Tensor, length: int) -> torch.Tensor:
+        """τ_t of each row's next update, float64 [batch]: τ (squeeze="fixed", paper §3.3), or
+        min(τ, S / (S + L)) for S = `stored` tokens and L = `length` new ones
+        (squeeze="by_length": every token keeps an equal share of [0, 1] until τ caps it)."""
+        c = self.config
+        if c.squeeze == "fixed":
+            return torch.full(stored.shape, c.tau, dtype=torch.float64, device=stored.device)
+        S = stored.to(torch.float64)
+        return (S / (S + length)).clamp(max=c.tau)
+
+    def infinite_designs(self, state: LongTermState, length: int, device, dtype) -> torch.Tensor:
+        """G_inf of the update: [M + L, N] when every row squeezes by one τ, else one per row
+        [batch, M + L, N] (`squeeze_ratios`; a matrix per distinct τ, cached)."""
+        if self.config.squeeze == "fixed":
+            return self.infinite_design(length, device, dtype)
+        tau_t = self.squeeze_ratios(state.stored, length).cpu()  # [batch]
+        empty = state.empty.cpu()
+        # empty rows get a first fit instead: they take a τ that is made anyway
+        tau_t = torch.where(empty, tau_t[~empty].max(), tau_t)
+        taus, row_tau = torch.unique(tau_t, return_inverse=True)
+        designs = [self.infinite_design(length, device, dtype, float(t)) for t in taus]
+        if len(designs) == 1:
+            return designs[0]
+        return torch.stack(designs)[row_tau.to(device)]  # [batch, M + L, N]
 
     # ---------------------------------------------------------------- sticky memories
     def grid_basis(self, device, dtype) -> torch.Tensor:
@@ -464,7 +352,7 @@ class LongTermMemory(nn.Module):
             u = self._sample_positions(state, generator)  # [M] or [batch, M]
             # x̃ = B_pastᵀ ψ(u)  [batch, M, e]
             x_old = _evaluate_signal(B_past, self.basis, u)
-            G_inf = self.infinite_design(length, x.device, x.dtype)  # [M + L, N]
+            G_inf = self.infinite_designs(state, length, x.device, x.dtype)  # [(batch,) M+L, N]
             # [batch, N, e]
             B_upd = _fit_coefficients(torch.cat([x_old, x], dim=1), G_inf)
             # sticky: u follows the attention and no config check bounds A(u) (ridge.py), so
@@ -477,6 +365,7 @@ class LongTermMemory(nn.Module):
             attention_mass=torch.full_like(state.attention_mass, 1.0 / c.sticky_bins),
             observed=torch.zeros_like(state.observed),
             empty=torch.zeros_like(state.empty),
+            stored=state.stored + length,
         )
         return new_state, LongTermUpdate(stored=x, samples=u, first_fit=empty)
 

@@ -113,11 +113,12 @@ def _check_basis(basis: object) -> None:
 
 
 def _fit_coefficients(x: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
-    """B = Gᵀ X: x [batch, P, e], G [P, N] → B [batch, N, e], in float32 at least, also under
-    autocast (precision.py)."""
+    """B = Gᵀ X: x [batch, P, e], G [P, N] (or one per row [batch, P, N]) → B [batch, N, e], in
+    float32 at least, also under autocast (precision.py)."""
     with full_precision(x):
         x = at_least_float32(x)
-        return torch.einsum("pn,bpe->bne", G.to(dtype=x.dtype, device=x.device), x)
+        G = G.to(dtype=x.dtype, device=x.device)
+        return torch.einsum("pn,bpe->bne" if G.dim() == 2 else "bpn,bpe->bne", G, x)
 
 
 def _evaluate_signal(B: torch.Tensor, basis: GaussianBasis, t: torch.Tensor) -> torch.Tensor:

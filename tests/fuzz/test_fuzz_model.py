@@ -164,6 +164,8 @@ def mutated_model_states(draw):
             new = new / new.sum(-1, keepdim=True)
         elif name == "observed":
             new = torch.randint(0, 1000, old.shape, generator=g).float()
+        elif name == "stored":
+            new = torch.randint(0, 10_000, old.shape, generator=g)
         else:  # empty
             new = torch.rand(old.shape, generator=g) < 0.5
     elif kind == "dtype":
@@ -191,6 +193,8 @@ def mutated_model_states(draw):
         new = old * -1.0
     elif kind == "range" and name == "observed":
         new = old - 1.0 - old.max()
+    elif kind == "range" and name == "stored":
+        new = old - 1 - old.max()
     elif kind == "device":
         new = old.to("meta")
     elif kind == "type":

@@ -252,3 +252,25 @@ def test_init_from_heads_refuses_an_attention_without_projections():
     model = heads_model("llama")
     with pytest.raises(ValueError, match="no query/key/value projections"):
         init_from_heads(model.long_term[0], torch.nn.Linear(2, 2), 4)
+
+
+@torch.no_grad()
+def test_the_pretrained_memory_squeezes_by_length_and_keeps_it_on_save(tmp_path, arch):
+    """squeeze="by_length" reaches every memory layer (another signal than the fixed τ's), the
+    state counts the stored tokens, and save/load keeps the setting."""
+    from inftyformer.hf import InftyformerForCausalLM
+
+    ids = torch.randint(1, V, (2, 32), generator=torch.Generator().manual_seed(3))
+    settings = dict(density="mixture", tau=0.9, num_samples=64)
+    fixed = heads_model(arch, squeeze="fixed", **settings)
+    by_length = heads_model(arch, squeeze="by_length", **settings)
+    state = by_length(ids).state
+    stored = [layer.long_term.stored.tolist() for layer in state.layers]
+    # 4 segments of 8: the last one waits, the one before it is the window, 2 are in memory
+    assert stored == [[16, 16]] * len(state.layers)
+    B_fixed = fixed(ids).state.layers[0].long_term.coefficients
+    assert not torch.allclose(state.layers[0].long_term.coefficients, B_fixed, atol=1e-3)
+    by_length.save_pretrained(tmp_path)
+    loaded = InftyformerForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.squeeze == "by_length"
+    assert torch.allclose(loaded(ids, state=state).logits, by_length(ids, state=state).logits)

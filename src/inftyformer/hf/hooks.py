@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from ..long_term_attention import HeadsRead, LongTermAttentionOutput, PreparedMemory
-from ..long_term_memory import LongTermState
+from ..long_term_state import LongTermState
 from .head_read import WindowMass, merge_into_heads, recording, stop_recording, value_bias
 
 

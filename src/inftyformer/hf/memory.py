@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..long_term_memory import LongTermState
+from ..long_term_state import LongTermState
 from ..short_term_memory import ShortTermState
 from ..state import LayerState, MemoryState, TokenWindow
 from .hooks import Call

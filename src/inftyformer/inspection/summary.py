@@ -133,8 +133,13 @@ def inspect_stream(
 ) -> Inspection:
     """Stream `tokens` [batch, T] through `model` and measure everything the module docstring
     lists, per layer."""
-    record = record_stream(model, tokens)
     c = model.config
+    if c.has_long_term and c.long_term.squeeze != "fixed":
+        raise ValueError(
+            "inspection maps the memory's positions to stream ages with a fixed τ; "
+            f"squeeze={c.long_term.squeeze!r} is not supported"
+        )
+    record = record_stream(model, tokens)
     L = c.n_layers
     none = [None] * L
     out = Inspection(

@@ -310,6 +310,11 @@ class FactsTask(LastBlockTask):
                     "read_weight needs sticky=false: sticky sampling moves the past unevenly, "
                     "so the key's place in the memory is not known"
                 )
+            if model_config.squeeze != "fixed":
+                raise ValueError(
+                    "read_weight needs squeeze='fixed': the key's place in the memory is "
+                    "computed for a fixed τ"
+                )
 
     def loss(self, model: nn.Module, batch: Any, rows: slice, part: int) -> StepOutput:
         inputs, answer, lm, _, key_at = batch

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..long_term_attention import LongTermAttention, density_statistics
-from ..long_term_memory import LongTermState
+from ..long_term_state import LongTermState
 from .distributed import DistEnv, reduce_sums
 
 

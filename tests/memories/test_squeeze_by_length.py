@@ -1,0 +1,100 @@
+"""squeeze="by_length": the unbounded update shares [0, 1] among the stored tokens
+(τ_t = min(τ, S / (S + L))) instead of squeezing the past by a fixed τ."""
+
+import pytest
+import torch
+
+from inftyformer import LongTermConfig, LongTermMemory, LongTermState
+from inftyformer.long_term_memory import UNKNOWN_STORED
+
+
+def config(**overrides) -> LongTermConfig:
+    base = dict(dim=4, num_heads=1, num_basis=128, widths=(0.01, 0.02), ridge_lambda=1e-3)
+    base.update(num_samples=256, tau=0.9, conv_gate=False, squeeze="by_length")
+    base.update(overrides)
+    return LongTermConfig(**base)
+
+
+def stream(T: int = 128) -> torch.Tensor:
+    """A smooth function of the stream position s/T, [1, T, 4]."""
+    s = (torch.arange(T, dtype=torch.float32) + 0.5) / T
+    return torch.stack([torch.sin(4 * s), torch.cos(3 * s), s, s * s], -1)[None]
+
+
+def fitted(memory: LongTermMemory, x: torch.Tensor, segment: int) -> LongTermState:
+    state = memory.init_state(x.shape[0])
+    for part in x.split(segment, dim=1):
+        state = memory.update(state, part)
+    return state
+
+
+@pytest.mark.parametrize("squeeze", ["by_length", "fixed"])
+def test_by_length_keeps_the_stream_uniform_over_the_signal(squeeze):
+    """After 4 segments of 32, token s of 128 sits at (s + ½)/128 by length; a fixed τ = 0.5
+    squeezes the old segments into [0, 0.5] instead."""
+    x = stream()
+    tau = 0.9 if squeeze == "by_length" else 0.5
+    # no edge padding: it pulls each segment's ends towards 0 and the update keeps those dips
+    memory = LongTermMemory(config(squeeze=squeeze, tau=tau, edge_padding=False))
+    state = fitted(memory, x, 32)
+    t = (torch.arange(128, dtype=torch.float32) + 0.5) / 128
+    error = ((memory.signal(state, t) - x).norm() / x.norm()).item()
+    if squeeze == "by_length":
+        assert error < 0.05
+    else:
+        assert error > 0.2
+    assert state.stored.tolist() == [128]
+
+
+def test_squeeze_ratios_by_hand():
+    memory = LongTermMemory(config(tau=0.75))
+    stored = torch.tensor([256, 512, 768, UNKNOWN_STORED])
+    ratios = memory.squeeze_ratios(stored, 256).tolist()
+    assert ratios == pytest.approx([0.5, 2 / 3, 0.75, 0.75])
+    fixed = LongTermMemory(config(tau=0.75, squeeze="fixed"))
+    assert fixed.squeeze_ratios(stored, 256).tolist() == [0.75] * 4
+
+
+def test_rows_of_different_lengths_equal_separate_streams():
+    """A row reset midway squeezes by its own τ: the batch equals each row run alone."""
+    torch.manual_seed(0)
+    memory = LongTermMemory(config(num_basis=32, widths=(0.05, 0.1), num_samples=64))
+    segments = [torch.randn(3, 8, 4) for _ in range(4)]
+    resets = [None, None, torch.tensor([False, True, False]), None]
+
+    def run(rows):
+        state = memory.init_state(len(rows))
+        for x, reset in zip(segments, resets, strict=True):
+            if reset is not None:
+                state = memory.reset(state, reset[rows])
+            state = memory.update(state, x[rows])
+        return state
+
+    batched = run(torch.arange(3))
+    assert batched.stored.tolist() == [32, 16, 32]
+    for i in range(3):
+        alone = run(torch.tensor([i]))
+        assert torch.allclose(batched.coefficients[i], alone.coefficients[0], atol=1e-4)
+
+
+def test_states_saved_without_a_length_load_as_long():
+    memory = LongTermMemory(config())
+    state = memory.update(memory.init_state(2), torch.randn(2, 5, 4))
+    state = memory.reset(state, torch.tensor([False, True]))
+    saved = {k: v for k, v in state.tensors().items() if k != "stored"}
+    loaded = LongTermState.from_tensors(saved)
+    assert loaded.stored.tolist() == [UNKNOWN_STORED, 0]
+    loaded.check(memory.config)
+
+
+def test_bad_squeeze_settings_and_lengths_are_refused():
+    with pytest.raises(ValueError, match="squeeze"):
+        config(squeeze="linear")
+    memory = LongTermMemory(config())
+    state = memory.init_state(2)
+    with pytest.raises(TypeError, match="stored"):
+        memory.update(LongTermState(**{**state.tensors(), "stored": state.stored.float()}),
+                      torch.randn(2, 3, 4))  # fmt: skip
+    with pytest.raises(ValueError, match="stored"):
+        memory.update(LongTermState(**{**state.tensors(), "stored": state.stored - 1}),
+                      torch.randn(2, 3, 4))  # fmt: skip
