@@ -81,7 +81,9 @@ class BlockOutput:
 
 
 class MemoryBlock(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, designs: dict | None = None) -> None:
+        """`designs`: the long-term memory's design matrices, shared with the model's other
+        blocks (`RidgeRegression`); the block keeps its own when None."""
         super().__init__()
         d = config.d_model
         self.config = config
@@ -102,7 +104,7 @@ class MemoryBlock(nn.Module):
         self.long_term_attention: LongTermAttention | None = None
         if config.has_long_term:
             lt_config = config.long_term_config()
-            self.long_term_memory = LongTermMemory(lt_config)
+            self.long_term_memory = LongTermMemory(lt_config, designs)
             # one ψ per layer: the attention reads the signal with the memory's own basis
             self.long_term_attention = LongTermAttention(lt_config, self.long_term_memory.basis)
 

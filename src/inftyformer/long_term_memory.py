@@ -87,12 +87,16 @@ class LongTermUpdate:
 class LongTermMemory(nn.Module):
     """Fits, updates and resamples the continuous long-term memory. Holds no stream state."""
 
-    def __init__(self, config: LongTermConfig) -> None:
+    def __init__(self, config: LongTermConfig, designs: dict | None = None) -> None:
+        """`designs`: a dict of design matrices to share with the other layers' memories (see
+        `RidgeRegression`); each memory keeps its own when None."""
         super().__init__()
         config.check_sized()
         self.config = config
         self.basis = GaussianBasis(config.num_basis, config.widths)
-        self.ridge = RidgeRegression(self.basis, config.ridge_lambda, config.edge_padding)
+        self.ridge = RidgeRegression(
+            self.basis, config.ridge_lambda, config.edge_padding, cache=designs
+        )
         # X ← X ⊙ sigmoid(Conv1d(X)): a gate that smooths the vectors over time before fitting
         self.gate = (
             nn.Conv1d(config.dim, config.dim, kernel_size=3, padding=1)

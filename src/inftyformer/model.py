@@ -84,7 +84,8 @@ class MemoryLM(nn.Module):
         self.config = config
         self.embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.dropout = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(MemoryBlock(config) for _ in range(config.n_layers))
+        designs: dict = {}  # the layers' bases are equal: one cache of design matrices G
+        self.blocks = nn.ModuleList(MemoryBlock(config, designs) for _ in range(config.n_layers))
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.head = (
             None

@@ -248,20 +248,34 @@ class RidgeRegression:
     """Caches G per set of positions so that it is computed once, never per step.
 
     Keys are (name, sizes…) chosen by the caller; each entry is built in float64 and cast once
-    per (device, dtype). This is a cache of constants, not stream state.
+    per (device, dtype). This is a cache of constants, not stream state. `cache`: a dict to
+    share with other regressions (a model's layers fit with equal bases: one G for all of them,
+    not one per layer); its keys hold the basis and λ, so different settings never mix.
     """
 
-    def __init__(self, basis: GaussianBasis, ridge_lambda: float, edge_padding: bool = True):
+    def __init__(
+        self,
+        basis: GaussianBasis,
+        ridge_lambda: float,
+        edge_padding: bool = True,
+        cache: dict | None = None,
+    ):
         _check_basis(basis)
         check_range("ridge_lambda", ridge_lambda, 0.0, low_open=True)
+        if cache is not None and not isinstance(cache, dict):
+            raise TypeError(f"cache must be a dict or None, got {type(cache).__name__}")
         self.basis = basis
         self.ridge_lambda = float(ridge_lambda)
         self.edge_padding = bool(edge_padding)
-        self._cache: dict[tuple, torch.Tensor] = {}
+        self._cache: dict[tuple, torch.Tensor] = {} if cache is None else cache
+        self._settings = (
+            basis.num_basis, tuple(basis.width_values), self.ridge_lambda, self.edge_padding
+        )  # fmt: skip
 
     def design(
         self, key: tuple, positions_fn, device: torch.device, dtype: torch.dtype
     ) -> torch.Tensor:
+        key = (self._settings, key)
         full_key = (key, str(device), dtype)
         G = self._cache.get(full_key)
         if G is None:

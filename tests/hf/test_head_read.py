@@ -273,4 +273,6 @@ def test_the_pretrained_memory_squeezes_by_length_and_keeps_it_on_save(tmp_path,
     by_length.save_pretrained(tmp_path)
     loaded = InftyformerForCausalLM.from_pretrained(tmp_path).eval()
     assert loaded.config.squeeze == "by_length"
+    # the layers share their design matrices (one per τ, not one per layer and τ)
+    assert len({id(layer.memory.ridge._cache) for layer in by_length.long_term}) == 1
     assert torch.allclose(loaded(ids, state=state).logits, by_length(ids, state=state).logits)

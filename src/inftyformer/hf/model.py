@@ -84,9 +84,9 @@ from .window import WindowedInputs
 class LayerMemory(nn.Module):
     """One block's long-term memory and its continuous attention (one basis ψ for both)."""
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, designs: dict | None = None) -> None:
         super().__init__()
-        self.memory = LongTermMemory(config)
+        self.memory = LongTermMemory(config, designs)
         self.attention = LongTermAttention(config, self.memory.basis)
 
     def reset_parameters(self, std: float) -> None:
@@ -149,7 +149,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                 f"{n_blocks} blocks"
             )
         lt_config = config.long_term_config()
-        self.long_term = nn.ModuleList(LayerMemory(lt_config) for _ in self.memory_blocks)
+        designs: dict = {}  # the layers' bases are equal: one cache of design matrices G
+        self.long_term = nn.ModuleList(LayerMemory(lt_config, designs) for _ in self.memory_blocks)
         self._owner = hooks.new_owner()  # a base wrapped twice: only the caller's hooks act
         self._hooks = hooks.attach(
             self._owner,
