@@ -27,6 +27,8 @@ ROWS = {
     "mixture": "(xii) (x) with density = mixture (the discrete attention over the centres "
     "itself, β = 1), untrained",
     "mixture-n2048": "(xiii) (xii) with N = 2,048, widths (0.00125, 0.0025)",
+    "mixture-length": "(xiv) (xii) with squeeze = by_length (every stored token an equal share, "
+    "τ ≤ 0.95), N = 2,048 at one width (0.00125)",
     "exact": "ceiling: the heads read the exact stored states (a growing cache, not a memory)",
     "exact-positions": "ceiling, each stored state at its own position (rotary)",
 }
@@ -63,7 +65,14 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
         res = rows[r].get("passkey", {})
         cells = [f"{res[d]['exact']:.2f} ({res[d]['nll']:.2f})" if d in res else "–" for d in ds]
         body.append([ROWS[r], *cells])
-    lines += [ex.table(header, body), "", "Cells: exact (answer NLL per token).", ""]
+    skipped = [f"{ROWS[r].split(' ')[0]} ran no prompt over {rows[r]['max_prompt_tokens']:,} "
+               "tokens" for r in order if rows[r].get("max_prompt_tokens")]  # fmt: skip
+    note = (
+        " –: not run (the ceiling rows: prompts over 8,192 tokens"
+        + ("; " + "; ".join(skipped) if skipped else "")
+        + ")."
+    )
+    lines += [ex.table(header, body), "", "Cells: exact (answer NLL per token)." + note, ""]
     full = rows.get("full", {}).get("positions")
     if full:
         lines += [f"The full-context row sees the last {full:,} tokens of each prompt; prompt "

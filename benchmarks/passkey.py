@@ -22,6 +22,8 @@ Rows (every one reads the same token streams):
     mixture       as heads, with density = mixture: each head reads the discrete attention
                   over the basis centres itself (β = 1), not a Gaussian at its moments
     mixture-n2048 as mixture with N = 2,048 (widths halved twice)
+    mixture-length as mixture with squeeze = by_length (every stored token an equal share of
+                  the signal, up to τ = 0.95) and N = 2,048 at one width (2,048 places)
     exact         the ceiling of the heads read: as mixture, but the heads read the exact states
                   the memory was given, one place per token (a growing cache, not a memory of
                   fixed size: `_passkey_exact.py`); prompts over 8,192 tokens are not run
@@ -68,6 +70,16 @@ MIXTURE = {
 }
 MIXTURE["mixture-n2048"] = dict(
     MIXTURE["mixture"], num_basis=2048, num_samples=2048, widths=(0.00125, 0.0025)
+)
+# every stored token an equal share of the signal (until τ = 0.95 caps it), at one width: N
+# distinct places (two widths share their centres: N / 2 places)
+MIXTURE["mixture-length"] = dict(
+    MIXTURE["mixture"],
+    num_basis=2048,
+    num_samples=2048,
+    widths=(0.00125,),
+    squeeze="by_length",
+    tau=0.95,
 )
 EXACT = ("exact", "exact-positions")  # the ceiling rows: the heads read exact stored states
 # their cost grows with the square of the stream: prompts longer than this are not run (–)
@@ -260,6 +272,9 @@ def evaluate_passkeys(row: Row, prompts: dict[int, tuple]) -> dict[str, Any]:
         for d, (inputs, answer, key_at) in prompts.items():
             if row.name in EXACT and inputs.shape[1] > EXACT_MAX_TOKENS:
                 continue
+            limit = getattr(row.args, "max_prompt_tokens", None)
+            if limit and inputs.shape[1] > limit:
+                continue
             record = row.name in READ_ROWS
             pieces, reads = row.stream(inputs, record=record, last_only=True)
             nll, hit = _nll(pieces, answer)
@@ -384,11 +399,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--heads-sink-edge", type=float, default=0.01)
     p.add_argument("--docs", type=int, default=4)
     p.add_argument("--doc-len", type=int, default=4096)
-    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--rows", default=None, help="default: every row (--quick: a few)")
+    p.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="run no prompt longer than this (–): to fit a row into a time budget; "
+                        "the row records it")  # fmt: skip
     args = p.parse_args(argv)
-    quick = dict(distances="40,90", keys=2, segment_len=16, window=16, docs=2, doc_len=48,
-                 rows="window,full,untrained,heads,mixture,exact,exact-positions")  # fmt: skip
+    quick = dict(distances="40,90", keys=2, segment_len=16, window=16, docs=2, doc_len=48)
     out_dir, setup = prompt_setup(args, quick, extra=("docs", "doc_len"))
+    if args.rows is None:
+        quick_rows = "window,full,untrained,heads,mixture,exact,exact-positions"
+        args.rows = quick_rows if args.quick else ",".join(ROWS)
     if not args.render_only:
         prompts, docs = passkey_prompts(args), book_windows(args)
         (out_dir / f"{NAME}.rows").mkdir(parents=True, exist_ok=True)
@@ -408,6 +428,8 @@ def main(argv: list[str] | None = None) -> None:
                                      "sink_edge": args.heads_sink_edge}  # fmt: skip
             if name in MIXTURE:
                 entry["settings"] = {**MIXTURE[name], "sink_edge": args.heads_sink_edge}
+            if args.max_prompt_tokens:
+                entry["max_prompt_tokens"] = args.max_prompt_tokens
             entry["seconds"] = time.perf_counter() - start
             path = out_dir / f"{NAME}.rows" / f"{name}.json"
             path.write_text(json.dumps({"setup": setup, "row": entry}, indent=1) + "\n")

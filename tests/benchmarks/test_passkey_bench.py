@@ -56,3 +56,19 @@ def test_rows_measured_before_stay_in_the_report_until_measured_again(tmp_path):
     rows = gather(tmp_path, setup)["rows"]
     assert rows == {"window": {"seconds": 1.0}, "lm": {"seconds": 5.0}}
     assert gather(tmp_path, {**setup, "keys": 3})["rows"] == {}
+
+
+@pytest.mark.slow  # the row's N = 2,048 design matrices: about a minute
+def test_a_row_can_skip_long_prompts_and_the_by_length_row_runs(tmp_path):
+    """--max-prompt-tokens leaves the longer distance out (–, and the report says why); the
+    by-length row's settings reach the model, and its read moves the NLL."""
+    pytest.importorskip("transformers")
+    argv = ["--quick", "--out", str(tmp_path), "--rows", "window,mixture-length"]
+    passkey.main([*argv, "--max-prompt-tokens", "150"])  # prompts of 128 and 176 tokens
+    rows = json.loads((tmp_path / "passkey.json").read_text())["rows"]
+    assert set(rows["window"]["passkey"]) == set(rows["mixture-length"]["passkey"]) == {"40"}
+    assert rows["mixture-length"]["settings"]["squeeze"] == "by_length"
+    assert rows["mixture-length"]["max_prompt_tokens"] == 150
+    assert "ran no prompt over 150 tokens" in (tmp_path / "passkey.md").read_text()
+    window, memory = (rows[r]["passkey"]["40"]["nll"] for r in ("window", "mixture-length"))
+    assert abs(window - memory) > 1e-3
