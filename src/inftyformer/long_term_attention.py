@@ -277,6 +277,9 @@ class LongTermAttention(nn.Module):
             prepared = self.prepare(state, query.dtype)
         z, mu, sigma_sq, log_mass = self._read(query, prepared, with_mass=True)
         filled = ~state.empty.to(query.device)  # [batch]
+        if self.config.token_mass:  # each of the N places stands for S / N tokens
+            per_place = state.stored.to(query.device, torch.float64) / self.config.num_basis
+            log_mass = log_mass + per_place.clamp(min=1e-30).log().to(log_mass.dtype)[:, None, None]
         log_mass = log_mass.masked_fill(~filled[:, None, None], -math.inf)
         z = z * filled[:, None, None, None].to(z.dtype)
         kl = self._kl(sigma_sq, filled.to(query.dtype))

@@ -80,6 +80,7 @@ CHANGEABLE_SETTINGS = (
     "sigma_0",
     "sharpness",
     "sink_edge",
+    "token_mass",
     "kl_weight",
 )
 # what the model around the memory decides, never a user's setting (None in a config nested in
@@ -127,6 +128,11 @@ class LongTermConfig:
     # signal holds the document's first tokens, where a pretrained model parks attention it does not
     # need (the attention sink); a window recomputed before each segment has its own.
     sink_edge: float = 0.0
+    # the heads read (`read_heads`): the memory's attention mass counts the tokens each basis
+    # function stands for, log Z_M + log(S / N) for S stored tokens, so that a memory of 256
+    # tokens over 2,048 places does not weigh as 2,048 tokens against the window; needs
+    # squeeze="by_length", under which every place stands for the same number of tokens
+    token_mass: bool = False
     # σ of every density at initialisation (the bias of w_σ); None: PyTorch's default
     # initialisation of the head, the paper's (σ ≈ 0.83)
     sigma_init: float | None = None
@@ -155,6 +161,15 @@ class LongTermConfig:
         check_range("min_sigma_sq", self.min_sigma_sq, 0.0, MAX_WIDTH**2, low_open=True)
         check_range("kl_weight", self.kl_weight, 0.0)
         check_density(self.density, self.sigma_init, self.sharpness, self.sink_edge)
+        check_bool("token_mass", self.token_mass)
+        if self.token_mass and (
+            self.squeeze != "by_length" or self.density not in CONTENT_DENSITIES
+        ):
+            raise ValueError(
+                "token_mass counts the tokens each basis function stands for: it needs "
+                "squeeze='by_length' and a content density ('mixture' or 'content'), got "
+                f"squeeze={self.squeeze!r}, density={self.density!r}"
+            )
         if self.out_dim is not None:
             check_positive_int("out_dim", self.out_dim)
         for name in ("edge_padding", "conv_gate", "sticky", "query_projection"):

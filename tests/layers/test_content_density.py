@@ -226,3 +226,25 @@ def test_merged_by_mass_it_is_one_softmax_over_the_window_and_the_centres():
     want = p[..., :S] @ v_w.double() + p[..., S:] @ V  # [b, H, Q, d]
     want = projection(want.transpose(1, 2).reshape(2, -1, H * d).float())
     torch.testing.assert_close(merged, want, rtol=1e-4, atol=1e-5)
+
+
+def test_token_mass_adds_the_log_of_tokens_per_place_to_the_heads_read():
+    """token_mass: log Z_M + log(S / N) per row, z unchanged; a memory of S = N / 8 tokens then
+    weighs as S tokens against the window, not as N; the setting needs a uniform squeeze."""
+    cfg, att, state, q = _setup(density="mixture", squeeze="by_length")
+    counted = LongTermAttention(replace(cfg, token_mass=True), None)
+    counted.load_state_dict(att.state_dict())
+    state = replace(state, stored=torch.tensor([4, 64]))  # N = 32 places
+    plain, mass = att.read_heads(q, state), counted.read_heads(q, state)
+    torch.testing.assert_close(mass.z, plain.z)
+    shift = (mass.log_mass - plain.log_mass).double()
+    torch.testing.assert_close(
+        shift[0], torch.full_like(shift[0], math.log(4 / 32)), atol=1e-6, rtol=0
+    )
+    torch.testing.assert_close(
+        shift[1], torch.full_like(shift[1], math.log(64 / 32)), atol=1e-6, rtol=0
+    )
+    with pytest.raises(ValueError, match="token_mass"):
+        replace(cfg, token_mass=True, squeeze="fixed")
+    with pytest.raises(ValueError, match="token_mass"):
+        replace(cfg, token_mass=True, density="normalized")

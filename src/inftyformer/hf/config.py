@@ -68,6 +68,7 @@ class InftyformerConfig(PretrainedConfig):
     density: str = _LT.density  # "paper", "normalized" or "content" (long_term_attention.py)
     sharpness: float = _LT.sharpness  # "content": β of the discrete attention over the centres
     sink_edge: float = _LT.sink_edge  # "content": centres before it are not read
+    token_mass: bool = _LT.token_mass  # heads read: the memory's mass counts its tokens
     sigma_init: float | None = _LT.sigma_init  # σ at initialisation; None: the paper's (≈ 0.83)
     # the model's
     memory_read: str = "added"  # "added" (paper) or "heads" (head_read.py)
