@@ -27,8 +27,8 @@ ROWS = {
     "mixture": "(xii) (x) with density = mixture (the discrete attention over the centres "
     "itself, β = 1), untrained",
     "mixture-n2048": "(xiii) (xii) with N = 2,048, widths (0.00125, 0.0025)",
-    "mixture-length": "(xiv) (xii) with squeeze = by_length (every stored token an equal share, "
-    "τ ≤ 0.95), N = 2,048 at one width (0.00125)",
+    "mixture-length": "(xiv) (xiii) with squeeze = by_length (every stored token an equal "
+    "share, τ ≤ 0.95)",
     "exact": "ceiling: the heads read the exact stored states (a growing cache, not a memory)",
     "exact-positions": "ceiling, each stored state at its own position (rotary)",
 }

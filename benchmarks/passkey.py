@@ -22,8 +22,8 @@ Rows (every one reads the same token streams):
     mixture       as heads, with density = mixture: each head reads the discrete attention
                   over the basis centres itself (β = 1), not a Gaussian at its moments
     mixture-n2048 as mixture with N = 2,048 (widths halved twice)
-    mixture-length as mixture with squeeze = by_length (every stored token an equal share of
-                  the signal, up to τ = 0.95) and N = 2,048 at one width (2,048 places)
+    mixture-length as mixture-n2048 with squeeze = by_length (every stored token an equal
+                  share of the signal, up to τ = 0.95)
     exact         the ceiling of the heads read: as mixture, but the heads read the exact states
                   the memory was given, one place per token (a growing cache, not a memory of
                   fixed size: `_passkey_exact.py`); prompts over 8,192 tokens are not run
@@ -71,16 +71,8 @@ MIXTURE = {
 MIXTURE["mixture-n2048"] = dict(
     MIXTURE["mixture"], num_basis=2048, num_samples=2048, widths=(0.00125, 0.0025)
 )
-# every stored token an equal share of the signal (until τ = 0.95 caps it), at one width: N
-# distinct places (two widths share their centres: N / 2 places)
-MIXTURE["mixture-length"] = dict(
-    MIXTURE["mixture"],
-    num_basis=2048,
-    num_samples=2048,
-    widths=(0.00125,),
-    squeeze="by_length",
-    tau=0.95,
-)
+# row (xiii) with every stored token an equal share of the signal (until τ = 0.95 caps it)
+MIXTURE["mixture-length"] = dict(MIXTURE["mixture-n2048"], squeeze="by_length", tau=0.95)
 EXACT = ("exact", "exact-positions")  # the ceiling rows: the heads read exact stored states
 # their cost grows with the square of the stream: prompts longer than this are not run (–)
 EXACT_MAX_TOKENS = 8192
