@@ -69,6 +69,7 @@ from .continuous_softmax import _variance_kl
 from .fused_attention import expected_values
 from .long_term_config import CONTENT_DENSITIES
 from .long_term_memory import LongTermConfig, LongTermState, allowed_dtypes
+from .long_term_state import filled_part
 from .precision import at_least_float32, full_precision, wide_dtype
 
 # added to the scores' variance before standardising them ("normalized"): far below the variance
@@ -105,13 +106,15 @@ class PreparedMemory:
     keys: torch.Tensor
     # "normalized" only: the second moment of the centred scores, K̃ᵀK̃ / (N d)  [batch, H, d, d]
     gram: torch.Tensor | None = None
+    # squeeze="fill" only: the centres that hold the stream, c_n ≤ f  bool [batch, N]
+    readable: torch.Tensor | None = None
 
     def repeat_interleave(self, repeats: int) -> PreparedMemory:
-        gram = None if self.gram is None else self.gram.repeat_interleave(repeats, 0)
+        def rows(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.repeat_interleave(repeats, 0)
+
         return PreparedMemory(
-            self.values.repeat_interleave(repeats, 0),
-            self.keys.repeat_interleave(repeats, 0),
-            gram,
+            rows(self.values), rows(self.keys), rows(self.gram), rows(self.readable)
         )
 
 
@@ -187,9 +190,17 @@ class LongTermAttention(nn.Module):
                 psi = self.basis._psi(self.basis.centers.to(B32.dtype))  # ψ_j(c_n) [N, N]
                 signal = torch.matmul(psi, B32)  # x̄(c_n) = Bᵀ ψ(c_n)  [b, N, e]
                 K = self.key(signal).view(batch, -1, H, d).transpose(1, 2) / math.sqrt(d)
+                readable = None
+                if c.squeeze == "fill":  # the signal holds the stream on [0, f] only
+                    K_c = self.basis.num_centers
+                    f = filled_part(state.stored, c.squeeze, K_c)
+                    # at least one centre past the sink edge, so that a read is defined
+                    f = f.clamp(min=c.sink_edge + 1.0 / max(K_c - 1, 1))
+                    centers = self.basis.centers.to(device=f.device, dtype=torch.float64)
+                    readable = (centers <= f[:, None] + 1e-9) | state.empty[:, None]
                 if c.density == "mixture":  # v(c_n) = x̄(c_n) W^V  [b, H, N, d]
                     v = self.value(signal.to(B.dtype)).view(batch, -1, H, d).transpose(1, 2)
-                    return PreparedMemory(values=v, keys=K)
+                    return PreparedMemory(values=v, keys=K, readable=readable)
                 keys, gram = K, None
             else:
                 w = torch.cat([self.mu_head.weight, self.sigma_head.weight])  # [2, N]
@@ -277,8 +288,11 @@ class LongTermAttention(nn.Module):
             prepared = self.prepare(state, query.dtype)
         z, mu, sigma_sq, log_mass = self._read(query, prepared, with_mass=True)
         filled = ~state.empty.to(query.device)  # [batch]
-        if self.config.token_mass:  # each of the N places stands for S / N tokens
-            per_place = state.stored.to(query.device, torch.float64) / self.config.num_basis
+        if self.config.token_mass:  # each of the N·f places read stands for S / (N·f) tokens
+            c = self.config
+            f = filled_part(state.stored, c.squeeze, self.basis.num_centers)
+            per_place = state.stored.to(torch.float64) / (c.num_basis * f.clamp(min=1e-30))
+            per_place = per_place.to(query.device)
             log_mass = log_mass + per_place.clamp(min=1e-30).log().to(log_mass.dtype)[:, None, None]
         log_mass = log_mass.masked_fill(~filled[:, None, None], -math.inf)
         z = z * filled[:, None, None, None].to(z.dtype)
@@ -299,7 +313,9 @@ class LongTermAttention(nn.Module):
         with full_precision(query):  # μ, σ² in float32 also under autocast (precision.py)
             q32 = at_least_float32(q)
             if c.density in CONTENT_DENSITIES:
-                p, mu, sigma_sq, log_mass = self._content_density(q32, prepared.keys, with_mass)
+                p, mu, sigma_sq, log_mass = self._content_density(
+                    q32, prepared.keys, with_mass, prepared.readable
+                )
             else:
                 mu, sigma_sq = self._linear_density(q32, prepared)  # [batch, H, Q] each
         if c.density == "mixture":  # z = Σ_n p_n v(c_n)  [b, H, Q, d]
@@ -331,16 +347,24 @@ class LongTermAttention(nn.Module):
         return mu, sigma_sq.clamp(min=self.config.min_sigma_sq)
 
     def _content_density(
-        self, q: torch.Tensor, keys: torch.Tensor, with_mass: bool = False
+        self,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        with_mass: bool = False,
+        readable: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """ "content"/"mixture": a discrete attention over the basis centres and its moments
         (module doc). q [b, H, Q, d], keys K / √d [b, H, N, d] → p [b, H, Q, N], μ, σ² and
-        (`with_mass`, else None) log Σ_n exp(s_n)  [b, H, Q]."""
+        (`with_mass`, else None) log Σ_n exp(s_n)  [b, H, Q]; `readable` [b, N]: the centres
+        that may be read (squeeze="fill")."""
         c = self.config
         s = torch.matmul(q, keys.transpose(-1, -2))  # s = K q / √d  [b, H, Q, N]
         centers = self.basis.centers.to(s.dtype)  # c_n  [N]
         w_sigma = self.sigma_head.weight[0]  # [N]
         scores = s  # w_σᵀ s over the centres that are read
+        if readable is not None:  # centres beyond the stream: no mass, no σ² contribution
+            beyond = ~readable[:, None, None, :]
+            s, scores = s.masked_fill(beyond, -math.inf), scores.masked_fill(beyond, 0.0)
         if c.sink_edge > 0.0:  # the oldest edge is not read
             unread = centers < c.sink_edge
             s = s.masked_fill(unread, -math.inf)

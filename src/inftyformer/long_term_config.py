@@ -29,8 +29,12 @@ CONTENT_DENSITIES = ("content", "mixture")
 MEMORY_READS = ("added", "heads")
 # how much of [0, 1] the unbounded update leaves the old signal: τ itself (the paper's), or
 # τ_t = min(τ, S / (S + L)) for S tokens stored and L new ones, so that every stored token keeps
-# the same share until the memory holds L·τ/(1 − τ) tokens, and τ from then on
-SQUEEZES = ("fixed", "by_length")
+# the same share until the memory holds L·τ/(1 − τ) tokens, and τ from then on; "fill" as
+# "by_length", but the signal covers only [0, f], f = min(1, S / K) for K distinct centres
+# (one token per centre until the memory is full), and the reads skip the centres beyond f
+SQUEEZES = ("fixed", "by_length", "fill")
+# the squeezes under which every place of the signal stands for the same number of tokens
+EVEN_SQUEEZES = ("by_length", "fill")
 
 
 def check_density(
@@ -163,12 +167,19 @@ class LongTermConfig:
         check_density(self.density, self.sigma_init, self.sharpness, self.sink_edge)
         check_bool("token_mass", self.token_mass)
         if self.token_mass and (
-            self.squeeze != "by_length" or self.density not in CONTENT_DENSITIES
+            self.squeeze not in EVEN_SQUEEZES or self.density not in CONTENT_DENSITIES
         ):
             raise ValueError(
                 "token_mass counts the tokens each basis function stands for: it needs "
-                "squeeze='by_length' and a content density ('mixture' or 'content'), got "
-                f"squeeze={self.squeeze!r}, density={self.density!r}"
+                "squeeze='by_length' or 'fill' and a content density ('mixture' or 'content'), "
+                f"got squeeze={self.squeeze!r}, density={self.density!r}"
+            )
+        if self.squeeze == "fill" and (self.sticky or self.density not in CONTENT_DENSITIES):
+            raise ValueError(
+                "squeeze='fill' keeps the stream in order over [0, f] and its reads skip the "
+                "centres beyond f: it needs sticky=false (sticky memories resample by attention) "
+                "and a content density ('mixture' or 'content'), got "
+                f"sticky={self.sticky}, density={self.density!r}"
             )
         if self.out_dim is not None:
             check_positive_int("out_dim", self.out_dim)

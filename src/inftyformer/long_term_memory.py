@@ -48,7 +48,11 @@ from .long_term_config import (  # noqa: F401  (re-exported: the settings' old h
     check_density,
     check_update_gain,
 )
-from .long_term_state import UNKNOWN_STORED, LongTermState  # noqa: F401  (re-exported)
+from .long_term_state import (  # noqa: F401  (re-exported)
+    UNKNOWN_STORED,
+    LongTermState,
+    filled_part,
+)
 from .precision import allowed_dtypes, wide_dtype  # noqa: F401  (re-exported)
 from .ridge import (
     RidgeRegression,
@@ -57,6 +61,7 @@ from .ridge import (
     evaluate_signal,
     infinite_positions,
     limit_to_data,
+    segment_positions,
     supremum_grid,
 )
 
@@ -145,18 +150,33 @@ class LongTermMemory(nn.Module):
         state.check(self.config, name, self.state_dtypes(), values)
 
     # ---------------------------------------------------------------- design matrices
-    def infinite_design(self, length: int, device, dtype, tau: float | None = None) -> torch.Tensor:
-        """G_inf [M + L, N]: M old samples at τ·i/M (i = 1..M), then L new vectors at
-        τ + (1 − τ)(i + ½)/L, all in one regression (τ: the config's unless given)."""
+    def infinite_design(
+        self, length: int, device, dtype, tau: float | None = None, filled: float = 1.0
+    ) -> torch.Tensor:
+        """G_inf [M + L, N]: M old samples at f·τ·i/M (i = 1..M), then L new vectors at
+        f·(τ + (1 − τ)(i + ½)/L), all in one regression (τ: the config's unless given; f: the
+        part of [0, 1] the signal covers after the update, `filled`)."""
         c = self.config if tau is None else replace(self.config, tau=tau)
 
         def positions() -> torch.Tensor:
             check_update_gain(c, (length,))  # once per (τ, L), with the matrix it makes
-            return infinite_positions(c.num_samples, c.tau, length)
+            return filled * infinite_positions(c.num_samples, c.tau, length)
 
-        return self.ridge.design(
-            ("infinite", c.num_samples, c.tau, length), positions, device, dtype
-        )
+        key = ("infinite", c.num_samples, c.tau, length) + ((filled,) if filled < 1 else ())
+        return self.ridge.design(key, positions, device, dtype)
+
+    def first_design(self, length: int, device, dtype) -> torch.Tensor:
+        """G_L [L, N] of a first fit: the segment at f·(i + ½)/L, f = 1 unless squeeze="fill"."""
+        f = float(self.filled(torch.tensor([length]))[0])
+        if f == 1.0:
+            return self.ridge.segment(length, device, dtype)
+        positions = lambda: f * segment_positions(length)  # noqa: E731
+        return self.ridge.design(("segment", length, f), positions, device, dtype)
+
+    def filled(self, stored: torch.Tensor) -> torch.Tensor:
+        """f: the part [0, f] of the signal that S = `stored` tokens cover, float64 [batch]: 1,
+        or min(1, S / K) under squeeze="fill" (K distinct centres, one token each)."""
+        return filled_part(stored, self.config.squeeze, self.basis.num_centers)
 
     def squeeze_ratios(self, stored: torch.Tensor, length: int) -> torch.Tensor:
         """τ_t of each row's next update, float64 [batch]: τ (squeeze="fixed", paper §3.3), or
@@ -169,19 +189,21 @@ class LongTermMemory(nn.Module):
         return (S / (S + length)).clamp(max=c.tau)
 
     def infinite_designs(self, state: LongTermState, length: int, device, dtype) -> torch.Tensor:
-        """G_inf of the update: [M + L, N] when every row squeezes by one τ, else one per row
-        [batch, M + L, N] (`squeeze_ratios`; a matrix per distinct τ, cached)."""
+        """G_inf of the update: [M + L, N] when every row squeezes alike, else one per row
+        [batch, M + L, N] (`squeeze_ratios`, `filled`; a matrix per distinct pair, cached)."""
         if self.config.squeeze == "fixed":
             return self.infinite_design(length, device, dtype)
-        tau_t = self.squeeze_ratios(state.stored, length).cpu()  # [batch]
+        stored = state.stored.cpu()
+        tau_t = self.squeeze_ratios(stored, length)  # [batch]
+        pairs = torch.stack([tau_t, self.filled(stored + length)], -1)  # (τ_t, f) [batch, 2]
         empty = state.empty.cpu()
-        # empty rows get a first fit instead: they take a τ that is made anyway
-        tau_t = torch.where(empty, tau_t[~empty].max(), tau_t)
-        taus, row_tau = torch.unique(tau_t, return_inverse=True)
-        designs = [self.infinite_design(length, device, dtype, float(t)) for t in taus]
+        # empty rows get a first fit instead: they take a design that is made anyway
+        pairs = torch.where(empty[:, None], pairs[~empty][0], pairs)
+        unique, row_pair = torch.unique(pairs, dim=0, return_inverse=True)
+        designs = [self.infinite_design(length, device, dtype, *map(float, p)) for p in unique]
         if len(designs) == 1:
             return designs[0]
-        return torch.stack(designs)[row_tau.to(device)]  # [batch, M + L, N]
+        return torch.stack(designs)[row_pair.to(device)]  # [batch, M + L, N]
 
     # ---------------------------------------------------------------- sticky memories
     def grid_basis(self, device, dtype) -> torch.Tensor:
@@ -350,10 +372,12 @@ class LongTermMemory(nn.Module):
         B_new, u = None, None
         if bool(empty.any()):
             # first fit: B = G_Lᵀ X                                        [batch, N, e]
-            G_L = self.ridge.segment(length, x.device, x.dtype)  # [L, N]
+            G_L = self.first_design(length, x.device, x.dtype)  # [L, N]
             B_new = _fit_coefficients(x, G_L)
         if not bool(empty.all()):
             u = self._sample_positions(state, generator)  # [M] or [batch, M]
+            if c.squeeze == "fill":  # the old signal covers [0, f]: [batch, M]
+                u = self.filled(state.stored).to(u)[:, None] * u
             # x̃ = B_pastᵀ ψ(u)  [batch, M, e]
             x_old = _evaluate_signal(B_past, self.basis, u)
             G_inf = self.infinite_designs(state, length, x.device, x.dtype)  # [(batch,) M+L, N]

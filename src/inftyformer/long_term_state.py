@@ -14,6 +14,14 @@ from .long_term_config import LongTermConfig
 UNKNOWN_STORED = 2**40
 
 
+def filled_part(stored: torch.Tensor, squeeze: str, num_centers: int) -> torch.Tensor:
+    """f: the part [0, f] of the signal that S = `stored` tokens cover, float64 [batch]: 1, or
+    min(1, S / K) under squeeze="fill" (K = `num_centers` distinct centres, one token each)."""
+    if squeeze != "fill":
+        return torch.ones(stored.shape, dtype=torch.float64, device=stored.device)
+    return (stored.to(torch.float64) / num_centers).clamp(max=1.0)
+
+
 @dataclass
 class LongTermState:
     """The long-term memory of a batch of parallel streams.

@@ -248,3 +248,22 @@ def test_token_mass_adds_the_log_of_tokens_per_place_to_the_heads_read():
         replace(cfg, token_mass=True, squeeze="fixed")
     with pytest.raises(ValueError, match="token_mass"):
         replace(cfg, token_mass=True, density="normalized")
+
+
+def test_fill_reads_only_the_centres_that_hold_the_stream():
+    """squeeze="fill": with S = 4 of K = 16 centres' tokens a row reads c_n ≤ 0.25 only (a
+    softmax over those, by hand); a full row reads them all."""
+    cfg, att, state, q = _setup(density="mixture", squeeze="fill")
+    state = replace(state, stored=torch.tensor([4, 64]))
+    with torch.no_grad():
+        att.mu_head.weight.zero_()
+        read = att.read_heads(q, state)
+    H, d = cfg.num_heads, cfg.head_dim
+    signal = _signal_at_centres(att, state)
+    K = (signal @ att.key.weight.double().T).view(2, -1, H, d).transpose(1, 2)
+    V = (signal @ att.value.weight.double().T).view(2, -1, H, d).transpose(1, 2)
+    s = q.double().view(2, -1, H, d).transpose(1, 2) @ K.transpose(-1, -2) / math.sqrt(d)
+    beyond = torch.stack([att.basis.centers > 0.25, torch.zeros(cfg.num_basis, dtype=torch.bool)])
+    s = s.masked_fill(beyond[:, None, None, :], -math.inf)
+    torch.testing.assert_close(read.z.double(), torch.softmax(s, -1) @ V, rtol=1e-4, atol=1e-5)
+    assert float(read.mu[0].max()) <= 0.25 + 1e-6

@@ -10,7 +10,7 @@ from inftyformer.long_term_memory import UNKNOWN_STORED
 
 def config(**overrides) -> LongTermConfig:
     base = dict(dim=4, num_heads=1, num_basis=128, widths=(0.01, 0.02), ridge_lambda=1e-3)
-    base.update(num_samples=256, tau=0.9, conv_gate=False, squeeze="by_length")
+    base.update(num_samples=256, tau=0.9, conv_gate=False, squeeze="by_length", density="mixture")
     base.update(overrides)
     return LongTermConfig(**base)
 
@@ -98,3 +98,29 @@ def test_bad_squeeze_settings_and_lengths_are_refused():
     with pytest.raises(ValueError, match="stored"):
         memory.update(LongTermState(**{**state.tensors(), "stored": state.stored - 1}),
                       torch.randn(2, 3, 4))  # fmt: skip
+
+
+def test_fill_places_one_token_per_centre_until_the_memory_is_full():
+    """squeeze="fill", K = 128 centres: 64 tokens cover [0, 0.5] at (s + ½)/128, and once more
+    than K tokens are stored the signal spans [0, 1] as under "by_length"."""
+    x = stream(192)
+    memory = LongTermMemory(config(squeeze="fill", edge_padding=False, widths=(0.02,)))
+    state = fitted(memory, x[:, :64], 32)
+    assert memory.filled(state.stored).tolist() == [0.5]
+    t = (torch.arange(64, dtype=torch.float32) + 0.5) / 128
+    error = ((memory.signal(state, t) - x[:, :64]).norm() / x[:, :64].norm()).item()
+    assert error < 0.05
+    full = fitted(memory, x, 32)
+    assert memory.filled(full.stored).tolist() == [1.0]
+    by_length = LongTermMemory(config(edge_padding=False, widths=(0.02,)))
+    t = (torch.arange(192, dtype=torch.float32) + 0.5) / 192
+    for m, s in ((memory, full), (by_length, fitted(by_length, x, 32))):
+        error = ((m.signal(s, t) - x).norm() / x.norm()).item()
+        assert error < 0.1
+
+
+def test_fill_needs_a_content_density_and_no_sticky_memories():
+    with pytest.raises(ValueError, match="fill"):
+        config(squeeze="fill", sticky=True)
+    with pytest.raises(ValueError, match="fill"):
+        config(squeeze="fill", density="normalized")
