@@ -69,7 +69,7 @@ from .continuous_softmax import _variance_kl
 from .fused_attention import expected_values
 from .long_term_config import CONTENT_DENSITIES
 from .long_term_memory import LongTermConfig, LongTermState, allowed_dtypes
-from .long_term_state import filled_part
+from .long_term_state import stream_extent
 from .precision import at_least_float32, full_precision, wide_dtype
 
 # added to the scores' variance before standardising them ("normalized"): far below the variance
@@ -193,11 +193,12 @@ class LongTermAttention(nn.Module):
                 readable = None
                 if c.squeeze == "fill":  # the signal holds the stream on [0, f] only
                     K_c = self.basis.num_centers
-                    f = filled_part(state.stored, c.squeeze, K_c)
+                    e = stream_extent(state.stored, c.squeeze, K_c)
                     # at least one centre past the sink edge, so that a read is defined
-                    f = f.clamp(min=c.sink_edge + 1.0 / max(K_c - 1, 1))
-                    centers = self.basis.centers.to(device=f.device, dtype=torch.float64)
-                    readable = (centers <= f[:, None] + 1e-9) | state.empty[:, None]
+                    e = e.clamp(min=c.sink_edge + 1.0 / max(K_c - 1, 1))
+                    centers = self.basis.centers.to(device=e.device, dtype=torch.float64)
+                    half = 0.5 / max(K_c - 1, 1)  # the last token's centre, not the next
+                    readable = (centers <= e[:, None] + half) | state.empty[:, None]
                 if c.density == "mixture":  # v(c_n) = x̄(c_n) W^V  [b, H, N, d]
                     v = self.value(signal.to(B.dtype)).view(batch, -1, H, d).transpose(1, 2)
                     return PreparedMemory(values=v, keys=K, readable=readable)
@@ -290,8 +291,10 @@ class LongTermAttention(nn.Module):
         filled = ~state.empty.to(query.device)  # [batch]
         if self.config.token_mass:  # each of the N·f places read stands for S / (N·f) tokens
             c = self.config
-            f = filled_part(state.stored, c.squeeze, self.basis.num_centers)
-            per_place = state.stored.to(torch.float64) / (c.num_basis * f.clamp(min=1e-30))
+            S = state.stored.to(torch.float64)
+            K = self.basis.num_centers  # "fill": S ≤ K tokens on S of the K centres
+            f = (S / K).clamp(max=1.0) if c.squeeze == "fill" else torch.ones_like(S)
+            per_place = S / (c.num_basis * f.clamp(min=1e-30))
             per_place = per_place.to(query.device)
             log_mass = log_mass + per_place.clamp(min=1e-30).log().to(log_mass.dtype)[:, None, None]
         log_mass = log_mass.masked_fill(~filled[:, None, None], -math.inf)

@@ -174,6 +174,12 @@ class LongTermConfig:
                 "squeeze='by_length' or 'fill' and a content density ('mixture' or 'content'), "
                 f"got squeeze={self.squeeze!r}, density={self.density!r}"
             )
+        if self.squeeze == "fill" and self.num_samples != self.num_basis // len(self.widths):
+            raise ValueError(
+                "squeeze='fill' reads the old signal at its centres: num_samples must equal "
+                f"num_basis / len(widths) = {self.num_basis // len(self.widths)}, got "
+                f"{self.num_samples}"
+            )
         if self.squeeze == "fill" and (self.sticky or self.density not in CONTENT_DENSITIES):
             raise ValueError(
                 "squeeze='fill' keeps the stream in order over [0, f] and its reads skip the "

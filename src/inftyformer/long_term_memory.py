@@ -51,7 +51,7 @@ from .long_term_config import (  # noqa: F401  (re-exported: the settings' old h
 from .long_term_state import (  # noqa: F401  (re-exported)
     UNKNOWN_STORED,
     LongTermState,
-    filled_part,
+    stream_extent,
 )
 from .precision import allowed_dtypes, wide_dtype  # noqa: F401  (re-exported)
 from .ridge import (
@@ -61,7 +61,6 @@ from .ridge import (
     evaluate_signal,
     infinite_positions,
     limit_to_data,
-    segment_positions,
     supremum_grid,
 )
 
@@ -150,38 +149,53 @@ class LongTermMemory(nn.Module):
         state.check(self.config, name, self.state_dtypes(), values)
 
     # ---------------------------------------------------------------- design matrices
-    def infinite_design(
-        self, length: int, device, dtype, tau: float | None = None, filled: float = 1.0
-    ) -> torch.Tensor:
-        """G_inf [M + L, N]: M old samples at f·τ·i/M (i = 1..M), then L new vectors at
-        f·(τ + (1 − τ)(i + ½)/L), all in one regression (τ: the config's unless given; f: the
-        part of [0, 1] the signal covers after the update, `filled`)."""
+    def infinite_design(self, length: int, device, dtype, tau: float | None = None) -> torch.Tensor:
+        """G_inf [M + L, N]: M old samples at τ·i/M (i = 1..M), then L new vectors at
+        τ + (1 − τ)(i + ½)/L, all in one regression (τ: the config's unless given)."""
         c = self.config if tau is None else replace(self.config, tau=tau)
 
         def positions() -> torch.Tensor:
             check_update_gain(c, (length,))  # once per (τ, L), with the matrix it makes
-            return filled * infinite_positions(c.num_samples, c.tau, length)
+            return infinite_positions(c.num_samples, c.tau, length)
 
-        key = ("infinite", c.num_samples, c.tau, length) + ((filled,) if filled < 1 else ())
+        key = ("infinite", c.num_samples, c.tau, length)
         return self.ridge.design(key, positions, device, dtype)
 
     def first_design(self, length: int, device, dtype) -> torch.Tensor:
-        """G_L [L, N] of a first fit: the segment at f·(i + ½)/L, f = 1 unless squeeze="fill"."""
-        f = float(self.filled(torch.tensor([length]))[0])
-        if f == 1.0:
+        """G_L [L, N] of a first fit: the segment at (i + ½)/L, or under squeeze="fill" (when
+        it fits) token i at the centre i/(K − 1)."""
+        K = self.basis.num_centers
+        if self.config.squeeze != "fill" or length > K:
             return self.ridge.segment(length, device, dtype)
-        positions = lambda: f * segment_positions(length)  # noqa: E731
-        return self.ridge.design(("segment", length, f), positions, device, dtype)
+        positions = lambda: torch.arange(length, dtype=torch.float64) / (K - 1)  # noqa: E731
+        return self.ridge.design(("fill-first", length), positions, device, dtype)
 
-    def filled(self, stored: torch.Tensor) -> torch.Tensor:
-        """f: the part [0, f] of the signal that S = `stored` tokens cover, float64 [batch]: 1,
-        or min(1, S / K) under squeeze="fill" (K distinct centres, one token each)."""
-        return filled_part(stored, self.config.squeeze, self.basis.num_centers)
+    def _fill_design(self, stored: int, length: int, device, dtype) -> torch.Tensor:
+        """G [K + L, N] of a "fill" update of a memory of S ≤ K tokens, read at its K centres
+        (the samples past S do not count: zero rows). While S + L ≤ K the S tokens stay on
+        their centres, j/(K − 1), and the new ones go on the next, (S + i)/(K − 1); the update
+        that overflows squeezes the S tokens into [0, τ_t] and spreads the new over (τ_t, 1]."""
+        K, S, L = self.basis.num_centers, stored, length
+
+        def positions() -> torch.Tensor:
+            j, i = torch.arange(S, dtype=torch.float64), torch.arange(L, dtype=torch.float64)
+            if S + L <= K:
+                return torch.cat([j, S + i]) / (K - 1)
+            r = min(self.config.tau, S / (S + L))
+            return torch.cat([r * j / max(S - 1, 1), r + (1 - r) * (i + 0.5) / L])
+
+        return self.ridge.design_with_gap(("fill", S, L), positions, S, K - S, device, dtype)
+
+    def extent(self, stored: torch.Tensor) -> torch.Tensor:
+        """e: the signal holds the stream on [0, e], float64 [batch]: 1, or under squeeze="fill"
+        (S − 1)/(K − 1) while S ≤ K tokens (one per centre), then 1."""
+        return stream_extent(stored, self.config.squeeze, self.basis.num_centers)
 
     def squeeze_ratios(self, stored: torch.Tensor, length: int) -> torch.Tensor:
         """τ_t of each row's next update, float64 [batch]: τ (squeeze="fixed", paper §3.3), or
         min(τ, S / (S + L)) for S = `stored` tokens and L = `length` new ones
-        (squeeze="by_length": every token keeps an equal share of [0, 1] until τ caps it)."""
+        (squeeze="by_length" and "fill" once full: every token keeps an equal share of [0, 1]
+        until τ caps it)."""
         c = self.config
         if c.squeeze == "fixed":
             return torch.full(stored.shape, c.tau, dtype=torch.float64, device=stored.device)
@@ -189,21 +203,29 @@ class LongTermMemory(nn.Module):
         return (S / (S + length)).clamp(max=c.tau)
 
     def infinite_designs(self, state: LongTermState, length: int, device, dtype) -> torch.Tensor:
-        """G_inf of the update: [M + L, N] when every row squeezes alike, else one per row
-        [batch, M + L, N] (`squeeze_ratios`, `filled`; a matrix per distinct pair, cached)."""
+        """G_inf of the update: [M + L, N] when every row updates alike, else one per row
+        [batch, M + L, N] (`squeeze_ratios`; "fill" while the memory is not full: the next
+        centres; a matrix per distinct case, cached)."""
         if self.config.squeeze == "fixed":
             return self.infinite_design(length, device, dtype)
-        stored = state.stored.cpu()
+        stored, empty = state.stored.cpu(), state.empty.cpu()
         tau_t = self.squeeze_ratios(stored, length)  # [batch]
-        pairs = torch.stack([tau_t, self.filled(stored + length)], -1)  # (τ_t, f) [batch, 2]
-        empty = state.empty.cpu()
+        K = self.basis.num_centers
+        fits = (stored <= K) if self.config.squeeze == "fill" else stored < 0
+        # a row's case: (1, S) while a "fill" memory is not full, else (0, τ_t) [batch, 2]
+        cases = torch.stack([fits.double(), torch.where(fits, stored.double(), tau_t)], -1)
         # empty rows get a first fit instead: they take a design that is made anyway
-        pairs = torch.where(empty[:, None], pairs[~empty][0], pairs)
-        unique, row_pair = torch.unique(pairs, dim=0, return_inverse=True)
-        designs = [self.infinite_design(length, device, dtype, *map(float, p)) for p in unique]
+        cases = torch.where(empty[:, None], cases[~empty][0], cases)
+        unique, row_case = torch.unique(cases, dim=0, return_inverse=True)
+        designs = [
+            self._fill_design(int(v), length, device, dtype)
+            if fill
+            else self.infinite_design(length, device, dtype, float(v))
+            for fill, v in unique.tolist()
+        ]
         if len(designs) == 1:
             return designs[0]
-        return torch.stack(designs)[row_pair.to(device)]  # [batch, M + L, N]
+        return torch.stack(designs)[row_case.to(device)]  # [batch, M + L, N]
 
     # ---------------------------------------------------------------- sticky memories
     def grid_basis(self, device, dtype) -> torch.Tensor:
@@ -376,8 +398,9 @@ class LongTermMemory(nn.Module):
             B_new = _fit_coefficients(x, G_L)
         if not bool(empty.all()):
             u = self._sample_positions(state, generator)  # [M] or [batch, M]
-            if c.squeeze == "fill":  # the old signal covers [0, f]: [batch, M]
-                u = self.filled(state.stored).to(u)[:, None] * u
+            if c.squeeze == "fill":  # not full: read the old signal at its K = M centres
+                centres = self.basis.center_grid.to(u)  # [K]
+                u = torch.where((state.stored <= len(centres))[:, None], centres, u)
             # x̃ = B_pastᵀ ψ(u)  [batch, M, e]
             x_old = _evaluate_signal(B_past, self.basis, u)
             G_inf = self.infinite_designs(state, length, x.device, x.dtype)  # [(batch,) M+L, N]

@@ -14,12 +14,14 @@ from .long_term_config import LongTermConfig
 UNKNOWN_STORED = 2**40
 
 
-def filled_part(stored: torch.Tensor, squeeze: str, num_centers: int) -> torch.Tensor:
-    """f: the part [0, f] of the signal that S = `stored` tokens cover, float64 [batch]: 1, or
-    min(1, S / K) under squeeze="fill" (K = `num_centers` distinct centres, one token each)."""
+def stream_extent(stored: torch.Tensor, squeeze: str, num_centers: int) -> torch.Tensor:
+    """e: the signal of S = `stored` tokens holds the stream on [0, e], float64 [batch]: 1, or
+    under squeeze="fill" (S − 1)/(K − 1) while S ≤ K (K = `num_centers`: one token per centre),
+    then 1."""
+    S = stored.to(torch.float64)
     if squeeze != "fill":
-        return torch.ones(stored.shape, dtype=torch.float64, device=stored.device)
-    return (stored.to(torch.float64) / num_centers).clamp(max=1.0)
+        return torch.ones_like(S)
+    return torch.where(S <= num_centers, (S - 1).clamp(min=0) / max(num_centers - 1, 1), 1.0)
 
 
 @dataclass

@@ -289,6 +289,18 @@ class RidgeRegression:
             self._cache[full_key] = G
         return G
 
+    def design_with_gap(
+        self, key: tuple, positions_fn, at: int, gap: int, device, dtype
+    ) -> torch.Tensor:
+        """`design` with `gap` zero rows inserted before row `at`: inputs there do not count."""
+        full_key = ((self._settings, "gap", key, at, gap), str(device), dtype)
+        G = self._cache.get(full_key)
+        if G is None:
+            G = self.design(key, positions_fn, device, dtype)
+            G = torch.cat([G[:at], G.new_zeros(gap, G.shape[1]), G[at:]])
+            self._cache[full_key] = G
+        return G
+
     def segment(self, length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """G_L [L, N] for a segment placed at (i + ½)/L."""
         check_positive_int("length", length)

@@ -14,9 +14,8 @@ from inftyformer.continuous_softmax import continuous_softmax
 
 def _setup(seed: int = 0, density: str = "content", **settings):
     torch.manual_seed(seed)
-    cfg = LongTermConfig(
-        dim=32, num_heads=4, num_basis=32, num_samples=32, density=density, **settings
-    )
+    base = dict(dim=32, num_heads=4, num_basis=32, num_samples=32, density=density)
+    cfg = LongTermConfig(**{**base, **settings})
     mem, att = LongTermMemory(cfg), LongTermAttention(cfg, None)
     g = torch.Generator().manual_seed(seed + 1)
     state = mem.update(mem.init_state(2), torch.randn(2, 64, 32, generator=g)).detach()
@@ -251,9 +250,9 @@ def test_token_mass_adds_the_log_of_tokens_per_place_to_the_heads_read():
 
 
 def test_fill_reads_only_the_centres_that_hold_the_stream():
-    """squeeze="fill": with S = 4 of K = 16 centres' tokens a row reads c_n ≤ 0.25 only (a
-    softmax over those, by hand); a full row reads them all."""
-    cfg, att, state, q = _setup(density="mixture", squeeze="fill")
+    """squeeze="fill": with S = 4 of K = 16 centres' tokens a row reads the first 4 centres
+    only (a softmax over those, by hand); a full row reads them all."""
+    cfg, att, state, q = _setup(density="mixture", squeeze="fill", num_samples=16)
     state = replace(state, stored=torch.tensor([4, 64]))
     with torch.no_grad():
         att.mu_head.weight.zero_()
@@ -263,7 +262,8 @@ def test_fill_reads_only_the_centres_that_hold_the_stream():
     K = (signal @ att.key.weight.double().T).view(2, -1, H, d).transpose(1, 2)
     V = (signal @ att.value.weight.double().T).view(2, -1, H, d).transpose(1, 2)
     s = q.double().view(2, -1, H, d).transpose(1, 2) @ K.transpose(-1, -2) / math.sqrt(d)
-    beyond = torch.stack([att.basis.centers > 0.25, torch.zeros(cfg.num_basis, dtype=torch.bool)])
+    first_four = att.basis.centers <= 3 / 15 + 1e-6
+    beyond = torch.stack([~first_four, torch.zeros(cfg.num_basis, dtype=torch.bool)])
     s = s.masked_fill(beyond[:, None, None, :], -math.inf)
     torch.testing.assert_close(read.z.double(), torch.softmax(s, -1) @ V, rtol=1e-4, atol=1e-5)
-    assert float(read.mu[0].max()) <= 0.25 + 1e-6
+    assert float(read.mu[0].max()) <= 3 / 15 + 1e-6

@@ -55,10 +55,14 @@ def test_squeeze_ratios_by_hand():
     assert fixed.squeeze_ratios(stored, 256).tolist() == [0.75] * 4
 
 
-def test_rows_of_different_lengths_equal_separate_streams():
-    """A row reset midway squeezes by its own τ: the batch equals each row run alone."""
+@pytest.mark.parametrize("squeeze", ["by_length", "fill"])
+def test_rows_of_different_lengths_equal_separate_streams(squeeze):
+    """A row reset midway squeezes by its own τ (fill: a row not yet full beside full ones):
+    the batch equals each row run alone."""
     torch.manual_seed(0)
-    memory = LongTermMemory(config(num_basis=32, widths=(0.05, 0.1), num_samples=64))
+    memory = LongTermMemory(
+        config(num_basis=32, widths=(0.05, 0.1), num_samples=16, squeeze=squeeze)
+    )
     segments = [torch.randn(3, 8, 4) for _ in range(4)]
     resets = [None, None, torch.tensor([False, True, False]), None]
 
@@ -101,17 +105,19 @@ def test_bad_squeeze_settings_and_lengths_are_refused():
 
 
 def test_fill_places_one_token_per_centre_until_the_memory_is_full():
-    """squeeze="fill", K = 128 centres: 64 tokens cover [0, 0.5] at (s + ½)/128, and once more
-    than K tokens are stored the signal spans [0, 1] as under "by_length"."""
+    """squeeze="fill", K = 128 centres: 64 tokens sit on the first 64 centres, s/(K − 1), and
+    once more than K tokens are stored the signal spans [0, 1] as under "by_length"."""
     x = stream(192)
-    memory = LongTermMemory(config(squeeze="fill", edge_padding=False, widths=(0.02,)))
+    memory = LongTermMemory(
+        config(squeeze="fill", edge_padding=False, widths=(0.02,), num_samples=128)
+    )
     state = fitted(memory, x[:, :64], 32)
-    assert memory.filled(state.stored).tolist() == [0.5]
-    t = (torch.arange(64, dtype=torch.float32) + 0.5) / 128
+    assert memory.extent(state.stored).tolist() == [63 / 127]
+    t = torch.arange(64, dtype=torch.float32) / 127
     error = ((memory.signal(state, t) - x[:, :64]).norm() / x[:, :64].norm()).item()
     assert error < 0.05
     full = fitted(memory, x, 32)
-    assert memory.filled(full.stored).tolist() == [1.0]
+    assert memory.extent(full.stored).tolist() == [1.0]
     by_length = LongTermMemory(config(edge_padding=False, widths=(0.02,)))
     t = (torch.arange(192, dtype=torch.float32) + 0.5) / 192
     for m, s in ((memory, full), (by_length, fitted(by_length, x, 32))):
@@ -119,8 +125,25 @@ def test_fill_places_one_token_per_centre_until_the_memory_is_full():
         assert error < 0.1
 
 
+def test_fill_at_narrow_widths_keeps_every_token_exactly():
+    """Widths well below the centres' spacing: the signal at the centres is the stored tokens
+    themselves (random vectors, nothing smooth), as long as the memory is not full."""
+    torch.manual_seed(0)
+    memory = LongTermMemory(
+        config(
+            squeeze="fill", widths=(0.003,), ridge_lambda=1e-6, num_samples=128, edge_padding=False
+        )
+    )
+    x = torch.randn(2, 96, 4)
+    state = fitted(memory, x, 32)
+    at_centres = memory.signal(state, memory.basis.centers[:96])
+    torch.testing.assert_close(at_centres, x, rtol=1e-3, atol=1e-3)
+
+
 def test_fill_needs_a_content_density_and_no_sticky_memories():
     with pytest.raises(ValueError, match="fill"):
-        config(squeeze="fill", sticky=True)
+        config(squeeze="fill", num_samples=128, sticky=True)
     with pytest.raises(ValueError, match="fill"):
-        config(squeeze="fill", density="normalized")
+        config(squeeze="fill", num_samples=128, density="normalized")
+    with pytest.raises(ValueError, match="num_samples must equal"):
+        config(squeeze="fill", num_samples=256)
