@@ -24,6 +24,8 @@ Rows (every one reads the same token streams):
     mixture-n2048 as mixture with N = 2,048 (widths halved twice)
     mixture-length as mixture-n2048 with squeeze = by_length (every stored token an equal
                   share of the signal, up to τ = 0.95)
+    mixture-fill  as mixture with squeeze = fill: one token per centre (N = 2,048 at one width
+                  0.0003, below the spacing) until the memory is full, then by length
     exact         the ceiling of the heads read: as mixture, but the heads read the exact states
                   the memory was given, one place per token (a growing cache, not a memory of
                   fixed size: `_passkey_exact.py`); prompts over 8,192 tokens are not run
@@ -73,6 +75,17 @@ MIXTURE["mixture-n2048"] = dict(
 )
 # row (xiii) with every stored token an equal share of the signal (until τ = 0.95 caps it)
 MIXTURE["mixture-length"] = dict(MIXTURE["mixture-n2048"], squeeze="by_length", tau=0.95)
+# one stored token per centre until the memory is full, at a width below the centres' spacing
+# (the signal at the centres is then the stored states), by length after that
+MIXTURE["mixture-fill"] = dict(
+    MIXTURE["mixture"],
+    num_basis=2048,
+    num_samples=2048,
+    widths=(0.0003,),
+    squeeze="fill",
+    tau=0.95,
+    edge_padding=False,
+)
 EXACT = ("exact", "exact-positions")  # the ceiling rows: the heads read exact stored states
 # their cost grows with the square of the stream: prompts longer than this are not run (–)
 EXACT_MAX_TOKENS = 8192
