@@ -26,6 +26,7 @@ Rows (every one reads the same token streams):
                   share of the signal, up to τ = 0.95)
     mixture-fill  as mixture with squeeze = fill: one token per centre (N = 2,048 at one width
                   0.0003, below the spacing) until the memory is full, then by length
+    mixture-fill-sink  as mixture-fill with sink edge 0: the memory's first tokens are read too
     exact         the ceiling of the heads read: as mixture, but the heads read the exact states
                   the memory was given, one place per token (a growing cache, not a memory of
                   fixed size: `_passkey_exact.py`); prompts over 8,192 tokens are not run
@@ -86,6 +87,8 @@ MIXTURE["mixture-fill"] = dict(
     tau=0.9,  # at this width τ ≥ 0.92 fails the update-gain check
     edge_padding=False,
 )
+# the first tokens read too: the pretrained heads park attention there (the attention sink)
+MIXTURE["mixture-fill-sink"] = dict(MIXTURE["mixture-fill"], sink_edge=0.0)
 EXACT = ("exact", "exact-positions")  # the ceiling rows: the heads read exact stored states
 # their cost grows with the square of the stream: prompts longer than this are not run (–)
 EXACT_MAX_TOKENS = 8192
@@ -119,9 +122,8 @@ class Row:
                 settings["sink_edge"] = args.heads_sink_edge
             if name in (*MIXTURE, *EXACT):
                 layers = None
-                settings.update(
-                    MIXTURE.get(name, MIXTURE["mixture"]), sink_edge=args.heads_sink_edge
-                )
+                settings.update({"sink_edge": args.heads_sink_edge,
+                                 **MIXTURE.get(name, MIXTURE["mixture"])})  # fmt: skip
             settings.update(overrides or {})
             config = PretrainedMemoryConfig(
                 base_model=args.base_model, memory_layers=layers, freeze_base=True, **settings
@@ -432,7 +434,7 @@ def main(argv: list[str] | None = None) -> None:
                 entry["settings"] = {**HEADS, "sharpness": args.heads_sharpness,
                                      "sink_edge": args.heads_sink_edge}  # fmt: skip
             if name in MIXTURE:
-                entry["settings"] = {**MIXTURE[name], "sink_edge": args.heads_sink_edge}
+                entry["settings"] = {"sink_edge": args.heads_sink_edge, **MIXTURE[name]}
             if args.max_prompt_tokens:
                 entry["max_prompt_tokens"] = args.max_prompt_tokens
             entry["seconds"] = time.perf_counter() - start
