@@ -106,7 +106,7 @@ class PreparedMemory:
     keys: torch.Tensor
     # "normalized" only: the second moment of the centred scores, K̃ᵀK̃ / (N d)  [batch, H, d, d]
     gram: torch.Tensor | None = None
-    # squeeze="fill" only: the centres that hold the stream, c_n ≤ f  bool [batch, N]
+    # squeeze="fill" only: the centres that hold the stream, c_n ≤ e  bool [batch, N]
     readable: torch.Tensor | None = None
 
     def repeat_interleave(self, repeats: int) -> PreparedMemory:
@@ -191,7 +191,7 @@ class LongTermAttention(nn.Module):
                 signal = torch.matmul(psi, B32)  # x̄(c_n) = Bᵀ ψ(c_n)  [b, N, e]
                 K = self.key(signal).view(batch, -1, H, d).transpose(1, 2) / math.sqrt(d)
                 readable = None
-                if c.squeeze == "fill":  # the signal holds the stream on [0, f] only
+                if c.squeeze == "fill":  # the signal holds the stream on [0, e] only
                     K_c = self.basis.num_centers
                     e = stream_extent(state.stored, c.squeeze, K_c)
                     # at least one centre past the sink edge, so that a read is defined
@@ -289,14 +289,11 @@ class LongTermAttention(nn.Module):
             prepared = self.prepare(state, query.dtype)
         z, mu, sigma_sq, log_mass = self._read(query, prepared, with_mass=True)
         filled = ~state.empty.to(query.device)  # [batch]
-        if self.config.token_mass:  # each of the N·f places read stands for S / (N·f) tokens
-            c = self.config
-            S = state.stored.to(torch.float64)
-            K = self.basis.num_centers  # "fill": S ≤ K tokens on S of the K centres
-            f = (S / K).clamp(max=1.0) if c.squeeze == "fill" else torch.ones_like(S)
-            per_place = S / (c.num_basis * f.clamp(min=1e-30))
-            per_place = per_place.to(query.device)
-            log_mass = log_mass + per_place.clamp(min=1e-30).log().to(log_mass.dtype)[:, None, None]
+        if self.config.token_mass:  # each place read stands for S / (places read) tokens
+            r = prepared.readable  # "fill": the filled centres only
+            places = self.config.num_basis if r is None else r.sum(-1).to(torch.float64)
+            per_place = (state.stored.to(torch.float64) / places).clamp(min=1e-30)
+            log_mass = log_mass + per_place.log().to(log_mass)[:, None, None]
         log_mass = log_mass.masked_fill(~filled[:, None, None], -math.inf)
         z = z * filled[:, None, None, None].to(z.dtype)
         kl = self._kl(sigma_sq, filled.to(query.dtype))

@@ -29,9 +29,9 @@ CONTENT_DENSITIES = ("content", "mixture")
 MEMORY_READS = ("added", "heads")
 # how much of [0, 1] the unbounded update leaves the old signal: τ itself (the paper's), or
 # τ_t = min(τ, S / (S + L)) for S tokens stored and L new ones, so that every stored token keeps
-# the same share until the memory holds L·τ/(1 − τ) tokens, and τ from then on; "fill" as
-# "by_length", but the signal covers only [0, f], f = min(1, S / K) for K distinct centres
-# (one token per centre until the memory is full), and the reads skip the centres beyond f
+# the same share until the memory holds L·τ/(1 − τ) tokens, and τ from then on; "fill" puts
+# token s on the centre s/(K − 1) (K distinct centres) until the memory holds K tokens, the
+# reads skip the centres not yet filled, and from then on it squeezes as "by_length"
 SQUEEZES = ("fixed", "by_length", "fill")
 # the squeezes under which every place of the signal stands for the same number of tokens
 EVEN_SQUEEZES = ("by_length", "fill")
@@ -109,7 +109,8 @@ class LongTermConfig:
     widths: tuple[float, ...] = (0.01, 0.05)
     ridge_lambda: float = 1.0  # λ
     tau: float = 0.75  # τ: the old signal is squeezed into [0, τ]
-    # "fixed": τ every update (paper §3.3); "by_length": min(τ, S / (S + L)) (SQUEEZES)
+    # "fixed": τ every update (paper §3.3); "by_length": min(τ, S / (S + L)); "fill": one
+    # token per centre until full, then "by_length" (SQUEEZES)
     squeeze: str = "fixed"
     num_samples: int = 512  # M: points at which the old signal is resampled
     edge_padding: bool = True
@@ -133,9 +134,9 @@ class LongTermConfig:
     # need (the attention sink); a window recomputed before each segment has its own.
     sink_edge: float = 0.0
     # the heads read (`read_heads`): the memory's attention mass counts the tokens each basis
-    # function stands for, log Z_M + log(S / N) for S stored tokens, so that a memory of 256
-    # tokens over 2,048 places does not weigh as 2,048 tokens against the window; needs
-    # squeeze="by_length", under which every place stands for the same number of tokens
+    # function stands for, log Z_M + log(S / places read) for S stored tokens, so that a memory
+    # of 256 tokens over 2,048 places does not weigh as 2,048 tokens against the window; needs
+    # squeeze="by_length" or "fill", under which every place stands for as many tokens
     token_mass: bool = False
     # σ of every density at initialisation (the bias of w_σ); None: PyTorch's default
     # initialisation of the head, the paper's (σ ≈ 0.83)
@@ -182,8 +183,9 @@ class LongTermConfig:
             )
         if self.squeeze == "fill" and (self.sticky or self.density not in CONTENT_DENSITIES):
             raise ValueError(
-                "squeeze='fill' keeps the stream in order over [0, f] and its reads skip the "
-                "centres beyond f: it needs sticky=false (sticky memories resample by attention) "
+                "squeeze='fill' keeps the stream in order on its centres and its reads skip the "
+                "centres not yet filled: it needs sticky=false (sticky memories resample by "
+                "attention) "
                 "and a content density ('mixture' or 'content'), got "
                 f"sticky={self.sticky}, density={self.density!r}"
             )

@@ -51,7 +51,6 @@ from .long_term_config import (  # noqa: F401  (re-exported: the settings' old h
 from .long_term_state import (  # noqa: F401  (re-exported)
     UNKNOWN_STORED,
     LongTermState,
-    stream_extent,
 )
 from .precision import allowed_dtypes, wide_dtype  # noqa: F401  (re-exported)
 from .ridge import (
@@ -186,11 +185,6 @@ class LongTermMemory(nn.Module):
 
         return self.ridge.design_with_gap(("fill", S, L), positions, S, K - S, device, dtype)
 
-    def extent(self, stored: torch.Tensor) -> torch.Tensor:
-        """e: the signal holds the stream on [0, e], float64 [batch]: 1, or under squeeze="fill"
-        (S − 1)/(K − 1) while S ≤ K tokens (one per centre), then 1."""
-        return stream_extent(stored, self.config.squeeze, self.basis.num_centers)
-
     def squeeze_ratios(self, stored: torch.Tensor, length: int) -> torch.Tensor:
         """τ_t of each row's next update, float64 [batch]: τ (squeeze="fixed", paper §3.3), or
         min(τ, S / (S + L)) for S = `stored` tokens and L = `length` new ones
@@ -211,7 +205,7 @@ class LongTermMemory(nn.Module):
         stored, empty = state.stored.cpu(), state.empty.cpu()
         tau_t = self.squeeze_ratios(stored, length)  # [batch]
         K = self.basis.num_centers
-        fits = (stored <= K) if self.config.squeeze == "fill" else stored < 0
+        fits = stored <= K if self.config.squeeze == "fill" else torch.zeros_like(empty)
         # a row's case: (1, S) while a "fill" memory is not full, else (0, τ_t) [batch, 2]
         cases = torch.stack([fits.double(), torch.where(fits, stored.double(), tau_t)], -1)
         # empty rows get a first fit instead: they take a design that is made anyway

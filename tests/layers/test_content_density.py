@@ -267,3 +267,15 @@ def test_fill_reads_only_the_centres_that_hold_the_stream():
     s = s.masked_fill(beyond[:, None, None, :], -math.inf)
     torch.testing.assert_close(read.z.double(), torch.softmax(s, -1) @ V, rtol=1e-4, atol=1e-5)
     assert float(read.mu[0].max()) <= 3 / 15 + 1e-6
+
+
+def test_token_mass_under_fill_counts_the_places_read():
+    """fill: a row of S = 4 tokens reads 4 centres × 2 widths = 8 places (log(4 / 8) added), a
+    full row of 64 tokens all 32 (log(64 / 32))."""
+    cfg, att, state, q = _setup(density="mixture", squeeze="fill", num_samples=16)
+    counted = LongTermAttention(replace(cfg, token_mass=True), None)
+    counted.load_state_dict(att.state_dict())
+    state = replace(state, stored=torch.tensor([4, 64]))
+    shift = (counted.read_heads(q, state).log_mass - att.read_heads(q, state).log_mass).double()
+    for row, want in ((0, math.log(4 / 8)), (1, math.log(64 / 32))):
+        torch.testing.assert_close(shift[row], torch.full_like(shift[row], want), atol=1e-6, rtol=0)

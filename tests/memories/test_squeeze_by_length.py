@@ -6,6 +6,7 @@ import torch
 
 from inftyformer import LongTermConfig, LongTermMemory, LongTermState
 from inftyformer.long_term_memory import UNKNOWN_STORED
+from inftyformer.long_term_state import stream_extent
 
 
 def config(**overrides) -> LongTermConfig:
@@ -112,12 +113,12 @@ def test_fill_places_one_token_per_centre_until_the_memory_is_full():
         config(squeeze="fill", edge_padding=False, widths=(0.02,), num_samples=128)
     )
     state = fitted(memory, x[:, :64], 32)
-    assert memory.extent(state.stored).tolist() == [63 / 127]
+    assert stream_extent(state.stored, "fill", 128).tolist() == [63 / 127]
     t = torch.arange(64, dtype=torch.float32) / 127
     error = ((memory.signal(state, t) - x[:, :64]).norm() / x[:, :64].norm()).item()
     assert error < 0.05
     full = fitted(memory, x, 32)
-    assert memory.extent(full.stored).tolist() == [1.0]
+    assert stream_extent(full.stored, "fill", 128).tolist() == [1.0]
     by_length = LongTermMemory(config(edge_padding=False, widths=(0.02,)))
     t = (torch.arange(192, dtype=torch.float32) + 0.5) / 192
     for m, s in ((memory, full), (by_length, fitted(by_length, x, 32))):

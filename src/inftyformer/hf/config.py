@@ -56,7 +56,7 @@ class InftyformerConfig(PretrainedConfig):
     widths: tuple[float, ...] | list[float] = _LT.widths
     ridge_lambda: float = _LT.ridge_lambda
     tau: float = _LT.tau
-    squeeze: str = _LT.squeeze  # "fixed" (paper) or "by_length" (long_term_config.SQUEEZES)
+    squeeze: str = _LT.squeeze  # "fixed" (paper), "by_length" or "fill" (SQUEEZES)
     num_samples: int = _LT.num_samples
     edge_padding: bool = _LT.edge_padding
     conv_gate: bool = _LT.conv_gate
