@@ -29,9 +29,10 @@ CONTENT_DENSITIES = ("content", "mixture")
 MEMORY_READS = ("added", "heads")
 # how much of [0, 1] the unbounded update leaves the old signal: τ itself (the paper's), or
 # τ_t = min(τ, S / (S + L)) for S tokens stored and L new ones, so that every stored token keeps
-# the same share until the memory holds L·τ/(1 − τ) tokens, and τ from then on; "fill" puts
-# token s on the centre s/(K − 1) (K distinct centres) until the memory holds K tokens, the
-# reads skip the centres not yet filled, and from then on it squeezes as "by_length"
+# the same share until the memory holds L·τ/(1 − τ) tokens, and τ from then on; "fill" keeps
+# the stream on the K distinct centres, j/(K − 1): one token per centre until the memory holds K
+# tokens (the reads skip the centres not yet filled), then neighbouring places merged so that
+# each stands for an equal run of S / K tokens (`long_term_memory.pool_by_length`; τ unused)
 SQUEEZES = ("fixed", "by_length", "fill")
 # the squeezes under which every place of the signal stands for the same number of tokens
 EVEN_SQUEEZES = ("by_length", "fill")
@@ -110,7 +111,7 @@ class LongTermConfig:
     ridge_lambda: float = 1.0  # λ
     tau: float = 0.75  # τ: the old signal is squeezed into [0, τ]
     # "fixed": τ every update (paper §3.3); "by_length": min(τ, S / (S + L)); "fill": one
-    # token per centre until full, then "by_length" (SQUEEZES)
+    # token per centre until full, then equal runs of tokens merged per centre (SQUEEZES)
     squeeze: str = "fixed"
     num_samples: int = 512  # M: points at which the old signal is resampled
     edge_padding: bool = True
@@ -195,7 +196,8 @@ class LongTermConfig:
             check_bool(name, getattr(self, name))
         if self.segment_len is not None:
             check_positive_int("segment_len", self.segment_len)
-            check_update_gain(self, (self.segment_len,))  # other L when first used
+            if self.squeeze != "fill":  # "fill" never resamples between the centres
+                check_update_gain(self, (self.segment_len,))  # other L when first used
 
     @property
     def head_dim(self) -> int:

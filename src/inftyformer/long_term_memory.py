@@ -9,6 +9,9 @@ matrices G).
     unbounded update (each segment) x̃ = B_pastᵀ ψ(u),  u = sample positions
                                     B = G_infᵀ [x̃ at τ·i/M ; X at (τ, 1)]
                                     τ fixed, or min(τ, S / (S + L)) (squeeze="by_length")
+    squeeze="fill"                  V = the K places read at their centres and the new tokens,
+                                    merged into equal runs of the stream (`pool_by_length`)
+                                    B = G_Kᵀ V, token runs on the centres j/(K − 1)
     sticky memories                 u drawn from the histogram of past attention, and B
                                     scaled so that it holds no more than its data
     smoothing (the CNN gate)        X ← X ⊙ sigmoid(Conv1d(X))
@@ -62,6 +65,53 @@ from .ridge import (
     limit_to_data,
     supremum_grid,
 )
+
+
+def pool_by_length(
+    old: torch.Tensor, stored: torch.Tensor, new: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The places of a squeeze="fill" memory after L new tokens, each the mean of an equal run of
+    the stream.
+
+    old     [batch, K, e]   the K places before: the first P = min(S, K) hold the stream of
+                            S = `stored` tokens [batch] (S / P tokens each, in order), the rest
+                            nothing
+    new     [batch, L, e]   the new tokens, one each
+    →       [batch, K, e]   place k holds the mean of the stream over [k r, (k + 1) r) on the
+                            token axis, r = max((S + L) / K, 1): one token per place until the
+                            memory is full, then neighbouring places merged so that every place
+                            stands for (S + L) / K tokens; the places past S + L are zero
+            [batch]         P' = min(S + L, K): the places that hold the stream
+
+    The stream is piecewise constant over its units (old places of width S / P, new tokens of
+    width 1); the mean over [a, b) is (C(b) − C(a)) / r with C its running integral, computed
+    in float64 (C grows with the stream).
+    """
+    batch, K, _ = old.shape
+    L = new.shape[1]
+    S = stored.to(device=old.device, dtype=torch.float64)  # [batch]
+    P = S.clamp(max=K)
+    j = torch.arange(K, device=old.device, dtype=torch.float64)
+    # the width of each unit on the token axis: S / P per filled old place, 1 per new token
+    width = torch.cat(
+        [
+            torch.where(j < P[:, None], S[:, None] / P.clamp(min=1)[:, None], 0.0),
+            torch.ones(batch, L, device=old.device, dtype=torch.float64),
+        ],
+        -1,
+    )  # [batch, K + L]
+    units = torch.cat([old, new], 1).to(torch.float64)  # [batch, K + L, e]
+    left = torch.cumsum(width, -1) - width  # the units' left edges [batch, K + L]
+    C = torch.cumsum(width[..., None] * units, 1) - width[..., None] * units  # C at left edges
+    T = S + L
+    r = (T / K).clamp(min=1)[:, None]  # tokens per place [batch, 1]
+    a = torch.minimum(torch.arange(K + 1, device=old.device, dtype=torch.float64) * r, T[:, None])
+    # C(a) = C(left_m) + x_m (a − left_m) for the unit m that holds a (the last with left_m ≤ a)
+    m = (torch.searchsorted(left, a, right=True) - 1).clamp(0, K + L - 1)  # [batch, K + 1]
+    gather = lambda v: torch.gather(v, 1, m[..., None].expand(-1, -1, v.shape[-1]))  # noqa: E731
+    C_a = gather(C) + gather(units) * (a - torch.gather(left, 1, m))[..., None]
+    places = (C_a[:, 1:] - C_a[:, :-1]) / r[..., None]  # [batch, K, e]
+    return places.to(old.dtype), T.clamp(max=K).to(torch.int64)
 
 
 @dataclass
@@ -160,36 +210,17 @@ class LongTermMemory(nn.Module):
         key = ("infinite", c.num_samples, c.tau, length)
         return self.ridge.design(key, positions, device, dtype)
 
-    def first_design(self, length: int, device, dtype) -> torch.Tensor:
-        """G_L [L, N] of a first fit: the segment at (i + ½)/L, or under squeeze="fill" (when
-        it fits) token i at the centre i/(K − 1)."""
-        K = self.basis.num_centers
-        if self.config.squeeze != "fill" or length > K:
-            return self.ridge.segment(length, device, dtype)
-        positions = lambda: torch.arange(length, dtype=torch.float64) / (K - 1)  # noqa: E731
-        return self.ridge.design(("fill-first", length), positions, device, dtype)
-
-    def _fill_design(self, stored: int, length: int, device, dtype) -> torch.Tensor:
-        """G [K + L, N] of a "fill" update of a memory of S ≤ K tokens, read at its K centres
-        (the samples past S do not count: zero rows). While S + L ≤ K the S tokens stay on
-        their centres, j/(K − 1), and the new ones go on the next, (S + i)/(K − 1); the update
-        that overflows squeezes the S tokens into [0, τ_t] and spreads the new over (τ_t, 1]."""
-        K, S, L = self.basis.num_centers, stored, length
-
-        def positions() -> torch.Tensor:
-            j, i = torch.arange(S, dtype=torch.float64), torch.arange(L, dtype=torch.float64)
-            if S + L <= K:
-                return torch.cat([j, S + i]) / (K - 1)
-            r = min(self.config.tau, S / (S + L))
-            return torch.cat([r * j / max(S - 1, 1), r + (1 - r) * (i + 0.5) / L])
-
-        return self.ridge.design_with_gap(("fill", S, L), positions, S, K - S, device, dtype)
+    def fill_design(self, places: int, device, dtype) -> torch.Tensor:
+        """G [K, N] of a squeeze="fill" fit: the first P = `places` values on the centres
+        j/(K − 1), j < P; zero rows for the K − P centres not yet filled (they do not count)."""
+        K, P = self.basis.num_centers, places
+        positions = lambda: torch.arange(P, dtype=torch.float64) / (K - 1)  # noqa: E731
+        return self.ridge.design_with_gap(("fill", P), positions, P, K - P, device, dtype)
 
     def squeeze_ratios(self, stored: torch.Tensor, length: int) -> torch.Tensor:
         """τ_t of each row's next update, float64 [batch]: τ (squeeze="fixed", paper §3.3), or
         min(τ, S / (S + L)) for S = `stored` tokens and L = `length` new ones
-        (squeeze="by_length" and "fill" once full: every token keeps an equal share of [0, 1]
-        until τ caps it)."""
+        (squeeze="by_length": every token keeps an equal share of [0, 1] until τ caps it)."""
         c = self.config
         if c.squeeze == "fixed":
             return torch.full(stored.shape, c.tau, dtype=torch.float64, device=stored.device)
@@ -198,28 +229,27 @@ class LongTermMemory(nn.Module):
 
     def infinite_designs(self, state: LongTermState, length: int, device, dtype) -> torch.Tensor:
         """G_inf of the update: [M + L, N] when every row updates alike, else one per row
-        [batch, M + L, N] (`squeeze_ratios`; "fill" while the memory is not full: the next
-        centres; a matrix per distinct case, cached)."""
+        [batch, M + L, N] (`squeeze_ratios`: a matrix per distinct τ_t, cached)."""
         if self.config.squeeze == "fixed":
             return self.infinite_design(length, device, dtype)
         stored, empty = state.stored.cpu(), state.empty.cpu()
         tau_t = self.squeeze_ratios(stored, length)  # [batch]
-        K = self.basis.num_centers
-        fits = stored <= K if self.config.squeeze == "fill" else torch.zeros_like(empty)
-        # a row's case: (1, S) while a "fill" memory is not full, else (0, τ_t) [batch, 2]
-        cases = torch.stack([fits.double(), torch.where(fits, stored.double(), tau_t)], -1)
         # empty rows get a first fit instead: they take a design that is made anyway
-        cases = torch.where(empty[:, None], cases[~empty][0], cases)
-        unique, row_case = torch.unique(cases, dim=0, return_inverse=True)
-        designs = [
-            self._fill_design(int(v), length, device, dtype)
-            if fill
-            else self.infinite_design(length, device, dtype, float(v))
-            for fill, v in unique.tolist()
-        ]
+        tau_t = torch.where(empty, tau_t[~empty][0], tau_t)
+        unique, row_case = torch.unique(tau_t, return_inverse=True)
+        designs = [self.infinite_design(length, device, dtype, v) for v in unique.tolist()]
         if len(designs) == 1:
             return designs[0]
         return torch.stack(designs)[row_case.to(device)]  # [batch, M + L, N]
+
+    def fill_designs(self, places: torch.Tensor, device, dtype) -> torch.Tensor:
+        """`fill_design` of each row's number of places [batch]: [K, N] when every row has as
+        many, else [batch, K, N]."""
+        unique, row_case = torch.unique(places.cpu(), return_inverse=True)
+        designs = [self.fill_design(int(p), device, dtype) for p in unique.tolist()]
+        if len(designs) == 1:
+            return designs[0]
+        return torch.stack(designs)[row_case.to(device)]  # [batch, K, N]
 
     # ---------------------------------------------------------------- sticky memories
     def grid_basis(self, device, dtype) -> torch.Tensor:
@@ -386,15 +416,20 @@ class LongTermMemory(nn.Module):
         empty = state.empty.to(x.device)
         B_past = state.coefficients.detach()  # no backprop through time
         B_new, u = None, None
-        if bool(empty.any()):
+        if c.squeeze == "fill":
+            # the old places, read at the K centres, and the new tokens merged so that every
+            # place stands for as many tokens (`pool_by_length`), then fitted on the centres
+            u = self.basis.center_grid.to(x)  # [K]
+            x_old = _evaluate_signal(B_past, self.basis, u)  # [batch, K, e]
+            stored = torch.where(empty, 0, state.stored)
+            V, places = pool_by_length(x_old, stored, x)  # [batch, K, e], [batch]
+            # B = Gᵀ V  [batch, N, e]
+            B_new = _fit_coefficients(V, self.fill_designs(places, x.device, x.dtype))
+        elif bool(empty.any()):
             # first fit: B = G_Lᵀ X                                        [batch, N, e]
-            G_L = self.first_design(length, x.device, x.dtype)  # [L, N]
-            B_new = _fit_coefficients(x, G_L)
-        if not bool(empty.all()):
+            B_new = _fit_coefficients(x, self.ridge.segment(length, x.device, x.dtype))
+        if c.squeeze != "fill" and not bool(empty.all()):
             u = self._sample_positions(state, generator)  # [M] or [batch, M]
-            if c.squeeze == "fill":  # not full: read the old signal at its K = M centres
-                centres = self.basis.center_grid.to(u)  # [K]
-                u = torch.where((state.stored <= len(centres))[:, None], centres, u)
             # x̃ = B_pastᵀ ψ(u)  [batch, M, e]
             x_old = _evaluate_signal(B_past, self.basis, u)
             G_inf = self.infinite_designs(state, length, x.device, x.dtype)  # [(batch,) M+L, N]

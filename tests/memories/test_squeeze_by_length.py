@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from inftyformer import LongTermConfig, LongTermMemory, LongTermState
-from inftyformer.long_term_memory import UNKNOWN_STORED
+from inftyformer.long_term_memory import UNKNOWN_STORED, pool_by_length
 from inftyformer.long_term_state import stream_extent
 
 
@@ -139,6 +139,64 @@ def test_fill_at_narrow_widths_keeps_every_token_exactly():
     state = fitted(memory, x, 32)
     at_centres = memory.signal(state, memory.basis.centers[:96])
     torch.testing.assert_close(at_centres, x, rtol=1e-3, atol=1e-3)
+
+
+def test_pool_by_length_by_hand():
+    """K = 4 places full with S = 4 tokens (one each), L = 2 new: r = 6 / 4 = 1.5 tokens per
+    place, place k the mean of the units over [1.5 k, 1.5 k + 1.5)."""
+    old = torch.tensor([[[0.0], [2.0], [4.0], [6.0]]])
+    new = torch.tensor([[[8.0], [10.0]]])
+    places, filled = pool_by_length(old, torch.tensor([4]), new)
+    stream = [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    expected = [
+        (stream[0] + 0.5 * stream[1]) / 1.5,
+        (0.5 * stream[1] + stream[2]) / 1.5,
+        (stream[3] + 0.5 * stream[4]) / 1.5,
+        (0.5 * stream[4] + stream[5]) / 1.5,
+    ]
+    assert places[0, :, 0].tolist() == pytest.approx(expected)
+    assert filled.tolist() == [4]
+    # S = 4 places of 2 tokens each (8 tokens), L = 4 new: r = 3, old places weigh twice
+    new = torch.tensor([[[8.0], [9.0], [10.0], [11.0]]])
+    places, _ = pool_by_length(old, torch.tensor([8]), new)
+    assert places[0, :, 0].tolist() == pytest.approx(
+        [(0 * 2 + 2 * 1) / 3, (2 * 1 + 4 * 2) / 3, (6 * 2 + 8) / 3, (9 + 10 + 11) / 3]
+    )
+
+
+def test_pool_by_length_fills_then_keeps_one_place_per_equal_run():
+    """Not full: the new tokens go on the next places, one each, the rest stay zero. Rows of
+    different lengths pool on their own; the new tokens get gradients."""
+    old = torch.zeros(2, 6, 1)
+    old[0, :2, 0] = torch.tensor([1.0, 2.0])
+    old[1, :, 0] = torch.arange(6.0)
+    new = torch.tensor([[[3.0], [4.0]], [[6.0], [7.0]]], requires_grad=True)
+    places, filled = pool_by_length(old, torch.tensor([2, 6]), new)
+    assert places[0, :, 0].tolist() == [1.0, 2.0, 3.0, 4.0, 0.0, 0.0]
+    assert places[1, :, 0].tolist() == pytest.approx([(k * 8 / 6 + (k + 1) * 8 / 6 - 1) / 2
+                                                      for k in range(6)], abs=0.2)  # fmt: skip
+    assert filled.tolist() == [4, 6]
+    places.sum().backward()
+    assert new.grad.abs().min() > 0
+
+
+def test_fill_past_full_keeps_the_stream_in_order_on_the_centres():
+    """A ramp (token s holds s) streamed into K = 64 places by segments of 40, 600 tokens: every
+    place holds the mean of its run, (k + ½) · 600 / 64 − ½, within a quarter of a place (each
+    merge takes the older places as constant over their runs)."""
+    K, T = 64, 600
+    memory = LongTermMemory(
+        config(
+            num_basis=K, widths=(0.004,), ridge_lambda=1e-6, num_samples=K, squeeze="fill",
+            edge_padding=False,
+        )
+    )  # fmt: skip
+    x = torch.arange(T, dtype=torch.float32)[None, :, None].expand(2, T, 4).contiguous()
+    state = fitted(memory, x, 40)
+    at_centres = memory.signal(state, memory.basis.centers)[..., 0]  # [2, K]
+    expected = (torch.arange(K) + 0.5) * T / K - 0.5
+    assert (at_centres - expected).abs().max() < 0.25 * T / K
+    assert state.stored.tolist() == [T, T]
 
 
 def test_fill_needs_a_content_density_and_no_sticky_memories():
