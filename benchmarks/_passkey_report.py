@@ -30,7 +30,7 @@ ROWS = {
     "mixture-length": "(xiv) (xii) with N = 2,048, widths (0.00125, 0.0025), squeeze = "
     "by_length (every stored token an equal share, τ ≤ 0.95)",
     "mixture-fill": "(xv) (xii) with squeeze = fill: one token per centre until 2,048 are "
-    "stored (N = 2,048, width 0.0003), then by length",
+    "stored (N = 2,048, width 0.0003), then equal runs of tokens merged per centre",
     "mixture-fill-sink": "(xvi) (xv) reading the memory's first tokens too (sink edge 0)",
     "exact": "ceiling: the heads read the exact stored states (a growing cache, not a memory)",
     "exact-positions": "ceiling, each stored state at its own position (rotary)",

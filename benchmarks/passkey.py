@@ -25,7 +25,8 @@ Rows (every one reads the same token streams):
     mixture-length as mixture-n2048 with squeeze = by_length (every stored token an equal
                   share of the signal, up to τ = 0.95)
     mixture-fill  as mixture with squeeze = fill: one token per centre (N = 2,048 at one width
-                  0.0003, below the spacing) until the memory is full, then by length
+                  0.0003, below the spacing) until the memory is full, then equal runs of
+                  tokens merged per centre
     mixture-fill-sink  as mixture-fill with sink edge 0: the memory's first tokens are read too
     exact         the ceiling of the heads read: as mixture, but the heads read the exact states
                   the memory was given, one place per token (a growing cache, not a memory of
@@ -77,14 +78,13 @@ MIXTURE["mixture-n2048"] = dict(
 # row (xiii) with every stored token an equal share of the signal (until τ = 0.95 caps it)
 MIXTURE["mixture-length"] = dict(MIXTURE["mixture-n2048"], squeeze="by_length", tau=0.95)
 # one stored token per centre until the memory is full, at a width below the centres' spacing
-# (the signal at the centres is then the stored states), by length after that
+# (the signal at the centres is then the stored states), equal runs of tokens merged after that
 MIXTURE["mixture-fill"] = dict(
     MIXTURE["mixture"],
     num_basis=2048,
     num_samples=2048,
     widths=(0.0003,),
     squeeze="fill",
-    tau=0.9,  # at this width τ ≥ 0.92 fails the update-gain check
     edge_padding=False,
 )
 # the first tokens read too: the pretrained heads park attention there (the attention sink)
