@@ -86,6 +86,7 @@ CHANGEABLE_SETTINGS = (
     "sharpness",
     "sink_edge",
     "token_mass",
+    "keep_first",
     "kl_weight",
 )
 # what the model around the memory decides, never a user's setting (None in a config nested in
@@ -139,6 +140,9 @@ class LongTermConfig:
     # of 256 tokens over 2,048 places does not weigh as 2,048 tokens against the window; needs
     # squeeze="by_length" or "fill", under which every place stands for as many tokens
     token_mass: bool = False
+    # squeeze="fill": the stream's first tokens keep a place each and are never merged (where a
+    # pretrained model parks attention it does not need: its attention sink)
+    keep_first: int = 0
     # σ of every density at initialisation (the bias of w_σ); None: PyTorch's default
     # initialisation of the head, the paper's (σ ≈ 0.83)
     sigma_init: float | None = None
@@ -175,6 +179,17 @@ class LongTermConfig:
                 "token_mass counts the tokens each basis function stands for: it needs "
                 "squeeze='by_length' or 'fill' and a content density ('mixture' or 'content'), "
                 f"got squeeze={self.squeeze!r}, density={self.density!r}"
+            )
+        if not isinstance(self.keep_first, int) or isinstance(self.keep_first, bool):
+            raise TypeError(f"keep_first must be an int, got {type(self.keep_first).__name__}")
+        if self.keep_first and (
+            self.squeeze != "fill" or not 0 < self.keep_first < self.num_samples
+        ):
+            raise ValueError(
+                "keep_first keeps the first tokens of a squeeze='fill' memory on their own "
+                f"centres: it needs squeeze='fill' and 0 <= keep_first < num_samples, got "
+                f"squeeze={self.squeeze!r}, keep_first={self.keep_first}, "
+                f"num_samples={self.num_samples}"
             )
         if self.squeeze == "fill" and self.num_samples != self.num_basis // len(self.widths):
             raise ValueError(

@@ -68,7 +68,7 @@ from .ridge import (
 
 
 def pool_by_length(
-    old: torch.Tensor, stored: torch.Tensor, new: torch.Tensor
+    old: torch.Tensor, stored: torch.Tensor, new: torch.Tensor, keep: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The places of a squeeze="fill" memory after L new tokens, each the mean of an equal run of
     the stream.
@@ -83,10 +83,21 @@ def pool_by_length(
                             stands for (S + L) / K tokens; the places past S + L are zero
             [batch]         P' = min(S + L, K): the places that hold the stream
 
+    `keep`: the first places keep the stream's first tokens, one each, and are never merged
+    (a pretrained model's attention sink); the rest of the stream shares the other K − keep.
+
     The stream is piecewise constant over its units (old places of width S / P, new tokens of
     width 1); the mean over [a, b) is (C(b) − C(a)) / r with C its running integral, computed
     in float64 (C grows with the stream).
     """
+    if keep:
+        # rows that hold the first `keep` tokens already pool the rest on the other places;
+        # rows that do not are still filling, one token per place (nothing merged)
+        rest, rest_filled = pool_by_length(old[:, keep:], (stored - keep).clamp(min=0), new)
+        whole, filled = pool_by_length(old, stored, new)
+        kept = (stored >= keep).to(old.device)
+        places = torch.where(kept[:, None, None], torch.cat([old[:, :keep], rest], 1), whole)
+        return places, torch.where(kept, rest_filled + keep, filled)
     batch, K, _ = old.shape
     L = new.shape[1]
     S = stored.to(device=old.device, dtype=torch.float64)  # [batch]
@@ -422,7 +433,7 @@ class LongTermMemory(nn.Module):
             u = self.basis.center_grid.to(x)  # [K]
             x_old = _evaluate_signal(B_past, self.basis, u)  # [batch, K, e]
             stored = torch.where(empty, 0, state.stored)
-            V, places = pool_by_length(x_old, stored, x)  # [batch, K, e], [batch]
+            V, places = pool_by_length(x_old, stored, x, c.keep_first)  # [b, K, e], [b]
             # B = Gᵀ V  [batch, N, e]
             B_new = _fit_coefficients(V, self.fill_designs(places, x.device, x.dtype))
         elif bool(empty.any()):

@@ -276,3 +276,24 @@ def test_the_pretrained_memory_squeezes_by_length_and_keeps_it_on_save(tmp_path,
     # the layers share their design matrices (one per τ, not one per layer and τ)
     assert len({id(layer.memory.ridge._cache) for layer in by_length.long_term}) == 1
     assert torch.allclose(loaded(ids, state=state).logits, by_length(ids, state=state).logits)
+
+
+@torch.no_grad()
+def test_the_pretrained_fill_memory_keeps_its_first_tokens_and_the_setting_on_save(tmp_path, arch):
+    """keep_first reaches every memory layer: past K = 8 stored tokens the first ones stay on
+    their centres (another signal than without), and save/load keeps the setting."""
+    from inftyformer.hf import InftyformerForCausalLM
+
+    ids = torch.randint(1, V, (2, 48), generator=torch.Generator().manual_seed(3))
+    settings = dict(density="mixture", squeeze="fill", num_basis=8, num_samples=8, widths=(0.01,))
+    merged = heads_model(arch, **settings)
+    kept = heads_model(arch, keep_first=2, **settings)
+    state = kept(ids).state
+    assert {layer.memory.config.keep_first for layer in kept.long_term} == {2}
+    assert state.layers[0].long_term.stored.tolist() == [32, 32]  # 4 segments, past K = 8
+    B_merged = merged(ids).state.layers[0].long_term.coefficients
+    assert not torch.allclose(state.layers[0].long_term.coefficients, B_merged, atol=1e-3)
+    kept.save_pretrained(tmp_path)
+    loaded = InftyformerForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.keep_first == 2
+    assert torch.allclose(loaded(ids, state=state).logits, kept(ids, state=state).logits)

@@ -199,6 +199,48 @@ def test_fill_past_full_keeps_the_stream_in_order_on_the_centres():
     assert state.stored.tolist() == [T, T]
 
 
+def test_keep_first_never_merges_the_first_tokens():
+    """keep = 2 of K = 5 places: the stream's first two tokens stay on places 0 and 1 whatever
+    follows; the other places share the rest by equal runs. A row still filling (S = 1) places
+    one token per centre."""
+    old = torch.tensor([[[0.0], [1.0], [2.0], [3.0], [4.0]], [[7.0], [0.0], [0.0], [0.0], [0.0]]])
+    new = torch.tensor([[[5.0], [6.0], [7.0]], [[8.0], [9.0], [10.0]]])
+    places, filled = pool_by_length(old, torch.tensor([5, 1]), new, keep=2)
+    # row 0: tokens 2..7 (6 tokens) on 3 places, 2 each
+    assert places[0, :, 0].tolist() == pytest.approx([0.0, 1.0, 2.5, 4.5, 6.5])
+    assert places[1, :, 0].tolist() == [7.0, 8.0, 9.0, 10.0, 0.0]
+    assert filled.tolist() == [5, 4]
+
+
+def test_keep_first_over_many_merges():
+    """K = 32, keep 4, a ramp of 500 tokens by segments of 24: places 0–3 hold tokens 0–3, the
+    others the means of equal runs of tokens 4–499."""
+    K, T, keep = 32, 500, 4
+    memory = LongTermMemory(
+        config(
+            num_basis=K, widths=(0.004,), ridge_lambda=1e-6, num_samples=K, squeeze="fill",
+            edge_padding=False, keep_first=keep,
+        )
+    )  # fmt: skip
+    x = torch.arange(T, dtype=torch.float32)[None, :, None].expand(1, T, 4).contiguous()
+    at_centres = memory.signal(fitted(memory, x, 24), memory.basis.centers)[0, :, 0]
+    assert at_centres[:keep].tolist() == pytest.approx([0.0, 1.0, 2.0, 3.0], abs=1e-2)
+    r = (T - keep) / (K - keep)
+    expected = keep + (torch.arange(K - keep) + 0.5) * r - 0.5
+    # each merge takes the older places as constant over their runs, which pulls the oldest
+    # merged place toward later tokens by a fraction of a run (0.27 r here)
+    assert (at_centres[keep:] - expected).abs().max() < 0.35 * r
+
+
+def test_keep_first_needs_fill():
+    with pytest.raises(ValueError, match="keep_first"):
+        config(keep_first=4)
+    with pytest.raises(ValueError, match="keep_first"):
+        config(squeeze="fill", num_samples=128, keep_first=128)
+    with pytest.raises(TypeError, match="keep_first"):
+        config(squeeze="fill", num_samples=128, keep_first=1.5)
+
+
 def test_fill_needs_a_content_density_and_no_sticky_memories():
     with pytest.raises(ValueError, match="fill"):
         config(squeeze="fill", num_samples=128, sticky=True)

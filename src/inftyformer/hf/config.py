@@ -69,6 +69,7 @@ class InftyformerConfig(PretrainedConfig):
     sharpness: float = _LT.sharpness  # "content": β of the discrete attention over the centres
     sink_edge: float = _LT.sink_edge  # "content": centres before it are not read
     token_mass: bool = _LT.token_mass  # heads read: the memory's mass counts its tokens
+    keep_first: int = _LT.keep_first  # "fill": the first tokens never merged (attention sink)
     sigma_init: float | None = _LT.sigma_init  # σ at initialisation; None: the paper's (≈ 0.83)
     # the model's
     memory_read: str = "added"  # "added" (paper) or "heads" (head_read.py)
