@@ -32,6 +32,7 @@ ROWS = {
     "mixture-fill": "(xv) (xii) with squeeze = fill: one token per centre until 2,048 are "
     "stored (N = 2,048, width 0.0003), then equal runs of tokens merged per centre",
     "mixture-fill-sink": "(xvi) (xv) reading the memory's first tokens too (sink edge 0)",
+    "mixture-fill-keep": "(xvii) (xvi) with the first 64 tokens never merged (keep_first)",
     "exact": "ceiling: the heads read the exact stored states (a growing cache, not a memory)",
     "exact-positions": "ceiling, each stored state at its own position (rotary)",
 }

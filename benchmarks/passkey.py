@@ -28,6 +28,8 @@ Rows (every one reads the same token streams):
                   0.0003, below the spacing) until the memory is full, then equal runs of
                   tokens merged per centre
     mixture-fill-sink  as mixture-fill with sink edge 0: the memory's first tokens are read too
+    mixture-fill-keep  as mixture-fill-sink with keep_first = 64: the first 64 tokens keep
+                  their own centres when the memory merges the rest
     exact         the ceiling of the heads read: as mixture, but the heads read the exact states
                   the memory was given, one place per token (a growing cache, not a memory of
                   fixed size: `_passkey_exact.py`); prompts over 8,192 tokens are not run
@@ -89,6 +91,8 @@ MIXTURE["mixture-fill"] = dict(
 )
 # the first tokens read too: the pretrained heads park attention there (the attention sink)
 MIXTURE["mixture-fill-sink"] = dict(MIXTURE["mixture-fill"], sink_edge=0.0)
+# and the first 64 tokens never merged once the memory is full: the sink stays a sink
+MIXTURE["mixture-fill-keep"] = dict(MIXTURE["mixture-fill-sink"], keep_first=64)
 EXACT = ("exact", "exact-positions")  # the ceiling rows: the heads read exact stored states
 # their cost grows with the square of the stream: prompts longer than this are not run (–)
 EXACT_MAX_TOKENS = 8192
