@@ -33,6 +33,8 @@ ROWS = {
     "stored (N = 2,048, width 0.0003), then equal runs of tokens merged per centre",
     "mixture-fill-sink": "(xvi) (xv) reading the memory's first tokens too (sink edge 0)",
     "mixture-fill-keep": "(xvii) (xvi) with the first 64 tokens never merged (keep_first)",
+    "mixture-fill-positions": "(xviii) (xvii) with every place at its own stream position "
+    "(rotary; a benchmark patch, not a library setting)",
     "exact": "ceiling: the heads read the exact stored states (a growing cache, not a memory)",
     "exact-positions": "ceiling, each stored state at its own position (rotary)",
 }
