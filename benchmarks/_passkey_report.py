@@ -30,7 +30,8 @@ ROWS = {
     "mixture-length": "(xiv) (xii) with N = 2,048, widths (0.00125, 0.0025), squeeze = "
     "by_length (every stored token an equal share, τ ≤ 0.95)",
     "mixture-fill": "(xv) (xii) with squeeze = fill: one token per centre until 2,048 are "
-    "stored (N = 2,048, width 0.0003), then equal runs of tokens merged per centre",
+    "stored (N = 2,048, width 0.0003), then by length (measured before the merge past K "
+    "replaced that squeeze)",
     "mixture-fill-sink": "(xvi) (xv) reading the memory's first tokens too (sink edge 0)",
     "mixture-fill-keep": "(xvii) (xvi) with the first 64 tokens never merged (keep_first)",
     "mixture-fill-positions": "(xviii) (xvii) with every place at its own stream position "
