@@ -32,7 +32,8 @@ ROWS = {
     "mixture-fill": "(xv) (xii) with squeeze = fill: one token per centre until 2,048 are "
     "stored (N = 2,048, width 0.0003), then by length (measured before the merge past K "
     "replaced that squeeze)",
-    "mixture-fill-sink": "(xvi) (xv) reading the memory's first tokens too (sink edge 0)",
+    "mixture-fill-sink": "(xvi) (xv)'s settings, merged past K (equal runs of tokens per "
+    "centre), reading the memory's first tokens too (sink edge 0)",
     "mixture-fill-keep": "(xvii) (xvi) with the first 64 tokens never merged (keep_first)",
     "mixture-fill-positions": "(xviii) (xvii) with every place at its own stream position "
     "(rotary; a benchmark patch, not a library setting)",
