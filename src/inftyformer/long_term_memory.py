@@ -132,7 +132,8 @@ class LongTermUpdate:
     stored     [batch, L, e]        the vectors fitted (after the CNN gate), placed at
                                     (i + ½)/L by a first fit, else at τ + (1 − τ)(i + ½)/L
     samples    [M] or [batch, M]    where the old signal was read before it was squeezed to
-                                    τ·i/M, i = 1..M (None when every row got a first fit)
+                                    τ·i/M, i = 1..M (None when every row got a first fit;
+                                    squeeze="fill": the K centres its places were read at)
     first_fit  bool [batch]         rows whose memory was empty (first fit, nothing squeezed)
     """
 
