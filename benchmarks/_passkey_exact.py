@@ -35,8 +35,8 @@ def read_exact_states(model, positions: bool = False) -> None:
 
 
 def _rotate(x: torch.Tensor, rotary, positions: torch.Tensor) -> torch.Tensor:
-    """x [b, H, T, d] rotated by rotary positions [T] (x cos + rotate_half(x) sin)."""
-    cos, sin = rotary(x, positions[None])  # [1, T, d]
+    """x [b, H, T, d] rotated by rotary positions [T] or [b, T] (x cos + rotate_half(x) sin)."""
+    cos, sin = rotary(x, positions.reshape(-1, positions.shape[-1]))  # [1 or b, T, d]
     return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+from _passkey_exact import _rotate
 from torch import nn
-from transformers.models.llama.modeling_llama import rotate_half
 
 
 def place_positions(stored: torch.Tensor, num_places: int, keep: int) -> torch.Tensor:
@@ -32,12 +32,6 @@ def place_positions(stored: torch.Tensor, num_places: int, keep: int) -> torch.T
     r = (S - keep) / (num_places - keep)
     merged = keep + (k - keep + 0.5) * r - 0.5
     return torch.where((S <= num_places) | (k < keep), k, merged)
-
-
-def _rotate(x: torch.Tensor, rotary, positions: torch.Tensor) -> torch.Tensor:
-    """x [b, H, T, d] rotated by rotary positions [b, T] (x cos + rotate_half(x) sin)."""
-    cos, sin = rotary(x, positions.to(torch.float32))  # [b, T, d]
-    return x * cos[:, None].to(x.dtype) + rotate_half(x) * sin[:, None].to(x.dtype)
 
 
 class _RotatedQuery(nn.Module):

@@ -180,11 +180,8 @@ class LongTermConfig:
                 "squeeze='by_length' or 'fill' and a content density ('mixture' or 'content'), "
                 f"got squeeze={self.squeeze!r}, density={self.density!r}"
             )
-        if not isinstance(self.keep_first, int) or isinstance(self.keep_first, bool):
-            raise TypeError(f"keep_first must be an int, got {type(self.keep_first).__name__}")
-        if self.keep_first and (
-            self.squeeze != "fill" or not 0 < self.keep_first < self.num_samples
-        ):
+        check_positive_int("keep_first", self.keep_first, minimum=0)
+        if self.keep_first and (self.squeeze != "fill" or self.keep_first >= self.num_samples):
             raise ValueError(
                 "keep_first keeps the first tokens of a squeeze='fill' memory on their own "
                 f"centres: it needs squeeze='fill' and 0 <= keep_first < num_samples, got "

@@ -125,6 +125,16 @@ def pool_by_length(
     return places.to(old.dtype), T.clamp(max=K).to(torch.int64)
 
 
+def _per_row(cases: torch.Tensor, make, device) -> torch.Tensor:
+    """`make(value)` of each row's case [batch] (one call per distinct value): that matrix when
+    every row has the same case, else the rows' matrices stacked [batch, ...] on `device`."""
+    unique, row_case = torch.unique(cases, return_inverse=True)
+    designs = [make(v) for v in unique.tolist()]
+    if len(designs) == 1:
+        return designs[0]
+    return torch.stack(designs)[row_case.to(device)]
+
+
 @dataclass
 class LongTermUpdate:
     """What one `LongTermMemory.update` did, for inspection (`inftyformer.inspection`).
@@ -248,20 +258,12 @@ class LongTermMemory(nn.Module):
         tau_t = self.squeeze_ratios(stored, length)  # [batch]
         # empty rows get a first fit instead: they take a design that is made anyway
         tau_t = torch.where(empty, tau_t[~empty][0], tau_t)
-        unique, row_case = torch.unique(tau_t, return_inverse=True)
-        designs = [self.infinite_design(length, device, dtype, v) for v in unique.tolist()]
-        if len(designs) == 1:
-            return designs[0]
-        return torch.stack(designs)[row_case.to(device)]  # [batch, M + L, N]
+        return _per_row(tau_t, lambda v: self.infinite_design(length, device, dtype, v), device)
 
     def fill_designs(self, places: torch.Tensor, device, dtype) -> torch.Tensor:
         """`fill_design` of each row's number of places [batch]: [K, N] when every row has as
         many, else [batch, K, N]."""
-        unique, row_case = torch.unique(places.cpu(), return_inverse=True)
-        designs = [self.fill_design(int(p), device, dtype) for p in unique.tolist()]
-        if len(designs) == 1:
-            return designs[0]
-        return torch.stack(designs)[row_case.to(device)]  # [batch, K, N]
+        return _per_row(places.cpu(), lambda p: self.fill_design(int(p), device, dtype), device)
 
     # ---------------------------------------------------------------- sticky memories
     def grid_basis(self, device, dtype) -> torch.Tensor:
