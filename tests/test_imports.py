@@ -28,6 +28,7 @@ LAYERS = {
         "long_term_config",
         "long_term_memory",
         "long_term_state",
+        "stream_places",
         "state",
     ],
     "layers": ["relative_attention", "long_term_attention", "block", "config"],

@@ -10,7 +10,8 @@ matrices G).
                                     B = G_infᵀ [x̃ at τ·i/M ; X at (τ, 1)]
                                     τ fixed, or min(τ, S / (S + L)) (squeeze="by_length")
     squeeze="fill"                  V = the K places read at their centres and the new tokens,
-                                    merged into equal runs of the stream (`pool_by_length`)
+                                    merged into equal runs of the stream (`pool_by_length`,
+                                    `stream_places.py`)
                                     B = G_Kᵀ V, token runs on the centres j/(K − 1)
     sticky memories                 u drawn from the histogram of past attention, and B
                                     scaled so that it holds no more than its data
@@ -65,64 +66,7 @@ from .ridge import (
     limit_to_data,
     supremum_grid,
 )
-
-
-def pool_by_length(
-    old: torch.Tensor, stored: torch.Tensor, new: torch.Tensor, keep: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The places of a squeeze="fill" memory after L new tokens, each the mean of an equal run of
-    the stream.
-
-    old     [batch, K, e]   the K places before: the first P = min(S, K) hold the stream of
-                            S = `stored` tokens [batch] (S / P tokens each, in order), the rest
-                            nothing
-    new     [batch, L, e]   the new tokens, one each
-    →       [batch, K, e]   place k holds the mean of the stream over [k r, (k + 1) r) on the
-                            token axis, r = max((S + L) / K, 1): one token per place until the
-                            memory is full, then neighbouring places merged so that every place
-                            stands for (S + L) / K tokens; the places past S + L are zero
-            [batch]         P' = min(S + L, K): the places that hold the stream
-
-    `keep`: the first places keep the stream's first tokens, one each, and are never merged
-    (a pretrained model's attention sink); the rest of the stream shares the other K − keep.
-
-    The stream is piecewise constant over its units (old places of width S / P, new tokens of
-    width 1); the mean over [a, b) is (C(b) − C(a)) / r with C its running integral, computed
-    in float64 (C grows with the stream).
-    """
-    if keep:
-        # rows that hold the first `keep` tokens already pool the rest on the other places;
-        # rows that do not are still filling, one token per place (nothing merged)
-        rest, rest_filled = pool_by_length(old[:, keep:], (stored - keep).clamp(min=0), new)
-        whole, filled = pool_by_length(old, stored, new)
-        kept = (stored >= keep).to(old.device)
-        places = torch.where(kept[:, None, None], torch.cat([old[:, :keep], rest], 1), whole)
-        return places, torch.where(kept, rest_filled + keep, filled)
-    batch, K, _ = old.shape
-    L = new.shape[1]
-    S = stored.to(device=old.device, dtype=torch.float64)  # [batch]
-    P = S.clamp(max=K)
-    j = torch.arange(K, device=old.device, dtype=torch.float64)
-    # the width of each unit on the token axis: S / P per filled old place, 1 per new token
-    width = torch.cat(
-        [
-            torch.where(j < P[:, None], S[:, None] / P.clamp(min=1)[:, None], 0.0),
-            torch.ones(batch, L, device=old.device, dtype=torch.float64),
-        ],
-        -1,
-    )  # [batch, K + L]
-    units = torch.cat([old, new], 1).to(torch.float64)  # [batch, K + L, e]
-    left = torch.cumsum(width, -1) - width  # the units' left edges [batch, K + L]
-    C = torch.cumsum(width[..., None] * units, 1) - width[..., None] * units  # C at left edges
-    T = S + L
-    r = (T / K).clamp(min=1)[:, None]  # tokens per place [batch, 1]
-    a = torch.minimum(torch.arange(K + 1, device=old.device, dtype=torch.float64) * r, T[:, None])
-    # C(a) = C(left_m) + x_m (a − left_m) for the unit m that holds a (the last with left_m ≤ a)
-    m = (torch.searchsorted(left, a, right=True) - 1).clamp(0, K + L - 1)  # [batch, K + 1]
-    gather = lambda v: torch.gather(v, 1, m[..., None].expand(-1, -1, v.shape[-1]))  # noqa: E731
-    C_a = gather(C) + gather(units) * (a - torch.gather(left, 1, m))[..., None]
-    places = (C_a[:, 1:] - C_a[:, :-1]) / r[..., None]  # [batch, K, e]
-    return places.to(old.dtype), T.clamp(max=K).to(torch.int64)
+from .stream_places import pool_by_length
 
 
 def _per_row(cases: torch.Tensor, make, device) -> torch.Tensor:

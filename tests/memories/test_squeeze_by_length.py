@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from inftyformer import LongTermConfig, LongTermMemory, LongTermState
-from inftyformer.long_term_memory import UNKNOWN_STORED, pool_by_length
+from inftyformer.long_term_memory import UNKNOWN_STORED
 from inftyformer.long_term_state import stream_extent
+from inftyformer.stream_places import place_positions, pool_by_length
 
 
 def config(**overrides) -> LongTermConfig:
@@ -195,6 +196,7 @@ def test_fill_past_full_keeps_the_stream_in_order_on_the_centres():
     state = fitted(memory, x, 40)
     at_centres = memory.signal(state, memory.basis.centers)[..., 0]  # [2, K]
     expected = (torch.arange(K) + 0.5) * T / K - 0.5
+    assert torch.allclose(place_positions(state.stored, K)[0], expected.double())
     assert (at_centres - expected).abs().max() < 0.25 * T / K
     assert state.stored.tolist() == [T, T]
 
@@ -227,9 +229,28 @@ def test_keep_first_over_many_merges():
     assert at_centres[:keep].tolist() == pytest.approx([0.0, 1.0, 2.0, 3.0], abs=1e-2)
     r = (T - keep) / (K - keep)
     expected = keep + (torch.arange(K - keep) + 0.5) * r - 0.5
+    positions = place_positions(torch.tensor([T]), K, keep)[0]
+    assert torch.allclose(positions, torch.cat([torch.arange(keep), expected]).double())
     # each merge takes the older places as constant over their runs, which pulls the oldest
     # merged place toward later tokens by a fraction of a run (0.27 r here)
     assert (at_centres[keep:] - expected).abs().max() < 0.35 * r
+
+
+@pytest.mark.parametrize("keep", [0, 3])
+def test_place_positions_are_the_mean_token_index_of_each_place(keep):
+    """A ramp (token s holds s) pooled in one update: each place holds the mean index of its
+    run of tokens, which `place_positions` gives exactly when a run is whole tokens (r = 7) and
+    within half a token when runs split tokens; while the memory fills, place k is token k."""
+    K, e = 16, 2
+    for T, tolerance in ((keep + (K - keep) * 7, 1e-9), (100, 0.5), (11, 1e-9)):
+        ramp = torch.arange(T, dtype=torch.float64)[None, :, None].expand(2, T, e)
+        places, filled = pool_by_length(
+            torch.zeros(2, K, e, dtype=torch.float64), torch.zeros(2, dtype=torch.long), ramp, keep
+        )
+        P = int(filled[0])
+        positions = place_positions(torch.tensor([T, T]), K, keep)  # [2, K]
+        assert positions.shape == (2, K) and positions.dtype == torch.float64
+        assert (places[:, :P, 0] - positions[:, :P]).abs().max() <= tolerance
 
 
 def test_keep_first_needs_fill():
