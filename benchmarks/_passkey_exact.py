@@ -54,7 +54,7 @@ def _patch(layer, rotary, window: int) -> None:
             store["x"] = torch.cat([store["x"], x.detach()], dim=1)  # [batch, P, e]
         return update(state, x, generator)
 
-    def exact_heads(query, state, prepared=None):
+    def exact_heads(query, state, prepared=None, turn_query=None):
         c = attention.config
         b, num_q, _ = query.shape
         H, d = c.num_heads, c.head_dim
@@ -67,8 +67,9 @@ def _patch(layer, rotary, window: int) -> None:
         q = attention.query(query).view(b, num_q, H, d).transpose(1, 2)  # [b, H, Q, d]
         k = attention.key(x).view(b, P, H, d).transpose(1, 2)  # [b, H, P, d]
         v = attention.value(x).view(b, P, H, d).transpose(1, 2)
-        if rotary is not None:  # q = R_W W_q h: turn it on to its own position P + W + j
-            q = _rotate(q, rotary, torch.arange(P, P + num_q))  # R_{P + j} R_W = R_{P + W + j}
+        if rotary is not None:  # q = R_W W_q h: turn it on to its own stream position P + j
+            # (query j of the run [window; block], the window's first token at stream index P)
+            q = _rotate(q, rotary, torch.arange(P - window, P - window + num_q))
             k = _rotate(k, rotary, torch.arange(P))  # each state at its own position
         s = q @ k.transpose(-1, -2) / math.sqrt(d)  # [b, H, Q, P]
         p = torch.softmax(s, dim=-1)

@@ -31,8 +31,7 @@ Rows (every one reads the same token streams):
     mixture-fill-keep  as mixture-fill-sink with keep_first = 64: the first 64 tokens keep
                   their own centres when the memory merges the rest
     mixture-fill-positions  as mixture-fill-keep, every place read at its own stream position
-                  (rotary; a patch of this benchmark, `_passkey_places.py`, not a library
-                  setting yet)
+                  (memory_positions = places: rotary bases)
     exact         the ceiling of the heads read: as mixture, but the heads read the exact states
                   the memory was given, one place per token (a growing cache, not a memory of
                   fixed size: `_passkey_exact.py`); prompts over 8,192 tokens are not run
@@ -96,8 +95,8 @@ MIXTURE["mixture-fill"] = dict(
 MIXTURE["mixture-fill-sink"] = dict(MIXTURE["mixture-fill"], sink_edge=0.0)
 # and the first 64 tokens never merged once the memory is full: the sink stays a sink
 MIXTURE["mixture-fill-keep"] = dict(MIXTURE["mixture-fill-sink"], keep_first=64)
-# and every place read at its own stream position, not at one distance (`_passkey_places.py`)
-MIXTURE["mixture-fill-positions"] = MIXTURE["mixture-fill-keep"]
+# and every place read at its own stream position, not at one distance
+MIXTURE["mixture-fill-positions"] = dict(MIXTURE["mixture-fill-keep"], memory_positions="places")
 EXACT = ("exact", "exact-positions")  # the ceiling rows: the heads read exact stored states
 # their cost grows with the square of the stream: prompts longer than this are not run (–)
 EXACT_MAX_TOKENS = 8192
@@ -142,10 +141,6 @@ class Row:
                 from _passkey_exact import read_exact_states
 
                 read_exact_states(self.memory, positions=name == "exact-positions")
-            if name == "mixture-fill-positions":
-                from _passkey_places import read_at_place_positions
-
-                read_at_place_positions(self.memory)
         else:
             option = name.removesuffix("-sticky")
             self.run = getattr(args, option.replace("-", "_") + "_run")

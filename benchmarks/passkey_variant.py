@@ -9,9 +9,7 @@ probe behind the exploratory figures of docs/passkey.notes.md (the side-by-side 
 The variant starts from row (xii)'s settings (memory_read = heads, density = mixture, β = 1,
 sink edge 0.01, σ² floor 1e-6) and applies --set (a JSON object of adapter settings). The keys
 of a distance depend on its place in --distances (as in passkey.py), so compare runs with the
-same --distances. `--rows variant-positions` reads a squeeze="fill" variant with every place at
-its own stream position (`_passkey_places.py`, rotary bases). Prints one JSON line per row, and
-appends it to --jsonl FILE when given.
+same --distances. Prints one JSON line per row, and appends it to --jsonl FILE when given.
 """
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--rows",
         default="variant",
-        help="variant, variant-positions, window, full, exact, exact-positions",
+        help="variant, window, full, exact, exact-positions",
     )
     p.add_argument("--jsonl", default=None, help="append each row's line to this file")
     args = p.parse_args(argv)
@@ -52,12 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     docs = book_windows(args) if args.docs else None
     for name in args.rows.split(","):
         start = time.perf_counter()
-        if name in ("variant", "variant-positions"):  # row (xii) with --set over its settings
+        if name == "variant":  # row (xii) with --set over its settings
             row = Row("mixture", args, overrides=json.loads(args.set))
-            if name == "variant-positions":  # every place at its own stream position
-                from _passkey_places import read_at_place_positions
-
-                read_at_place_positions(row.memory)
         else:
             row = Row(name, args)
         keys = {

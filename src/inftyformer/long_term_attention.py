@@ -54,7 +54,7 @@ holds only the computation.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -253,16 +253,17 @@ class LongTermAttention(nn.Module):
         *,
         prepared: PreparedMemory | None = None,
         heads: bool = False,
+        turn_query: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> LongTermAttentionOutput | HeadsRead:
         """query [batch, Q, e] (already projected unless `config.query_projection`), read from
         `state`, both as the library builds them (a block's queries, a state the model checked;
         `attend` checks inputs from outside first). `prepared`: `prepare(state, query.dtype)`
         computed once for many reads of an unchanging state (generation), instead of at every
-        call; `heads`: each head's read before the heads are merged (`read_heads`), for a caller
-        that merges them into its own."""
+        call; `heads`: each head's read before the heads are merged (`read_heads`, which
+        `turn_query` goes to), for a caller that merges them into its own."""
         c = self.config
         if heads:
-            return self.read_heads(query, state, prepared)
+            return self.read_heads(query, state, prepared, turn_query)
         batch, num_q, _ = query.shape
         H, d = c.num_heads, c.head_dim
         if prepared is None:
@@ -277,17 +278,23 @@ class LongTermAttention(nn.Module):
         )
 
     def read_heads(
-        self, query: torch.Tensor, state: LongTermState, prepared: PreparedMemory | None = None
+        self,
+        query: torch.Tensor,
+        state: LongTermState,
+        prepared: PreparedMemory | None = None,
+        turn_query: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> HeadsRead:
         """Each head's read before the heads are merged and projected (content density only):
         query [batch, Q, e] (projected by W^Q here when the config has it). The caller merges
         z into its own heads by the log-mass (`hf/head_read.py`); rows whose memory is empty
-        get log-mass −inf (no weight) and z = 0."""
+        get log-mass −inf (no weight) and z = 0. `turn_query` maps the projected queries
+        [batch, H, Q, d] before they are scored (a pretrained model's rotary positions, with
+        `prepared` keys turned to match, `hf/head_read.py`)."""
         if self.config.density not in CONTENT_DENSITIES:
             raise ValueError("read_heads needs a content density (density='mixture' or 'content')")
         if prepared is None:
             prepared = self.prepare(state, query.dtype)
-        z, mu, sigma_sq, log_mass = self._read(query, prepared, with_mass=True)
+        z, mu, sigma_sq, log_mass = self._read(query, prepared, True, turn_query)
         filled = ~state.empty.to(query.device)  # [batch]
         if self.config.token_mass:  # each place read stands for S / (places read) tokens
             r = prepared.readable  # "fill": the filled centres only
@@ -300,7 +307,11 @@ class LongTermAttention(nn.Module):
         return HeadsRead(z=z, log_mass=log_mass, mu=mu, sigma_sq=sigma_sq, kl=kl)
 
     def _read(
-        self, query: torch.Tensor, prepared: PreparedMemory, with_mass: bool
+        self,
+        query: torch.Tensor,
+        prepared: PreparedMemory,
+        with_mass: bool,
+        turn_query: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """query [batch, Q, e] → z = E_p[v(t)] [batch, H, Q, d], μ, σ² [batch, H, Q] and, for
         the content density `with_mass`, the log-mass log Σ_n exp(s_n) [batch, H, Q] (else
@@ -309,6 +320,8 @@ class LongTermAttention(nn.Module):
         batch, num_q, _ = query.shape
         q = self.query(query) if self.query is not None else query
         q = q.view(batch, num_q, c.num_heads, c.head_dim).transpose(1, 2)  # [batch, H, Q, d]
+        if turn_query is not None:
+            q = turn_query(q)
         log_mass = None
         with full_precision(query):  # μ, σ² in float32 also under autocast (precision.py)
             q32 = at_least_float32(q)

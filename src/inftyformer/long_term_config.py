@@ -69,6 +69,27 @@ def check_memory_read(memory_read: object, density: object) -> None:
         )
 
 
+# where a pretrained model's heads read puts the memory's places (`hf/head_read.py`): every
+# place just beyond the window, or each at its own stream position (rotary bases)
+MEMORY_POSITIONS = ("window", "places")
+
+
+def check_memory_positions(memory_positions: object, memory_read: object, squeeze: object) -> None:
+    """`memory_positions` of a pretrained model's memory: one of MEMORY_POSITIONS; "places"
+    reads with the base's heads (memory_read="heads") a memory whose places know where their
+    tokens lie (squeeze="fill"). Whether the base has rotary positions is the model's check."""
+    if memory_positions not in MEMORY_POSITIONS:
+        raise ValueError(
+            f"memory_positions must be one of {MEMORY_POSITIONS}, got {memory_positions!r}"
+        )
+    if memory_positions == "places" and (memory_read != "heads" or squeeze != "fill"):
+        raise ValueError(
+            "memory_positions='places' needs memory_read='heads' and squeeze='fill' (places "
+            f"that know where their tokens lie), got memory_read={memory_read!r}, "
+            f"squeeze={squeeze!r}"
+        )
+
+
 # The settings of a trained long-term memory that may change (`--resume --allow-changes`, or
 # evaluation with other memory settings): how the memory is updated and read and the weight of
 # its KL term, not N, the widths, the gate or the density heads, which shape its weights or what
@@ -368,6 +389,7 @@ def takes_long_term_settings(cls: type) -> type:
 
 
 __all__ = [
+    "MEMORY_POSITIONS",
     "CHANGEABLE_SETTINGS",
     "CONTENT_DENSITIES",
     "DENSITY_FORMS",
@@ -379,6 +401,7 @@ __all__ = [
     "takes_long_term_settings",
     "MEMORY_READS",
     "check_density",
+    "check_memory_positions",
     "check_memory_read",
     "check_update_gain",
 ]

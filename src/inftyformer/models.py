@@ -31,6 +31,7 @@ from .long_term_config import (
     GPT2_LONG_TERM,
     LongTermConfig,
     WithLongTerm,
+    check_memory_positions,
     check_memory_read,
     takes_long_term_settings,
 )
@@ -63,6 +64,9 @@ class PretrainedMemoryConfig(WithLongTerm):
     # "added" (the paper's read, added to the attention output) or "heads" (the base's own heads
     # read the memory, merged by attention mass: `inftyformer.hf.head_read`)
     memory_read: str = "added"
+    # heads read, rotary bases: "window" (every place just beyond the window) or "places" (each
+    # at its own stream position, squeeze="fill")
+    memory_positions: str = "window"
     memory_layers: tuple[int, ...] | None = None  # the blocks with a memory; None: every block
     vocab_size: int = 0  # read from the base's config.json
 
@@ -86,6 +90,7 @@ class PretrainedMemoryConfig(WithLongTerm):
         if self.window is not None:
             check_positive_int("window", self.window, minimum=0)
         check_memory_read(self.memory_read, self.long_term.density)
+        check_memory_positions(self.memory_positions, self.memory_read, self.long_term.squeeze)
         data = json.loads(config.read_text(encoding="utf-8"))
         data = data.get("text_config", data)  # a saved memory model nests the base's
         if self.memory_layers is not None:

@@ -72,3 +72,27 @@ def test_a_row_can_skip_long_prompts_and_the_by_length_row_runs(tmp_path):
     assert "ran no prompt over 150 tokens" in (tmp_path / "passkey.md").read_text()
     window, memory = (rows[r]["passkey"]["40"]["nll"] for r in ("window", "mixture-length"))
     assert abs(window - memory) > 1e-3
+
+
+def test_the_exact_positions_ceiling_is_the_full_context_within_the_bases_positions():
+    """Every block's heads read every earlier state exactly, each at its own stream position:
+    block by block with a window, the logits are the base's over the whole text (64 tokens, the
+    tiny base's positions). Read at one distance (row exact) they are not."""
+    pytest.importorskip("transformers")
+    import argparse
+    import tempfile
+    from pathlib import Path
+
+    import experiment as ex
+    import torch
+
+    base = str(ex.tiny_model_writer()(Path(tempfile.mkdtemp()) / "base"))
+    args = argparse.Namespace(base_model=base, window=16, segment_len=16, memory_layers=None,
+                              heads_sink_edge=0.01, heads_sharpness=100.0)  # fmt: skip
+    ids = torch.randint(1, 100, (2, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        [(_, want)], _ = passkey.Row("full", args).stream(ids)
+        for name, close in (("exact-positions", True), ("exact", False)):
+            pieces, _ = passkey.Row(name, args).stream(ids)
+            error = max((got - want[:, a : a + 16]).abs().max().item() for a, got in pieces)
+            assert (error < 1e-5) == close, (name, error)

@@ -23,26 +23,16 @@ def test_a_variant_and_the_window_row_write_one_line_each(tmp_path):
     assert abs(nll[2] - nll[1]) > 1e-3  # the ceiling row reads the exact states
 
 
-def test_place_positions_by_hand():
-    """K = 4 places: S = 3 tokens on their own places; S = 10 with keep 1 puts token 0 on place 0
-    and runs of 3 tokens, [1, 4), [4, 7), [7, 10), whose centres are 2, 5, 8."""
-    import torch
-    from _passkey_places import place_positions
-
-    p = place_positions(torch.tensor([3, 10]), 4, keep=1)
-    assert p.tolist() == [[0.0, 1.0, 2.0, 3.0], [0.0, 2.0, 5.0, 8.0]]
-
-
-def test_the_positions_variant_moves_the_read(tmp_path):
+def test_the_positions_setting_moves_the_variants_read(tmp_path):
     """The fill variant read at its places' own positions scores otherwise than at one distance
     (the quick base is a Llama: rotary positions)."""
     pytest.importorskip("transformers")
     out = tmp_path / "lines.jsonl"
-    settings = dict(num_basis=64, num_samples=64, widths=[0.003], squeeze="fill", keep_first=4)
-    argv = ["--quick", "--rows", "variant,variant-positions", "--jsonl", str(out)]
-    passkey_variant.main([*argv, "--set", json.dumps({**settings, "edge_padding": False})])
+    settings = dict(num_basis=64, num_samples=64, widths=[0.003], squeeze="fill", keep_first=4,
+                    edge_padding=False)  # fmt: skip
+    argv = ["--quick", "--rows", "variant", "--jsonl", str(out)]
+    passkey_variant.main([*argv, "--set", json.dumps(settings)])
+    passkey_variant.main([*argv, "--set", json.dumps({**settings, "memory_positions": "places"})])
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     nll = [line["passkey"]["40"]["nll"] for line in lines]
     assert abs(nll[0] - nll[1]) > 1e-6
-    with pytest.raises(ValueError, match="squeeze='fill'"):
-        passkey_variant.main(["--quick", "--rows", "variant-positions"])

@@ -297,3 +297,108 @@ def test_the_pretrained_fill_memory_keeps_its_first_tokens_and_the_setting_on_sa
     loaded = InftyformerForCausalLM.from_pretrained(tmp_path).eval()
     assert loaded.config.keep_first == 2
     assert torch.allclose(loaded(ids, state=state).logits, kept(ids, state=state).logits)
+
+
+# ---------------------------------------------------------------------- places at their positions
+PLACES = dict(
+    density="mixture", squeeze="fill", num_basis=32, num_samples=32, widths=(0.004,),
+    ridge_lambda=1e-6, edge_padding=False, conv_gate=False, sharpness=1.0, sink_edge=0.0,
+    memory_layers=[0],
+)  # fmt: skip
+
+
+def block0_attention(model, base, ids, **call):
+    """The output of block 0's attention (after the memory's merge, if any) for `ids`."""
+    seen = []
+    handle = base.model.layers[0].self_attn.o_proj.register_forward_hook(
+        lambda module, args, out: seen.append(out)
+    )
+    try:
+        model(ids, **call)
+    finally:
+        handle.remove()
+    return seen[-1]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("window", [8, 0])
+def test_with_places_at_their_positions_the_memory_reads_like_the_full_context(window):
+    """Block 0 of a Llama reads a memory of the tokens that left its window (one place each) at
+    their stream positions: its attention output equals the base's attention over the whole
+    text, window and memory as one softmax, up to the signal's fit. Read at one distance
+    (memory_positions="window") it does not."""
+    ids = torch.randint(1, V, (2, 40), generator=torch.Generator().manual_seed(11))
+    base = tiny_base("llama")
+    want = block0_attention(base, base, ids)[:, 32:]  # [2, 8, e]
+    errors = {}
+    for positions in ("places", "window"):
+        model = heads_model("llama", memory_positions=positions, window=window, **PLACES)
+        state = model(ids[:, :32]).state  # the window, and 8 tokens waiting for the memory
+        assert state.layers[0].long_term.stored.tolist() == [24 - window] * 2
+        got = block0_attention(model, model.base, ids[:, 32:], state=state)[:, window:]
+        errors[positions] = (got - want).abs().max() / want.abs().max()
+    assert errors["places"] < 1e-5
+    assert errors["window"] > 1e-3
+
+
+@torch.no_grad()
+def test_greedy_generation_equals_recomputation_with_places_past_the_bases_positions():
+    """96 tokens through 16 places (merged, the first 2 kept): the memory reaches further back
+    than the base's 64 positions, and the read at place positions generates what one call per
+    step recomputes."""
+    model = heads_model("llama", memory_positions="places", keep_first=2,
+                        **{**PLACES, "num_basis": 16, "num_samples": 16})  # fmt: skip
+    ids = torch.randint(1, V, (2, 96), generator=torch.Generator().manual_seed(12))
+    memory = model(ids).state
+    assert memory.layers[0].long_term.stored.tolist() == [80, 80]
+    prompt = torch.randint(1, V, (2, 4), generator=torch.Generator().manual_seed(13))
+    greedy = dict(max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+    out = model.generate(prompt, state=memory, **greedy)
+    text = prompt
+    for _ in range(4):
+        logits = model(text, state=memory).logits[:, -1]
+        assert torch.isfinite(logits).all()
+        text = torch.cat([text, logits.argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out.sequences, text)
+
+
+def test_places_need_a_heads_read_of_a_fill_memory_on_rotary_positions():
+    with pytest.raises(ValueError, match="memory_positions must be one of"):
+        heads_model("llama", memory_positions="stream", **PLACES)
+    with pytest.raises(ValueError, match="squeeze='fill'"):
+        heads_model("llama", memory_positions="places", **{**PLACES, "squeeze": "by_length"})
+    with pytest.raises(ValueError, match="absolute ones"):
+        heads_model("gpt2", memory_positions="places", **PLACES)
+    with pytest.raises(ValueError, match="memory_read='heads'"):
+        settings = {**MEMORY, **PLACES, "memory_read": "added", "memory_positions": "places"}
+        add_long_term_memory(tiny_base("llama"), **settings)
+
+
+@torch.no_grad()
+def test_the_place_positions_setting_survives_save_and_load(tmp_path):
+    from inftyformer.hf import InftyformerForCausalLM
+
+    model = heads_model("llama", memory_positions="places", **PLACES)
+    ids = torch.randint(1, V, (2, 32), generator=torch.Generator().manual_seed(14))
+    state = model(ids).state
+    model.save_pretrained(tmp_path)
+    loaded = InftyformerForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.memory_positions == "places"
+    assert torch.allclose(loaded(ids, state=state).logits, model(ids, state=state).logits)
+
+
+def test_the_run_config_takes_place_positions_to_the_model(tmp_path):
+    """The training command's config carries memory_positions to the model it builds, through
+    to_dict/from_dict, and refuses it without a fill memory."""
+    from tiny_pretrained import write_tiny_model
+
+    from inftyformer.models import PretrainedMemoryConfig, build_model
+
+    path = str(write_tiny_model(tmp_path / "llama", "llama", max_positions=64))
+    settings = dict(base_model=path, segment_len=8, window=8, memory_read="heads",
+                    memory_positions="places", **{**PLACES, "memory_layers": (0,)})  # fmt: skip
+    config = PretrainedMemoryConfig(**settings)
+    assert PretrainedMemoryConfig.from_dict(config.to_dict()) == config
+    assert build_model(config).lm.config.memory_positions == "places"
+    with pytest.raises(ValueError, match="squeeze='fill'"):
+        PretrainedMemoryConfig(**{**settings, "squeeze": "by_length"})

@@ -15,6 +15,9 @@
                     read added to the attention output, zero at initialisation) or "heads"
                     (ours: the base's own heads read the memory and merge it by attention mass,
                     `head_read.py`; needs density="content" and the base's number of heads)
+    memory_positions where a heads read puts the memory's places (rotary bases): "window" (every
+                    place at one distance, just beyond the window) or "places" (each place at
+                    its own stream position, squeeze="fill"; `head_read.py`)
     memory_layers   the blocks (0-based) that get a long-term memory; None: every block. A few
                     late blocks train far fewer parameters, and the backward pass stops at the
                     first of them when the base is frozen (`docs/hf.md`)
@@ -34,12 +37,18 @@ from transformers.configuration_utils import SubConfigSpec
 
 from .._checks import check_memory_layers, check_positive_int
 from ..basis import check_widths
-from ..long_term_config import DERIVED_SETTINGS, GPT2_LONG_TERM, LongTermConfig, check_memory_read
+from ..long_term_config import (
+    DERIVED_SETTINGS,
+    GPT2_LONG_TERM,
+    LongTermConfig,
+    check_memory_positions,
+    check_memory_read,
+)
 from .adapters import adapter_for
 
 # the LongTermConfig fields a user may set; dim, out_dim and query_projection follow from the base
 MEMORY_FIELDS = tuple(f.name for f in fields(LongTermConfig) if f.name not in DERIVED_SETTINGS)
-MODEL_FIELDS = ("segment_len", "window", "memory_layers", "memory_read")
+MODEL_FIELDS = ("segment_len", "window", "memory_layers", "memory_read", "memory_positions")
 _LT = GPT2_LONG_TERM
 
 
@@ -73,6 +82,7 @@ class InftyformerConfig(PretrainedConfig):
     sigma_init: float | None = _LT.sigma_init  # σ at initialisation; None: the paper's (≈ 0.83)
     # the model's
     memory_read: str = "added"  # "added" (paper) or "heads" (head_read.py)
+    memory_positions: str = "window"  # heads read: "window" or "places" (MEMORY_POSITIONS)
     segment_len: int = 512
     window: int | None = None  # None: one segment, within the base's positions; 0: none
     memory_layers: list[int] | None = None  # None: every block
@@ -113,6 +123,15 @@ class InftyformerConfig(PretrainedConfig):
                     f"memory_read='heads' reads with the base's {text.num_attention_heads} "
                     f"heads, got num_heads={self.num_heads}"
                 )
+        self._check_memory_positions(architecture)
+
+    def _check_memory_positions(self, architecture: str) -> None:
+        check_memory_positions(self.memory_positions, self.memory_read, self.squeeze)
+        if self.memory_positions == "places" and not adapter_for(architecture).rotary:
+            raise ValueError(
+                f"memory_positions='places' turns the read by rotary positions; {architecture} "
+                "has absolute ones (use memory_positions='window')"
+            )
 
     @property
     def memory_blocks(self) -> list[int]:

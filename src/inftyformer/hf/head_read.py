@@ -27,13 +27,28 @@ initialised from the base's projections (`init_from_heads`) and stay trainable; 
 output projection is not used. Unlike the added read, this one is not zero at initialisation: a
 model with memory differs from the base as soon as its memory holds something (with an empty
 memory, λ = 0 and the logits are the base's).
+
+Positions (rotary bases). By default (`memory_positions="window"`) every place is read at one
+distance, Δ = W: the query projection is R_Δ W_q, and a place's key carries no position. With
+`memory_positions="places"` (squeeze="fill"), each place keeps where its tokens lie in the stream
+(`stream_places.place_positions`: token k, or the middle of its run once places merge), and
+the read turns query and key by their own positions as the base's attention does:
+
+    q = R_{i} W_q h                the head's own query at its position i in this call (the base's
+                                   position ids: the window starts at 0)
+    k(c_n) = R_{p_n − S} x̄(c_n) W_k  place n before the window, S = the tokens the memory holds,
+                                   p_n − S ≥ max_i i − (P − 1), P = the base's positions
+
+so that q · k depends on i + S − p_n, the distance in the stream, as it would if the place were a
+token of the window, and no place sits further from a query than the base has positions for
+(older places share the farthest position: `read_at_places`).
 """
 
 from __future__ import annotations
 
 import contextvars
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +57,9 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from ..long_term_attention import HeadsRead
+from ..long_term_attention import HeadsRead, LongTermAttention, PreparedMemory
+from ..long_term_state import LongTermState
+from ..stream_places import place_positions
 
 # the attention implementation a heads-read model runs its base with (registered below)
 ATTENTION = "inftyformer_heads"
@@ -163,15 +180,58 @@ def value_bias(attention: nn.Module, num_heads: int) -> torch.Tensor | None:
     raise ValueError(f"no value projection found in {type(attention).__name__}")
 
 
+def rotate_half(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """(x₁, x₂) → (−x₂, x₁) along `dim`: the rotary embedding's rotate-half convention."""
+    first, second = x.chunk(2, dim)
+    return torch.cat([-second, first], dim)
+
+
+def turn(x: torch.Tensor, rotary: nn.Module, positions: torch.Tensor) -> torch.Tensor:
+    """x [b, H, T, d] turned by the rotary embedding `rotary` to positions [b, T] (float: a
+    place may sit between tokens): x cos + rotate_half(x) sin, as the base turns its own."""
+    cos, sin = rotary(x, positions)  # [b, T, d]
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+def read_at_places(
+    read: LongTermAttention,
+    h: torch.Tensor,
+    state: LongTermState,
+    prepared: PreparedMemory | None,
+    positions: torch.Tensor,
+    rotary: nn.Module,
+    limit: int | None,
+) -> HeadsRead:
+    """The heads read with every place at its own stream position (module doc, "Positions"):
+    h [b, T, e] the block's normalised attention inputs at the base's position ids `positions`
+    [b, T] (the window's first token at 0), `limit` the base's number of positions."""
+    c = read.config
+    if prepared is None:
+        prepared = read.prepare(state, h.dtype)
+    stored = state.stored.to(positions.device)  # S  [b]
+    # p_n − S: the places before the window, at negative positions  [b, N]
+    places = place_positions(stored, c.num_basis, c.keep_first) - stored[:, None].double()
+    if limit is not None:  # no place further from this call's last query than P − 1
+        farthest = positions.max(1, keepdim=True).values.double() - (limit - 1)
+        places = torch.maximum(places, farthest)
+    keys = turn(prepared.keys, rotary, places.float())  # R_{p_n − S} k(c_n) / √d
+    at = positions.float()
+    return read(
+        h,
+        state,
+        prepared=replace(prepared, keys=keys),
+        heads=True,
+        turn_query=lambda q: turn(q, rotary, at),  # R_i W_q h
+    )
+
+
 def rotate_queries(weight: torch.Tensor, bias, num_heads: int, cos, sin):
     """R_Δ W_q (and R_Δ b_q): the rotary rotation of a fixed position applied to the rows of a
     query projection [H·d, e] (rotate-half convention); cos, sin [d]."""
 
     def rotate(x: torch.Tensor) -> torch.Tensor:  # x [H, d, ...]
-        half = x.shape[1] // 2
         shape = (1, -1) + (1,) * (x.dim() - 2)
-        turned = torch.cat([-x[:, half:], x[:, :half]], dim=1)
-        return x * cos.view(shape) + turned * sin.view(shape)
+        return x * cos.view(shape) + rotate_half(x, 1) * sin.view(shape)
 
     d = weight.shape[0] // num_heads
     w = rotate(weight.view(num_heads, d, -1)).reshape(weight.shape)
@@ -232,8 +292,11 @@ __all__ = [
     "head_projections",
     "init_from_heads",
     "merge_into_heads",
+    "read_at_places",
     "recording",
+    "rotate_half",
     "rotate_queries",
+    "turn",
     "value_bias",
     "stop_recording",
     "window_attention",

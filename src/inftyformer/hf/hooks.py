@@ -34,7 +34,14 @@ from torch import nn
 
 from ..long_term_attention import HeadsRead, LongTermAttentionOutput, PreparedMemory
 from ..long_term_state import LongTermState
-from .head_read import WindowMass, merge_into_heads, recording, stop_recording, value_bias
+from .head_read import (
+    WindowMass,
+    merge_into_heads,
+    read_at_places,
+    recording,
+    stop_recording,
+    value_bias,
+)
 
 
 @dataclass
@@ -50,6 +57,12 @@ class Call:
     # memory_read="heads": per memory layer the attention module, and log Z_W of this call
     attentions: list[nn.Module] | None = None
     window_mass: WindowMass | None = None
+    # memory_positions="places": the base's position ids of this call's tokens [batch, T] (None:
+    # past, past + 1, …), its rotary embedding and number of positions (head_read.read_at_places)
+    positions: torch.Tensor | None = None
+    past: int = 0
+    rotary: nn.Module | None = None
+    limit: int | None = None
 
 
 _OWNERS = itertools.count()
@@ -85,7 +98,16 @@ def add_long_term_read(owner: int, index: int, module: nn.Module, args, output):
     if call.attentions is not None:  # memory_read="heads": merged into the base's heads
         attention = call.attentions[index]
         read = call.layers[index].attention
-        heads = read(h, call.long_term[index], prepared=prepared, heads=True)
+        if call.rotary is not None:  # every place at its own position
+            positions = call.positions
+            if positions is None:
+                positions = torch.arange(call.past, call.past + h.shape[1], device=h.device)
+                positions = positions.expand(h.shape[0], -1)
+            heads = read_at_places(
+                read, h, call.long_term[index], prepared, positions, call.rotary, call.limit
+            )
+        else:
+            heads = read(h, call.long_term[index], prepared=prepared, heads=True)
         call.reads[index] = heads
         bias = value_bias(attention, heads.z.shape[1])
         log_window = call.window_mass.log_mass[id(attention)]

@@ -362,6 +362,9 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         if self.config.memory_read == "heads":
             call.attentions = self._blocks(self.adapter.attentions)
             call.window_mass = WindowMass({id(m) for m in call.attentions})
+        if self.config.memory_positions == "places":  # each place at its own stream position
+            call.rotary, call.limit = self.adapter.rotary_embedding(self.base), limit
+            call.positions, call.past = inputs.position_ids, past
         keep = logits_to_keep
         if inputs.context and isinstance(keep, torch.Tensor):
             keep = keep + inputs.context  # indices into this call's positions
