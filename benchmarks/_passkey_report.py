@@ -194,12 +194,25 @@ def gather(out_dir: Path, setup: dict[str, Any]) -> dict[str, Any]:
         previous = ex.load_report(old)
         if previous.get("setup") == setup:
             rows.update(previous.get("rows", {}))
+    parts = []
     for path in sorted((out_dir / f"{NAME}.rows").glob("*.json")):
         entry = json.loads(path.read_text(encoding="utf-8"))
-        if entry["setup"] == setup:
-            rows[path.stem] = entry["row"]
-            if entry["row"].get("run") and Path(entry["row"]["run"]).parent.exists():
-                rows[path.stem]["training"] = training_summary(entry["row"]["run"])
+        if entry["setup"] != setup:
+            continue
+        if "@" in path.stem:  # a part of a row (passkey.py --part): added once all rows are in
+            parts.append((path.stem.partition("@")[0], entry["row"]))
+            continue
+        rows[path.stem] = entry["row"]
+        if entry["row"].get("run") and Path(entry["row"]["run"]).parent.exists():
+            rows[path.stem]["training"] = training_summary(entry["row"]["run"])
+    for name, part in parts:  # its longer prompts join the row's; the row then has them all
+        if name not in rows:
+            continue
+        row = rows[name]
+        row["passkey"] = {**row["passkey"], **part["passkey"]}
+        row["seconds"] += part["seconds"]
+        if row.get("max_prompt_tokens", 0) + 1 >= part.get("min_prompt_tokens", math.inf):
+            row.pop("max_prompt_tokens")
     data = ex.report(NAME, setup, {}, {}, [], 1, sum(r["seconds"] for r in rows.values()))
     data["rows"] = rows
     w, u = rows.get("window", {}).get("books"), rows.get("untrained", {}).get("books")

@@ -288,8 +288,8 @@ def evaluate_passkeys(row: Row, prompts: dict[int, tuple]) -> dict[str, Any]:
             if row.name in EXACT and inputs.shape[1] > EXACT_MAX_TOKENS:
                 continue
             limit = getattr(row.args, "max_prompt_tokens", None)
-            if limit and inputs.shape[1] > limit:
-                continue
+            if limit and (inputs.shape[1] > limit) != bool(getattr(row.args, "part", None)):
+                continue  # over the limit; a part (--part): not over it
             record = row.name in READ_ROWS
             pieces, reads = row.stream(inputs, record=record, last_only=True)
             nll, hit = _nll(pieces, answer)
@@ -418,7 +418,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="run no prompt longer than this (–): to fit a row into a time budget; "
                         "the row records it")  # fmt: skip
+    p.add_argument("--part", default=None,
+                   help="measure the prompts over --max-prompt-tokens of each row only (no books), "
+                        "into ROW@PART.json: the report adds them to the row (a long row split "
+                        "over two runs)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.part and not args.max_prompt_tokens:
+        p.error("--part measures the prompts over --max-prompt-tokens: give both")
     quick = dict(distances="40,90", keys=2, segment_len=16, window=16, docs=2, doc_len=48)
     out_dir, setup = prompt_setup(args, quick, extra=("docs", "doc_len"))
     if args.rows is None:
@@ -433,7 +439,7 @@ def main(argv: list[str] | None = None) -> None:
             start = time.perf_counter()
             row = Row(name, args)
             entry: dict[str, Any] = {"run": row.run, "passkey": evaluate_passkeys(row, prompts)}
-            entry["books"] = evaluate_books(row, docs)
+            entry["books"] = None if args.part else evaluate_books(row, docs)
             if name == "full":
                 entry["positions"] = row.positions
             if row.memory is not None:
@@ -444,9 +450,11 @@ def main(argv: list[str] | None = None) -> None:
             if name in MIXTURE:
                 entry["settings"] = {"sink_edge": args.heads_sink_edge, **MIXTURE[name]}
             if args.max_prompt_tokens:
-                entry["max_prompt_tokens"] = args.max_prompt_tokens
+                key = "min_prompt_tokens" if args.part else "max_prompt_tokens"
+                entry[key] = args.max_prompt_tokens + (1 if args.part else 0)
             entry["seconds"] = time.perf_counter() - start
-            path = out_dir / f"{NAME}.rows" / f"{name}.json"
+            stem = f"{name}@{args.part}" if args.part else name
+            path = out_dir / f"{NAME}.rows" / f"{stem}.json"
             path.write_text(json.dumps({"setup": setup, "row": entry}, indent=1) + "\n")
             print(f"{name}: {entry['seconds'] / 60:.1f} min", flush=True)
     data = (

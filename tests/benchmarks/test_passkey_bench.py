@@ -96,3 +96,22 @@ def test_the_exact_positions_ceiling_is_the_full_context_within_the_bases_positi
             pieces, _ = passkey.Row(name, args).stream(ids)
             error = max((got - want[:, a : a + 16]).abs().max().item() for a, got in pieces)
             assert (error < 1e-5) == close, (name, error)
+
+
+def test_a_part_measured_on_its_own_joins_its_row(tmp_path):
+    """passkey.py --part: the longer prompts of a row, in ROW@PART.json, join the row's own
+    (the row then ran every prompt); a part whose row is not there is left out."""
+    from _passkey_report import gather
+
+    setup = {"distances": [40, 90], "keys": 1}
+    rows_dir = tmp_path / "passkey.rows"
+    rows_dir.mkdir()
+    short = {"passkey": {"40": {"exact": 1.0}}, "books": {"x": 1}, "seconds": 5.0,
+             "max_prompt_tokens": 64}  # fmt: skip
+    long = {"passkey": {"90": {"exact": 0.0}}, "books": None, "seconds": 7.0,
+            "min_prompt_tokens": 65}  # fmt: skip
+    for name, row in (("lm", short), ("lm@long", long), ("other@long", long)):
+        (rows_dir / f"{name}.json").write_text(json.dumps({"setup": setup, "row": row}))
+    rows = gather(tmp_path, setup)["rows"]
+    assert rows == {"lm": {"passkey": {"40": {"exact": 1.0}, "90": {"exact": 0.0}},
+                           "books": {"x": 1}, "seconds": 12.0}}  # fmt: skip
