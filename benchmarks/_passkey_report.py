@@ -36,9 +36,9 @@ ROWS = {
     "centre), reading the memory's first tokens too (sink edge 0)",
     "mixture-fill-keep": "(xvii) (xvi) with the first 64 tokens never merged (keep_first)",
     "mixture-fill-positions": "(xviii) (xvii) with every place at its own stream position "
-    "(rotary; a benchmark patch, not a library setting)",
+    "(memory_positions = places, rotary)",
     "exact": "ceiling: the heads read the exact stored states (a growing cache, not a memory)",
-    "exact-positions": "ceiling, each stored state at its own position (rotary)",
+    "exact-positions": "ceiling, each stored state at its own stream position (rotary)",
 }
 # the rows whose answer reads are recorded and tabled (trained with read supervision)
 READ_ROWS = (

@@ -115,3 +115,17 @@ def test_a_part_measured_on_its_own_joins_its_row(tmp_path):
     rows = gather(tmp_path, setup)["rows"]
     assert rows == {"lm": {"passkey": {"40": {"exact": 1.0}, "90": {"exact": 0.0}},
                            "books": {"x": 1}, "seconds": 12.0}}  # fmt: skip
+
+
+def test_a_row_split_by_prompt_length_over_two_runs_has_every_prompt(tmp_path):
+    pytest.importorskip("transformers")
+    argv = ["--quick", "--rows", "window", "--out", str(tmp_path), "--max-prompt-tokens", "150"]
+    passkey.main(argv)
+    short = json.loads((tmp_path / "passkey.json").read_text())["rows"]["window"]
+    assert set(short["passkey"]) == {"40"} and short["max_prompt_tokens"] == 150
+    passkey.main([*argv, "--part", "long"])
+    row = json.loads((tmp_path / "passkey.json").read_text())["rows"]["window"]
+    assert set(row["passkey"]) == {"40", "90"} and "max_prompt_tokens" not in row
+    assert row["books"] == short["books"]
+    with pytest.raises(SystemExit):
+        passkey.main(["--quick", "--rows", "window", "--out", str(tmp_path), "--part", "long"])
