@@ -342,6 +342,26 @@ def test_with_places_at_their_positions_the_memory_reads_like_the_full_context(w
 
 
 @torch.no_grad()
+def test_with_two_widths_each_basis_function_sits_at_its_centres_place():
+    """N = 2 widths × 32 centres: both basis functions on a centre are read at that centre's
+    stream position, so the read is the one-width read with every place counted twice (the
+    same z, log-mass + log 2)."""
+    from inftyformer.long_term_attention import record_reads
+
+    ids = torch.randint(1, V, (2, 40), generator=torch.Generator().manual_seed(11))
+    reads = {}
+    for name, extra in (("one", {}), ("two", {"num_basis": 64, "widths": (0.004, 0.002)})):
+        model = heads_model("llama", memory_positions="places", **{**PLACES, **extra})
+        state = model(ids[:, :32]).state
+        with record_reads(model) as recorded:
+            model(ids[:, 32:], state=state)
+        reads[name] = recorded[0][-1]
+    one, two = reads["one"], reads["two"]
+    assert torch.allclose(two.z, one.z, atol=1e-6)
+    assert torch.allclose(two.log_mass, one.log_mass + math.log(2), atol=1e-5)
+
+
+@torch.no_grad()
 def test_greedy_generation_equals_recomputation_with_places_past_the_bases_positions():
     """96 tokens through 16 places (merged, the first 2 kept): the memory reaches further back
     than the base's 64 positions, and the read at place positions generates what one call per
