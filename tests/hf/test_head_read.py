@@ -422,3 +422,27 @@ def test_the_run_config_takes_place_positions_to_the_model(tmp_path):
     assert build_model(config).lm.config.memory_positions == "places"
     with pytest.raises(ValueError, match="squeeze='fill'"):
         PretrainedMemoryConfig(**{**settings, "squeeze": "by_length"})
+
+
+@torch.no_grad()
+def test_rows_at_different_stream_positions_read_as_if_alone():
+    """Row 0 starts a new document at segment 3 (reset), row 1 goes on: each row's places and
+    queries sit at its own stream positions, so the batch gives each row's logits alone."""
+    model = heads_model("llama", memory_positions="places", **{**PLACES, "num_basis": 16,
+                                                               "num_samples": 16})  # fmt: skip
+    ids = torch.randint(1, V, (2, 48), generator=torch.Generator().manual_seed(15))
+
+    def run(rows, reset_at=None):
+        state, logits = None, []
+        for k, a in enumerate(range(0, 48, 8)):
+            reset = None if reset_at is None else torch.tensor(reset_at) & (k == 3)
+            out = model(ids[rows, a : a + 8], state=state, reset=reset)
+            state = out.state
+            logits.append(out.logits)
+        return torch.cat(logits, 1)
+
+    both = run([0, 1], reset_at=[True, False])
+    assert torch.allclose(both[1:], run([1]), atol=1e-5)
+    alone = run([0], reset_at=[True])
+    assert torch.allclose(both[:1], alone, atol=1e-5)
+    assert (alone[:, 24:] - run([0])[:, 24:]).abs().max() > 1e-3  # the reset mattered
