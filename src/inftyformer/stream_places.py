@@ -111,8 +111,8 @@ def _pool_with_tail(
 
     After L new tokens (T = S + L): the kept places are tokens gathered from the old places and
     the new tokens, and the middle pools the stream over [keep, T − keep_last): the old middle
-    places (S > K; S_mid / P_mid tokens each), the old places and the new tokens whose token
-    lies there (1 each), every other unit 0 wide."""
+    places (S > K; (S − keep − keep_last) / (K − keep − keep_last) tokens each), the old places
+    and the new tokens whose token lies there (1 each), every other unit 0 wide."""
     batch, K, e = old.shape
     L = new.shape[1]
     S = stored.to(old.device)[:, None]  # [batch, 1]
@@ -160,9 +160,9 @@ def place_positions(
 
         S ≤ K       place k holds token k                                   p_k = k
         S > K       places k < keep hold tokens k                           p_k = k
-                    the last keep_last places the last tokens       p_k = S − K + k
+                    the last keep_last places the last tokens               p_k = S − K + k
                     the others equal runs of r = (S − keep − keep_last) / (K − keep − keep_last)
-                    tokens                            p_k = keep + (k − keep + ½) r − ½
+                    tokens                              p_k = keep + (k − keep + ½) r − ½
 
     A read that knows each place's position (`hf/head_read.py`, memory_positions="places")
     turns its keys by them, as a pretrained model's rotary attention turns a token's key."""
