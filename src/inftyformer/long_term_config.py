@@ -108,6 +108,7 @@ CHANGEABLE_SETTINGS = (
     "sink_edge",
     "token_mass",
     "keep_first",
+    "keep_last",
     "kl_weight",
 )
 # what the model around the memory decides, never a user's setting (None in a config nested in
@@ -164,6 +165,9 @@ class LongTermConfig:
     # squeeze="fill": the stream's first tokens keep a place each and are never merged (where a
     # pretrained model parks attention it does not need: its attention sink)
     keep_first: int = 0
+    # squeeze="fill": the stream's most recent tokens keep a place each (the last places) and are
+    # never merged; the tokens between the first and the last kept share the other places
+    keep_last: int = 0
     # σ of every density at initialisation (the bias of w_σ); None: PyTorch's default
     # initialisation of the head, the paper's (σ ≈ 0.83)
     sigma_init: float | None = None
@@ -207,6 +211,17 @@ class LongTermConfig:
                 "keep_first keeps the first tokens of a squeeze='fill' memory on their own "
                 f"centres: it needs squeeze='fill' and 0 <= keep_first < num_samples, got "
                 f"squeeze={self.squeeze!r}, keep_first={self.keep_first}, "
+                f"num_samples={self.num_samples}"
+            )
+        check_positive_int("keep_last", self.keep_last, minimum=0)
+        if self.keep_last and (
+            self.squeeze != "fill" or self.keep_first + self.keep_last >= self.num_samples
+        ):
+            raise ValueError(
+                "keep_last keeps the most recent tokens of a squeeze='fill' memory on their own "
+                "centres: it needs squeeze='fill' and keep_first + keep_last < num_samples (one "
+                f"place at least for the merged tokens), got squeeze={self.squeeze!r}, "
+                f"keep_first={self.keep_first}, keep_last={self.keep_last}, "
                 f"num_samples={self.num_samples}"
             )
         if self.squeeze == "fill" and self.num_samples != self.num_basis // len(self.widths):

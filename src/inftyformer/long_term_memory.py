@@ -380,7 +380,7 @@ class LongTermMemory(nn.Module):
             u = self.basis.center_grid.to(x)  # [K]
             x_old = _evaluate_signal(B_past, self.basis, u)  # [batch, K, e]
             stored = torch.where(empty, 0, state.stored)
-            V, places = pool_by_length(x_old, stored, x, c.keep_first)  # [b, K, e], [b]
+            V, places = pool_by_length(x_old, stored, x, c.keep_first, c.keep_last)  # [b, K, e]
             # B = Gᵀ V  [batch, N, e]
             B_new = _fit_coefficients(V, self.fill_designs(places, x.device, x.dtype))
         elif bool(empty.any()):

@@ -3,7 +3,8 @@ one token each until the memory is full, then equal runs of the stream, and wher
 
     pool_by_length   the K places after L new tokens: place k = the mean of the stream over
                      [k r, (k + 1) r), r = max((S + L) / K, 1), the first `keep` tokens never
-                     merged (a pretrained model's attention sink)
+                     merged (a pretrained model's attention sink), nor the last `keep_last`
+                     (the recent past kept exact, the older past merged)
     place_positions  the mean token index of each place: where a read that knows positions
                      (a pretrained model's rotary attention, `hf/head_read.py`) puts its key
 """
@@ -14,7 +15,7 @@ import torch
 
 
 def pool_by_length(
-    old: torch.Tensor, stored: torch.Tensor, new: torch.Tensor, keep: int = 0
+    old: torch.Tensor, stored: torch.Tensor, new: torch.Tensor, keep: int = 0, keep_last: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The places of a squeeze="fill" memory after L new tokens, each the mean of an equal run of
     the stream.
@@ -31,7 +32,11 @@ def pool_by_length(
 
     `keep`: the first places keep the stream's first tokens, one each, and are never merged
     (a pretrained model's attention sink); the rest of the stream shares the other K − keep.
+    `keep_last` (`_pool_with_tail`): once the memory is full, the last places hold the stream's
+    last tokens, one each; only the tokens between the kept ones share the middle places.
     """
+    if keep_last:
+        return _pool_with_tail(old, stored, new, keep, keep_last)
     if not keep:
         ones = torch.ones(new.shape[:2], device=old.device, dtype=torch.float64)
         return _pool(old, stored, new, ones)
@@ -59,14 +64,8 @@ def _pool(
     old: torch.Tensor, stored: torch.Tensor, new: torch.Tensor, new_width: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`pool_by_length` without a kept prefix, the new tokens weighted by `new_width` [batch, L]
-    (1: a token of the stream, 0: not part of it).
-
-    The stream is piecewise constant over its units (old places of width S / P, new tokens of
-    width 1); the mean over [a, b) is (C(b) − C(a)) / r with C its running integral, computed
-    in float64 (C grows with the stream). A unit of width 0 shares its left edge with the unit
-    after it, which the search below picks instead."""
-    batch, K, _ = old.shape
-    L = new.shape[1]
+    (1: a token of the stream, 0: not part of it)."""
+    K = old.shape[1]
     S = stored.to(device=old.device, dtype=torch.float64)  # [batch]
     P = S.clamp(max=K)
     j = torch.arange(K, device=old.device, dtype=torch.float64)
@@ -74,36 +73,104 @@ def _pool(
     width = torch.cat(
         [torch.where(j < P[:, None], S[:, None] / P.clamp(min=1)[:, None], 0.0), new_width], -1
     )  # [batch, K + L]
-    units = torch.cat([old, new], 1).to(torch.float64)  # [batch, K + L, e]
-    left = torch.cumsum(width, -1) - width  # the units' left edges [batch, K + L]
-    C = torch.cumsum(width[..., None] * units, 1) - width[..., None] * units  # C at left edges
     T = S + new_width.sum(-1)
-    r = (T / K).clamp(min=1)[:, None]  # tokens per place [batch, 1]
-    a = torch.minimum(torch.arange(K + 1, device=old.device, dtype=torch.float64) * r, T[:, None])
-    # C(a) = C(left_m) + x_m (a − left_m) for the unit m that holds a (the last with left_m ≤ a)
-    m = (torch.searchsorted(left, a, right=True) - 1).clamp(0, K + L - 1)  # [batch, K + 1]
-    gather = lambda v: torch.gather(v, 1, m[..., None].expand(-1, -1, v.shape[-1]))  # noqa: E731
-    C_a = gather(C) + gather(units) * (a - torch.gather(left, 1, m))[..., None]
-    places = (C_a[:, 1:] - C_a[:, :-1]) / r[..., None]  # [batch, K, e]
+    places = _runs(torch.cat([old, new], 1), width, T, K)
     return places.to(old.dtype), T.clamp(max=K).to(torch.int64)
 
 
-def place_positions(stored: torch.Tensor, num_places: int, keep: int = 0) -> torch.Tensor:
+def _runs(units: torch.Tensor, width: torch.Tensor, T: torch.Tensor, K: int) -> torch.Tensor:
+    """The means of a stream over K equal runs of r = max(T / K, 1) tokens (float64 [batch, K, e];
+    the runs past T are zero): the stream is piecewise constant over its `units` [batch, U, e],
+    unit m `width` [batch, U] tokens wide (float64), T [batch] tokens in all.
+
+    The mean over [a, b) is (C(b) − C(a)) / r with C the running integral, computed in float64
+    (C grows with the stream). A unit of width 0 is not part of the stream: it shares its left
+    edge with the unit after it, which the search below picks instead."""
+    U = units.shape[1]
+    units = units.to(torch.float64)
+    left = torch.cumsum(width, -1) - width  # the units' left edges [batch, U]
+    C = torch.cumsum(width[..., None] * units, 1) - width[..., None] * units  # C at left edges
+    r = (T / K).clamp(min=1)[:, None]  # tokens per place [batch, 1]
+    a = torch.minimum(torch.arange(K + 1, device=units.device, dtype=torch.float64) * r, T[:, None])
+    # C(a) = C(left_m) + x_m (a − left_m) for the unit m that holds a (the last with left_m ≤ a)
+    m = (torch.searchsorted(left, a, right=True) - 1).clamp(0, U - 1)  # [batch, K + 1]
+    gather = lambda v: torch.gather(v, 1, m[..., None].expand(-1, -1, v.shape[-1]))  # noqa: E731
+    C_a = gather(C) + gather(units) * (a - torch.gather(left, 1, m))[..., None]
+    return (C_a[:, 1:] - C_a[:, :-1]) / r[..., None]  # [batch, K, e]
+
+
+def _pool_with_tail(
+    old: torch.Tensor, stored: torch.Tensor, new: torch.Tensor, keep: int, keep_last: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`pool_by_length` with the last `keep_last` tokens never merged. The K places of a stream
+    of S tokens:
+
+        S ≤ K   place k holds token k (the places past S nothing)
+        S > K   places k < keep token k; the last keep_last places the tokens S − keep_last …
+                S − 1; the middle K − keep − keep_last places equal runs of the tokens between
+
+    After L new tokens (T = S + L): the kept places are tokens gathered from the old places and
+    the new tokens, and the middle pools the stream over [keep, T − keep_last): the old middle
+    places (S > K; (S − keep − keep_last) / (K − keep − keep_last) tokens each), the old places
+    and the new tokens whose token lies there (1 each), every other unit 0 wide."""
+    batch, K, e = old.shape
+    L = new.shape[1]
+    S = stored.to(old.device)[:, None]  # [batch, 1]
+    T = S + L
+    middle = K - keep - keep_last  # places of the merged runs
+    k = torch.arange(K, device=old.device)
+    j = torch.arange(L, device=old.device)
+    merged = S > K  # the old places: head, runs, tail
+    tail = k >= K - keep_last
+    alone = ~merged | (k < keep) | tail  # old places holding one token each  [batch, K]
+    token = torch.where(merged & tail, S - K + k, k)  # the token of such a place
+    # the middle of the new stream, tokens [keep, T − keep_last)
+    inside = lambda s: (s >= keep) & (s < T - keep_last)  # noqa: E731
+    run = (S.to(torch.float64) - keep - keep_last) / middle  # tokens per old middle place
+    width = torch.cat(
+        [
+            torch.where(alone, (inside(token) & (token < S)).to(torch.float64), run),
+            inside(S + j).to(torch.float64),
+        ],
+        -1,
+    )  # [batch, K + L]
+    M = (T - keep - keep_last).clamp(min=0)[:, 0].to(torch.float64)
+    runs = _runs(torch.cat([old, new], 1), width, M, middle).to(old.dtype)
+    # the tokens kept one each: place k holds token k (filling or k < keep) or T − K + k (tail)
+    full = T > K
+    wanted = torch.where(full & tail, T - K + k, k)  # [batch, K]
+    # where it is in [old places, new tokens]: a new token at K + s − S, an old one on its place
+    source = torch.where(
+        wanted >= S, K + wanted - S, torch.where(merged & (wanted >= keep), K - S + wanted, wanted)
+    ).clamp(0, K + L - 1)  # (a middle place's is not used)
+    both = torch.cat([old, new.to(old.dtype)], 1)  # [batch, K + L, e]
+    kept = torch.gather(both, 1, source[..., None].expand(-1, -1, e))
+    kept = kept * (wanted < T)[..., None].to(old.dtype)  # nothing past the stream
+    runs = torch.cat([runs.new_zeros(batch, keep, e), runs, runs.new_zeros(batch, keep_last, e)], 1)
+    in_runs = full & (k >= keep) & ~tail  # [batch, K]
+    return torch.where(in_runs[..., None], runs, kept), T[:, 0].clamp(max=K)
+
+
+def place_positions(
+    stored: torch.Tensor, num_places: int, keep: int = 0, keep_last: int = 0
+) -> torch.Tensor:
     """Where each place of a squeeze="fill" memory lies in its stream, on the token axis: the
     mean index of the tokens `pool_by_length` averaged into it (float64 [batch, K] for
     S = `stored` [batch] tokens; the places past the stream are not read, their value is k).
 
         S ≤ K       place k holds token k                                   p_k = k
         S > K       places k < keep hold tokens k                           p_k = k
-                    the others equal runs of r = (S − keep) / (K − keep) tokens
-                                                      p_k = keep + (k − keep + ½) r − ½
+                    the last keep_last places the last tokens               p_k = S − K + k
+                    the others equal runs of r = (S − keep − keep_last) / (K − keep − keep_last)
+                    tokens                              p_k = keep + (k − keep + ½) r − ½
 
     A read that knows each place's position (`hf/head_read.py`, memory_positions="places")
     turns its keys by them, as a pretrained model's rotary attention turns a token's key."""
     S = stored.to(torch.float64)[:, None]  # [batch, 1]
     k = torch.arange(num_places, dtype=torch.float64, device=stored.device)  # [K]
-    r = (S - keep) / (num_places - keep)  # tokens per merged place
+    r = (S - keep - keep_last) / (num_places - keep - keep_last)  # tokens per merged place
     merged = keep + (k - keep + 0.5) * r - 0.5
+    merged = torch.where(k >= num_places - keep_last, S - num_places + k, merged)
     return torch.where((S <= num_places) | (k < keep), k, merged)
 
 

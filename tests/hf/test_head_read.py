@@ -279,23 +279,27 @@ def test_the_pretrained_memory_squeezes_by_length_and_keeps_it_on_save(tmp_path,
 
 
 @torch.no_grad()
-def test_the_pretrained_fill_memory_keeps_its_first_tokens_and_the_setting_on_save(tmp_path, arch):
-    """keep_first reaches every memory layer: past K = 8 stored tokens the first ones stay on
-    their centres (another signal than without), and save/load keeps the setting."""
+@pytest.mark.parametrize("keep", ["keep_first", "keep_last"])
+def test_the_pretrained_fill_memory_keeps_its_first_tokens_and_the_setting_on_save(
+    tmp_path, arch, keep
+):
+    """keep_first (keep_last) reaches every memory layer: past K = 8 stored tokens the first
+    (most recent) ones stay on their centres (another signal than without), and save/load keeps
+    the setting."""
     from inftyformer.hf import InftyformerForCausalLM
 
     ids = torch.randint(1, V, (2, 48), generator=torch.Generator().manual_seed(3))
     settings = dict(density="mixture", squeeze="fill", num_basis=8, num_samples=8, widths=(0.01,))
     merged = heads_model(arch, **settings)
-    kept = heads_model(arch, keep_first=2, **settings)
+    kept = heads_model(arch, **{keep: 2}, **settings)
     state = kept(ids).state
-    assert {layer.memory.config.keep_first for layer in kept.long_term} == {2}
+    assert {getattr(layer.memory.config, keep) for layer in kept.long_term} == {2}
     assert state.layers[0].long_term.stored.tolist() == [32, 32]  # 4 segments, past K = 8
     B_merged = merged(ids).state.layers[0].long_term.coefficients
     assert not torch.allclose(state.layers[0].long_term.coefficients, B_merged, atol=1e-3)
     kept.save_pretrained(tmp_path)
     loaded = InftyformerForCausalLM.from_pretrained(tmp_path).eval()
-    assert loaded.config.keep_first == 2
+    assert getattr(loaded.config, keep) == 2
     assert torch.allclose(loaded(ids, state=state).logits, kept(ids, state=state).logits)
 
 
@@ -362,11 +366,12 @@ def test_with_two_widths_each_basis_function_sits_at_its_centres_place():
 
 
 @torch.no_grad()
-def test_greedy_generation_equals_recomputation_with_places_past_the_bases_positions():
-    """96 tokens through 16 places (merged, the first 2 kept): the memory reaches further back
-    than the base's 64 positions, and the read at place positions generates what one call per
-    step recomputes."""
-    model = heads_model("llama", memory_positions="places", keep_first=2,
+@pytest.mark.parametrize("keep_last", [0, 5])
+def test_greedy_generation_equals_recomputation_with_places_past_the_bases_positions(keep_last):
+    """96 tokens through 16 places (merged, the first 2 kept, and the last 5): the memory reaches
+    further back than the base's 64 positions, and the read at place positions generates what
+    one call per step recomputes."""
+    model = heads_model("llama", memory_positions="places", keep_first=2, keep_last=keep_last,
                         **{**PLACES, "num_basis": 16, "num_samples": 16})  # fmt: skip
     ids = torch.randint(1, V, (2, 96), generator=torch.Generator().manual_seed(12))
     memory = model(ids).state
@@ -408,8 +413,8 @@ def test_the_place_positions_setting_survives_save_and_load(tmp_path):
 
 
 def test_the_run_config_takes_place_positions_to_the_model(tmp_path):
-    """The training command's config carries memory_positions to the model it builds, through
-    to_dict/from_dict, and refuses it without a fill memory."""
+    """The training command's config carries memory_positions (and keep_last) to the model it
+    builds, through to_dict/from_dict, and refuses it without a fill memory."""
     from tiny_pretrained import write_tiny_model
 
     from inftyformer.models import PretrainedMemoryConfig, build_model
@@ -417,19 +422,23 @@ def test_the_run_config_takes_place_positions_to_the_model(tmp_path):
     path = str(write_tiny_model(tmp_path / "llama", "llama", max_positions=64))
     settings = dict(base_model=path, segment_len=8, window=8, memory_read="heads",
                     memory_positions="places", **{**PLACES, "memory_layers": (0,)})  # fmt: skip
-    config = PretrainedMemoryConfig(**settings)
+    config = PretrainedMemoryConfig(**settings, keep_last=3)
     assert PretrainedMemoryConfig.from_dict(config.to_dict()) == config
-    assert build_model(config).lm.config.memory_positions == "places"
+    lm = build_model(config).lm
+    assert lm.config.memory_positions == "places"
+    assert [layer.memory.config.keep_last for layer in lm.long_term] == [3]
     with pytest.raises(ValueError, match="squeeze='fill'"):
         PretrainedMemoryConfig(**{**settings, "squeeze": "by_length"})
 
 
 @torch.no_grad()
-def test_rows_at_different_stream_positions_read_as_if_alone():
+@pytest.mark.parametrize("kept", [{}, {"keep_first": 2, "keep_last": 5}])
+def test_rows_at_different_stream_positions_read_as_if_alone(kept):
     """Row 0 starts a new document at segment 3 (reset), row 1 goes on: each row's places and
-    queries sit at its own stream positions, so the batch gives each row's logits alone."""
-    model = heads_model("llama", memory_positions="places", **{**PLACES, "num_basis": 16,
-                                                               "num_samples": 16})  # fmt: skip
+    queries sit at its own stream positions (with keep_last: row 0 filling again while row 1
+    merges into its kept tail), so the batch gives each row's logits alone."""
+    places = {**PLACES, "num_basis": 16, "num_samples": 16, **kept}
+    model = heads_model("llama", memory_positions="places", **places)
     ids = torch.randint(1, V, (2, 48), generator=torch.Generator().manual_seed(15))
 
     def run(rows, reset_at=None):

@@ -57,13 +57,16 @@ def test_squeeze_ratios_by_hand():
     assert fixed.squeeze_ratios(stored, 256).tolist() == [0.75] * 4
 
 
-@pytest.mark.parametrize("squeeze", ["by_length", "fill"])
-def test_rows_of_different_lengths_equal_separate_streams(squeeze):
-    """A row reset midway squeezes by its own τ (fill: a row not yet full beside full ones):
-    the batch equals each row run alone."""
+@pytest.mark.parametrize(
+    "squeeze, kept", [("by_length", {}), ("fill", {}), ("fill", dict(keep_first=2, keep_last=5))]
+)
+def test_rows_of_different_lengths_equal_separate_streams(squeeze, kept):
+    """A row reset midway squeezes by its own τ (fill: a row not yet full beside full ones,
+    which with keep_last first overflow into their kept tail): the batch equals each row run
+    alone."""
     torch.manual_seed(0)
     memory = LongTermMemory(
-        config(num_basis=32, widths=(0.05, 0.1), num_samples=16, squeeze=squeeze)
+        config(num_basis=32, widths=(0.05, 0.1), num_samples=16, squeeze=squeeze, **kept)
     )
     segments = [torch.randn(3, 8, 4) for _ in range(4)]
     resets = [None, None, torch.tensor([False, True, False]), None]
@@ -236,21 +239,92 @@ def test_keep_first_over_many_merges():
     assert (at_centres[keep:] - expected).abs().max() < 0.35 * r
 
 
-@pytest.mark.parametrize("keep", [0, 3])
-def test_place_positions_are_the_mean_token_index_of_each_place(keep):
+@pytest.mark.parametrize("keep, keep_last", [(0, 0), (3, 0), (0, 4), (3, 4)])
+def test_place_positions_are_the_mean_token_index_of_each_place(keep, keep_last):
     """A ramp (token s holds s) pooled in one update: each place holds the mean index of its
     run of tokens, which `place_positions` gives exactly when a run is whole tokens (r = 7) and
     within half a token when runs split tokens; while the memory fills, place k is token k."""
     K, e = 16, 2
-    for T, tolerance in ((keep + (K - keep) * 7, 1e-9), (100, 0.5), (11, 1e-9)):
+    ends = keep + keep_last
+    for T, tolerance in ((ends + (K - ends) * 7, 1e-9), (100, 0.5), (11, 1e-9)):
         ramp = torch.arange(T, dtype=torch.float64)[None, :, None].expand(2, T, e)
         places, filled = pool_by_length(
-            torch.zeros(2, K, e, dtype=torch.float64), torch.zeros(2, dtype=torch.long), ramp, keep
+            torch.zeros(2, K, e, dtype=torch.float64),
+            torch.zeros(2, dtype=torch.long),
+            ramp,
+            keep,
+            keep_last,
         )
         P = int(filled[0])
-        positions = place_positions(torch.tensor([T, T]), K, keep)  # [2, K]
+        positions = place_positions(torch.tensor([T, T]), K, keep, keep_last)  # [2, K]
         assert positions.shape == (2, K) and positions.dtype == torch.float64
         assert (places[:, :P, 0] - positions[:, :P]).abs().max() <= tolerance
+
+
+def test_keep_last_by_hand():
+    """K = 6 places, keep_first 1, keep_last 2, three rows of a ramp (token s holds s) at
+    different lengths in one batch, 5 then 3 new tokens.
+
+    Row 0 (S = 4, filling) overflows to 9 tokens: token 0, then tokens 1–6 in runs of 2 on the 3
+    middle places, then tokens 7 and 8 one each. Its next 3 tokens make 12: tokens 7 and 8 leave
+    the tail and join the middle (9 tokens, runs of 3) one token each, the old middle places as
+    2 tokens each (their mean over their run), the tail is tokens 10 and 11.
+    Row 1 (S = 1) fills up to exactly K = 6, then overflows from a full memory as row 0 did.
+    Row 2 (S = 0) fills 5 places, then overflows to 8: tokens 1–5 in runs of 5/3."""
+    old = torch.zeros(3, 6, 1, dtype=torch.float64)
+    old[0, :4, 0] = torch.arange(4.0)
+    old[1, 0, 0] = 0.0
+    stored = torch.tensor([4, 1, 0])
+    new = (stored[:, None] + torch.arange(5))[..., None].double()
+    places, filled = pool_by_length(old, stored, new, keep=1, keep_last=2)
+    assert places[0, :, 0].tolist() == [0.0, 1.5, 3.5, 5.5, 7.0, 8.0]
+    assert places[1, :, 0].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert places[2, :, 0].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 0.0]
+    assert filled.tolist() == [6, 6, 5]
+    assert place_positions(stored + 5, 6, 1, 2)[0].tolist() == [0.0, 1.5, 3.5, 5.5, 7.0, 8.0]
+
+    stored = stored + 5
+    new = (stored[:, None] + torch.arange(3))[..., None].double()
+    places, filled = pool_by_length(places, stored, new, keep=1, keep_last=2)
+    assert places[0, :, 0].tolist() == pytest.approx(
+        [0.0, (1.5 * 2 + 3.5) / 3, (3.5 + 5.5 * 2) / 3, (7 + 8 + 9) / 3, 10.0, 11.0]
+    )
+    assert places[1, :, 0].tolist() == pytest.approx([0.0, 1.5, 3.5, 5.5, 7.0, 8.0])
+    assert places[2, :, 0].tolist() == pytest.approx(
+        [0.0, (1 + 2 * 2 / 3) * 3 / 5, (2 / 3 + 3 + 4 / 3) * 3 / 5, (4 * 2 / 3 + 5) * 3 / 5, 6, 7]
+    )
+    assert filled.tolist() == [6, 6, 6]
+    # the runs' mean token indices: tokens 1–3, 4–6, 7–9 (row 0); runs of 5/3 from 1 (row 2)
+    positions = place_positions(stored + 3, 6, 1, 2)
+    assert positions[0].tolist() == [0.0, 2.0, 5.0, 8.0, 10.0, 11.0]
+    assert positions[1].tolist() == [0.0, 1.5, 3.5, 5.5, 7.0, 8.0]
+    assert positions[2].tolist() == pytest.approx([0.0, 4 / 3, 3.0, 14 / 3, 6.0, 7.0])
+
+
+@pytest.mark.parametrize("keep", [0, 4])
+def test_keep_last_over_many_merges(keep):
+    """A ramp of 600 tokens through K = 64 places by segments of 40, the last 16 never merged:
+    the last 16 places hold tokens 584–599 exactly, the middle ones the means of equal runs of
+    the tokens between (within a fraction of a run), at their `place_positions`."""
+    K, T, keep_last = 64, 600, 16
+    memory = LongTermMemory(
+        config(
+            num_basis=K, widths=(0.004,), ridge_lambda=1e-6, num_samples=K, squeeze="fill",
+            edge_padding=False, keep_first=keep, keep_last=keep_last,
+        )
+    )  # fmt: skip
+    x = torch.arange(T, dtype=torch.float32)[None, :, None].expand(1, T, 4).contiguous()
+    at_centres = memory.signal(fitted(memory, x, 40), memory.basis.centers)[0, :, 0]
+    tail = torch.arange(T - keep_last, T, dtype=torch.float32)
+    assert (at_centres[K - keep_last :] - tail).abs().max() < 1e-2
+    assert torch.allclose(at_centres[:keep], torch.arange(keep, dtype=torch.float32), atol=1e-2)
+    r = (T - keep - keep_last) / (K - keep - keep_last)
+    middle = keep + (torch.arange(K - keep - keep_last) + 0.5) * r - 0.5
+    positions = place_positions(torch.tensor([T]), K, keep, keep_last)[0]
+    want = torch.cat([torch.arange(keep), middle, tail]).double()
+    assert torch.allclose(positions, want)
+    # the older places taken as constant over their runs: a quarter of a run off (0.24 r here)
+    assert (at_centres[keep : K - keep_last] - middle).abs().max() < 0.3 * r
 
 
 def test_keep_first_needs_fill():
@@ -260,6 +334,21 @@ def test_keep_first_needs_fill():
         config(squeeze="fill", num_samples=128, keep_first=128)
     with pytest.raises(TypeError, match="keep_first"):
         config(squeeze="fill", num_samples=128, keep_first=1.5)
+
+
+def test_keep_last_needs_fill_and_a_middle_place():
+    with pytest.raises(ValueError, match="keep_last"):
+        config(keep_last=4)
+    with pytest.raises(ValueError, match="keep_last"):
+        config(squeeze="fill", num_samples=128, keep_last=128)
+    with pytest.raises(ValueError, match="keep_last"):
+        config(squeeze="fill", num_samples=128, keep_first=4, keep_last=124)
+    with pytest.raises(ValueError, match="keep_last"):
+        config(squeeze="fill", num_samples=128, keep_last=-1)
+    with pytest.raises(TypeError, match="keep_last"):
+        config(squeeze="fill", num_samples=128, keep_last=2.0)
+    settings = dict(squeeze="fill", widths=(0.01,), num_samples=128)
+    assert config(**settings, keep_first=4, keep_last=123).keep_last == 123
 
 
 def test_fill_needs_a_content_density_and_no_sticky_memories():

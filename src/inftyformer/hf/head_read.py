@@ -211,7 +211,7 @@ def read_at_places(
     stored = state.stored.to(positions.device)  # S  [b]
     # p_n − S: the places before the window, at negative positions  [b, N]
     K = read.basis.num_centers  # places: one per centre (N / number of widths)
-    places = place_positions(stored, K, c.keep_first) - stored[:, None].double()
+    places = place_positions(stored, K, c.keep_first, c.keep_last) - stored[:, None].double()
     places = places.repeat(1, c.num_basis // K)  # basis function l·K + k sits on centre k
     if limit is not None:  # no place further from this call's last query than P − 1
         farthest = positions.max(1, keepdim=True).values.double() - (limit - 1)
