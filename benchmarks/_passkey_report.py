@@ -37,6 +37,7 @@ ROWS = {
     "mixture-fill-keep": "(xvii) (xvi) with the first 64 tokens never merged (keep_first)",
     "mixture-fill-positions": "(xviii) (xvii) with every place at its own stream position "
     "(memory_positions = places, rotary)",
+    "mixture-fill-recent": "(xix) (xviii) with the last 1,024 tokens never merged (keep_last)",
     "exact": "ceiling: the heads read the exact stored states (a growing cache, not a memory)",
     "exact-positions": "ceiling, each stored state at its own stream position (rotary)",
 }
@@ -212,7 +213,9 @@ def gather(out_dir: Path, setup: dict[str, Any]) -> dict[str, Any]:
         row["passkey"] = {**row["passkey"], **part["passkey"]}
         row["seconds"] += part["seconds"]
         if row.get("max_prompt_tokens", 0) + 1 >= part.get("min_prompt_tokens", math.inf):
-            row.pop("max_prompt_tokens")
+            row.pop("max_prompt_tokens")  # the part goes on where the row stopped
+            if part.get("max_prompt_tokens"):  # up to its own limit
+                row["max_prompt_tokens"] = part["max_prompt_tokens"]
     data = ex.report(NAME, setup, {}, {}, [], 1, sum(r["seconds"] for r in rows.values()))
     data["rows"] = rows
     w, u = rows.get("window", {}).get("books"), rows.get("untrained", {}).get("books")

@@ -32,6 +32,8 @@ Rows (every one reads the same token streams):
                   their own centres when the memory merges the rest
     mixture-fill-positions  as mixture-fill-keep, every place read at its own stream position
                   (memory_positions = places: rotary bases)
+    mixture-fill-recent  as mixture-fill-positions with keep_last = 1,024: the most recent
+                  1,024 tokens of the memory one per place, only the older ones merged
     exact         the ceiling of the heads read: as mixture, but the heads read the exact states
                   the memory was given, one place per token (a growing cache, not a memory of
                   fixed size: `_passkey_exact.py`); prompts over 8,192 tokens are not run
@@ -97,6 +99,8 @@ MIXTURE["mixture-fill-sink"] = dict(MIXTURE["mixture-fill"], sink_edge=0.0)
 MIXTURE["mixture-fill-keep"] = dict(MIXTURE["mixture-fill-sink"], keep_first=64)
 # and every place read at its own stream position, not at one distance
 MIXTURE["mixture-fill-positions"] = dict(MIXTURE["mixture-fill-keep"], memory_positions="places")
+# and the last 1,024 tokens never merged either: the recent past exact, the older past merged
+MIXTURE["mixture-fill-recent"] = dict(MIXTURE["mixture-fill-positions"], keep_last=1024)
 EXACT = ("exact", "exact-positions")  # the ceiling rows: the heads read exact stored states
 # their cost grows with the square of the stream: prompts longer than this are not run (–)
 EXACT_MAX_TOKENS = 8192
@@ -290,6 +294,9 @@ def evaluate_passkeys(row: Row, prompts: dict[int, tuple]) -> dict[str, Any]:
             limit = getattr(row.args, "max_prompt_tokens", None)
             if limit and (inputs.shape[1] > limit) != bool(getattr(row.args, "part", None)):
                 continue  # over the limit; a part (--part): not over it
+            part_limit = getattr(row.args, "part_max_tokens", None)
+            if part_limit and inputs.shape[1] > part_limit:
+                continue
             record = row.name in READ_ROWS
             pieces, reads = row.stream(inputs, record=record, last_only=True)
             nll, hit = _nll(pieces, answer)
@@ -418,6 +425,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="run no prompt longer than this (–): to fit a row into a time budget; "
                         "the row records it")  # fmt: skip
+    p.add_argument(
+        "--part-max-tokens",
+        type=int,
+        default=None,
+        help="with --part: no prompt longer than this either",
+    )
     p.add_argument("--part", default=None,
                    help="measure the prompts over --max-prompt-tokens of each row only (no books), "
                         "into ROW@PART.json: the report adds them to the row (a long row split "
@@ -452,6 +465,8 @@ def main(argv: list[str] | None = None) -> None:
             if args.max_prompt_tokens:
                 key = "min_prompt_tokens" if args.part else "max_prompt_tokens"
                 entry[key] = args.max_prompt_tokens + (1 if args.part else 0)
+            if args.part and args.part_max_tokens:
+                entry["max_prompt_tokens"] = args.part_max_tokens
             entry["seconds"] = time.perf_counter() - start
             stem = f"{name}@{args.part}" if args.part else name
             path = out_dir / f"{NAME}.rows" / f"{stem}.json"

@@ -127,5 +127,10 @@ def test_a_row_split_by_prompt_length_over_two_runs_has_every_prompt(tmp_path):
     row = json.loads((tmp_path / "passkey.json").read_text())["rows"]["window"]
     assert set(row["passkey"]) == {"40", "90"} and "max_prompt_tokens" not in row
     assert row["books"] == short["books"]
+    # a part with a limit of its own leaves the row limited by it
+    (tmp_path / "passkey.rows" / "window@long.json").unlink()
+    passkey.main([*argv, "--part", "long", "--part-max-tokens", "160"])
+    row = json.loads((tmp_path / "passkey.json").read_text())["rows"]["window"]
+    assert set(row["passkey"]) == {"40"} and row["max_prompt_tokens"] == 160
     with pytest.raises(SystemExit):
         passkey.main(["--quick", "--rows", "window", "--out", str(tmp_path), "--part", "long"])
