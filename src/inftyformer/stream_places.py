@@ -32,48 +32,31 @@ def pool_by_length(
 
     `keep`: the first places keep the stream's first tokens, one each, and are never merged
     (a pretrained model's attention sink); the rest of the stream shares the other K − keep.
-    `keep_last` (`_pool_with_tail`): once the memory is full, the last places hold the stream's
-    last tokens, one each; only the tokens between the kept ones share the middle places.
+    `keep_last`: once the memory is full, the last places hold the stream's last tokens, one
+    each; only the tokens between the kept ones share the middle places (`_pool_kept`).
     """
-    if keep_last:
-        return _pool_with_tail(old, stored, new, keep, keep_last)
-    if not keep:
-        ones = torch.ones(new.shape[:2], device=old.device, dtype=torch.float64)
-        return _pool(old, stored, new, ones)
-    batch, K, _ = old.shape
-    L = new.shape[1]
-    S = stored.to(old.device)
-    # a row that holds fewer than `keep` tokens is still filling, one token per place: its next
-    # tokens go to the kept places first (`taken` of them), the rest of the stream after them
-    taken = (keep - S).clamp(min=0)  # [batch]
-    j = torch.arange(L, device=old.device)
-    rest, rest_filled = _pool(
-        old[:, keep:], (S - keep).clamp(min=0), new, (j >= taken[:, None]).to(torch.float64)
-    )
-    k = torch.arange(keep, device=old.device)
-    # kept place k: old place k while k < S, then new token k − S (nothing past S + L)
-    source = torch.where(k < S[:, None], k, keep + k - S[:, None]).clamp(max=keep + L - 1)
-    both = torch.cat([old[:, :keep], new.to(old.dtype)], 1)  # [batch, keep + L, e]
-    head = torch.gather(both, 1, source[..., None].expand(-1, -1, old.shape[-1]))
-    head = head * (k < (S + L)[:, None])[..., None].to(old.dtype)
-    filled = torch.where(S + L <= keep, S + L, keep + rest_filled)
-    return torch.cat([head, rest], 1), filled.to(torch.int64)
+    if not keep and not keep_last:
+        return _pool(old, stored, new)
+    return _pool_kept(old, stored, new, keep, keep_last)
 
 
 def _pool(
-    old: torch.Tensor, stored: torch.Tensor, new: torch.Tensor, new_width: torch.Tensor
+    old: torch.Tensor, stored: torch.Tensor, new: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`pool_by_length` without a kept prefix, the new tokens weighted by `new_width` [batch, L]
-    (1: a token of the stream, 0: not part of it)."""
-    K = old.shape[1]
+    """`pool_by_length` with no token kept: the whole stream in K equal runs."""
+    K, L = old.shape[1], new.shape[1]
     S = stored.to(device=old.device, dtype=torch.float64)  # [batch]
     P = S.clamp(max=K)
     j = torch.arange(K, device=old.device, dtype=torch.float64)
     # the width of each unit on the token axis: S / P per filled old place, 1 per new token
     width = torch.cat(
-        [torch.where(j < P[:, None], S[:, None] / P.clamp(min=1)[:, None], 0.0), new_width], -1
+        [
+            torch.where(j < P[:, None], S[:, None] / P.clamp(min=1)[:, None], 0.0),
+            torch.ones(old.shape[0], L, device=old.device, dtype=torch.float64),
+        ],
+        -1,
     )  # [batch, K + L]
-    T = S + new_width.sum(-1)
+    T = S + L
     places = _runs(torch.cat([old, new], 1), width, T, K)
     return places.to(old.dtype), T.clamp(max=K).to(torch.int64)
 
@@ -99,11 +82,11 @@ def _runs(units: torch.Tensor, width: torch.Tensor, T: torch.Tensor, K: int) -> 
     return (C_a[:, 1:] - C_a[:, :-1]) / r[..., None]  # [batch, K, e]
 
 
-def _pool_with_tail(
+def _pool_kept(
     old: torch.Tensor, stored: torch.Tensor, new: torch.Tensor, keep: int, keep_last: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`pool_by_length` with the last `keep_last` tokens never merged. The K places of a stream
-    of S tokens:
+    """`pool_by_length` with the first `keep` and the last `keep_last` tokens never merged. The K
+    places of a stream of S tokens:
 
         S ≤ K   place k holds token k (the places past S nothing)
         S > K   places k < keep token k; the last keep_last places the tokens S − keep_last …
