@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 
 import torch
-from transformers.models.llama.modeling_llama import rotate_half
 
+from inftyformer.hf.head_read import turn
 from inftyformer.long_term_attention import HeadsRead
 
 
@@ -32,12 +32,6 @@ def read_exact_states(model, positions: bool = False) -> None:
             raise ValueError("exact-positions needs a base with rotary positions (Llama family)")
     for layer in lm.long_term:
         _patch(layer, rotary, window)
-
-
-def _rotate(x: torch.Tensor, rotary, positions: torch.Tensor) -> torch.Tensor:
-    """x [b, H, T, d] rotated by rotary positions [T] or [b, T] (x cos + rotate_half(x) sin)."""
-    cos, sin = rotary(x, positions.reshape(-1, positions.shape[-1]))  # [1 or b, T, d]
-    return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
 def _patch(layer, rotary, window: int) -> None:
@@ -69,8 +63,8 @@ def _patch(layer, rotary, window: int) -> None:
         v = attention.value(x).view(b, P, H, d).transpose(1, 2)
         if rotary is not None:  # q = R_W W_q h: turn it on to its own stream position P + j
             # (query j of the run [window; block], the window's first token at stream index P)
-            q = _rotate(q, rotary, torch.arange(P - window, P - window + num_q))
-            k = _rotate(k, rotary, torch.arange(P))  # each state at its own position
+            q = turn(q, rotary, torch.arange(P - window, P - window + num_q)[None])
+            k = turn(k, rotary, torch.arange(P)[None])  # each state at its own position
         s = q @ k.transpose(-1, -2) / math.sqrt(d)  # [b, H, Q, P]
         p = torch.softmax(s, dim=-1)
         t = (torch.arange(P, dtype=s.dtype) + 0.5) / P  # the tokens' places in [0, 1]
