@@ -14,6 +14,8 @@ NAME = "passkey"
 ROWS = {
     "window": "(i) base, window: each block of C with the W tokens before it",
     "full": "(ii) base, full context (its last P positions)",
+    "window-2048": "(i′) base, window of 2,048: each block of C with the 2,048 tokens before it "
+    "(the cheapest way to the recent past the memory rows keep exact)",
     "untrained": "(iii) memory, untrained",
     "lm": "(iv) memory trained on plain LM",
     "facts": "(v) memory trained on facts, read supervision per answer token",

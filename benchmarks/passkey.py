@@ -3,6 +3,8 @@ test books by position, for the base model and its memory variants on the same p
 
 Rows (every one reads the same token streams):
     window        the base alone, each block of C tokens with the W tokens before it as context
+    window-2048   the base alone with a window of 2,048 tokens (the recent past the memory rows
+                  keep exact, at no memory's cost)
     full          the base alone on the whole prompt (its last `positions` tokens: SmolLM2 8,192)
     untrained     the memory model at initialisation (equals `window`: the read starts at zero)
     lm            memory trained on plain language modelling (--lm-run)
@@ -101,6 +103,7 @@ MIXTURE["mixture-fill-keep"] = dict(MIXTURE["mixture-fill-sink"], keep_first=64)
 MIXTURE["mixture-fill-positions"] = dict(MIXTURE["mixture-fill-keep"], memory_positions="places")
 # and the last 1,024 tokens never merged either: the recent past exact, the older past merged
 MIXTURE["mixture-fill-recent"] = dict(MIXTURE["mixture-fill-positions"], keep_last=1024)
+WIDE_WINDOW = 2048  # row window-2048: the base alone with this window, no memory
 EXACT = ("exact", "exact-positions")  # the ceiling rows: the heads read exact stored states
 # their cost grows with the square of the stream: prompts longer than this are not run (–)
 EXACT_MAX_TOKENS = 8192
@@ -119,7 +122,7 @@ class Row:
         from inftyformer.training import load_run
 
         self.name, self.args, self.memory, self.run = name, args, None, None
-        if name in ("window", "full"):
+        if name in ("window", "window-2048", "full"):
             self.base = AutoModelForCausalLM.from_pretrained(args.base_model, dtype=torch.float32)
             self.base.eval()
             self.positions = int(self.base.config.max_position_embeddings)
@@ -166,6 +169,8 @@ class Row:
         from inftyformer.long_term_attention import record_reads
 
         C, W = self.args.segment_len, self.args.window
+        if self.name == "window-2048":
+            W = WIDE_WINDOW
         S = ids.shape[1]
         if self.name == "full":
             start = max(0, S - self.positions)  # positions before `start`: unseen

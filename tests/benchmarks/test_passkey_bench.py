@@ -77,7 +77,8 @@ def test_a_row_can_skip_long_prompts_and_the_by_length_row_runs(tmp_path):
 def test_the_exact_positions_ceiling_is_the_full_context_within_the_bases_positions():
     """Every block's heads read every earlier state exactly, each at its own stream position:
     block by block with a window, the logits are the base's over the whole text (64 tokens, the
-    tiny base's positions). Read at one distance (row exact) they are not."""
+    tiny base's positions). Read at one distance (row exact) they are not. The base with a
+    2,048-token window sees the whole text too; with a window of 16 it does not."""
     pytest.importorskip("transformers")
     import argparse
     import tempfile
@@ -92,7 +93,13 @@ def test_the_exact_positions_ceiling_is_the_full_context_within_the_bases_positi
     ids = torch.randint(1, 100, (2, 64), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         [(_, want)], _ = passkey.Row("full", args).stream(ids)
-        for name, close in (("exact-positions", True), ("exact", False)):
+        rows = (
+            ("exact-positions", True),
+            ("exact", False),
+            ("window-2048", True),
+            ("window", False),
+        )
+        for name, close in rows:
             pieces, _ = passkey.Row(name, args).stream(ids)
             error = max((got - want[:, a : a + 16]).abs().max().item() for a, got in pieces)
             assert (error < 1e-5) == close, (name, error)
