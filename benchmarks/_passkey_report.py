@@ -40,6 +40,8 @@ ROWS = {
     "mixture-fill-positions": "(xviii) (xvii) with every place at its own stream position "
     "(memory_positions = places, rotary)",
     "mixture-fill-recent": "(xix) (xviii) with the last 1,024 tokens never merged (keep_last)",
+    "mixture-fill-salient": "(xx) (xix) with 256 places kept for the most salient older tokens "
+    "(keep_salient: the text right after a burst of the base's surprisal)",
     "exact": "ceiling: the heads read the exact stored states (a growing cache, not a memory)",
     "exact-positions": "ceiling, each stored state at its own stream position (rotary)",
 }

@@ -36,6 +36,8 @@ Rows (every one reads the same token streams):
                   (memory_positions = places: rotary bases)
     mixture-fill-recent  as mixture-fill-positions with keep_last = 1,024: the most recent
                   1,024 tokens of the memory one per place, only the older ones merged
+    mixture-fill-salient  as mixture-fill-recent with keep_salient = 256: the 256 most salient
+                  older tokens (right after a burst of the base's surprisal) kept one per place
     exact         the ceiling of the heads read: as mixture, but the heads read the exact states
                   the memory was given, one place per token (a growing cache, not a memory of
                   fixed size: `_passkey_exact.py`); prompts over 8,192 tokens are not run
@@ -103,6 +105,9 @@ MIXTURE["mixture-fill-keep"] = dict(MIXTURE["mixture-fill-sink"], keep_first=64)
 MIXTURE["mixture-fill-positions"] = dict(MIXTURE["mixture-fill-keep"], memory_positions="places")
 # and the last 1,024 tokens never merged either: the recent past exact, the older past merged
 MIXTURE["mixture-fill-recent"] = dict(MIXTURE["mixture-fill-positions"], keep_last=1024)
+# and 256 places for the most salient tokens between (the text right after the base was
+# surprised, from its own logits): kept whole wherever they lie, the rest merged
+MIXTURE["mixture-fill-salient"] = dict(MIXTURE["mixture-fill-recent"], keep_salient=256)
 WIDE_WINDOW = 2048  # row window-2048: the base alone with this window, no memory
 EXACT = ("exact", "exact-positions")  # the ceiling rows: the heads read exact stored states
 # their cost grows with the square of the stream: prompts longer than this are not run (–)

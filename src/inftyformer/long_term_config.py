@@ -109,6 +109,7 @@ CHANGEABLE_SETTINGS = (
     "token_mass",
     "keep_first",
     "keep_last",
+    "keep_salient",
     "kl_weight",
 )
 # what the model around the memory decides, never a user's setting (None in a config nested in
@@ -168,6 +169,11 @@ class LongTermConfig:
     # squeeze="fill": the stream's most recent tokens keep a place each (the last places) and are
     # never merged; the tokens between the first and the last kept share the other places
     keep_last: int = 0
+    # squeeze="fill": places that keep one token each for the most salient tokens between the
+    # first and the last kept ones (the salience comes with the tokens: a pretrained model's
+    # surprisal, `stream_places.salience`), chosen again at every update; the records of the
+    # places are then kept in the state (`LongTermState.places`)
+    keep_salient: int = 0
     # σ of every density at initialisation (the bias of w_σ); None: PyTorch's default
     # initialisation of the head, the paper's (σ ≈ 0.83)
     sigma_init: float | None = None
@@ -223,6 +229,18 @@ class LongTermConfig:
                 f"place at least for the merged tokens), got squeeze={self.squeeze!r}, "
                 f"keep_first={self.keep_first}, keep_last={self.keep_last}, "
                 f"num_samples={self.num_samples}"
+            )
+        check_positive_int("keep_salient", self.keep_salient, minimum=0)
+        if self.keep_salient and (
+            self.squeeze != "fill"
+            or self.keep_first + self.keep_last + self.keep_salient >= self.num_samples
+        ):
+            raise ValueError(
+                "keep_salient keeps salient tokens of a squeeze='fill' memory on their own "
+                "centres: it needs squeeze='fill' and keep_first + keep_last + keep_salient < "
+                f"num_samples (one place at least for the merged tokens), got squeeze="
+                f"{self.squeeze!r}, keep_first={self.keep_first}, keep_last={self.keep_last}, "
+                f"keep_salient={self.keep_salient}, num_samples={self.num_samples}"
             )
         if self.squeeze == "fill" and self.num_samples != self.num_basis // len(self.widths):
             raise ValueError(

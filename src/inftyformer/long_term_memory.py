@@ -66,7 +66,7 @@ from .ridge import (
     limit_to_data,
     supremum_grid,
 )
-from .stream_places import pool_by_length
+from .stream_places import initial_records, pool_by_length, pool_salient
 
 
 def _per_row(cases: torch.Tensor, make, device) -> torch.Tensor:
@@ -141,6 +141,7 @@ class LongTermMemory(nn.Module):
             observed=torch.zeros(batch_size, device=device, dtype=dtype),
             empty=torch.ones(batch_size, dtype=torch.bool, device=device),
             stored=torch.zeros(batch_size, dtype=torch.int64, device=device),
+            places=initial_records(batch_size, c.num_samples if c.keep_salient else 0, device),
         )
 
     def reset(self, state: LongTermState, rows: torch.Tensor) -> LongTermState:
@@ -324,7 +325,11 @@ class LongTermMemory(nn.Module):
         return x * torch.sigmoid(g.squeeze(2).transpose(1, 2))  # [batch, L, e]
 
     def update(
-        self, state: LongTermState, x: torch.Tensor, generator: torch.Generator | None = None
+        self,
+        state: LongTermState,
+        x: torch.Tensor,
+        generator: torch.Generator | None = None,
+        salience: torch.Tensor | None = None,
     ) -> LongTermState:
         """Put the new vectors x [batch, L, e] into memory and return the new state.
 
@@ -334,10 +339,14 @@ class LongTermMemory(nn.Module):
         state before keeping it across segments. Checks its arguments (one host
         synchronisation); the transformer block calls the unchecked `_update`.
         """
-        return self.update_traced(state, x, generator)[0]
+        return self.update_traced(state, x, generator, salience)[0]
 
     def update_traced(
-        self, state: LongTermState, x: torch.Tensor, generator: torch.Generator | None = None
+        self,
+        state: LongTermState,
+        x: torch.Tensor,
+        generator: torch.Generator | None = None,
+        salience: torch.Tensor | None = None,
     ) -> tuple[LongTermState, LongTermUpdate]:
         """`update`, and what it did (`LongTermUpdate`: the vectors fitted after the gate, where
         the old signal was read before the squeeze, which rows got a first fit): the same
@@ -361,26 +370,45 @@ class LongTermMemory(nn.Module):
             )
         check_generator(generator)
         values.finite("x", x)
+        if c.keep_salient:  # the tokens' salience chooses the places kept whole
+            if salience is None:
+                raise ValueError(
+                    "keep_salient needs the new tokens' salience [batch, L] "
+                    "(stream_places.salience of their surprisal)"
+                )
+            check_shape("salience", salience, tuple(x.shape[:2]))
+            check_floating("salience", salience)
+            values.require(~torch.isnan(salience), "salience must not be NaN")
         values.run()
-        return self._update(state, x, generator)
+        return self._update(state, x, generator, salience)
 
     def _update(
-        self, state: LongTermState, x: torch.Tensor, generator: torch.Generator | None
+        self,
+        state: LongTermState,
+        x: torch.Tensor,
+        generator: torch.Generator | None,
+        salience: torch.Tensor | None = None,
     ) -> tuple[LongTermState, LongTermUpdate]:
-        """`update_traced` on valid arguments."""
+        """`update_traced` on valid arguments (`salience` [batch, L]: keep_salient only)."""
         c = self.config
         x = self.smooth(x.to(state.coefficients.dtype))
         length = x.shape[1]
         empty = state.empty.to(x.device)
         B_past = state.coefficients.detach()  # no backprop through time
-        B_new, u = None, None
+        B_new, u, records = None, None, state.places
         if c.squeeze == "fill":
             # the old places, read at the K centres, and the new tokens merged so that every
             # place stands for as many tokens (`pool_by_length`), then fitted on the centres
             u = self.basis.center_grid.to(x)  # [K]
             x_old = _evaluate_signal(B_past, self.basis, u)  # [batch, K, e]
             stored = torch.where(empty, 0, state.stored)
-            V, places = pool_by_length(x_old, stored, x, c.keep_first, c.keep_last)  # [b, K, e]
+            if c.keep_salient:  # the places chosen by salience, their records in the state
+                records = torch.where(empty[:, None, None], 0.0, state.places)
+                V, records, places = pool_salient(
+                    x_old, records, stored, x, salience, c.keep_first, c.keep_last, c.keep_salient
+                )  # [b, K, e], [b, K, 4]
+            else:
+                V, places = pool_by_length(x_old, stored, x, c.keep_first, c.keep_last)
             # B = Gᵀ V  [batch, N, e]
             B_new = _fit_coefficients(V, self.fill_designs(places, x.device, x.dtype))
         elif bool(empty.any()):
@@ -404,6 +432,7 @@ class LongTermMemory(nn.Module):
             observed=torch.zeros_like(state.observed),
             empty=torch.zeros_like(state.empty),
             stored=state.stored + length,
+            places=records,
         )
         return new_state, LongTermUpdate(stored=x, samples=u, first_fit=empty)
 

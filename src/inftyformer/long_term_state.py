@@ -36,6 +36,9 @@ class LongTermState:
     empty           bool [batch]         rows with nothing in memory (fresh stream or reset)
     stored          int64 [batch]        S: tokens fitted into the row since its reset (what
                                          `squeeze="by_length"` shares [0, 1] by)
+    places          float64 [batch, P, 4]  keep_salient only (P = K; else P = 0): each place's
+                                         record (`stream_places.pool_salient`: its span of
+                                         token indices, how many tokens, their salience)
     """
 
     coefficients: torch.Tensor
@@ -43,12 +46,17 @@ class LongTermState:
     observed: torch.Tensor
     empty: torch.Tensor
     stored: torch.Tensor | None = None
+    places: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.stored is None and isinstance(self.empty, torch.Tensor):
             # not given (a state built by hand, or saved before states counted their tokens): a
             # row that holds something counts as long, τ at its cap under squeeze="by_length"
             self.stored = torch.where(self.empty, 0, UNKNOWN_STORED).to(self.empty.device)
+        if self.places is None and isinstance(self.empty, torch.Tensor):
+            # a memory without keep_salient: its places follow from `stored` (no records)
+            batch = self.empty.shape[0] if self.empty.dim() else 0
+            self.places = torch.zeros(batch, 0, 4, dtype=torch.float64, device=self.empty.device)
         for f in fields(self):
             value = getattr(self, f.name)
             if not isinstance(value, torch.Tensor):
@@ -75,7 +83,8 @@ class LongTermState:
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> LongTermState:
-        optional = ("stored",)  # saved before states counted their tokens: see __post_init__
+        # saved before states counted their tokens, or kept records: see __post_init__
+        optional = ("stored", "places")
         missing = [f.name for f in fields(cls) if f.name not in tensors and f.name not in optional]
         if missing:
             raise ValueError(f"long-term state is missing tensors {missing}")
@@ -97,7 +106,7 @@ class LongTermState:
         c = config
         check_shape(f"{name}.coefficients", self.coefficients, (None, c.num_basis, c.dim))
         batch = self.batch_size
-        for field in ("attention_mass", "observed", "empty", "stored"):
+        for field in ("attention_mass", "observed", "empty", "stored", "places"):
             t = getattr(self, field)
             if t.dim() and t.shape[0] != batch:
                 raise ValueError(
@@ -108,6 +117,9 @@ class LongTermState:
         check_shape(f"{name}.observed", self.observed, (batch,))
         check_shape(f"{name}.empty", self.empty, (batch,))
         check_shape(f"{name}.stored", self.stored, (batch,))
+        records = c.num_samples if c.keep_salient else 0  # one per place (centre)
+        check_shape(f"{name}.places", self.places, (batch, records, 4))
+        check_dtype(f"{name}.places", self.places, torch.float64)
         check_floating(f"{name}.coefficients", self.coefficients)
         dtype = self.coefficients.dtype
         if dtypes is not None:
@@ -147,6 +159,14 @@ class LongTermState:
         values.require(
             self.stored >= 0, f"{name}.stored must be >= 0 (tokens fitted since the reset)"
         )
+        if records:  # the records count the row's tokens, and none is negative
+            tokens = self.places[..., 2]
+            values.require(
+                (tokens >= 0).all(-1)
+                & ((tokens.sum(-1) - self.stored.double()).abs() <= 1e-6 * (self.stored + 1)),
+                f"{name}.places must count each row's stored tokens (tokens >= 0, summing to "
+                f"{name}.stored)",
+            )
         if own:
             values.run()
 
@@ -174,5 +194,6 @@ class LongTermState:
             observed=torch.zeros_like(self.observed),
             empty=torch.ones_like(self.empty),
             stored=torch.zeros_like(self.stored),
+            places=torch.zeros_like(self.places),
         )
         return cleared.select(rows, self)

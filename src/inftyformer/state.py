@@ -46,14 +46,22 @@ STATE_VERSION = 2  # 2: the sticky counter `observed` moved into the long-term s
 @dataclass
 class TokenWindow:
     """tokens [batch, W] int64, right-aligned; length [batch]: how many are valid per row (0
-    after a reset). The text a pretrained model recomputes as context before its next call."""
+    after a reset). The text a pretrained model recomputes as context before its next call.
+    surprisal [batch, W] float64: −log p of each token when it was read (keep_salient; zeros
+    otherwise), what the salience of the tokens leaving the window is computed from."""
 
     tokens: torch.Tensor
     length: torch.Tensor
+    surprisal: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         check_tensor("window.tokens", self.tokens, 2)
         check_tensor("window.length", self.length, 1)
+        if self.surprisal is None:
+            self.surprisal = torch.zeros(
+                self.tokens.shape, dtype=torch.float64, device=self.tokens.device
+            )
+        check_tensor("window.surprisal", self.surprisal, 2)
 
     @classmethod
     def empty(cls, batch_size: int, device=None) -> TokenWindow:
@@ -70,29 +78,37 @@ class TokenWindow:
         return self
 
     def to(self, device: torch.device | str) -> TokenWindow:
-        return TokenWindow(self.tokens.to(device), self.length.to(device))
+        return TokenWindow(
+            self.tokens.to(device), self.length.to(device), self.surprisal.to(device)
+        )
 
     def reset(self, rows: torch.Tensor) -> TokenWindow:
         rows = rows.to(self.tokens.device)
         return TokenWindow(
-            torch.where(rows[:, None], 0, self.tokens), torch.where(rows, 0, self.length)
+            torch.where(rows[:, None], 0, self.tokens),
+            torch.where(rows, 0, self.length),
+            torch.where(rows[:, None], 0.0, self.surprisal),
         )
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {"tokens": self.tokens, "length": self.length}
+        return {"tokens": self.tokens, "length": self.length, "surprisal": self.surprisal}
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> TokenWindow:
         missing = [k for k in ("tokens", "length") if k not in tensors]
         if missing:
             raise ValueError(f"the token window is missing tensors {missing}")
-        return cls(tensors["tokens"], tensors["length"])
+        # surprisal: saved before keep_salient (zeros)
+        return cls(tensors["tokens"], tensors["length"], tensors.get("surprisal"))
 
     def check(self, batch: int, values: ValueChecks | None = None) -> None:
         """Shapes and dtypes (int64 tokens and lengths, one device); then, in `values` or here,
         lengths in [0, W] and tokens ≥ 0."""
         check_shape("window.tokens", self.tokens, (batch, None))
         check_shape("window.length", self.length, (batch,))
+        check_shape("window.surprisal", self.surprisal, tuple(self.tokens.shape))
+        if self.surprisal.dtype != torch.float64:
+            raise TypeError(f"window.surprisal must be float64, got {self.surprisal.dtype}")
         for name, t in (("tokens", self.tokens), ("length", self.length)):
             if t.dtype != torch.long:
                 raise TypeError(f"window.{name} must have dtype torch.int64, got {t.dtype}")
@@ -168,8 +184,13 @@ class MemoryState:
     # provenance: which kind of model made the state (e.g. the pretrained base it belongs to),
     # kept through detach/to/reset/repeat_rows and saved files; a model refuses another's state
     source: str | None = None
+    # keep_salient: the salience of the tokens waiting for the long-term memory [batch, n]
+    # float64, right-aligned as each layer's short_term (None: not computed)
+    salience: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
+        if self.salience is not None:
+            check_tensor("state.salience", self.salience, 2)
         if self.source is not None and not isinstance(self.source, str):
             raise TypeError(f"MemoryState.source must be a str or None, got {self.source!r}")
         if self.window is not None and not isinstance(self.window, TokenWindow):
@@ -205,12 +226,15 @@ class MemoryState:
 
     def detach(self) -> MemoryState:
         return MemoryState(
-            tuple(layer.detach() for layer in self.layers), self.window, source=self.source
-        )
+            tuple(layer.detach() for layer in self.layers), self.window, self.source,
+            self.salience,
+        )  # fmt: skip
 
     def to(self, device: torch.device | str) -> MemoryState:
         window = None if self.window is None else self.window.to(device)
-        return MemoryState(tuple(layer.to(device) for layer in self.layers), window, self.source)
+        salience = None if self.salience is None else self.salience.to(device)
+        layers = tuple(layer.to(device) for layer in self.layers)
+        return MemoryState(layers, window, self.source, salience)
 
     def reset(self, rows: torch.Tensor) -> MemoryState:
         """Clear the rows flagged by the bool mask `rows` [batch] (their document ended)."""
@@ -220,7 +244,11 @@ class MemoryState:
         if not bool(rows.any()):
             return self
         window = None if self.window is None else self.window.reset(rows)
-        return MemoryState(tuple(layer.reset(rows) for layer in self.layers), window, self.source)
+        salience = self.salience
+        if salience is not None:
+            salience = torch.where(rows.to(salience.device)[:, None], 0.0, salience)
+        layers = tuple(layer.reset(rows) for layer in self.layers)
+        return MemoryState(layers, window, self.source, salience)
 
     def repeat_rows(self, repeats: int) -> MemoryState:
         """Each row's memory `repeats` times in a row (row b → rows b·r … b·r + r − 1), e.g. one
@@ -236,6 +264,8 @@ class MemoryState:
         }
         if self.window is not None:
             out.update({f"window.{k}": v for k, v in self.window.tensors().items()})
+        if self.salience is not None:
+            out["salience"] = self.salience
         return out
 
     def check_layout(self, batch_size: int | None = None) -> None:
@@ -274,7 +304,12 @@ class MemoryState:
             self.window.check(batch, values)
         if len(dims) > 1:
             raise ValueError(f"the layers' tensors have different widths d: {sorted(dims)}")
-        floats = {t.dtype for t in self.tensors().values() if t.is_floating_point()}
+        float64 = ("window.surprisal", "salience")  # float64 records, whatever the memory's
+        floats = {
+            t.dtype
+            for k, t in self.tensors().items()
+            if t.is_floating_point() and k not in float64 and not k.endswith("long_term.places")
+        }
         if len(floats) > 1:
             raise TypeError(f"the state mixes floating dtypes {sorted(map(str, floats))}")
         devices = {t.device for t in self.tensors().values()}
@@ -307,7 +342,8 @@ class MemoryState:
             except ValueError as err:
                 raise ValueError(f"layers[{i}]: {err}") from None
         window = {k[len("window.") :]: v for k, v in tensors.items() if k.startswith("window.")}
-        return cls(tuple(layers), TokenWindow.from_tensors(window) if window else None, source)
+        window = TokenWindow.from_tensors(window) if window else None
+        return cls(tuple(layers), window, source, tensors.get("salience"))
 
 
 def save_state(path: str | os.PathLike, state: MemoryState) -> None:

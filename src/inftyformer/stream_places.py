@@ -7,6 +7,10 @@ one token each until the memory is full, then equal runs of the stream, and wher
                      (the recent past kept exact, the older past merged)
     place_positions  the mean token index of each place: where a read that knows positions
                      (a pretrained model's rotary attention, `hf/head_read.py`) puts its key
+    pool_salient     `pool_by_length` with B more places kept for single tokens: the most
+                     salient of the tokens between the kept ones (the text right after the
+                     model was surprised, `salience`); the places' records (span, tokens,
+                     salience) are kept in the state, as they no longer follow from S alone
 """
 
 from __future__ import annotations
@@ -157,4 +161,145 @@ def place_positions(
     return torch.where((S <= num_places) | (k < keep), k, merged)
 
 
-__all__ = ["place_positions", "pool_by_length"]
+# a place record (`LongTermState.places`, float64 [batch, K, 4]): the span of token indices
+# [lo, hi) it stands for, how many tokens, their salience (−inf once merged); tokens = 0: empty
+LO, HI, TOKENS, SALIENCE = range(4)
+
+
+def salience(surprisal: torch.Tensor, burst: int = 3, after: int = 8) -> torch.Tensor:
+    """How much token i is worth keeping whole [batch, T]: the largest mean surprisal
+    −log p(x_j | x_<j) of `burst` consecutive tokens among the bursts ending at i − after + 1 … i,
+    from `surprisal` [batch, T] (the text right after the model was surprised: a fact that does
+    not follow from its context, and the words that state it)."""
+    F = torch.nn.functional
+    c = torch.cumsum(F.pad(surprisal, (burst, 0)), -1)
+    trailing = (c[..., burst:] - c[..., :-burst]) / burst  # mean over the burst ending at j
+    padded = F.pad(trailing[:, None], (after - 1, 0), value=-torch.inf)
+    return F.max_pool1d(padded, after, 1)[:, 0]
+
+
+def pool_salient(
+    old: torch.Tensor,
+    records: torch.Tensor,
+    stored: torch.Tensor,
+    new: torch.Tensor,
+    salience: torch.Tensor,
+    keep: int,
+    keep_last: int,
+    budget: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The K places after L new tokens when `budget` places keep salient tokens whole.
+
+    old       [batch, K, e]   the places before (their records `records` [batch, K, 4]: LO, HI,
+                              TOKENS, SALIENCE; S = `stored` [batch] tokens in all)
+    new       [batch, L, e]   the new tokens, tokens S … S + L − 1, `salience` [batch, L]
+    →         [batch, K, e]   the places, in stream order; [batch, K, 4] their records;
+              [batch]         P' = min(S + L, K) places hold the stream
+
+    Until the stream overflows the K places each token has its own. Then the first `keep` and
+    the last `keep_last` tokens keep a place each, and the `budget` most salient of the other
+    tokens still whole (those kept before compete again with the new ones); every other place
+    and token is merged, in stream order, into the remaining places by equal runs of tokens.
+    A run that splits a place takes its tokens as spread evenly over the place's span."""
+    batch, K, e = old.shape
+    L = new.shape[1]
+    f64 = dict(device=old.device, dtype=torch.float64)
+    S = stored.to(old.device, torch.float64)[:, None]  # [batch, 1]
+    T = S + L
+    j = torch.arange(L, **f64)
+    fresh = torch.stack(
+        [S + j, S + j + 1, torch.ones(batch, L, **f64), salience.to(**f64)], -1
+    )  # [batch, L, 4]
+    rec = torch.cat([records.to(**f64), fresh], 1)  # [batch, U = K + L, 4]
+    units = torch.cat([old, new.to(old.dtype)], 1)  # [batch, U, e]
+    lo, hi, n = rec[..., LO], rec[..., HI], rec[..., TOKENS]
+    whole = (n == 1) & (hi - lo == 1)  # one token each
+    full = T > K  # [batch, 1]
+    first, last = whole & (lo < keep), whole & (lo >= T - keep_last)
+    middle = whole & ~first & ~last
+    # the `budget` most salient middle tokens (fewer when fewer are whole)
+    score = torch.where(middle, rec[..., SALIENCE].nan_to_num(neginf=-1e300), -torch.inf)
+    best = torch.zeros_like(middle)
+    if budget:
+        top = score.topk(min(budget, score.shape[1]), dim=1)
+        best.scatter_(1, top.indices, torch.isfinite(top.values))
+    kept = (n > 0) & (~full | first | last | best)  # [batch, U]
+    merged = (n > 0) & ~kept
+    # the runs: the merged units in stream order, R = K − kept places of r = M / R tokens each
+    order = torch.where(merged, lo, torch.inf).argsort(1)  # merged first, by position
+    take = lambda t: torch.gather(t, 1, order)  # noqa: E731
+    w = take(torch.where(merged, n, 0.0))  # [batch, U] tokens per unit, in order
+    lo_o, hi_o = take(lo), take(hi)
+    R = (K - kept.sum(1, keepdim=True)).to(torch.float64)  # [batch, 1]
+    ends = torch.cumsum(w, 1)
+    edges = ends - w  # each unit's first token on the run axis
+    M = ends[:, -1:]  # the merged tokens (the zero-width units after them start at M)
+    r = M / R.clamp(min=1)
+    a = torch.minimum(torch.arange(K + 1, **f64) * r, M)  # run boundaries [batch, K + 1]
+    # the merged unit each boundary falls in (a boundary on an edge: the unit it ends)
+    m = (torch.searchsorted(edges.contiguous(), a.contiguous()) - 1).clamp(0)
+    at = lambda t: torch.gather(t, 1, m)  # noqa: E731
+    alpha = a - at(edges)  # how far into its unit each boundary lies
+    per_token = torch.where(w > 0, (hi_o - lo_o) / w.clamp(min=1e-300), 0.0)  # index per token
+    step = at(per_token)
+    # running integrals at each boundary: of the values, and of the token index (a unit's part
+    # [0, α) holds indices lo … lo + α·step, mean lo − ½ + α·step/2)
+    vals = torch.gather(units, 1, order[..., None].expand(-1, -1, e)).to(torch.float64)
+    C = torch.cumsum(w[..., None] * vals, 1) - w[..., None] * vals
+    Cv = torch.gather(C, 1, m[..., None].expand(-1, -1, e))
+    Cv = Cv + torch.gather(vals, 1, m[..., None].expand(-1, -1, e)) * alpha[..., None]
+    mean_pos = lo_o - 0.5 + (hi_o - lo_o) / 2  # a whole unit's mean index
+    Cp = torch.cumsum(w * mean_pos, 1) - w * mean_pos
+    Cp = at(Cp) + alpha * (at(lo_o) - 0.5) + step * alpha**2 / 2
+    # the token index at each boundary: where a run ends, in the unit it ends (above); where one
+    # starts, in the unit it starts (past a gap a place kept whole left in the stream)
+    end = at(lo_o) + alpha * step
+    # (a boundary that rounding puts a hair before a unit's first token starts in that unit)
+    nudged = (a + 1e-9 * r.clamp(min=1)).contiguous()
+    m = (torch.searchsorted(edges.contiguous(), nudged, right=True) - 1).clamp(0)
+    start = at(lo_o) + (a - at(edges)) * at(per_token)
+    run_vals = (Cv[:, 1:] - Cv[:, :-1]) / r[..., None].clamp(min=1e-300)  # [batch, K, e]
+    run_pos = (Cp[:, 1:] - Cp[:, :-1]) / r.clamp(min=1e-300)
+    k = torch.arange(K, device=old.device)
+    is_run = (k < R) & (M > 0)  # [batch, K]
+    run_rec = torch.stack(
+        [start[:, :-1], end[:, 1:], r.expand(-1, K), torch.full_like(run_pos, -torch.inf)], -1
+    )
+    # every candidate place: the units kept whole (or unmerged), then the runs; sorted by
+    # position, the K first valid ones are the places
+    pos = torch.cat(
+        [torch.where(kept, lo - 0.5 + (hi - lo) / 2, torch.inf),
+         torch.where(is_run, run_pos, torch.inf)], 1,
+    )  # fmt: skip
+    pick = pos.argsort(1)[:, :K]  # [batch, K]
+    valid = torch.gather(torch.isfinite(pos), 1, pick)
+    cand_vals = torch.cat([units.to(torch.float64), run_vals], 1)
+    cand_rec = torch.cat([rec, run_rec], 1)
+    places = torch.gather(cand_vals, 1, pick[..., None].expand(-1, -1, e))
+    out_rec = torch.gather(cand_rec, 1, pick[..., None].expand(-1, -1, 4))
+    places = torch.where(valid[..., None], places, 0.0).to(old.dtype)
+    out_rec = torch.where(valid[..., None], out_rec, 0.0)
+    return places, out_rec, T[:, 0].clamp(max=K).to(torch.int64)
+
+
+def record_positions(records: torch.Tensor) -> torch.Tensor:
+    """The mean token index of each place from its record [batch, K, 4] → float64 [batch, K]
+    (an empty place: its index k, as `place_positions` has it)."""
+    lo, hi = records[..., LO], records[..., HI]
+    k = torch.arange(records.shape[1], dtype=torch.float64, device=records.device)
+    return torch.where(records[..., TOKENS] > 0, lo - 0.5 + (hi - lo) / 2, k)
+
+
+def initial_records(batch: int, K: int, device=None) -> torch.Tensor:
+    """The records of an empty memory: no place holds anything  [batch, K, 4]."""
+    return torch.zeros(batch, K, 4, dtype=torch.float64, device=device)
+
+
+__all__ = [
+    "initial_records",
+    "place_positions",
+    "pool_by_length",
+    "pool_salient",
+    "record_positions",
+    "salience",
+]

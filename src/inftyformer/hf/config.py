@@ -80,6 +80,7 @@ class InftyformerConfig(PretrainedConfig):
     token_mass: bool = _LT.token_mass  # heads read: the memory's mass counts its tokens
     keep_first: int = _LT.keep_first  # "fill": the first tokens never merged (attention sink)
     keep_last: int = _LT.keep_last  # "fill": the most recent tokens never merged
+    keep_salient: int = _LT.keep_salient  # "fill": places for the most surprising tokens
     sigma_init: float | None = _LT.sigma_init  # σ at initialisation; None: the paper's (≈ 0.83)
     # the model's
     memory_read: str = "added"  # "added" (paper) or "heads" (head_read.py)

@@ -115,8 +115,12 @@ def window_within_positions(
     if window.tokens.shape[1] <= room:
         return state
     width = window.tokens.shape[1]
-    short = TokenWindow(window.tokens[:, width - room :], window.length.clamp(max=room))
-    return MemoryState(state.layers, short, state.source)
+    short = TokenWindow(
+        window.tokens[:, width - room :],
+        window.length.clamp(max=room),
+        window.surprisal[:, width - room :],
+    )
+    return MemoryState(state.layers, short, state.source, state.salience)
 
 
 @torch.no_grad()

@@ -59,7 +59,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from ..long_term_attention import HeadsRead, LongTermAttention, PreparedMemory
 from ..long_term_state import LongTermState
-from ..stream_places import place_positions
+from ..stream_places import place_positions, record_positions
 
 # the attention implementation a heads-read model runs its base with (registered below)
 ATTENTION = "inftyformer_heads"
@@ -211,7 +211,11 @@ def read_at_places(
     stored = state.stored.to(positions.device)  # S  [b]
     # p_n − S: the places before the window, at negative positions  [b, N]
     K = read.basis.num_centers  # places: one per centre (N / number of widths)
-    places = place_positions(stored, K, c.keep_first, c.keep_last) - stored[:, None].double()
+    if c.keep_salient:  # the places chosen by salience: their records say where they lie
+        at = record_positions(state.places.to(positions.device))
+    else:
+        at = place_positions(stored, K, c.keep_first, c.keep_last)
+    places = at - stored[:, None].double()
     places = places.repeat(1, c.num_basis // K)  # basis function l·K + k sits on centre k
     if limit is not None:  # no place further from this call's last query than P − 1
         farthest = positions.max(1, keepdim=True).values.double() - (limit - 1)

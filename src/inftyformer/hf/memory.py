@@ -29,6 +29,7 @@ from torch import nn
 from ..long_term_state import LongTermState
 from ..short_term_memory import ShortTermState
 from ..state import LayerState, MemoryState, TokenWindow
+from ..stream_places import salience as token_salience
 from .hooks import Call
 from .validation import check_reset, check_state
 from .window import WindowedInputs, pack
@@ -106,7 +107,13 @@ def fit_waiting(
                 continue
             rows = counts == n  # [batch]
             x = waiting.memory[:, width - n :]  # the last n are valid (right-aligned)
-            updated = layer.memory._update(long_term, x, generator)[0]
+            salience = None
+            if layer.memory.config.keep_salient:  # zeros: none computed (no logits)
+                waiting_salience = state.salience
+                if waiting_salience is None or waiting_salience.shape[1] != width:
+                    waiting_salience = x.new_zeros(x.shape[0], width, dtype=torch.float64)
+                salience = waiting_salience[:, width - n :]
+            updated = layer.memory._update(long_term, x, generator, salience)[0]
             long_term = updated if bool(rows.all()) else updated.select(rows, long_term)
         states.append(long_term)
     return states, unused
@@ -138,6 +145,22 @@ def consolidate(
     )
 
 
+@torch.no_grad()
+def surprisal(logits: torch.Tensor, ids: torch.Tensor, extra: int) -> torch.Tensor:
+    """−log p(x_i | x_<i) of a call's tokens ids [batch, T] → float64 [batch, T], from its
+    logits [batch, extra + T', V]: with `extra` = 1 the first logit is the window's last
+    position's (it scores x_0), else x_0 scores 0. Zeros when fewer logits were computed (the
+    caller asked for some positions only)."""
+    batch, T = ids.shape
+    if logits.shape[1] - extra < T:
+        return torch.zeros(batch, T, dtype=torch.float64, device=ids.device)
+    scores = logits[:, : T - 1 + extra].float()  # [batch, T − 1 + extra, V]
+    targets = ids[:, 1 - extra :]
+    logp = torch.log_softmax(scores, -1).gather(2, targets[..., None])[..., 0]
+    out = -logp.double()
+    return out if extra else torch.cat([out.new_zeros(batch, 1), out], 1)
+
+
 def written(
     model: nn.Module,
     call: Call,
@@ -147,14 +170,25 @@ def written(
     window: TokenWindow | None,
     batch: int,
     past: int,
+    surprisal: torch.Tensor | None = None,
 ) -> tuple[MemoryState, torch.Tensor, torch.Tensor]:
     """Step 3: the memory a call returns (detached), the reads' KL (mean over layers) and the
     memory loss. `window`: the one this call read. A call continuing a cache (`past` > 0,
-    generation) writes nothing: its memory is the one it read, nothing waiting."""
+    generation) writes nothing: its memory is the one it read, nothing waiting.
+    `surprisal` [batch, T] of this call's tokens (keep_salient): with the window's, the
+    salience of the tokens that leave it (`stream_places.salience`) waits beside them."""
+    salience = None
     if past:
         leaving = None
     else:
-        leaving, window = inputs.advance(model.config.window)
+        if surprisal is not None:  # aligned with the call's positions: the window's, then its
+            if inputs.context:
+                held = window.surprisal[:, window.surprisal.shape[1] - inputs.context :]
+                surprisal = torch.cat([held, surprisal], 1)  # [batch, context + T]
+            salience = token_salience(surprisal)
+        leaving, window = inputs.advance(model.config.window, surprisal)
+        if salience is not None:
+            salience = pack(salience, leaving)[0]
     layers = []
     for i, layer in enumerate(model.long_term):
         read = call.reads[i]
@@ -174,7 +208,15 @@ def written(
         for layer in model.long_term:
             out = layer.attention.out
             memory_loss = memory_loss + 0.0 * (out.weight.sum() + out.bias.sum())
-    return MemoryState(tuple(layers), window, model.state_source), kl, memory_loss
+    return MemoryState(tuple(layers), window, model.state_source, salience), kl, memory_loss
 
 
-__all__ = ["consolidate", "fit_waiting", "init_state", "prepare_state", "source", "written"]
+__all__ = [
+    "consolidate",
+    "fit_waiting",
+    "init_state",
+    "prepare_state",
+    "source",
+    "surprisal",
+    "written",
+]

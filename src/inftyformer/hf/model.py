@@ -370,6 +370,11 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             keep = keep + inputs.context  # indices into this call's positions
         elif inputs.context and keep == 0:  # the window's positions are context only: their
             keep = inputs.ids.shape[1] - inputs.context  # logits are never computed
+        # keep_salient: the surprisal of this call's tokens, the first one's from the window's
+        # last position (one more logit, not returned)
+        salient = bool(self.config.keep_salient) and not past
+        extra = int(salient and inputs.context > 0 and isinstance(keep, int) and keep == length)
+        keep = keep + extra
         with hooks.active(call):
             base_out = self.base(
                 input_ids=inputs.ids,
@@ -387,10 +392,12 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         # 3. the new state: long-term after step 1 (+ sticky histogram); what left the window
         # waits (this segment, without a window), the window moves on. A call continuing a
         # cache (generation) writes nothing.
-        new_state, kl, memory_loss = memories.written(
-            self, call, long_term, unused, inputs, state.window, batch, past
-        )
         logits = base_out.logits
+        surprisal = memories.surprisal(logits, ids, extra) if salient else None
+        logits = logits[:, extra:]
+        new_state, kl, memory_loss = memories.written(
+            self, call, long_term, unused, inputs, state.window, batch, past, surprisal
+        )
         output = InftyformerOutput(
             logits=logits,
             state=new_state,
