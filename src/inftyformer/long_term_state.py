@@ -117,8 +117,12 @@ class LongTermState:
         check_shape(f"{name}.observed", self.observed, (batch,))
         check_shape(f"{name}.empty", self.empty, (batch,))
         check_shape(f"{name}.stored", self.stored, (batch,))
-        records = c.num_samples if c.keep_salient else 0  # one per place (centre)
+        # one record per place (centre) under keep_salient, none otherwise (unknown: a layout
+        # check without the memory's settings)
+        salient = getattr(c, "keep_salient", None)
+        records = None if salient is None else c.num_samples if salient else 0
         check_shape(f"{name}.places", self.places, (batch, records, 4))
+        records = self.places.shape[1]
         check_dtype(f"{name}.places", self.places, torch.float64)
         check_floating(f"{name}.coefficients", self.coefficients)
         dtype = self.coefficients.dtype

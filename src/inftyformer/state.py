@@ -47,21 +47,26 @@ STATE_VERSION = 2  # 2: the sticky counter `observed` moved into the long-term s
 class TokenWindow:
     """tokens [batch, W] int64, right-aligned; length [batch]: how many are valid per row (0
     after a reset). The text a pretrained model recomputes as context before its next call.
-    surprisal [batch, W] float64: −log p of each token when it was read (keep_salient; zeros
-    otherwise), what the salience of the tokens leaving the window is computed from."""
+    surprisal, salience [batch, W] float64 (keep_salient; zeros otherwise): −log p of each
+    token when it was read, and its salience then (`stream_places.salience`, over the surprisal
+    of the tokens before it, which the window holds): what the next call's salience is computed
+    from, and what the tokens leaving the window carry into the long-term memory."""
 
     tokens: torch.Tensor
     length: torch.Tensor
     surprisal: torch.Tensor | None = None
+    salience: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         check_tensor("window.tokens", self.tokens, 2)
         check_tensor("window.length", self.length, 1)
-        if self.surprisal is None:
-            self.surprisal = torch.zeros(
-                self.tokens.shape, dtype=torch.float64, device=self.tokens.device
-            )
-        check_tensor("window.surprisal", self.surprisal, 2)
+        for name in ("surprisal", "salience"):
+            if getattr(self, name) is None:
+                zeros = torch.zeros(
+                    self.tokens.shape, dtype=torch.float64, device=self.tokens.device
+                )
+                setattr(self, name, zeros)
+            check_tensor(f"window.{name}", getattr(self, name), 2)
 
     @classmethod
     def empty(cls, batch_size: int, device=None) -> TokenWindow:
@@ -78,9 +83,7 @@ class TokenWindow:
         return self
 
     def to(self, device: torch.device | str) -> TokenWindow:
-        return TokenWindow(
-            self.tokens.to(device), self.length.to(device), self.surprisal.to(device)
-        )
+        return TokenWindow(*(t.to(device) for t in self.tensors().values()))
 
     def reset(self, rows: torch.Tensor) -> TokenWindow:
         rows = rows.to(self.tokens.device)
@@ -88,27 +91,37 @@ class TokenWindow:
             torch.where(rows[:, None], 0, self.tokens),
             torch.where(rows, 0, self.length),
             torch.where(rows[:, None], 0.0, self.surprisal),
+            torch.where(rows[:, None], 0.0, self.salience),
         )
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {"tokens": self.tokens, "length": self.length, "surprisal": self.surprisal}
+        return {
+            "tokens": self.tokens,
+            "length": self.length,
+            "surprisal": self.surprisal,
+            "salience": self.salience,
+        }
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> TokenWindow:
         missing = [k for k in ("tokens", "length") if k not in tensors]
         if missing:
             raise ValueError(f"the token window is missing tensors {missing}")
-        # surprisal: saved before keep_salient (zeros)
-        return cls(tensors["tokens"], tensors["length"], tensors.get("surprisal"))
+        # surprisal, salience: saved before keep_salient (zeros)
+        return cls(
+            tensors["tokens"], tensors["length"], tensors.get("surprisal"), tensors.get("salience")
+        )
 
     def check(self, batch: int, values: ValueChecks | None = None) -> None:
         """Shapes and dtypes (int64 tokens and lengths, one device); then, in `values` or here,
         lengths in [0, W] and tokens ≥ 0."""
         check_shape("window.tokens", self.tokens, (batch, None))
         check_shape("window.length", self.length, (batch,))
-        check_shape("window.surprisal", self.surprisal, tuple(self.tokens.shape))
-        if self.surprisal.dtype != torch.float64:
-            raise TypeError(f"window.surprisal must be float64, got {self.surprisal.dtype}")
+        for name in ("surprisal", "salience"):
+            t = getattr(self, name)
+            check_shape(f"window.{name}", t, tuple(self.tokens.shape))
+            if t.dtype != torch.float64:
+                raise TypeError(f"window.{name} must be float64, got {t.dtype}")
         for name, t in (("tokens", self.tokens), ("length", self.length)):
             if t.dtype != torch.long:
                 raise TypeError(f"window.{name} must have dtype torch.int64, got {t.dtype}")
@@ -304,7 +317,11 @@ class MemoryState:
             self.window.check(batch, values)
         if len(dims) > 1:
             raise ValueError(f"the layers' tensors have different widths d: {sorted(dims)}")
-        float64 = ("window.surprisal", "salience")  # float64 records, whatever the memory's
+        float64 = (
+            "window.surprisal",
+            "window.salience",
+            "salience",
+        )  # float64 records, whatever the memory's
         floats = {
             t.dtype
             for k, t in self.tensors().items()

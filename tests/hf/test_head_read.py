@@ -432,7 +432,9 @@ def test_the_run_config_takes_place_positions_to_the_model(tmp_path):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("kept", [{}, {"keep_first": 2, "keep_last": 5}])
+@pytest.mark.parametrize(
+    "kept", [{}, {"keep_first": 2, "keep_last": 5}, {"keep_first": 2, "keep_salient": 3}]
+)
 def test_rows_at_different_stream_positions_read_as_if_alone(kept):
     """Row 0 starts a new document at segment 3 (reset), row 1 goes on: each row's places and
     queries sit at its own stream positions (with keep_last: row 0 filling again while row 1
@@ -455,3 +457,68 @@ def test_rows_at_different_stream_positions_read_as_if_alone(kept):
     alone = run([0], reset_at=[True])
     assert torch.allclose(both[:1], alone, atol=1e-5)
     assert (alone[:, 24:] - run([0])[:, 24:]).abs().max() > 1e-3  # the reset mattered
+
+
+# ---------------------------------------------------------------------- salient places
+SALIENT = dict(PLACES, num_basis=16, num_samples=16, keep_first=2, keep_salient=3, window=8)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_the_salience_of_a_stored_token_is_from_the_bases_own_surprisal(arch):
+    """With the paper's read (zero at initialisation) the model's logits are the base's with
+    the window; the salience each whole place records is `salience` of the base's surprisal
+    over the stream, block by block with the 8 tokens before it: the first token of a block
+    scored by the window's last position, carried over calls with the window."""
+    from inftyformer.stream_places import TOKENS, record_positions, salience
+
+    settings = {**SALIENT, "memory_read": "added"}
+    if arch == "gpt2":
+        settings.pop("memory_positions", None)
+    model = add_long_term_memory(tiny_base(arch), **{**MEMORY, **settings}).eval()
+    ids = torch.randint(1, V, (2, 64), generator=torch.Generator().manual_seed(3))
+    state = None
+    for a in range(0, 64, 8):
+        state = model(ids[:, a : a + 8], state=state).state
+    want = torch.zeros(2, 64, dtype=torch.float64)
+    for a in range(8, 64, 8):  # the first block has nothing before it: its first token 0
+        logp = torch.log_softmax(model.base(ids[:, a - 8 : a + 8]).logits.double(), -1)
+        want[:, a : a + 8] = -logp[:, 7:-1].gather(2, ids[:, a : a + 8, None])[..., 0]
+    logp = torch.log_softmax(model.base(ids[:, :8]).logits.double(), -1)
+    want[:, 1:8] = -logp[:, :-1].gather(2, ids[:, 1:8, None])[..., 0]
+    want = salience(want)
+    lt = state.layers[0].long_term
+    assert lt.stored.tolist() == [48, 48]
+    for row in range(2):
+        whole = lt.places[row, :, TOKENS] == 1
+        at = record_positions(lt.places)[row, whole].long()
+        assert len(at) == 2 + 3  # the first 2 and the 3 most salient
+        assert torch.allclose(lt.places[row, whole, 3], want[row, at], atol=1e-4)
+        top = want[row, 2:48].topk(3).values  # (bursts make ties: compare the values)
+        assert torch.allclose(want[row, at[2:]].sort().values, top.sort().values)
+    waiting = state.salience  # the window's 8 tokens that left it, waiting
+    assert torch.allclose(waiting, want[:, 48:56], atol=1e-4)
+
+
+@torch.no_grad()
+def test_salient_places_survive_save_load_and_generate_like_recomputation(tmp_path):
+    from inftyformer import load_state, save_state
+
+    model = heads_model("llama", memory_positions="places", **SALIENT)
+    ids = torch.randint(1, V, (2, 64), generator=torch.Generator().manual_seed(4))
+    memory = model(ids).state
+    save_state(tmp_path / "memory.safetensors", memory)
+    loaded = load_state(tmp_path / "memory.safetensors")
+    assert torch.equal(loaded.layers[0].long_term.places, memory.layers[0].long_term.places)
+    assert torch.equal(loaded.salience, memory.salience)
+    assert torch.equal(loaded.window.surprisal, memory.window.surprisal)
+    nxt = ids[:, :8]
+    assert torch.equal(model(nxt, state=loaded).logits, model(nxt, state=memory).logits)
+    prompt = torch.randint(1, V, (2, 4), generator=torch.Generator().manual_seed(5))
+    greedy = dict(max_new_tokens=3, do_sample=False, return_dict_in_generate=True)
+    out = model.generate(prompt, state=memory, **greedy)
+    text = prompt
+    for _ in range(3):
+        logits = model(text, state=memory).logits[:, -1]
+        text = torch.cat([text, logits.argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out.sequences, text)

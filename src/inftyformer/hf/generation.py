@@ -119,6 +119,7 @@ def window_within_positions(
         window.tokens[:, width - room :],
         window.length.clamp(max=room),
         window.surprisal[:, width - room :],
+        window.salience[:, width - room :],
     )
     return MemoryState(state.layers, short, state.source, state.salience)
 

@@ -175,18 +175,23 @@ def written(
     """Step 3: the memory a call returns (detached), the reads' KL (mean over layers) and the
     memory loss. `window`: the one this call read. A call continuing a cache (`past` > 0,
     generation) writes nothing: its memory is the one it read, nothing waiting.
-    `surprisal` [batch, T] of this call's tokens (keep_salient): with the window's, the
-    salience of the tokens that leave it (`stream_places.salience`) waits beside them."""
+    `surprisal` [batch, T] of this call's tokens (keep_salient): their salience
+    (`stream_places.salience`, over the window's surprisal before them, then theirs) goes into
+    the window with them, and the salience of the tokens that leave the window waits beside
+    them for the long-term memory."""
     salience = None
     if past:
         leaving = None
     else:
         if surprisal is not None:  # aligned with the call's positions: the window's, then its
-            if inputs.context:
-                held = window.surprisal[:, window.surprisal.shape[1] - inputs.context :]
-                surprisal = torch.cat([held, surprisal], 1)  # [batch, context + T]
-            salience = token_salience(surprisal)
-        leaving, window = inputs.advance(model.config.window, surprisal)
+            c = inputs.context
+            if c:
+                held = lambda t: t[:, t.shape[1] - c :]  # noqa: E731
+                surprisal = torch.cat([held(window.surprisal), surprisal], 1)  # [batch, c + T]
+                salience = torch.cat([held(window.salience), token_salience(surprisal)[:, c:]], 1)
+            else:
+                salience = token_salience(surprisal)
+        leaving, window = inputs.advance(model.config.window, surprisal, salience)
         if salience is not None:
             salience = pack(salience, leaving)[0]
     layers = []

@@ -90,12 +90,15 @@ class WindowedInputs:
         return cls(run_ids, full.long(), positions, context, full[:, -run_ids.shape[1] :])
 
     def advance(
-        self, size: int, surprisal: torch.Tensor | None = None
+        self,
+        size: int,
+        surprisal: torch.Tensor | None = None,
+        salience: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor | None, TokenWindow | None]:
         """After a call that ran `ids`: which positions leave the window (bool [batch, S], None:
         all; their normalised inputs wait for the long-term memory) and the window of the last
-        `size` valid tokens (None when the model has no window), with their `surprisal`
-        [batch, S] when given."""
+        `size` valid tokens (None when the model has no window), with their `surprisal` and
+        `salience` [batch, S] when given."""
         if not size:
             return self.valid, None
         valid = (
@@ -105,8 +108,10 @@ class WindowedInputs:
         rank = valid.long().cumsum(1) - 1  # position among the row's valid tokens
         leaving = valid & (rank < count - size)
         tokens, held = pack(self.ids, valid & ~leaving)
-        kept = None if surprisal is None else pack(surprisal, valid & ~leaving)[0]
-        return leaving, TokenWindow(tokens, held, kept)
+        scores = [
+            None if t is None else pack(t, valid & ~leaving)[0] for t in (surprisal, salience)
+        ]
+        return leaving, TokenWindow(tokens, held, *scores)
 
 
 __all__ = ["WindowedInputs", "pack"]
