@@ -38,7 +38,7 @@ def _patch(layer, rotary, window: int) -> None:
     memory, attention = layer.memory, layer.attention
     update, store = memory._update, {}  # the update the model calls (unchecked)
 
-    def exact_update(state, x, generator):
+    def exact_update(state, x, generator, salience=None):
         empty = state.empty
         if bool(empty.all()):
             store["x"] = x.detach()  # [batch, L, e]
@@ -46,7 +46,7 @@ def _patch(layer, rotary, window: int) -> None:
             raise ValueError("the exact row needs streams that start together")
         else:
             store["x"] = torch.cat([store["x"], x.detach()], dim=1)  # [batch, P, e]
-        return update(state, x, generator)
+        return update(state, x, generator, salience)
 
     def exact_heads(query, state, prepared=None, turn_query=None):
         c = attention.config

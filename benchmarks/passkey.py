@@ -3,8 +3,7 @@ test books by position, for the base model and its memory variants on the same p
 
 Rows (every one reads the same token streams):
     window        the base alone, each block of C tokens with the W tokens before it as context
-    window-2048   the base alone with a window of 2,048 tokens (the recent past the memory rows
-                  keep exact, at no memory's cost)
+    window-2048   the base alone with a 2,048-token window (what the memory rows keep exact)
     full          the base alone on the whole prompt (its last `positions` tokens: SmolLM2 8,192)
     untrained     the memory model at initialisation (equals `window`: the read starts at zero)
     lm            memory trained on plain language modelling (--lm-run)
@@ -36,8 +35,7 @@ Rows (every one reads the same token streams):
                   (memory_positions = places: rotary bases)
     mixture-fill-recent  as mixture-fill-positions with keep_last = 1,024: the most recent
                   1,024 tokens of the memory one per place, only the older ones merged
-    mixture-fill-salient  as mixture-fill-recent with keep_salient = 256: the 256 most salient
-                  older tokens (right after a burst of the base's surprisal) kept one per place
+    mixture-fill-salient  as mixture-fill-recent, 256 places kept for salient tokens (keep_salient)
     exact         the ceiling of the heads read: as mixture, but the heads read the exact states
                   the memory was given, one place per token (a growing cache, not a memory of
                   fixed size: `_passkey_exact.py`); prompts over 8,192 tokens are not run
@@ -105,8 +103,7 @@ MIXTURE["mixture-fill-keep"] = dict(MIXTURE["mixture-fill-sink"], keep_first=64)
 MIXTURE["mixture-fill-positions"] = dict(MIXTURE["mixture-fill-keep"], memory_positions="places")
 # and the last 1,024 tokens never merged either: the recent past exact, the older past merged
 MIXTURE["mixture-fill-recent"] = dict(MIXTURE["mixture-fill-positions"], keep_last=1024)
-# and 256 places for the most salient tokens between (the text right after the base was
-# surprised, from its own logits): kept whole wherever they lie, the rest merged
+# and 256 places for the most salient older tokens (right after a burst of the base's surprisal)
 MIXTURE["mixture-fill-salient"] = dict(MIXTURE["mixture-fill-recent"], keep_salient=256)
 WIDE_WINDOW = 2048  # row window-2048: the base alone with this window, no memory
 EXACT = ("exact", "exact-positions")  # the ceiling rows: the heads read exact stored states
@@ -174,8 +171,7 @@ class Row:
         from inftyformer.long_term_attention import record_reads
 
         C, W = self.args.segment_len, self.args.window
-        if self.name == "window-2048":
-            W = WIDE_WINDOW
+        W = WIDE_WINDOW if self.name == "window-2048" else W
         S = ids.shape[1]
         if self.name == "full":
             start = max(0, S - self.positions)  # positions before `start`: unseen

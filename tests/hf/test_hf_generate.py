@@ -10,6 +10,8 @@ import pytest
 import torch
 from tiny_hf import L, V, tiny_memory_model, with_settings
 
+from inftyformer.state import TokenWindow
+
 PROMPT, NEW = 5, 6
 
 
@@ -81,7 +83,7 @@ def test_generate_shortens_the_window_to_the_base_positions(arch):
     prompt = torch.randint(1, V, (2, 6), generator=torch.Generator().manual_seed(9))
     out = model.generate(prompt, state=memory, max_new_tokens=54, do_sample=False)
     short = model.consolidate(memory)
-    short.window.tokens, short.window.length = short.window.tokens[:, -4:], torch.tensor([4, 4])
+    short.window = TokenWindow(short.window.tokens[:, -4:], torch.tensor([4, 4]))
     one_call = with_settings(model, segment_len=60, window=4)
     ids = prompt
     for _ in range(54):

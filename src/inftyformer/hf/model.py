@@ -365,16 +365,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         if self.config.memory_positions == "places":  # each place at its own stream position
             call.rotary, call.limit = self.adapter.rotary_embedding(self.base), limit
             call.positions, call.past = inputs.position_ids, past
-        keep = logits_to_keep
-        if inputs.context and isinstance(keep, torch.Tensor):
-            keep = keep + inputs.context  # indices into this call's positions
-        elif inputs.context and keep == 0:  # the window's positions are context only: their
-            keep = inputs.ids.shape[1] - inputs.context  # logits are never computed
-        # keep_salient: the surprisal of this call's tokens, the first one's from the window's
-        # last position (one more logit, not returned)
-        salient = bool(self.config.keep_salient) and not past
-        extra = int(salient and inputs.context > 0 and isinstance(keep, int) and keep == length)
-        keep = keep + extra
+        salient = bool(self.config.keep_salient) and not past  # the call's surprisal wanted
+        keep, extra = inputs.logits_to_keep(logits_to_keep, salient)
         with hooks.active(call):
             base_out = self.base(
                 input_ids=inputs.ids,

@@ -89,6 +89,19 @@ class WindowedInputs:
             return cls(run_ids, None, positions, context, None)
         return cls(run_ids, full.long(), positions, context, full[:, -run_ids.shape[1] :])
 
+    def logits_to_keep(
+        self, keep: int | torch.Tensor, first: bool = False
+    ) -> tuple[int | torch.Tensor, int]:
+        """The base's `logits_to_keep` for a call asked for `keep` (0: all of its tokens): the
+        window's positions are context only, their logits never computed; with `first`
+        (keep_salient) the window's last one too, which scores the call's first token (the
+        surprisal of every token). Returns (what the base computes, how many extra first)."""
+        if self.context and isinstance(keep, torch.Tensor):
+            return keep + self.context, 0  # indices into this call's positions
+        if self.context and keep == 0:
+            return self.ids.shape[1] - self.context + int(first), int(first)
+        return keep, 0
+
     def advance(
         self,
         size: int,
