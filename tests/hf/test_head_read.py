@@ -413,8 +413,8 @@ def test_the_place_positions_setting_survives_save_and_load(tmp_path):
 
 
 def test_the_run_config_takes_place_positions_to_the_model(tmp_path):
-    """The training command's config carries memory_positions (and keep_last) to the model it
-    builds, through to_dict/from_dict, and refuses it without a fill memory."""
+    """The training command's config carries memory_positions (keep_last, keep_salient) to the
+    model it builds, through to_dict/from_dict, and refuses it without a fill memory."""
     from tiny_pretrained import write_tiny_model
 
     from inftyformer.models import PretrainedMemoryConfig, build_model
@@ -422,11 +422,12 @@ def test_the_run_config_takes_place_positions_to_the_model(tmp_path):
     path = str(write_tiny_model(tmp_path / "llama", "llama", max_positions=64))
     settings = dict(base_model=path, segment_len=8, window=8, memory_read="heads",
                     memory_positions="places", **{**PLACES, "memory_layers": (0,)})  # fmt: skip
-    config = PretrainedMemoryConfig(**settings, keep_last=3)
+    config = PretrainedMemoryConfig(**settings, keep_last=3, keep_salient=2)
     assert PretrainedMemoryConfig.from_dict(config.to_dict()) == config
     lm = build_model(config).lm
     assert lm.config.memory_positions == "places"
     assert [layer.memory.config.keep_last for layer in lm.long_term] == [3]
+    assert [layer.memory.config.keep_salient for layer in lm.long_term] == [2]
     with pytest.raises(ValueError, match="squeeze='fill'"):
         PretrainedMemoryConfig(**{**settings, "squeeze": "by_length"})
 
