@@ -1,9 +1,9 @@
 """A write that keeps what surprised the model: row (xix) with B of its places kept for single
-tokens chosen by the base's surprisal, the exploratory probe behind docs/passkey.md's "Which
-tokens the merge keeps" (not yet a library setting: it stands in for the memory's pooling).
+tokens chosen by the base's surprisal. The exploratory probe that came before the library's
+`keep_salient` (row xx of passkey.py), kept as its loop-by-loop reference: it stands in for the
+memory's pooling, with the salience of a separate windowed pass of the base.
 
     python benchmarks/passkey_salient.py --distances 4000 --keys 3 --budget 256
-    python benchmarks/passkey_salient.py --distances 12000 --keys 2 --budget 256
     python benchmarks/passkey_salient.py --distances 4000 --keys 3 --budget 0    # row (xix)
     python benchmarks/passkey_salient.py --docs 2 --doc-len 4096 --distances 300 --keys 1
 
@@ -16,13 +16,14 @@ others are merged, in equal runs of tokens by position. A place's position is th
 the tokens merged into it (a run that splits an older place takes that place's tokens as spread
 evenly over its span), the places sorted by position.
 
-Salience of token i: the largest mean surprisal of `burst` consecutive tokens among those ending
-at i − after + 1 … i (the text right after the model was surprised), the surprisal
-−log p(x_j | x_<j) from the base with the same window as the memory row (W tokens before each
-block): what a model streaming the text knows when the token is written, less its memory.
+Salience of token i: `stream_places.salience` (the largest mean surprisal of `burst` consecutive
+tokens among those ending at i − after + 1 … i), the surprisal −log p(x_j | x_<j) from the base
+with the same window as the memory row (W tokens before each block): what a model streaming the
+text knows when the token is written, less its memory (row xx uses the memory model's own).
 
-With B = 0 the places are the library's (`stream_places.pool_by_length`; checked by the tests to
-float64 rounding). Prints one JSON line per distance (and for the books), appended to --jsonl.
+With B = 0 the places are the library's `pool_by_length`, with B > 0 its `pool_salient`'s (the
+tests check both, values to float64 rounding). One Python loop per place: slow past a few
+thousand tokens. Prints one JSON line per distance (and for the books), appended to --jsonl.
 """
 
 from __future__ import annotations
@@ -44,18 +45,9 @@ from passkey import (
     prompt_setup,
 )
 
+from inftyformer.stream_places import salience
+
 ROW = "mixture-fill-recent"  # row (xix): the memory whose pooling the probe replaces
-
-
-def salience(surprisal, burst: int = 3, after: int = 8):
-    """[B, S] → [B, S]: max over j ∈ [i − after + 1, i] of mean(surprisal[j − burst + 1 … j])."""
-    import torch
-    import torch.nn.functional as F
-
-    c = torch.cumsum(F.pad(surprisal, (burst, 0)), 1)
-    trailing = (c[:, burst:] - c[:, :-burst]) / burst  # mean over the `burst` ending at j
-    padded = F.pad(trailing[:, None], (after - 1, 0), value=-math.inf)
-    return F.max_pool1d(padded, after, 1)[:, 0]
 
 
 def window_surprisal(row: Row, ids):

@@ -1,14 +1,20 @@
 """benchmarks/passkey_salient.py: with no place kept for salient tokens its places are the
-library's pooling; with some, the most salient tokens keep a place each at their own index; the
-quick run writes its lines."""
+library's equal runs; with some, the most salient tokens keep a place each at their own index,
+as the library's `pool_salient` keeps them; the quick run writes its lines."""
 
 import json
 
 import pytest
 import torch
-from passkey_salient import SalientPlaces, salience
+from passkey_salient import SalientPlaces
 
-from inftyformer.stream_places import place_positions, pool_by_length
+from inftyformer.stream_places import (
+    TOKENS,
+    initial_records,
+    place_positions,
+    pool_by_length,
+    pool_salient,
+)
 
 
 def stream(places: SalientPlaces, steps: int, L: int, e: int = 3, keep=4, keep_last=10):
@@ -53,10 +59,26 @@ def test_the_most_salient_tokens_keep_a_place_each_at_their_index():
     assert (ours - theirs).abs().max() > 1e-3  # other places than the library's
 
 
-def test_salience_is_the_largest_burst_mean_among_the_last_tokens():
-    s = torch.tensor([[0.0, 0.0, 9.0, 0.0, 0.0, 0.0, 0.0]])
-    got = salience(s, burst=2, after=3)  # mean of 2 ending at j, max over j in [i − 2, i]
-    assert got[0].tolist() == [0.0, 0.0, 4.5, 4.5, 4.5, 4.5, 0.0]  # bursts ending at 2 and 3
+def test_with_a_budget_the_places_are_the_librarys_salient_pooling():
+    """The library's vectorised `pool_salient` against this loop-by-loop reference: the same
+    values in every place, the same tokens kept whole."""
+    K, keep, keep_last, budget = 40, 4, 10, 5
+    places = SalientPlaces(K, keep, keep_last, budget)
+    places.salience = torch.randn(2, 300, generator=torch.Generator().manual_seed(2))
+    g = torch.Generator().manual_seed(3)
+    ours = theirs = torch.zeros(2, K, 3, dtype=torch.float64)
+    records, S = initial_records(2, K), 0
+    for L in [16, 16, 7, 16, 30, 16, 16, 16, 16, 16, 16, 16, 16]:
+        x = torch.randn(2, L, 3, generator=g, dtype=torch.float64)
+        stored = torch.full((2,), S)
+        ours, _ = places.pool(ours, stored, x)
+        sal = places.salience[:, S : S + L]
+        theirs, records, _ = pool_salient(theirs, records, stored, x, sal, keep, keep_last, budget)
+        S += L
+        assert (ours - theirs).abs().max() < 1e-12, S
+        whole = records[..., TOKENS] == 1
+        mine = [{int(lo) for lo in records[b, whole[b], 0].tolist()} for b in range(2)]
+        assert mine == places.singles(S), S
 
 
 def test_the_quick_probe_writes_its_lines(tmp_path):
