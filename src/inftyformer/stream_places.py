@@ -200,7 +200,9 @@ def pool_salient(
     the last `keep_last` tokens keep a place each, and the `budget` most salient of the other
     tokens still whole (those kept before compete again with the new ones); every other place
     and token is merged, in stream order, into the remaining places by equal runs of tokens.
-    A run that splits a place takes its tokens as spread evenly over the place's span."""
+    A run that splits a place takes its tokens as spread evenly over the place's span. The
+    places are ordered by the mean index of their tokens; a run's record keeps its span, read at
+    its middle (`record_positions`: the same index unless a token kept whole left a gap in it)."""
     batch, K, e = old.shape
     L = new.shape[1]
     f64 = dict(device=old.device, dtype=torch.float64)
