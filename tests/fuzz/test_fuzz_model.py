@@ -166,6 +166,8 @@ def mutated_model_states(draw):
             new = torch.randint(0, 1000, old.shape, generator=g).float()
         elif name == "stored":
             new = torch.randint(0, 10_000, old.shape, generator=g)
+        elif name == "places":  # records of a keep_salient memory (none here: [batch, 0, 4])
+            new = torch.zeros(old.shape, dtype=torch.float64)
         else:  # empty
             new = torch.rand(old.shape, generator=g) < 0.5
     elif kind == "dtype":
@@ -199,7 +201,8 @@ def mutated_model_states(draw):
         new = old.to("meta")
     elif kind == "type":
         new = draw(st.sampled_from([None, [0], 1.0]))
-        valid = name == "stored" and new is None  # not given: counted from `empty`
+        # not given: `stored` counted from `empty`, no `places` records
+        valid = name in ("stored", "places") and new is None
     else:
         new, valid = old, True  # nothing to break for this field
     where = f"layers[{i}].{part}"
