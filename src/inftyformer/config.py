@@ -79,6 +79,11 @@ class ModelConfig(WithLongTerm):
 
     def __post_init__(self) -> None:
         self._check_long_term()
+        if self.long_term.keep_salient:
+            raise ValueError(
+                "long_term.keep_salient chooses places by the surprisal of a pretrained model's "
+                "logits (inftyformer.hf); a native model does not compute it: leave it 0"
+            )
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {self.model_type!r}")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "segment_len"):

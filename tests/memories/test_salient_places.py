@@ -125,3 +125,13 @@ def test_keep_salient_needs_fill_and_a_merged_place():
     with pytest.raises(ValueError, match="keep_first \\+ keep_last \\+ keep_salient"):
         config(keep_first=4, keep_last=10, keep_salient=10)
     config(keep_first=4, keep_last=10, keep_salient=9)
+
+
+def test_a_native_model_refuses_keep_salient():
+    from inftyformer.config import ModelConfig
+
+    memory = dict(num_basis=24, num_samples=24, widths=(0.005,), squeeze="fill",
+                  density="mixture", edge_padding=False)  # fmt: skip
+    ModelConfig(vocab_size=16, long_term=LongTermConfig(**memory))
+    with pytest.raises(ValueError, match="keep_salient .* native model"):
+        ModelConfig(vocab_size=16, long_term=LongTermConfig(**memory, keep_salient=2))
