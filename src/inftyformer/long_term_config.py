@@ -211,37 +211,25 @@ class LongTermConfig:
                 "squeeze='by_length' or 'fill' and a content density ('mixture' or 'content'), "
                 f"got squeeze={self.squeeze!r}, density={self.density!r}"
             )
-        check_positive_int("keep_first", self.keep_first, minimum=0)
-        if self.keep_first and (self.squeeze != "fill" or self.keep_first >= self.num_samples):
-            raise ValueError(
-                "keep_first keeps the first tokens of a squeeze='fill' memory on their own "
-                f"centres: it needs squeeze='fill' and 0 <= keep_first < num_samples, got "
-                f"squeeze={self.squeeze!r}, keep_first={self.keep_first}, "
-                f"num_samples={self.num_samples}"
-            )
-        check_positive_int("keep_last", self.keep_last, minimum=0)
-        if self.keep_last and (
-            self.squeeze != "fill" or self.keep_first + self.keep_last >= self.num_samples
+        # the tokens a squeeze="fill" memory keeps out of the merge, one per centre: each setting
+        # with the ones before it leaves one place at least for the merged tokens
+        kept, names = 0, []
+        for name, what in (
+            ("keep_first", "the first tokens"),
+            ("keep_last", "the most recent tokens"),
+            ("keep_salient", "the most salient tokens"),
         ):
-            raise ValueError(
-                "keep_last keeps the most recent tokens of a squeeze='fill' memory on their own "
-                "centres: it needs squeeze='fill' and keep_first + keep_last < num_samples (one "
-                f"place at least for the merged tokens), got squeeze={self.squeeze!r}, "
-                f"keep_first={self.keep_first}, keep_last={self.keep_last}, "
-                f"num_samples={self.num_samples}"
-            )
-        check_positive_int("keep_salient", self.keep_salient, minimum=0)
-        if self.keep_salient and (
-            self.squeeze != "fill"
-            or self.keep_first + self.keep_last + self.keep_salient >= self.num_samples
-        ):
-            raise ValueError(
-                "keep_salient keeps salient tokens of a squeeze='fill' memory on their own "
-                "centres: it needs squeeze='fill' and keep_first + keep_last + keep_salient < "
-                f"num_samples (one place at least for the merged tokens), got squeeze="
-                f"{self.squeeze!r}, keep_first={self.keep_first}, keep_last={self.keep_last}, "
-                f"keep_salient={self.keep_salient}, num_samples={self.num_samples}"
-            )
+            value = getattr(self, name)
+            check_positive_int(name, value, minimum=0)
+            kept, names = kept + value, [*names, name]
+            if value and (self.squeeze != "fill" or kept >= self.num_samples):
+                given = ", ".join(f"{n}={getattr(self, n)}" for n in names)
+                raise ValueError(
+                    f"{name} keeps {what} of a squeeze='fill' memory on their own centres: it "
+                    f"needs squeeze='fill' and {' + '.join(names)} < num_samples (one place at "
+                    f"least for the merged tokens), got squeeze={self.squeeze!r}, {given}, "
+                    f"num_samples={self.num_samples}"
+                )
         if self.squeeze == "fill" and self.num_samples != self.num_basis // len(self.widths):
             raise ValueError(
                 "squeeze='fill' reads the old signal at its centres: num_samples must equal "
