@@ -28,6 +28,19 @@ def heads_model(arch: str, seed: int = 0, **settings):
     return add_long_term_memory(tiny_base(arch, seed), **{**MEMORY, **HEADS, **settings}).eval()
 
 
+def assert_generates_as_recomputed(model, memory, prompt, steps: int, recompute=None) -> None:
+    """Greedy `generate` reading `memory` writes what one call per step of `recompute` (default
+    the model itself) scores, every step's logits finite."""
+    greedy = dict(max_new_tokens=steps, do_sample=False, return_dict_in_generate=True)
+    out = model.generate(prompt, state=memory, **greedy)
+    text = prompt
+    for _ in range(steps):
+        logits = (recompute or model)(text, state=memory).logits[:, -1]
+        assert torch.isfinite(logits).all()
+        text = torch.cat([text, logits.argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out.sequences, text)
+
+
 def test_window_attention_records_the_log_mass_of_each_head_and_query():
     """Grouped-query heads and an additive mask with a padded row: the output is scaled dot-
     product attention's and log Z_W is logsumexp of the masked scores, computed by hand."""
@@ -207,14 +220,7 @@ def test_greedy_generation_equals_recomputation_with_the_heads_read(arch, densit
     memory = model(ids[:, 8:], state=model(ids[:, :8]).state).state
     memory = model(ids[:, :8], state=memory).state  # something in the long-term memory
     prompt = torch.randint(1, V, (2, 4), generator=torch.Generator().manual_seed(6))
-    greedy = dict(max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
-    out = model.generate(prompt, state=memory, **greedy)
-    one_call = with_settings(model, segment_len=8)
-    text = prompt
-    for _ in range(4):
-        logits = one_call(text, state=memory).logits[:, -1]
-        text = torch.cat([text, logits.argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(out.sequences, text)
+    assert_generates_as_recomputed(model, memory, prompt, 4, with_settings(model, segment_len=8))
 
 
 @torch.no_grad()
@@ -377,14 +383,7 @@ def test_greedy_generation_equals_recomputation_with_places_past_the_bases_posit
     memory = model(ids).state
     assert memory.layers[0].long_term.stored.tolist() == [80, 80]
     prompt = torch.randint(1, V, (2, 4), generator=torch.Generator().manual_seed(13))
-    greedy = dict(max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
-    out = model.generate(prompt, state=memory, **greedy)
-    text = prompt
-    for _ in range(4):
-        logits = model(text, state=memory).logits[:, -1]
-        assert torch.isfinite(logits).all()
-        text = torch.cat([text, logits.argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(out.sequences, text)
+    assert_generates_as_recomputed(model, memory, prompt, 4)
 
 
 def test_places_need_a_heads_read_of_a_fill_memory_on_rotary_positions():
@@ -516,10 +515,4 @@ def test_salient_places_survive_save_load_and_generate_like_recomputation(tmp_pa
     nxt = ids[:, :8]
     assert torch.equal(model(nxt, state=loaded).logits, model(nxt, state=memory).logits)
     prompt = torch.randint(1, V, (2, 4), generator=torch.Generator().manual_seed(5))
-    greedy = dict(max_new_tokens=3, do_sample=False, return_dict_in_generate=True)
-    out = model.generate(prompt, state=memory, **greedy)
-    text = prompt
-    for _ in range(3):
-        logits = model(text, state=memory).logits[:, -1]
-        text = torch.cat([text, logits.argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(out.sequences, text)
+    assert_generates_as_recomputed(model, memory, prompt, 3)
