@@ -42,6 +42,8 @@ ROWS = {
     "mixture-fill-recent": "(xix) (xviii) with the last 1,024 tokens never merged (keep_last)",
     "mixture-fill-salient": "(xx) (xix) with 256 places kept for the most salient older tokens "
     "(keep_salient: the text right after a burst of the base's surprisal)",
+    "mixture-fill-ranks": "(xxi) (xx) with every place at its rank (memory_positions = ranks: "
+    "the K places read as the last K tokens before the window, none further back than K + W)",
     "exact": "ceiling: the heads read the exact stored states (a growing cache, not a memory)",
     "exact-positions": "ceiling, each stored state at its own stream position (rotary)",
 }

@@ -36,6 +36,8 @@ Rows (every one reads the same token streams):
     mixture-fill-recent  as mixture-fill-positions with keep_last = 1,024: the most recent
                   1,024 tokens of the memory one per place, only the older ones merged
     mixture-fill-salient  as mixture-fill-recent, 256 places kept for salient tokens (keep_salient)
+    mixture-fill-ranks  as mixture-fill-salient, every place at its rank (memory_positions =
+                  ranks: the places read as the last K tokens before the window)
     exact         the ceiling of the heads read: as mixture, but the heads read the exact states
                   the memory was given, one place per token (a growing cache, not a memory of
                   fixed size: `_passkey_exact.py`); prompts over 8,192 tokens are not run
@@ -105,6 +107,8 @@ MIXTURE["mixture-fill-positions"] = dict(MIXTURE["mixture-fill-keep"], memory_po
 MIXTURE["mixture-fill-recent"] = dict(MIXTURE["mixture-fill-positions"], keep_last=1024)
 # and 256 places for the most salient older tokens (right after a burst of the base's surprisal)
 MIXTURE["mixture-fill-salient"] = dict(MIXTURE["mixture-fill-recent"], keep_salient=256)
+# and every place at its rank, not its stream position: no place further back than K + W
+MIXTURE["mixture-fill-ranks"] = dict(MIXTURE["mixture-fill-salient"], memory_positions="ranks")
 WIDE_WINDOW = 2048  # row window-2048: the base alone with this window, no memory
 EXACT = ("exact", "exact-positions")  # the ceiling rows: the heads read exact stored states
 # their cost grows with the square of the stream: prompts longer than this are not run (–)

@@ -70,21 +70,24 @@ def check_memory_read(memory_read: object, density: object) -> None:
 
 
 # where a pretrained model's heads read puts the memory's places (`hf/head_read.py`): every
-# place just beyond the window, or each at its own stream position (rotary bases)
-MEMORY_POSITIONS = ("window", "places")
+# place just beyond the window, each at its own stream position, or each at its rank (the
+# places as the last tokens before the window; rotary bases)
+MEMORY_POSITIONS = ("window", "places", "ranks")
 
 
 def check_memory_positions(memory_positions: object, memory_read: object, squeeze: object) -> None:
-    """`memory_positions` of a pretrained model's memory: one of MEMORY_POSITIONS; "places"
-    reads with the base's heads (memory_read="heads") a memory whose places know where their
-    tokens lie (squeeze="fill"). Whether the base has rotary positions is the model's check."""
+    """`memory_positions` of a pretrained model's memory: one of MEMORY_POSITIONS; "places" and
+    "ranks" read with the base's heads (memory_read="heads") a memory whose places know where
+    their tokens lie (squeeze="fill"). Whether the base has rotary positions is the model's
+    check."""
     if memory_positions not in MEMORY_POSITIONS:
         raise ValueError(
             f"memory_positions must be one of {MEMORY_POSITIONS}, got {memory_positions!r}"
         )
-    if memory_positions == "places" and (memory_read != "heads" or squeeze != "fill"):
+    if memory_positions != "window" and (memory_read != "heads" or squeeze != "fill"):
         raise ValueError(
-            "memory_positions='places' needs memory_read='heads' and squeeze='fill' (places "
+            f"memory_positions={memory_positions!r} needs memory_read='heads' and "
+            "squeeze='fill' (places "
             f"that know where their tokens lie), got memory_read={memory_read!r}, "
             f"squeeze={squeeze!r}"
         )

@@ -64,8 +64,8 @@ class PretrainedMemoryConfig(WithLongTerm):
     # "added" (the paper's read, added to the attention output) or "heads" (the base's own heads
     # read the memory, merged by attention mass: `inftyformer.hf.head_read`)
     memory_read: str = "added"
-    # heads read, rotary bases: "window" (every place just beyond the window) or "places" (each
-    # at its own stream position, squeeze="fill")
+    # heads read, rotary bases: "window" (every place just beyond the window), "places" (each
+    # at its own stream position, squeeze="fill") or "ranks" (each at its rank among them)
     memory_positions: str = "window"
     memory_layers: tuple[int, ...] | None = None  # the blocks with a memory; None: every block
     vocab_size: int = 0  # read from the base's config.json

@@ -7,6 +7,8 @@ one token each until the memory is full, then equal runs of the stream, and wher
                      (the recent past kept exact, the older past merged)
     place_positions  the mean token index of each place: where a read that knows positions
                      (a pretrained model's rotary attention, `hf/head_read.py`) puts its key
+    rank_positions   or each place at its rank: the places as the last tokens before the
+                     window, one position apart, never further back than K
     pool_salient     `pool_by_length` with B more places kept for single tokens: the most
                      salient of the tokens between the kept ones (the text right after the
                      model was surprised, `salience`); the places' records (span, tokens,
@@ -161,6 +163,21 @@ def place_positions(
     return torch.where((S <= num_places) | (k < keep), k, merged)
 
 
+def rank_positions(stored: torch.Tensor, num_places: int) -> torch.Tensor:
+    """The memory laid out as contiguous text: place k of the F = min(S, K) filled places at the
+    token index it would have if the places were the last F tokens before the window (float64
+    [batch, K] for S = `stored` [batch]):
+
+        p_k = k + max(S − K, 0)
+
+    Equal to `place_positions` while every place holds one token (S ≤ K); once places merge,
+    neighbouring places stay one position apart whatever they hold, so no place sits further
+    than K tokens before the window, however long the stream (`hf/head_read.py`,
+    memory_positions="ranks")."""
+    k = torch.arange(num_places, dtype=torch.float64, device=stored.device)  # [K]
+    return k + (stored.to(torch.float64)[:, None] - num_places).clamp(min=0)
+
+
 # a place record (`LongTermState.places`, float64 [batch, K, 4]): the span of token indices
 # [lo, hi) it stands for, how many tokens, their salience (−inf once merged); tokens = 0: empty
 LO, HI, TOKENS, SALIENCE = range(4)
@@ -300,6 +317,7 @@ def initial_records(batch: int, K: int, device=None) -> torch.Tensor:
 __all__ = [
     "initial_records",
     "place_positions",
+    "rank_positions",
     "pool_by_length",
     "pool_salient",
     "record_positions",

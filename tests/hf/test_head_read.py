@@ -5,6 +5,7 @@ memory places; then the model: the base's logits with an empty memory, generatio
 recomputation, save/load, and the settings' errors."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from inftyformer.hf.head_read import (
     WindowMass,
     init_from_heads,
     merge_into_heads,
+    read_at_places,
     recording,
     stop_recording,
     window_attention,
@@ -372,18 +374,57 @@ def test_with_two_widths_each_basis_function_sits_at_its_centres_place():
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("keep_last", [0, 5])
-def test_greedy_generation_equals_recomputation_with_places_past_the_bases_positions(keep_last):
+@pytest.mark.parametrize("positions,keep_last", [("places", 0), ("places", 5), ("ranks", 5)])
+def test_greedy_generation_equals_recomputation_with_places_past_the_bases_positions(
+    positions, keep_last
+):
     """96 tokens through 16 places (merged, the first 2 kept, and the last 5): the memory reaches
-    further back than the base's 64 positions, and the read at place positions generates what
-    one call per step recomputes."""
-    model = heads_model("llama", memory_positions="places", keep_first=2, keep_last=keep_last,
+    further back than the base's 64 positions, and the read at place positions (or ranks)
+    generates what one call per step recomputes."""
+    model = heads_model("llama", memory_positions=positions, keep_first=2, keep_last=keep_last,
                         **{**PLACES, "num_basis": 16, "num_samples": 16})  # fmt: skip
     ids = torch.randint(1, V, (2, 96), generator=torch.Generator().manual_seed(12))
     memory = model(ids).state
     assert memory.layers[0].long_term.stored.tolist() == [80, 80]
     prompt = torch.randint(1, V, (2, 4), generator=torch.Generator().manual_seed(13))
     assert_generates_as_recomputed(model, memory, prompt, 4)
+
+
+@torch.no_grad()
+def test_read_at_ranks_is_the_read_at_places_until_the_memory_merges_then_ignores_how_far_back():
+    """memory_positions="ranks": with one token per place (16 tokens in 32 places) the logits are
+    those of "places"; once the places merge (80 tokens in 16) a block's read depends on what
+    the places hold, not on how many tokens they stand for: the same places said to stand for
+    500 more tokens read the same (at "places" they are read further back, and differently)."""
+    ids = torch.randint(1, V, (2, 40), generator=torch.Generator().manual_seed(16))
+    logits = {}
+    for positions in ("places", "ranks"):
+        model = heads_model("llama", memory_positions=positions, **PLACES)
+        state = model(ids[:, :32]).state
+        assert state.layers[0].long_term.stored.tolist() == [16, 16]
+        logits[positions] = model(ids[:, 32:], state=state).logits
+    assert torch.equal(logits["ranks"], logits["places"])
+
+    merged = {**PLACES, "num_basis": 16, "num_samples": 16, "keep_first": 2}
+    model = heads_model("llama", memory_positions="ranks", **merged)
+    ids = torch.randint(1, V, (2, 96), generator=torch.Generator().manual_seed(17))
+    memory = model(ids).state.layers[0].long_term
+    assert memory.stored.tolist() == [80, 80]
+    further = replace(memory, stored=memory.stored + 500)
+    h = torch.randn(
+        2, 8, model.base.config.hidden_size, generator=torch.Generator().manual_seed(18)
+    )
+    at = torch.arange(8).expand(2, -1)  # the queries' position ids
+    rotary, limit = model.adapter.rotary_embedding(model.base), 64
+    for ranks in (True, False):
+        here, there = (
+            read_at_places(model.long_term[0].attention, h, s, None, at, rotary, limit, ranks=ranks)
+            for s in (memory, further)
+        )
+        if ranks:
+            assert torch.equal(here.z, there.z) and torch.equal(here.log_mass, there.log_mass)
+        else:
+            assert (here.z - there.z).abs().max() > 1e-4
 
 
 def test_places_need_a_heads_read_of_a_fill_memory_on_rotary_positions():
@@ -393,21 +434,26 @@ def test_places_need_a_heads_read_of_a_fill_memory_on_rotary_positions():
         heads_model("llama", memory_positions="places", **{**PLACES, "squeeze": "by_length"})
     with pytest.raises(ValueError, match="absolute ones"):
         heads_model("gpt2", memory_positions="places", **PLACES)
+    with pytest.raises(ValueError, match="'ranks' turns the read by rotary positions"):
+        heads_model("gpt2", memory_positions="ranks", **PLACES)
+    with pytest.raises(ValueError, match="memory_positions='ranks' needs memory_read='heads'"):
+        heads_model("llama", memory_positions="ranks", **{**PLACES, "squeeze": "by_length"})
     with pytest.raises(ValueError, match="memory_read='heads'"):
         settings = {**MEMORY, **PLACES, "memory_read": "added", "memory_positions": "places"}
         add_long_term_memory(tiny_base("llama"), **settings)
 
 
 @torch.no_grad()
-def test_the_place_positions_setting_survives_save_and_load(tmp_path):
+@pytest.mark.parametrize("positions", ["places", "ranks"])
+def test_the_place_positions_setting_survives_save_and_load(tmp_path, positions):
     from inftyformer.hf import InftyformerForCausalLM
 
-    model = heads_model("llama", memory_positions="places", **PLACES)
+    model = heads_model("llama", memory_positions=positions, **PLACES)
     ids = torch.randint(1, V, (2, 32), generator=torch.Generator().manual_seed(14))
     state = model(ids).state
     model.save_pretrained(tmp_path)
     loaded = InftyformerForCausalLM.from_pretrained(tmp_path).eval()
-    assert loaded.config.memory_positions == "places"
+    assert loaded.config.memory_positions == positions
     assert torch.allclose(loaded(ids, state=state).logits, model(ids, state=state).logits)
 
 

@@ -7,7 +7,7 @@ import torch
 from inftyformer import LongTermConfig, LongTermMemory, LongTermState
 from inftyformer.long_term_memory import UNKNOWN_STORED
 from inftyformer.long_term_state import stream_extent
-from inftyformer.stream_places import place_positions, pool_by_length
+from inftyformer.stream_places import place_positions, pool_by_length, rank_positions
 
 
 def config(**overrides) -> LongTermConfig:
@@ -358,3 +358,14 @@ def test_fill_needs_a_content_density_and_no_sticky_memories():
         config(squeeze="fill", num_samples=128, density="normalized")
     with pytest.raises(ValueError, match="num_samples must equal"):
         config(squeeze="fill", num_samples=256)
+
+
+def test_rank_positions_are_the_stream_positions_until_places_merge_then_one_apart():
+    """While every place holds one token a place's rank is its stream position; once the
+    stream outgrows K places they are the last K token indices before the window, by hand."""
+    stored = torch.tensor([0, 3, 6, 9, 1000])
+    ranks = rank_positions(stored, 6)  # [5, 6]
+    assert torch.equal(ranks[:3], place_positions(stored[:3], 6).expand(3, -1))
+    assert ranks[3].tolist() == [3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    assert ranks[4].tolist() == [994.0, 995.0, 996.0, 997.0, 998.0, 999.0]
+    assert ranks.dtype == torch.float64

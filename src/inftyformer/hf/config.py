@@ -16,8 +16,9 @@
                     (ours: the base's own heads read the memory and merge it by attention mass,
                     `head_read.py`; needs density="content" and the base's number of heads)
     memory_positions where a heads read puts the memory's places (rotary bases): "window" (every
-                    place at one distance, just beyond the window) or "places" (each place at
-                    its own stream position, squeeze="fill"; `head_read.py`)
+                    place at one distance, just beyond the window), "places" (each place at
+                    its own stream position, squeeze="fill"; `head_read.py`) or "ranks" (each
+                    place at its rank: the places as the last tokens before the window)
     memory_layers   the blocks (0-based) that get a long-term memory; None: every block. A few
                     late blocks train far fewer parameters, and the backward pass stops at the
                     first of them when the base is frozen (`docs/hf.md`)
@@ -84,7 +85,7 @@ class InftyformerConfig(PretrainedConfig):
     sigma_init: float | None = _LT.sigma_init  # σ at initialisation; None: the paper's (≈ 0.83)
     # the model's
     memory_read: str = "added"  # "added" (paper) or "heads" (head_read.py)
-    memory_positions: str = "window"  # heads read: "window" or "places" (MEMORY_POSITIONS)
+    memory_positions: str = "window"  # heads read: "window", "places" or "ranks" (MEMORY_POSITIONS)
     segment_len: int = 512
     window: int | None = None  # None: one segment, within the base's positions; 0: none
     memory_layers: list[int] | None = None  # None: every block
@@ -129,9 +130,10 @@ class InftyformerConfig(PretrainedConfig):
 
     def _check_memory_positions(self, architecture: str) -> None:
         check_memory_positions(self.memory_positions, self.memory_read, self.squeeze)
-        if self.memory_positions == "places" and not adapter_for(architecture).rotary:
+        if self.memory_positions != "window" and not adapter_for(architecture).rotary:
             raise ValueError(
-                f"memory_positions='places' turns the read by rotary positions; {architecture} "
+                f"memory_positions={self.memory_positions!r} turns the read by rotary "
+                f"positions; {architecture} "
                 "has absolute ones (use memory_positions='window')"
             )
 

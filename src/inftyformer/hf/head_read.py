@@ -42,6 +42,13 @@ the read turns query and key by their own positions as the base's attention does
 so that q · k depends on i + S − p_n, the distance in the stream, as it would if the place were a
 token of the window, and no place sits further from a query than the base has positions for
 (older places share the farthest position: `read_at_places`).
+
+With `memory_positions="ranks"` each place sits at its rank instead, p_n = n + max(S − K, 0)
+(`stream_places.rank_positions`): the K places read as if they were the last K tokens before
+the window. While every place holds one token this is "places"; once places merge, neighbouring
+places stay one position apart, so a key kept whole keeps its tokens in order one position
+apart however far back it lies, and no place is ever further than K + W tokens from a query
+(with "places", everything older than the base's positions shares the farthest one).
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from ..long_term_attention import HeadsRead, LongTermAttention, PreparedMemory
 from ..long_term_state import LongTermState
-from ..stream_places import place_positions, record_positions
+from ..stream_places import place_positions, rank_positions, record_positions
 
 # the attention implementation a heads-read model runs its base with (registered below)
 ATTENTION = "inftyformer_heads"
@@ -201,17 +208,21 @@ def read_at_places(
     positions: torch.Tensor,
     rotary: nn.Module,
     limit: int | None,
+    ranks: bool = False,
 ) -> HeadsRead:
     """The heads read with every place at its own stream position (module doc, "Positions"):
     h [b, T, e] the block's normalised attention inputs at the base's position ids `positions`
-    [b, T] (the window's first token at 0), `limit` the base's number of positions."""
+    [b, T] (the window's first token at 0), `limit` the base's number of positions; `ranks`:
+    each place at its rank instead (the places as the last tokens before the window)."""
     c = read.config
     if prepared is None:
         prepared = read.prepare(state, h.dtype)
     stored = state.stored.to(positions.device)  # S  [b]
     # p_n − S: the places before the window, at negative positions  [b, N]
     K = read.basis.num_centers  # places: one per centre (N / number of widths)
-    if c.keep_salient:  # the places chosen by salience: their records say where they lie
+    if ranks:  # p_k = k + max(S − K, 0): the newest place just before the window
+        at = rank_positions(stored, K)
+    elif c.keep_salient:  # the places chosen by salience: their records say where they lie
         at = record_positions(state.places.to(positions.device))
     else:
         at = place_positions(stored, K, c.keep_first, c.keep_last)

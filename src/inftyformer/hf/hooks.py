@@ -63,6 +63,7 @@ class Call:
     past: int = 0
     rotary: nn.Module | None = None
     limit: int | None = None
+    ranks: bool = False  # memory_positions="ranks": each place at its rank, not its stream position
 
 
 _OWNERS = itertools.count()
@@ -103,8 +104,9 @@ def add_long_term_read(owner: int, index: int, module: nn.Module, args, output):
             if positions is None:
                 positions = torch.arange(call.past, call.past + h.shape[1], device=h.device)
                 positions = positions.expand(h.shape[0], -1)
+            state = call.long_term[index]
             heads = read_at_places(
-                read, h, call.long_term[index], prepared, positions, call.rotary, call.limit
+                read, h, state, prepared, positions, call.rotary, call.limit, ranks=call.ranks
             )
         else:
             heads = read(h, call.long_term[index], prepared=prepared, heads=True)

@@ -362,9 +362,10 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         if self.config.memory_read == "heads":
             call.attentions = self._blocks(self.adapter.attentions)
             call.window_mass = WindowMass({id(m) for m in call.attentions})
-        if self.config.memory_positions == "places":  # each place at its own stream position
+        if self.config.memory_positions != "window":  # each place at its own position
             call.rotary, call.limit = self.adapter.rotary_embedding(self.base), limit
             call.positions, call.past = inputs.position_ids, past
+            call.ranks = self.config.memory_positions == "ranks"
         salient = bool(self.config.keep_salient) and not past  # the call's surprisal wanted
         keep, extra = inputs.logits_to_keep(logits_to_keep, salient)
         with hooks.active(call):

@@ -53,7 +53,7 @@ def init_weights(model: nn.Module, module: nn.Module) -> None:
     if role == "projection" and config.memory_read == "heads":
         # rotary bases: W^Q turned Δ = W back (every place just beyond the window), or not at
         # all when each place is read at its own position (head_read.py)
-        delta = 0 if config.memory_positions == "places" else config.window or config.segment_len
+        delta = 0 if config.memory_positions != "window" else config.window or config.segment_len
         for i, layer in enumerate(model.long_term):  # W^Q, W^K, W^V from the base's head
             if module is layer.attention.query:
                 init_from_heads(
