@@ -317,6 +317,9 @@ def evaluate_passkeys(row: Row, prompts: dict[int, tuple]) -> dict[str, Any]:
                 "nll": float(nll[scored].mean()),
                 "keys": int(inputs.shape[0]),
                 "tokens": int(inputs.shape[1]),
+                # per key: how many of its answer tokens are the argmax, of how many
+                "right": (hit & scored).sum(-1).tolist(),
+                "answer_tokens": scored.sum(-1).tolist(),
             }
             if reads is not None:
                 out[str(d)]["reads"] = where_reads_land(row, reads, answer, key_at)
