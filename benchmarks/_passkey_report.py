@@ -44,6 +44,9 @@ ROWS = {
     "(keep_salient: the text right after a burst of the base's surprisal)",
     "mixture-fill-ranks": "(xxi) (xx) with every place at its rank (memory_positions = ranks: "
     "the K places read as the last K tokens before the window, none further back than K + W)",
+    "mixture-fill-ranks-salient": "(xxii) (xxi) with 959 places for salient tokens "
+    "(keep_salient: every place between the first 64 and the last 1,024 tokens but one, which "
+    "holds the mean of the rest)",
     "exact": "ceiling: the heads read the exact stored states (a growing cache, not a memory)",
     "exact-positions": "ceiling, each stored state at its own stream position (rotary)",
 }

@@ -38,6 +38,8 @@ Rows (every one reads the same token streams):
     mixture-fill-salient  as mixture-fill-recent, 256 places kept for salient tokens (keep_salient)
     mixture-fill-ranks  as mixture-fill-salient, every place at its rank (memory_positions =
                   ranks: the places read as the last K tokens before the window)
+    mixture-fill-ranks-salient  as mixture-fill-ranks with keep_salient = 959: every middle place
+                  but one holds a salient token (the rest of the older past merged into one)
     exact         the ceiling of the heads read: as mixture, but the heads read the exact states
                   the memory was given, one place per token (a growing cache, not a memory of
                   fixed size: `_passkey_exact.py`); prompts over 8,192 tokens are not run
@@ -109,6 +111,9 @@ MIXTURE["mixture-fill-recent"] = dict(MIXTURE["mixture-fill-positions"], keep_la
 MIXTURE["mixture-fill-salient"] = dict(MIXTURE["mixture-fill-recent"], keep_salient=256)
 # and every place at its rank, not its stream position: no place further back than K + W
 MIXTURE["mixture-fill-ranks"] = dict(MIXTURE["mixture-fill-salient"], memory_positions="ranks")
+# and every place between the first 64 and the last 1,024 tokens but one kept for a salient
+# token: the older past is its most surprising tokens, with no merged runs between them
+MIXTURE["mixture-fill-ranks-salient"] = dict(MIXTURE["mixture-fill-ranks"], keep_salient=959)
 WIDE_WINDOW = 2048  # row window-2048: the base alone with this window, no memory
 EXACT = ("exact", "exact-positions")  # the ceiling rows: the heads read exact stored states
 # their cost grows with the square of the stream: prompts longer than this are not run (–)
