@@ -32,7 +32,7 @@ MIXTURE["mixture-fill-positions"] = dict(MIXTURE["mixture-fill-keep"], memory_po
 MIXTURE["mixture-fill-recent"] = dict(MIXTURE["mixture-fill-positions"], keep_last=1024)
 # and 256 places for the most salient older tokens (right after a burst of the base's surprisal)
 MIXTURE["mixture-fill-salient"] = dict(MIXTURE["mixture-fill-recent"], keep_salient=256)
-# and every place at its rank, not its stream position: no place further back than K + W
+# and every place at its rank, not its stream position: no place more than K before the window
 MIXTURE["mixture-fill-ranks"] = dict(MIXTURE["mixture-fill-salient"], memory_positions="ranks")
 # and every place between the first 64 and the last 1,024 tokens but one kept for a salient
 # token: the older past is its most surprising tokens, with no merged runs between them

@@ -47,7 +47,7 @@ With `memory_positions="ranks"` each place sits at its rank instead, p_n = n + m
 (`stream_places.rank_positions`): the K places read as if they were the last K tokens before
 the window. While every place holds one token this is "places"; once places merge, neighbouring
 places stay one position apart, so a key kept whole keeps its tokens in order one position
-apart however far back it lies, and no place is ever further than K + W tokens from a query
+apart however far back it lies, and no place is ever further than K tokens before the window
 (with "places", everything older than the base's positions shares the farthest one).
 """
 
