@@ -43,7 +43,8 @@ ROWS = {
     "mixture-fill-salient": "(xx) (xix) with 256 places kept for the most salient older tokens "
     "(keep_salient: the text right after a burst of the base's surprisal)",
     "mixture-fill-ranks": "(xxi) (xx) with every place at its rank (memory_positions = ranks: "
-    "the K places read as the last K tokens before the window, none further back than K before it)",
+    "the K places read as the last K tokens before the window, in order, however far back their "
+    "tokens lie)",
     "mixture-fill-ranks-salient": "(xxii) (xxi) with 959 places for salient tokens "
     "(keep_salient: every place between the first 64 and the last 1,024 tokens but one, which "
     "holds the mean of the rest)",
