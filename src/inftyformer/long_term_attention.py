@@ -351,10 +351,19 @@ class LongTermAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """ "paper"/"normalized": μ = sigmoid(w_μᵀ s), σ² = softplus(w_σᵀ s) (paper §3.2), s
         standardised over the basis when normalized. q [b, H, Q, d] → μ, σ² [b, H, Q]."""
-        logits = torch.matmul(q, prepared.keys)  # [w_μᵀ s, w_σᵀ s]  [b, H, Q, 2]
-        if prepared.gram is not None:  # [w_μᵀ ŝ, w_σᵀ ŝ], ŝ = (s − mean s) / std s
-            var = (torch.matmul(q, prepared.gram) * q).sum(-1)  # var_N(s)  [b, H, Q]
-            logits = logits * torch.rsqrt(var.clamp(min=0.0) + SCORE_EPS).unsqueeze(-1)
+        if prepared.gram is None:
+            logits = torch.matmul(q, prepared.keys)  # [w_μᵀ s, w_σᵀ s]  [b, H, Q, 2]
+        else:  # [w_μᵀ ŝ, w_σᵀ ŝ], ŝ = (s − mean s) / std s
+            # ŝ does not change when q is scaled by a ≥ 1 (ε scaled by 1/a²): q / a keeps qᵀGq
+            # finite for any finite q (the result does not depend on a: a needs no gradient)
+            a = q.detach().abs().amax(-1, keepdim=True).clamp(min=1.0)  # [b, H, Q, 1]
+            q = q / a
+            logits = torch.matmul(q, prepared.keys)
+            var = (torch.matmul(q, prepared.gram) * q).sum(-1, keepdim=True)  # var_N(s) / a²
+            denominator = (var.clamp(min=0.0) + SCORE_EPS / a.square()).clamp(
+                min=torch.finfo(var.dtype).tiny
+            )
+            logits = logits * torch.rsqrt(denominator)
         mu = torch.sigmoid(logits[..., 0] + self.mu_head.bias)  # μ ∈ (0, 1)
         sigma_sq = F.softplus(logits[..., 1] + self.sigma_head.bias)
         return mu, sigma_sq.clamp(min=self.config.min_sigma_sq)

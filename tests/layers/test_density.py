@@ -44,6 +44,37 @@ def test_normalized_density_is_invariant_to_the_scale_of_the_scores():
     assert _spread(small.mu) > 0.05
 
 
+def test_normalized_density_of_a_huge_finite_query_is_finite():
+    """qᵀGq of a query with an entry of 1e30 overflows float32; ŝ is computed from q / max|q|,
+    so the read stays finite (gradient too) and equals that of the entry at 1e10 (the same
+    direction, ε negligible at both scales), and ordinary queries read ŝ as computed by hand."""
+    torch.manual_seed(0)
+    cfg = LongTermConfig(dim=32, num_heads=4, num_basis=32, num_samples=32)
+    mem, att = LongTermMemory(cfg), LongTermAttention(cfg, None)
+    state = mem.update(mem.init_state(2), torch.randn(2, 64, 32)).detach()
+    q = torch.randn(2, 5, 32)
+    q[0, 1, 3] = 1e30  # one huge entry: that query points along the 4th input axis
+    huge = q.clone().requires_grad_(True)
+    out = att(huge, state)
+    assert torch.isfinite(out.context).all() and torch.isfinite(out.sigma_sq).all()
+    (out.context.sum() + out.kl).backward()
+    assert torch.isfinite(huge.grad).all()
+    q[0, 1, 3] = 1e10
+    scaled = att(q, state)
+    torch.testing.assert_close(out.mu, scaled.mu, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.sigma_sq, scaled.sigma_sq, rtol=1e-5, atol=1e-6)
+    # ordinary queries: the standardised scores computed directly from s = K q / √d
+    B = state.coefficients
+    d = cfg.head_dim
+    K = att.key(B - B.mean(1, keepdim=True)).view(2, -1, 4, d).transpose(1, 2)  # [b, H, N, d]
+    qh = q[1:].view(1, 5, 4, d).transpose(1, 2)  # no query projection in this config
+    assert att.query is None
+    s = torch.matmul(qh, K[1:].transpose(-1, -2)) / math.sqrt(d)  # [1, H, Q, N] centred
+    s_hat = s / (s.square().mean(-1, keepdim=True) + 1e-12).sqrt()
+    mu = torch.sigmoid(s_hat @ att.mu_head.weight[0] + att.mu_head.bias)
+    torch.testing.assert_close(out.mu[1:], mu, rtol=1e-4, atol=1e-5)
+
+
 def test_paper_density_collapses_to_one_read_when_the_scores_are_small():
     """The failure the normalized form removes: small scores, every query the same density."""
     paper = _read("paper", key_scale=1e-2)
