@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             row = Row(name, args)
         keys = {
-            d: {k: v[k] for k in ("exact", "nll")}
+            d: {k: v[k] for k in ("exact", "nll", "right", "answer_tokens")}
             for d, v in evaluate_passkeys(row, prompts).items()
         }
         books = None
