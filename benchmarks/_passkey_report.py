@@ -48,6 +48,8 @@ ROWS = {
     "mixture-fill-ranks-salient": "(xxii) (xxi) with 959 places for salient tokens "
     "(keep_salient: every place between the first 64 and the last 1,024 tokens but one, which "
     "holds the mean of the rest)",
+    "mixture-fill-ranks-before": "(xxiii) (xxii) with the 2 tokens before a burst of surprise "
+    "salient too (salient_before = 2: the words that open a fact)",
     "exact": "ceiling: the heads read the exact stored states (a growing cache, not a memory)",
     "exact-positions": "ceiling, each stored state at its own stream position (rotary)",
 }

@@ -37,6 +37,8 @@ MIXTURE["mixture-fill-ranks"] = dict(MIXTURE["mixture-fill-salient"], memory_pos
 # and every place between the first 64 and the last 1,024 tokens but one kept for a salient
 # token: the older past is its most surprising tokens, with no merged runs between them
 MIXTURE["mixture-fill-ranks-salient"] = dict(MIXTURE["mixture-fill-ranks"], keep_salient=959)
+# and the two tokens before a burst salient too: the words that open a fact, not only its end
+MIXTURE["mixture-fill-ranks-before"] = dict(MIXTURE["mixture-fill-ranks-salient"], salient_before=2)
 WIDE_WINDOW = 2048  # row window-2048: the base alone with this window, no memory
 EXACT = ("exact", "exact-positions")  # the ceiling rows: the heads read exact stored states
 # their cost grows with the square of the stream: prompts longer than this are not run (–)

@@ -40,6 +40,8 @@ Rows (every one reads the same token streams):
                   ranks: the places read as the last K tokens before the window)
     mixture-fill-ranks-salient  as mixture-fill-ranks with keep_salient = 959: every middle place
                   but one holds a salient token (the rest of the older past merged into one)
+    mixture-fill-ranks-before  as mixture-fill-ranks-salient with salient_before = 2: the two
+                  tokens before a burst of surprise are salient too (the words that open a fact)
     exact         the ceiling of the heads read: as mixture, but the heads read the exact states
                   the memory was given, one place per token (a growing cache, not a memory of
                   fixed size: `_passkey_exact.py`); prompts over 8,192 tokens are not run

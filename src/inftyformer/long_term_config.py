@@ -113,6 +113,7 @@ CHANGEABLE_SETTINGS = (
     "keep_first",
     "keep_last",
     "keep_salient",
+    "salient_before",
     "kl_weight",
 )
 # what the model around the memory decides, never a user's setting (None in a config nested in
@@ -177,6 +178,9 @@ class LongTermConfig:
     # surprisal, `stream_places.salience`), chosen again at every update; the records of the
     # places are then kept in the state (`LongTermState.places`)
     keep_salient: int = 0
+    # keep_salient: a token up to this many before a burst of surprisal is salient too (the
+    # words that introduce a fact, not only those after the surprise; `stream_places.salience`)
+    salient_before: int = 0
     # σ of every density at initialisation (the bias of w_σ); None: PyTorch's default
     # initialisation of the head, the paper's (σ ≈ 0.83)
     sigma_init: float | None = None
@@ -233,6 +237,12 @@ class LongTermConfig:
                     f"least for the merged tokens), got squeeze={self.squeeze!r}, {given}, "
                     f"num_samples={self.num_samples}"
                 )
+        check_positive_int("salient_before", self.salient_before, minimum=0)
+        if self.salient_before and not self.keep_salient:
+            raise ValueError(
+                "salient_before widens the salience that chooses keep_salient's places: it "
+                f"needs keep_salient > 0, got salient_before={self.salient_before}, keep_salient=0"
+            )
         if self.squeeze == "fill" and self.num_samples != self.num_basis // len(self.widths):
             raise ValueError(
                 "squeeze='fill' reads the old signal at its centres: num_samples must equal "

@@ -183,16 +183,21 @@ def rank_positions(stored: torch.Tensor, num_places: int) -> torch.Tensor:
 LO, HI, TOKENS, SALIENCE = range(4)
 
 
-def salience(surprisal: torch.Tensor, burst: int = 3, after: int = 8) -> torch.Tensor:
+def salience(
+    surprisal: torch.Tensor, burst: int = 3, after: int = 8, before: int = 0
+) -> torch.Tensor:
     """How much token i is worth keeping whole [batch, T]: the largest mean surprisal
-    −log p(x_j | x_<j) of `burst` consecutive tokens among the bursts ending at i − after + 1 … i,
-    from `surprisal` [batch, T] (the text right after the model was surprised: a fact that does
-    not follow from its context, and the words that state it)."""
+    −log p(x_j | x_<j) of `burst` consecutive tokens among the bursts ending at
+    i − after + 1 … i + before, from `surprisal` [batch, T] (the text right after the model was
+    surprised: a fact that does not follow from its context, and the words that state it; with
+    `before`, the words just before the surprise too). Where the bursts reach past either end of
+    `surprisal` the value is a lower bound: the largest of two such bounds over overlapping
+    spans covering i's bursts is exact."""
     F = torch.nn.functional
     c = torch.cumsum(F.pad(surprisal, (burst, 0)), -1)
     trailing = (c[..., burst:] - c[..., :-burst]) / burst  # mean over the burst ending at j
-    padded = F.pad(trailing[:, None], (after - 1, 0), value=-torch.inf)
-    return F.max_pool1d(padded, after, 1)[:, 0]
+    padded = F.pad(trailing[:, None], (after - 1, before), value=-torch.inf)
+    return F.max_pool1d(padded, after + before, 1)[:, 0]
 
 
 def pool_salient(

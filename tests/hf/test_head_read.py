@@ -240,6 +240,13 @@ def test_save_and_load_keep_the_heads_read(tmp_path, arch):
     assert base.config._attn_implementation == "sdpa"
 
 
+# a fill memory keeping salient tokens (what the settings below refine)
+SALIENT_SETTINGS = dict(
+    density="mixture", squeeze="fill", num_basis=16, num_samples=16, widths=(0.004,),
+    edge_padding=False, keep_salient=3,
+)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "settings, message",
     [
@@ -249,6 +256,7 @@ def test_save_and_load_keep_the_heads_read(tmp_path, arch):
         (dict(sharpness=10.0), "set density='content' or 'mixture'"),
         (dict(density="content", sink_edge=0.7), "sink_edge"),
         (dict(density="content", sharpness=0.0), "sharpness"),
+        ({**SALIENT_SETTINGS, "window": 4, "salient_before": 5}, "at most the window"),
     ],
 )
 def test_settings_that_cannot_work_are_refused_by_name(settings, message):
@@ -510,15 +518,16 @@ SALIENT = dict(PLACES, num_basis=16, num_samples=16, keep_first=2, keep_salient=
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_the_salience_of_a_stored_token_is_from_the_bases_own_surprisal(arch):
+@pytest.mark.parametrize("arch,before", [("llama", 0), ("gpt2", 0), ("llama", 5)])
+def test_the_salience_of_a_stored_token_is_from_the_bases_own_surprisal(arch, before):
     """With the paper's read (zero at initialisation) the model's logits are the base's with
     the window; the salience each whole place records is `salience` of the base's surprisal
     over the stream, block by block with the 8 tokens before it: the first token of a block
-    scored by the window's last position, carried over calls with the window."""
+    scored by the window's last position, carried over calls with the window (salient_before:
+    looking ahead at the next call's tokens too, while the token is in the window)."""
     from inftyformer.stream_places import TOKENS, record_positions, salience
 
-    settings = {**SALIENT, "memory_read": "added"}
+    settings = {**SALIENT, "memory_read": "added", "salient_before": before}
     if arch == "gpt2":
         settings.pop("memory_positions", None)
     model = add_long_term_memory(tiny_base(arch), **{**MEMORY, **settings}).eval()
@@ -532,7 +541,7 @@ def test_the_salience_of_a_stored_token_is_from_the_bases_own_surprisal(arch):
         want[:, a : a + 8] = -logp[:, 7:-1].gather(2, ids[:, a : a + 8, None])[..., 0]
     logp = torch.log_softmax(model.base(ids[:, :8]).logits.double(), -1)
     want[:, 1:8] = -logp[:, :-1].gather(2, ids[:, 1:8, None])[..., 0]
-    want = salience(want)
+    want = salience(want, before=before)
     lt = state.layers[0].long_term
     assert lt.stored.tolist() == [48, 48]
     for row in range(2):

@@ -80,6 +80,29 @@ def test_salience_is_the_largest_burst_mean_among_the_last_tokens():
     assert got[0].tolist() == [0.0, 0.0, 4.5, 4.5, 4.5, 4.5, 0.0]  # bursts ending at 2 and 3
 
 
+def test_salience_before_a_burst_looks_ahead():
+    s = torch.tensor([[0.0, 0.0, 0.0, 0.0, 9.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    # bursts of 2 ending at 4 and 5 (mean 4.5); token i: those ending at i − 2 … i (+ 1)
+    assert salience(s, burst=2, after=3)[0].tolist() == [0, 0, 0, 0, 4.5, 4.5, 4.5, 4.5, 0, 0]
+    ahead = salience(s, burst=2, after=3, before=1)
+    assert ahead[0].tolist() == [0, 0, 0, 4.5, 4.5, 4.5, 4.5, 4.5, 0, 0]
+    # cut anywhere into two overlapping spans: the larger of the two (lower bounds) is exact
+    whole = salience(s, burst=2, after=3, before=2)
+    for cut in range(3, 8):
+        first = salience(s[:, :cut], burst=2, after=3, before=2)
+        second = salience(s[:, cut - 3 :], burst=2, after=3, before=2)
+        got = torch.cat([first[:, : cut - 3], torch.maximum(first[:, cut - 3 :], second[:, :3]),
+                         second[:, 3:]], 1)  # fmt: skip
+        assert torch.equal(got, whole), cut
+
+
+def test_salient_before_needs_keep_salient():
+    with pytest.raises(ValueError, match="salient_before .* needs keep_salient"):
+        config(salient_before=2)
+    with pytest.raises(ValueError, match="salient_before"):
+        config(keep_salient=3, salient_before=-1)
+
+
 def test_the_memory_keeps_the_salient_tokens_and_their_records_in_its_state():
     c = config(keep_first=2, keep_last=4, keep_salient=3)
     memory = LongTermMemory(c).eval()

@@ -82,6 +82,7 @@ class InftyformerConfig(PretrainedConfig):
     keep_first: int = _LT.keep_first  # "fill": the first tokens never merged (attention sink)
     keep_last: int = _LT.keep_last  # "fill": the most recent tokens never merged
     keep_salient: int = _LT.keep_salient  # "fill": places for the most surprising tokens
+    salient_before: int = _LT.salient_before  # keep_salient: tokens before a burst salient too
     sigma_init: float | None = _LT.sigma_init  # σ at initialisation; None: the paper's (≈ 0.83)
     # the model's
     memory_read: str = "added"  # "added" (paper) or "heads" (head_read.py)
@@ -127,6 +128,12 @@ class InftyformerConfig(PretrainedConfig):
                     f"heads, got num_heads={self.num_heads}"
                 )
         self._check_memory_positions(architecture)
+        if self.salient_before > self.window:  # a token's salience is final when it leaves
+            raise ValueError(
+                f"salient_before ({self.salient_before}) must be at most the window "
+                f"({self.window}): a token's salience looks that far ahead, at tokens that "
+                "come after it while it is still in the window"
+            )
 
     def _check_memory_positions(self, architecture: str) -> None:
         check_memory_positions(self.memory_positions, self.memory_read, self.squeeze)

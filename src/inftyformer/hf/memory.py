@@ -184,13 +184,16 @@ def written(
         leaving = None
     else:
         if surprisal is not None:  # aligned with the call's positions: the window's, then its
-            c = inputs.context
+            c, before = inputs.context, model.config.salient_before
             if c:
                 held = lambda t: t[:, t.shape[1] - c :]  # noqa: E731
                 surprisal = torch.cat([held(window.surprisal), surprisal], 1)  # [batch, c + T]
-                salience = torch.cat([held(window.salience), token_salience(surprisal)[:, c:]], 1)
+                fresh = token_salience(surprisal, before=before)  # [batch, c + T]
+                # the window's tokens: their bursts before (held) or, looking ahead, in this call
+                seen = torch.maximum(held(window.salience), fresh[:, :c])
+                salience = torch.cat([seen, fresh[:, c:]], 1)
             else:
-                salience = token_salience(surprisal)
+                salience = token_salience(surprisal, before=before)
         leaving, window = inputs.advance(model.config.window, surprisal, salience)
         if salience is not None:
             salience = pack(salience, leaving)[0]
