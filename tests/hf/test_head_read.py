@@ -240,13 +240,6 @@ def test_save_and_load_keep_the_heads_read(tmp_path, arch):
     assert base.config._attn_implementation == "sdpa"
 
 
-# a fill memory keeping salient tokens (what the settings below refine)
-SALIENT_SETTINGS = dict(
-    density="mixture", squeeze="fill", num_basis=16, num_samples=16, widths=(0.004,),
-    edge_padding=False, keep_salient=3,
-)  # fmt: skip
-
-
 @pytest.mark.parametrize(
     "settings, message",
     [
@@ -256,7 +249,6 @@ SALIENT_SETTINGS = dict(
         (dict(sharpness=10.0), "set density='content' or 'mixture'"),
         (dict(density="content", sink_edge=0.7), "sink_edge"),
         (dict(density="content", sharpness=0.0), "sharpness"),
-        ({**SALIENT_SETTINGS, "window": 4, "salient_before": 5}, "at most the window"),
     ],
 )
 def test_settings_that_cannot_work_are_refused_by_name(settings, message):
@@ -515,6 +507,13 @@ def test_rows_at_different_stream_positions_read_as_if_alone(kept):
 
 # ---------------------------------------------------------------------- salient places
 SALIENT = dict(PLACES, num_basis=16, num_samples=16, keep_first=2, keep_salient=3, window=8)
+
+
+def test_a_salience_looking_past_the_window_is_refused():
+    settings = {**MEMORY, **SALIENT, "memory_read": "added"}  # window 8
+    with pytest.raises(ValueError, match="salient_before .* at most the window"):
+        add_long_term_memory(tiny_base("llama"), **settings, salient_before=9)
+    add_long_term_memory(tiny_base("llama"), **settings, salient_before=8)  # the window: fine
 
 
 @torch.no_grad()
