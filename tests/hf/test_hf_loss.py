@@ -146,7 +146,9 @@ def test_pretrained_frozen_base_trains_through_the_lean_loss_as_through_the_logi
             if r is None:
                 assert g is None or g.abs().max() == 0
             else:
-                torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+                # two float32 summation orders: agree to 1e-5 of the gradient's own scale
+                scale = float(r.abs().max())
+                torch.testing.assert_close(g, r, rtol=1e-5, atol=max(1e-6, 2e-5 * scale))
         moved += any(r is not None and r.abs().max() > 0 for r in ref)
         state = out.state
     assert moved == 2  # from the third segment on, a memory is read (the window before it)
