@@ -70,7 +70,7 @@ def _unfused(att):
     """`att` with the continuous read as plain autograd of the closed form, one block."""
 
     def read(mu, sigma_sq, v):
-        from inftyformer.continuous_softmax import continuous_softmax
+        from inftyformer.core.continuous_softmax import continuous_softmax
 
         return torch.matmul(continuous_softmax(mu, sigma_sq, att.basis), v)  # [B, H, Q, d]
 

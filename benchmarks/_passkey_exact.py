@@ -18,8 +18,8 @@ import math
 
 import torch
 
+from inftyformer.core.attention import HeadsRead
 from inftyformer.hf.head_read import turn
-from inftyformer.long_term_attention import HeadsRead
 
 
 def read_exact_states(model, positions: bool = False) -> None:

@@ -1,5 +1,5 @@
 """The ∞-former's density heads compared on recall, sorting and books: the paper's form against
-the scores standardised over the basis (long_term_attention.py), two seeds each, fixed budgets.
+the scores standardised over the basis (core/attention.py), two seeds each, fixed budgets.
 
     python benchmarks/compare_density.py                  # every task and form (~2 CPU-hours)
     python benchmarks/compare_density.py --tasks recall   # one task

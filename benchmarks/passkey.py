@@ -140,7 +140,7 @@ class Row:
         reads when `record`."""
         import torch
 
-        from inftyformer.long_term_attention import record_reads
+        from inftyformer.core.attention import record_reads
 
         C, W = self.args.segment_len, self.args.window
         W = WIDE_WINDOW if self.name == "window-2048" else W

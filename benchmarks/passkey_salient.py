@@ -45,7 +45,7 @@ from passkey import (
     prompt_setup,
 )
 
-from inftyformer.stream_places import salience
+from inftyformer.extensions.places import salience
 
 ROW = "mixture-fill-recent"  # row (xix): the memory whose pooling the probe replaces
 
@@ -173,8 +173,8 @@ class SalientPlaces:
 @contextmanager
 def salient_pooling(places: SalientPlaces):
     """The memory's pooling and the heads read's place positions replaced by `places`'."""
+    import inftyformer.core.memory as long_term_memory
     import inftyformer.hf.head_read as head_read
-    import inftyformer.long_term_memory as long_term_memory
 
     saved = long_term_memory.pool_by_length, head_read.place_positions
     long_term_memory.pool_by_length, head_read.place_positions = places.pool, places.positions

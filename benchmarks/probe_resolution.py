@@ -88,7 +88,7 @@ def memory_reads(blocks, t, C: int, W: int, N: int, widths: tuple, sigma_sqs: li
     import torch
 
     from inftyformer import LongTermConfig, LongTermMemory
-    from inftyformer.continuous_softmax import continuous_softmax
+    from inftyformer.core.continuous_softmax import continuous_softmax
     from inftyformer.tasks.facts import fitted_blocks
 
     e = blocks[0].shape[-1]

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from inftyformer.basis import GaussianBasis
-from inftyformer.long_term_attention import LongTermAttention
-from inftyformer.long_term_memory import LongTermMemory
+from inftyformer.core.attention import LongTermAttention
+from inftyformer.core.basis import GaussianBasis
+from inftyformer.core.memory import LongTermMemory
 
 PUBLIC_CHECKED = [
     (LongTermMemory, "update"),
@@ -20,10 +20,10 @@ PUBLIC_CHECKED = [
     (LongTermMemory, "signal"),
     (LongTermAttention, "attend"),
     (GaussianBasis, "forward"),
-    ("inftyformer.ridge", "fit_coefficients"),
-    ("inftyformer.ridge", "evaluate_signal"),
-    ("inftyformer.continuous_softmax", "continuous_softmax"),
-    ("inftyformer.continuous_softmax", "variance_kl"),
+    ("inftyformer.core.ridge", "fit_coefficients"),
+    ("inftyformer.core.ridge", "evaluate_signal"),
+    ("inftyformer.core.continuous_softmax", "continuous_softmax"),
+    ("inftyformer.core.continuous_softmax", "variance_kl"),
 ]
 
 

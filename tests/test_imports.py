@@ -21,17 +21,10 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # each module's layer, by the first matching prefix (longest first); "" = the package itself
 LAYERS = {
     "base": ["_checks", "_files", "_init", "_progress", "precision", "ragged"],
-    "math": ["basis", "ridge", "continuous_softmax", "fused_attention"],
-    "memories": [
-        "short_term_memory",
-        "compressive_memory",
-        "long_term_config",
-        "long_term_memory",
-        "long_term_state",
-        "stream_places",
-        "state",
-    ],
-    "layers": ["relative_attention", "long_term_attention", "block", "config"],
+    # the ∞-former as published, and our extensions behind its seams
+    "core": ["core", "extensions"],
+    "memories": ["short_term_memory", "compressive_memory", "state"],
+    "layers": ["relative_attention", "block", "config"],
     "models": ["model", "models", "streaming", "base_weights", ""],
     "pretrained": ["hf"],
     # hf.harness writes lm-evaluation-harness tasks over text files: it reads them as data/ does

@@ -3,7 +3,7 @@
 The public API, by layer (see README "Where each idea lives"):
 
 - math: `GaussianBasis` ψ(t), `continuous_softmax` E_p[ψ], `variance_kl`
-  (ridge regression: `inftyformer.ridge`);
+  (ridge regression: `inftyformer.core.ridge`);
 - memories and their explicit states: `LongTermMemory`/`LongTermState` (the ∞-former),
   `ShortTermState` (Transformer-XL), `CompressiveState` (Compressive Transformer);
 - layers: `LongTermAttention` (continuous attention);
@@ -14,12 +14,12 @@ Tasks, training and the command line live in `inftyformer.tasks`, `inftyformer.t
 `inftyformer.cli`; pretrained Hugging Face models in `inftyformer.hf` (extra `[hf]`).
 """
 
-from .basis import GaussianBasis
 from .compressive_memory import CompressiveState
 from .config import MODEL_TYPES, ModelConfig
-from .continuous_softmax import continuous_softmax, variance_kl
-from .long_term_attention import LongTermAttention, LongTermAttentionOutput
-from .long_term_memory import LongTermConfig, LongTermMemory, LongTermState
+from .core.attention import LongTermAttention, LongTermAttentionOutput
+from .core.basis import GaussianBasis
+from .core.continuous_softmax import continuous_softmax, variance_kl
+from .core.memory import LongTermConfig, LongTermMemory, LongTermState
 from .model import IGNORE_INDEX, LMOutput, MemoryLM
 from .short_term_memory import ShortTermState
 from .state import LayerState, MemoryState, load_state, save_state

@@ -39,8 +39,8 @@ from ._checks import STATE_MAGNITUDE, ValueChecks
 from ._init import init_projection
 from .compressive_memory import CompressiveMemory, CompressiveState
 from .config import ModelConfig
-from .long_term_attention import LongTermAttention
-from .long_term_memory import LongTermMemory, LongTermState, LongTermUpdate
+from .core.attention import LongTermAttention
+from .core.memory import LongTermMemory, LongTermState, LongTermUpdate
 from .relative_attention import RelativeMultiHeadAttention
 from .short_term_memory import ShortTermMemory, ShortTermState
 from .state import LayerState

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._checks import check_positive_int, check_range
-from .long_term_config import (
+from .core.config import (
     CHANGEABLE_SETTINGS,
     DERIVED_SETTINGS,
     LongTermConfig,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ._checks import check_positive_int
-from .long_term_memory import LongTermConfig, LongTermMemory
+from .core.memory import LongTermConfig, LongTermMemory
 
 MAX_DEMO_VALUES = 1 << 28  # the random walk is built in memory: 2 GiB of float64 at most
 

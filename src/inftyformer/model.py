@@ -27,7 +27,7 @@ from ._checks import ValueChecks, check_positive_int, check_token_ids
 from ._init import init_projection
 from .block import LayerTrace, MemoryBlock
 from .config import ModelConfig
-from .long_term_memory import allowed_dtypes
+from .core.memory import allowed_dtypes
 from .state import LayerState, MemoryState
 
 IGNORE_INDEX = -100

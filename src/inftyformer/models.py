@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ._checks import check_memory_layers, check_positive_int, check_range
 from .config import MEMORY_SETTINGS, ModelConfig
-from .long_term_config import (
+from .core.config import (
     CHANGEABLE_SETTINGS,
     GPT2_LONG_TERM,
     LongTermConfig,

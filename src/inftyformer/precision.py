@@ -4,11 +4,11 @@ Autocast runs matrix products in the low precision. That suits the projections, 
 parts of the ∞-former whose numbers bf16 (8 significant bits, ~2–3 decimal digits) cannot hold:
 
 - the ridge fit B = Gᵀ X and the read-back x̄(t) = Bᵀ ψ(t): G comes from a solve that float32
-  already needs care for (ridge.py), and the coefficients are the memory carried across every
+  already needs care for (core/ridge.py), and the coefficients are the memory carried across every
   segment, where rounding would accumulate;
 - the density parameters μ, σ² of the continuous attention: a bf16 μ ∈ (0, 1) is only known to
   ~1/256, a large fraction of a basis width (0.01 in the paper);
-- the Gaussian integrals r = 𝒩(μ; c, σ² + w²) and their contraction with V (fused_attention.py).
+- the Gaussian integrals r = 𝒩(μ; c, σ² + w²) and their contraction with V (core/fused_read.py).
 
 Inside `full_precision(t)` autocast is off and `at_least_float32` lifts bf16/fp16 tensors to
 float32 (float64 stays float64), so the same code runs with and without autocast.

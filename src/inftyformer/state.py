@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 from ._checks import ValueChecks, check_shape, check_tensor
 from ._files import atomic_path
 from .compressive_memory import CompressiveState
-from .long_term_state import LongTermState
+from .core.state import LongTermState
 from .short_term_memory import ShortTermState
 
 

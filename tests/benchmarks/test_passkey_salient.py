@@ -8,7 +8,7 @@ import pytest
 import torch
 from passkey_salient import SalientPlaces
 
-from inftyformer.stream_places import (
+from inftyformer.extensions.places import (
     TOKENS,
     initial_records,
     place_positions,

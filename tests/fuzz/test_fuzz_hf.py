@@ -21,11 +21,11 @@ pytest.importorskip("transformers")
 
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from inftyformer.basis import MAX_WIDTH, MIN_WIDTH  # noqa: E402
+from inftyformer.core.basis import MAX_WIDTH, MIN_WIDTH  # noqa: E402
+from inftyformer.core.memory import MAX_UPDATE_GAIN  # noqa: E402
+from inftyformer.core.ridge import update_gain  # noqa: E402
 from inftyformer.hf import add_long_term_memory  # noqa: E402
-from inftyformer.long_term_memory import MAX_UPDATE_GAIN  # noqa: E402
 from inftyformer.model import IGNORE_INDEX  # noqa: E402
-from inftyformer.ridge import update_gain  # noqa: E402
 
 V, D, HEADS, POSITIONS, L = 61, 32, 4, 64, 8
 BATCH = 2

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from inftyformer import GaussianBasis, continuous_softmax, variance_kl
-from inftyformer.ridge import (
+from inftyformer.core.ridge import (
     edge_padding_positions,
     evaluate_signal,
     fit_coefficients,

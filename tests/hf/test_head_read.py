@@ -11,6 +11,7 @@ import pytest
 import torch
 from tiny_hf import MEMORY, V, tiny_base, with_settings
 
+from inftyformer.core.attention import HeadsRead
 from inftyformer.hf import add_long_term_memory
 from inftyformer.hf.head_read import (
     WindowMass,
@@ -21,7 +22,6 @@ from inftyformer.hf.head_read import (
     stop_recording,
     window_attention,
 )
-from inftyformer.long_term_attention import HeadsRead
 
 HEADS = dict(density="content", memory_read="heads", sharpness=10.0, sink_edge=0.01, window=8)
 
@@ -358,7 +358,7 @@ def test_with_two_widths_each_basis_function_sits_at_its_centres_place():
     """N = 2 widths × 32 centres: both basis functions on a centre are read at that centre's
     stream position, so the read is the one-width read with every place counted twice (the
     same z, log-mass + log 2)."""
-    from inftyformer.long_term_attention import record_reads
+    from inftyformer.core.attention import record_reads
 
     ids = torch.randint(1, V, (2, 40), generator=torch.Generator().manual_seed(11))
     reads = {}
@@ -524,7 +524,7 @@ def test_the_salience_of_a_stored_token_is_from_the_bases_own_surprisal(arch, be
     over the stream, block by block with the 8 tokens before it: the first token of a block
     scored by the window's last position, carried over calls with the window (salient_before:
     looking ahead at the next call's tokens too, while the token is in the window)."""
-    from inftyformer.stream_places import TOKENS, record_positions, salience
+    from inftyformer.extensions.places import TOKENS, record_positions, salience
 
     settings = {**SALIENT, "memory_read": "added", "salient_before": before}
     if arch == "gpt2":

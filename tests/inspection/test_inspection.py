@@ -11,6 +11,8 @@ import torch
 from tiny_models import tiny
 
 from inftyformer import LongTermConfig, LongTermMemory, MemoryLM
+from inftyformer.core.attention import density_statistics
+from inftyformer.core.ridge import fit_coefficients
 from inftyformer.inspection import (
     LayerRecord,
     StreamRecord,
@@ -26,8 +28,6 @@ from inftyformer.inspection import (
     signal_fidelity,
     squeeze_positions,
 )
-from inftyformer.long_term_attention import density_statistics
-from inftyformer.ridge import fit_coefficients
 
 
 def _record(updates, batch=1, reads=(), C=4, compressions=()):

@@ -10,7 +10,7 @@ implementations written here, at a fixed initialisation (same parameters, same i
   [batch, H, Q, N] at once, plain autograd).
 
 The library folds the heads into B (and, normalized, the scores' variance into a d×d matrix),
-fuses the continuous read in blocks with its own backward (fused_attention.py) and solves for G
+fuses the continuous read in blocks with its own backward (core/fused_read.py) and solves for G
 in float64; in float64 all three agree to round-off."""
 
 import math
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from inftyformer import LongTermAttention, LongTermConfig, LongTermMemory, LongTermState
-from inftyformer.continuous_softmax import variance_kl
-from inftyformer.long_term_attention import SCORE_EPS
+from inftyformer.core.attention import SCORE_EPS
+from inftyformer.core.continuous_softmax import variance_kl
 
 CONFIG = dict(dim=24, num_heads=4, num_basis=32, num_samples=24)
 

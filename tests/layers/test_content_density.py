@@ -1,4 +1,4 @@
-"""The content densities (long_term_attention.py): "content", the density's moments matched to a
+"""The content densities (core/attention.py): "content", the density's moments matched to a
 softmax over the basis keys, so that a query reads where its content matches; "mixture", that
 softmax read as it stands, z = Σ_n p_n x̄(c_n) W^V, not a Gaussian at its moments."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from inftyformer import LongTermAttention, LongTermConfig, LongTermMemory
-from inftyformer.continuous_softmax import continuous_softmax
+from inftyformer.core.continuous_softmax import continuous_softmax
 
 
 def _setup(seed: int = 0, density: str = "content", **settings):

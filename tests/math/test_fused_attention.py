@@ -1,12 +1,12 @@
-"""The fused continuous read z = E_p[ψ]ᵀ V (fused_attention.py) against plain autograd of the
-closed form (continuous_softmax.py + matmul): same values and gradients to float round-off,
+"""The fused continuous read z = E_p[ψ]ᵀ V (core/fused_read.py) against plain autograd of the
+closed form (core/continuous_softmax.py + matmul): same values and gradients to float round-off,
 whatever the blocking, and a float64 gradcheck of the custom backward."""
 
 import pytest
 import torch
 
 from inftyformer import GaussianBasis, continuous_softmax
-from inftyformer.fused_attention import expected_values
+from inftyformer.core.fused_read import expected_values
 
 
 def _inputs(dtype, batch=2, heads=3, queries=37, num_basis=64, dim=5, narrow=False, seed=0):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from scipy import integrate
 
 from inftyformer import GaussianBasis, continuous_softmax, variance_kl
-from inftyformer.ridge import (
+from inftyformer.core.ridge import (
     RidgeRegression,
     evaluate_signal,
     fit_coefficients,
@@ -221,7 +221,7 @@ def test_fit_of_a_constant_is_close_inside_the_interval(length, num_centers, lam
 def test_variance_kl_is_never_negative_in_bfloat16():
     """Near σ = σ₀ the KL's three terms cancel; computed in bfloat16 their rounding made it
     negative (found by the fuzzing run: σ² = 0.0021 against σ₀² = 0.0025)."""
-    from inftyformer.continuous_softmax import variance_kl
+    from inftyformer.core.continuous_softmax import variance_kl
 
     sigma_sq = torch.linspace(0.0015, 0.0035, 401).bfloat16()
     kl = variance_kl(sigma_sq, 0.05)

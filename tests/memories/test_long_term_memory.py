@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from inftyformer import LongTermAttention, LongTermConfig, LongTermMemory, LongTermState
-from inftyformer.ridge import segment_positions
+from inftyformer.core.ridge import segment_positions
 
 
 def small_config(**overrides) -> LongTermConfig:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from inftyformer import LongTermConfig, LongTermMemory, LongTermState
-from inftyformer.stream_places import (
+from inftyformer.extensions.places import (
     TOKENS,
     initial_records,
     place_positions,

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from inftyformer import LongTermConfig, LongTermMemory, LongTermState
-from inftyformer.long_term_memory import UNKNOWN_STORED
-from inftyformer.long_term_state import stream_extent
-from inftyformer.stream_places import place_positions, pool_by_length, rank_positions
+from inftyformer.core.memory import UNKNOWN_STORED
+from inftyformer.core.state import stream_extent
+from inftyformer.extensions.places import place_positions, pool_by_length, rank_positions
 
 
 def config(**overrides) -> LongTermConfig:

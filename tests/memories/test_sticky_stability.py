@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from inftyformer import LongTermConfig, LongTermMemory
-from inftyformer.basis import GaussianBasis
-from inftyformer.long_term_memory import MAX_UPDATE_GAIN
-from inftyformer.ridge import (
+from inftyformer.core.basis import GaussianBasis
+from inftyformer.core.memory import MAX_UPDATE_GAIN
+from inftyformer.core.ridge import (
     infinite_positions,
     limit_to_data,
     ridge_design_matrix,
@@ -139,7 +139,7 @@ def test_a_refit_within_its_data_is_left_unchanged():
 
 
 def test_only_sticky_updates_are_bounded_and_gradients_flow(monkeypatch):
-    import inftyformer.long_term_memory as module
+    import inftyformer.core.memory as module
 
     calls = []
     monkeypatch.setattr(module, "limit_to_data", lambda *a: calls.append(1) or limit_to_data(*a))

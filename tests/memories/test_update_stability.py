@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from inftyformer import LongTermConfig, LongTermMemory, ModelConfig
-from inftyformer.basis import GaussianBasis
-from inftyformer.long_term_memory import MAX_UPDATE_GAIN
-from inftyformer.ridge import (
+from inftyformer.core.basis import GaussianBasis
+from inftyformer.core.memory import MAX_UPDATE_GAIN
+from inftyformer.core.ridge import (
     evaluate_signal,
     fit_coefficients,
     infinite_positions,

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from inftyformer.config import NATIVE_LONG_TERM, ModelConfig
-from inftyformer.long_term_config import GPT2_LONG_TERM, LongTermConfig
+from inftyformer.core.config import GPT2_LONG_TERM, LongTermConfig
 
 # ModelConfig.to_dict() as every checkpoint and run before the nesting wrote it
 SAVED_FLAT = {

@@ -81,7 +81,7 @@ def test_one_list_of_the_memory_settings_that_may_change():
     config has; the pretrained model's memory fields are LongTermConfig's."""
     import dataclasses
 
-    from inftyformer.long_term_memory import CHANGEABLE_SETTINGS, LongTermConfig
+    from inftyformer.core.memory import CHANGEABLE_SETTINGS, LongTermConfig
     from inftyformer.models import changeable_settings
 
     lt_fields = {f.name for f in dataclasses.fields(LongTermConfig)}

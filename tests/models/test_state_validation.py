@@ -21,7 +21,7 @@ from inftyformer import (
     variance_kl,
 )
 from inftyformer.config import ModelConfig
-from inftyformer.ridge import (
+from inftyformer.core.ridge import (
     RidgeRegression,
     evaluate_signal,
     fit_coefficients,

@@ -155,7 +155,7 @@ def test_the_heads_read_trains_on_facts_through_the_trainer(corpus, tmp_path):
 def test_read_targets_follow_the_memory_updates():
     """The key's place in [0, 1] as the unbounded update moves it: a memory fed one spike at the
     key's position (zeros elsewhere), segment by segment, peaks where `read_targets` says."""
-    from inftyformer.long_term_memory import LongTermConfig, LongTermMemory
+    from inftyformer.core.memory import LongTermConfig, LongTermMemory
     from inftyformer.tasks.facts import read_targets
 
     C, tau, blocks = 32, 0.5, 6

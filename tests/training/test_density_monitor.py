@@ -7,7 +7,7 @@ import torch
 from tiny_models import SORT, tiny, tiny_sorting, tiny_train
 
 from inftyformer import MemoryLM
-from inftyformer.long_term_attention import density_statistics
+from inftyformer.core.attention import density_statistics
 from inftyformer.training import Trainer, read_metrics
 from inftyformer.training.density import DensityMonitor
 from inftyformer.training.distributed import DistEnv

@@ -37,8 +37,8 @@ from transformers import AutoConfig, PretrainedConfig
 from transformers.configuration_utils import SubConfigSpec
 
 from .._checks import check_memory_layers, check_positive_int
-from ..basis import check_widths
-from ..long_term_config import (
+from ..core.basis import check_widths
+from ..core.config import (
     DERIVED_SETTINGS,
     GPT2_LONG_TERM,
     LongTermConfig,
@@ -75,7 +75,7 @@ class InftyformerConfig(PretrainedConfig):
     sigma_0: float = _LT.sigma_0
     kl_weight: float = _LT.kl_weight
     min_sigma_sq: float = _LT.min_sigma_sq
-    density: str = _LT.density  # "paper", "normalized" or "content" (long_term_attention.py)
+    density: str = _LT.density  # "paper", "normalized" or "content" (core/attention.py)
     sharpness: float = _LT.sharpness  # "content": β of the discrete attention over the centres
     sink_edge: float = _LT.sink_edge  # "content": centres before it are not read
     token_mass: bool = _LT.token_mass  # heads read: the memory's mass counts its tokens

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..long_term_attention import PreparedMemory
+from ..core.attention import PreparedMemory
 from ..state import MemoryState, TokenWindow
 from .validation import position_limit
 

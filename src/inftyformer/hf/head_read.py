@@ -13,7 +13,7 @@ memory block reads the memory as it would read that text:
     v(t) = x̄(t) W_v               block's normalised attention inputs), its own values
     s_n = q · k(c_n) / √d          (grouped-query heads: each reads its key/value group's)
 
-The content density (`long_term_attention.py`, sharpened by β = `sharpness`, the oldest edge
+The content density (`core/attention.py`, sharpened by β = `sharpness`, the oldest edge
 before `sink_edge` not read) gives μ, σ² and z = E_p[v(t)] per head. The read enters the head's
 own softmax by its mass, as the memory's places would if they were tokens of the window: with
 Z_W = Σ_window exp(s_j) (recorded by the attention function registered here, `log_window_mass`)
@@ -64,9 +64,9 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from ..long_term_attention import HeadsRead, LongTermAttention, PreparedMemory
-from ..long_term_state import LongTermState
-from ..stream_places import place_positions, rank_positions, record_positions
+from ..core.attention import HeadsRead, LongTermAttention, PreparedMemory
+from ..core.state import LongTermState
+from ..extensions.places import place_positions, rank_positions, record_positions
 
 # the attention implementation a heads-read model runs its base with (registered below)
 ATTENTION = "inftyformer_heads"

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..long_term_attention import HeadsRead, LongTermAttentionOutput, PreparedMemory
-from ..long_term_state import LongTermState
+from ..core.attention import HeadsRead, LongTermAttentionOutput, PreparedMemory
+from ..core.state import LongTermState
 from .head_read import (
     WindowMass,
     merge_into_heads,

@@ -26,10 +26,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..long_term_state import LongTermState
+from ..core.state import LongTermState
+from ..extensions.places import salience as token_salience
 from ..short_term_memory import ShortTermState
 from ..state import LayerState, MemoryState, TokenWindow
-from ..stream_places import salience as token_salience
 from .hooks import Call
 from .validation import check_reset, check_state
 from .window import WindowedInputs, pack

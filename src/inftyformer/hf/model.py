@@ -67,8 +67,8 @@ from transformers import (
 )
 from transformers.utils import ModelOutput
 
-from ..long_term_attention import LongTermAttention, PreparedMemory
-from ..long_term_memory import LongTermMemory
+from ..core.attention import LongTermAttention, PreparedMemory
+from ..core.memory import LongTermMemory
 from ..model import token_losses
 from ..state import MemoryState
 from . import generation, hooks, validation, weights

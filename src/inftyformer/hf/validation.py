@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .._checks import STATE_MAGNITUDE, ValueChecks, check_token_ids
-from ..long_term_state import LongTermState
+from ..core.state import LongTermState
 from ..model import IGNORE_INDEX
 from ..state import LayerState, MemoryState, TokenWindow
 

@@ -17,7 +17,7 @@ import math
 from torch import nn
 
 from .._init import init_projection
-from ..basis import GaussianBasis
+from ..core.basis import GaussianBasis
 from .head_read import init_from_heads
 
 # the heads read's CNN gate at initialisation: sigmoid(b) = 0.99, nearly the identity

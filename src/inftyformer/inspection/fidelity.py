@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from .._checks import check_positive_int
-from ..basis import GaussianBasis
-from ..ridge import evaluate_signal
+from ..core.basis import GaussianBasis
+from ..core.ridge import evaluate_signal
 from .positions import position_history
 from .record import StreamRecord
 

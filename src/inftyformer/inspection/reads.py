@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from .._checks import check_positive_int
-from ..long_term_attention import density_statistics
+from ..core.attention import density_statistics
 from .positions import _lerp, origin_history
 from .record import StreamRecord
 

@@ -49,12 +49,12 @@ import torch
 from torch import nn
 
 from .._checks import check_positive_int, check_range
+from ..core.attention import record_reads
+from ..core.ridge import squeezed_position
 from ..data import TextTokenizer, check_split, load_split, resolve_data_dir
 from ..data.corpus import text_layout
-from ..long_term_attention import record_reads
 from ..model import IGNORE_INDEX, token_losses
 from ..models import model_kind
-from ..ridge import squeezed_position
 from .base import (
     Metric,
     RunContext,

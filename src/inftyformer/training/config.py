@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .._checks import check_positive_int, check_range
-from ..long_term_config import WithLongTerm
+from ..core.config import WithLongTerm
 
 DEVICES = ("cpu", "cuda", "auto")
 

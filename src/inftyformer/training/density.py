@@ -1,7 +1,7 @@
 """Whether the long-term reads depend on the query, measured on every training step.
 
 A stuck density (every query reading the same flat average of the past, the failure of the
-paper's form at small scores: long_term_attention.py) looks like a healthy run in the loss. The
+paper's form at small scores: core/attention.py) looks like a healthy run in the loss. The
 monitor watches every `LongTermAttention` of a model through forward hooks, native or pretrained,
 and gives per memory layer i, averaged over the step's reads of non-empty memories (weighted by
 their rows) and over processes:
@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..long_term_attention import LongTermAttention, density_statistics
-from ..long_term_state import LongTermState
+from ..core.attention import LongTermAttention, density_statistics
+from ..core.state import LongTermState
 from .distributed import DistEnv, reduce_sums
 
 

@@ -62,15 +62,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import ValueChecks, check_dtype, check_tensor
-from ._init import init_projection
+from .._checks import ValueChecks, check_dtype, check_tensor
+from .._init import init_projection
+from ..precision import at_least_float32, full_precision, wide_dtype
 from .basis import GaussianBasis
+from .config import CONTENT_DENSITIES
 from .continuous_softmax import _variance_kl
-from .fused_attention import expected_values
-from .long_term_config import CONTENT_DENSITIES
-from .long_term_memory import LongTermConfig, LongTermState, allowed_dtypes
-from .long_term_state import stream_extent
-from .precision import at_least_float32, full_precision, wide_dtype
+from .fused_read import expected_values
+from .memory import LongTermConfig, LongTermState, allowed_dtypes
+from .state import stream_extent
 
 # added to the scores' variance before standardising them ("normalized"): far below the variance
 # of the scores of any memory that holds something, so that ŝ keeps unit spread at any scale

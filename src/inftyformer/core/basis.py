@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ._checks import check_finite, check_floating, check_positive_int, check_tensor
+from .._checks import check_finite, check_floating, check_positive_int, check_tensor
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 

@@ -1,4 +1,4 @@
-"""The places of a squeeze="fill" memory (`long_term_memory.py`): K places on the basis centres,
+"""The places of a squeeze="fill" memory (`core/memory.py`): K places on the basis centres,
 one token each until the memory is full, then equal runs of the stream, and where each lies.
 
     pool_by_length   the K places after L new tokens: place k = the mean of the stream over

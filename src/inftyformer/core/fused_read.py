@@ -2,7 +2,7 @@
 §3.1–3.2).
 
 Per head and query the density p = 𝒩(μ, σ²) gives r_j = 𝒩(μ; c_j, σ² + w_j²) (the closed form of
-continuous_softmax.py) and the context z = rᵀ V. Written as two autograd operations, r is a
+core/continuous_softmax.py) and the context z = rᵀ V. Written as two autograd operations, r is a
 [batch, H, Q, N] tensor that is written to memory, read back by the product with V, kept for the
 backward, and streamed through memory several more times by the backward of exp and of the
 exponent. Here r never exists whole: each block of queries computes its r while the block is in
@@ -29,8 +29,8 @@ import math
 
 import torch
 
+from ..precision import full_precision, wide_dtype
 from .basis import GaussianBasis
-from .precision import full_precision, wide_dtype
 
 _LOG2_E = 1.0 / math.log(2.0)  # log₂ e
 

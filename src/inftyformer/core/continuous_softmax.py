@@ -9,7 +9,7 @@ their means):
 
 Gradients are plain autograd of this expression, exact in (μ, σ²): no custom backward through
 natural parameters (the authors' version costs half an update step and loses precision). The
-attention itself reads E_p[ψ]ᵀ V through fused_attention.py, the same closed form contracted with
+attention itself reads E_p[ψ]ᵀ V through core/fused_read.py, the same closed form contracted with
 V block by block, so that the [..., N] tensor of r is never materialised.
 
 Validation at the boundary: the public functions check what they are handed and call the private
@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from ._checks import ValueChecks, check_floating, check_range, check_tensor
+from .._checks import ValueChecks, check_floating, check_range, check_tensor
 from .basis import GaussianBasis
 
 

@@ -25,7 +25,7 @@ from functools import lru_cache
 
 import torch
 
-from ._checks import (
+from .._checks import (
     ValueChecks,
     check_finite,
     check_floating,
@@ -34,8 +34,8 @@ from ._checks import (
     check_shape,
     check_tensor,
 )
+from ..precision import at_least_float32, full_precision
 from .basis import GaussianBasis
-from .precision import at_least_float32, full_precision
 
 
 def segment_positions(length: int) -> torch.Tensor:

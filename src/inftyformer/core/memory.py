@@ -1,7 +1,7 @@
 """The ∞-former's long-term memory: a continuous signal x̄(t) = Bᵀ ψ(t) over t ∈ [0, 1] that
 costs N×e however long the past is (paper §3.2–3.4).
 
-Everything about the *stream* lives in `LongTermState` (long_term_state.py), passed in and
+Everything about the *stream* lives in `LongTermState` (core/state.py), passed in and
 returned; the module holds only parameters (the CNN gate) and caches of constants (the design
 matrices G).
 
@@ -11,14 +11,14 @@ matrices G).
                                     τ fixed, or min(τ, S / (S + L)) (squeeze="by_length")
     squeeze="fill"                  V = the K places read at their centres and the new tokens,
                                     merged into equal runs of the stream (`pool_by_length`,
-                                    `stream_places.py`)
+                                    `extensions/places.py`)
                                     B = G_Kᵀ V, token runs on the centres j/(K − 1)
     sticky memories                 u drawn from the histogram of past attention, and B
                                     scaled so that it holds no more than its data
     smoothing (the CNN gate)        X ← X ⊙ sigmoid(Conv1d(X))
 
 The update and the sticky sampling are the paper's "unbounded memory" and "sticky memories".
-The settings (`LongTermConfig`) and the update-gain check are `long_term_config.py`.
+The settings (`LongTermConfig`) and the update-gain check are `core/config.py`.
 
 The public methods (`update`, `update_traced`, `observe`, `sample_positions`, `signal`) check what
 they are handed and call private ones that hold only the computation (`_update`, `_observe`,
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import (
+from .._checks import (
     ValueChecks,
     check_floating,
     check_generator,
@@ -42,8 +42,10 @@ from ._checks import (
     check_shape,
     check_tensor,
 )
+from ..extensions.places import initial_records, pool_by_length, pool_salient
+from ..precision import allowed_dtypes, wide_dtype  # noqa: F401  (re-exported)
 from .basis import GaussianBasis
-from .long_term_config import (  # noqa: F401  (re-exported: the settings' old home)
+from .config import (  # noqa: F401  (re-exported: the settings' old home)
     CHANGEABLE_SETTINGS,
     DENSITY_FORMS,
     DERIVED_SETTINGS,
@@ -52,11 +54,6 @@ from .long_term_config import (  # noqa: F401  (re-exported: the settings' old h
     check_density,
     check_update_gain,
 )
-from .long_term_state import (  # noqa: F401  (re-exported)
-    UNKNOWN_STORED,
-    LongTermState,
-)
-from .precision import allowed_dtypes, wide_dtype  # noqa: F401  (re-exported)
 from .ridge import (
     RidgeRegression,
     _evaluate_signal,
@@ -66,7 +63,10 @@ from .ridge import (
     limit_to_data,
     supremum_grid,
 )
-from .stream_places import initial_records, pool_by_length, pool_salient
+from .state import (  # noqa: F401  (re-exported)
+    UNKNOWN_STORED,
+    LongTermState,
+)
 
 
 def _per_row(cases: torch.Tensor, make, device) -> torch.Tensor:
@@ -421,7 +421,7 @@ class LongTermMemory(nn.Module):
             G_inf = self.infinite_designs(state, length, x.device, x.dtype)  # [(batch,) M+L, N]
             # [batch, N, e]
             B_upd = _fit_coefficients(torch.cat([x_old, x], dim=1), G_inf)
-            # sticky: u follows the attention and no config check bounds A(u) (ridge.py), so
+            # sticky: u follows the attention and no config check bounds A(u) (core/ridge.py), so
             # B is scaled to max_grid |x̄| ≤ max(max_grid |x̄_past|, max |X|)  (§3.3–3.4)
             if c.sticky:
                 B_upd = limit_to_data(B_upd, B_past, x, self.grid_basis(x.device, x.dtype))

@@ -2,7 +2,7 @@
 memory, the update-gain check that refuses settings whose unbounded update (paper §3.3) would
 make the memory grow, and `WithLongTerm`, how a model's config nests them (the native
 `ModelConfig`, the pretrained `PretrainedMemoryConfig`). The memory itself is
-`long_term_memory.py`."""
+`core/memory.py`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import typing
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
-from ._checks import check_bool, check_positive_int, check_range
+from .._checks import check_bool, check_positive_int, check_range
 from .basis import MAX_WIDTH, check_widths
 from .ridge import update_gain
 
@@ -149,7 +149,7 @@ class LongTermConfig:
     sigma_0: float = 0.05  # σ₀ of the KL prior
     kl_weight: float = 1e-6  # weight of the reads' variance KL (toward σ₀) in the model's loss
     min_sigma_sq: float = 1e-4  # clamp on σ² (1e-6 is unsafe in float32)
-    # how the scores s = K q / √d become the density (long_term_attention.py): "paper" feeds s
+    # how the scores s = K q / √d become the density (core/attention.py): "paper" feeds s
     # to w_μ, w_σ as in the paper's §3.2; "normalized" standardises s over the N basis keys
     # first, so that μ and σ depend on the query however small s is (at initialisation);
     # "content" matches the density to a softmax over the basis keys (retrieval by content);

@@ -7,8 +7,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ._checks import ValueChecks, check_dtype, check_floating, check_shape
-from .long_term_config import LongTermConfig
+from .._checks import ValueChecks, check_dtype, check_floating, check_shape
+from .config import LongTermConfig
 
 # `LongTermState.stored` of a non-empty row in a state saved before states counted their tokens
 UNKNOWN_STORED = 2**40

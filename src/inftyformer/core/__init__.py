@@ -1,0 +1,4 @@
+"""The ∞-former as published (Martins, Marinho & Martins, ACL 2022, §3): the Gaussian basis, the
+ridge-regression fit, continuous attention, the unbounded long-term memory with sticky memories,
+and their state. Nothing here names the library's extensions; they plug in behind the seams of
+`seams.py` (`docs/ARCHITECTURE.md`)."""

@@ -1,0 +1,2 @@
+"""Our extensions of the ∞-former, as strategy objects behind the core's seams
+(`inftyformer.core.seams`, `docs/ARCHITECTURE.md`): they import the core, never the reverse."""
