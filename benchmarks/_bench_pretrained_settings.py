@@ -134,8 +134,8 @@ def streaming_cost(base, models: dict[str, Any], ids, L: int, repeats: int, bf16
         for name, model in models.items():
             memory = model(ids[:, :L]).state
             memories[name] = model(ids[:, L : 2 * L], state=memory).state
-            if model.config.window != L:
-                raise ValueError(f"{name}: window {model.config.window} != L {L}")
+            if model.config.adapter.window != L:
+                raise ValueError(f"{name}: window {model.config.adapter.window} != L {L}")
     last: dict[str, torch.Tensor] = {}
 
     def run(key, fn, precision):

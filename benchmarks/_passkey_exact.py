@@ -48,17 +48,14 @@ def _patch(layer, rotary, window: int) -> None:
             store["x"] = torch.cat([store["x"], x.detach()], dim=1)  # [batch, P, e]
         return update(state, x, generator, salience)
 
-    def exact_heads(query, state, prepared=None, turn_query=None):
-        c = attention.config
-        b, num_q, _ = query.shape
-        H, d = c.num_heads, c.head_dim
+    def exact_heads(q, state, prepared=None):
+        b, H, num_q, d = q.shape  # each head's query, W^Q h (`LongTermAttention.read_heads`)
         if "x" not in store or bool(state.empty.all()):
-            zeros = query.new_zeros(b, H, num_q)
-            return HeadsRead(z=query.new_zeros(b, H, num_q, d), log_mass=zeros - math.inf,
-                             mu=zeros, sigma_sq=zeros + 1.0, kl=query.new_zeros(()))  # fmt: skip
+            zeros = q.new_zeros(b, H, num_q)
+            return HeadsRead(z=q.new_zeros(b, H, num_q, d), log_mass=zeros - math.inf,
+                             mu=zeros, sigma_sq=zeros + 1.0, kl=q.new_zeros(()))  # fmt: skip
         x = store["x"]
         P = x.shape[1]
-        q = attention.query(query).view(b, num_q, H, d).transpose(1, 2)  # [b, H, Q, d]
         k = attention.key(x).view(b, P, H, d).transpose(1, 2)  # [b, H, P, d]
         v = attention.value(x).view(b, P, H, d).transpose(1, 2)
         if rotary is not None:  # q = R_W W_q h: turn it on to its own stream position P + j
@@ -71,7 +68,7 @@ def _patch(layer, rotary, window: int) -> None:
         mu = p @ t
         sigma_sq = (p * (t - mu.unsqueeze(-1)).square()).sum(-1)
         return HeadsRead(z=p @ v, log_mass=torch.logsumexp(s, dim=-1), mu=mu,
-                         sigma_sq=sigma_sq, kl=query.new_zeros(()))  # fmt: skip
+                         sigma_sq=sigma_sq, kl=q.new_zeros(()))  # fmt: skip
 
     memory._update = exact_update
     attention.read_heads = exact_heads

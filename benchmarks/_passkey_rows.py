@@ -17,7 +17,6 @@ MIXTURE["mixture-length"] = dict(MIXTURE["mixture-n2048"], squeeze="by_length", 
 MIXTURE["mixture-fill"] = dict(
     MIXTURE["mixture"],
     num_basis=2048,
-    num_samples=2048,
     widths=(0.0003,),
     squeeze="fill",
     edge_padding=False,

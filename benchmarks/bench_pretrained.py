@@ -65,7 +65,7 @@ def parity(base, ids: torch.Tensor, segment_len: int) -> list[float]:
     from inftyformer.hf import add_long_term_memory
 
     model = add_long_term_memory(base, segment_len=segment_len).eval()
-    back = model.config.window
+    back = model.config.adapter.window
     reference = [
         base(ids[:, max(i - back, 0) : i + segment_len]).logits[:, -segment_len:]
         for i in range(0, ids.shape[1], segment_len)
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     print("parity", parity_rows, flush=True)
 
     model = add_long_term_memory(base, segment_len=L).eval()
-    lt = model.config
+    lt = model.config.adapter.long_term
     memory_settings = (
         f"N {lt.num_basis}, widths {lt.widths}, λ {lt.ridge_lambda}, τ {lt.tau}, "
         f"M {lt.num_samples}, {lt.num_heads} heads, own W^Q, CNN gate {lt.conv_gate}"

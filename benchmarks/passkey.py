@@ -289,7 +289,8 @@ def evaluate_passkeys(row: Row, prompts: dict[int, tuple]) -> dict[str, Any]:
                 "right": (hit & scored).sum(-1).tolist(),
                 "answer_tokens": scored.sum(-1).tolist(),
             }
-            if reads is not None:
+            # where the reads land, for a memory whose places follow from a fixed τ
+            if reads is not None and row.config.long_term.squeeze.kind == "fixed":
                 out[str(d)]["reads"] = where_reads_land(row, reads, answer, key_at)
             print(f"  {row.name} d={d}: exact {out[str(d)]['exact']:.2f}, "
                   f"nll {out[str(d)]['nll']:.3f}", flush=True)  # fmt: skip

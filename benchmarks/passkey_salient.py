@@ -173,15 +173,14 @@ class SalientPlaces:
 @contextmanager
 def salient_pooling(places: SalientPlaces):
     """The memory's pooling and the heads read's place positions replaced by `places`'."""
-    import inftyformer.core.memory as long_term_memory
-    import inftyformer.hf.head_read as head_read
+    import inftyformer.extensions.squeezes as squeezes
 
-    saved = long_term_memory.pool_by_length, head_read.place_positions
-    long_term_memory.pool_by_length, head_read.place_positions = places.pool, places.positions
+    saved = squeezes.pool_by_length, squeezes.place_positions
+    squeezes.pool_by_length, squeezes.place_positions = places.pool, places.positions
     try:
         yield
     finally:
-        long_term_memory.pool_by_length, head_read.place_positions = saved
+        squeezes.pool_by_length, squeezes.place_positions = saved
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -199,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     _, setup = prompt_setup(args, quick, extra=("docs", "doc_len"))
     settings = dict(MIXTURE[ROW])
     if args.quick:  # a memory the quick prompts overflow
-        settings.update(num_basis=32, num_samples=32, widths=(0.01,), keep_first=4, keep_last=8)
+        settings.update(num_basis=32, widths=(0.01,), keep_first=4, keep_last=8)
         args.budget = min(args.budget, 8)
     base = Row("window", args)
     row = Row("mixture", args, overrides=settings)

@@ -1,6 +1,7 @@
 """The package's dependencies run one way (README, "Where each idea lives"):
 
-    math → memories → layers → models → (pretrained) → tasks → training → interface
+    core → extensions → memories → layers → models → (pretrained) → tasks → training →
+    interface
 
 Every `import` in src/inftyformer counts, also those inside functions and under TYPE_CHECKING:
 a module may import only modules of its own layer or of a layer before it, and no set of modules
@@ -21,11 +22,13 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # each module's layer, by the first matching prefix (longest first); "" = the package itself
 LAYERS = {
     "base": ["_checks", "_files", "_init", "_progress", "precision", "ragged"],
-    # the ∞-former as published, and our extensions behind its seams
-    "core": ["core", "extensions"],
+    # the ∞-former as published: it names nothing of ours
+    "core": ["core"],
+    # our extensions, behind the core's seams
+    "extensions": ["extensions"],
     "memories": ["short_term_memory", "compressive_memory", "state"],
-    "layers": ["relative_attention", "block", "config"],
-    "models": ["model", "models", "streaming", "base_weights", ""],
+    "layers": ["relative_attention", "block", "config", "memory_settings"],
+    "models": ["model", "models", "streaming", "base_weights", "pretrained_config", ""],
     "pretrained": ["hf"],
     # hf.harness writes lm-evaluation-harness tasks over text files: it reads them as data/ does
     "tasks": ["data", "metrics", "tasks", "inspection", "hf.harness"],

@@ -17,13 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._checks import check_positive_int, check_range
-from .core.config import (
-    CHANGEABLE_SETTINGS,
-    DERIVED_SETTINGS,
-    LongTermConfig,
-    WithLongTerm,
-    takes_long_term_settings,
-)
+from .core.config import CHANGEABLE_SETTINGS, DERIVED_SETTINGS, LongTermConfig
+from .core.squeeze import FixedSqueeze
+from .extensions.densities import NormalizedDensity
+from .memory_settings import WithLongTerm, takes_long_term_settings
 
 MODEL_TYPES = ("transformer", "xl", "compressive", "infty")
 
@@ -40,8 +37,10 @@ MEMORY_SETTINGS = (
 )
 
 
-# the native model's long-term memory by default: cpu-small's N = M = 128
-NATIVE_LONG_TERM = LongTermConfig(num_basis=128, num_samples=128)
+# the native model's long-term memory by default: cpu-small's N = M = 128, standardised scores
+NATIVE_LONG_TERM = LongTermConfig(
+    num_basis=128, density=NormalizedDensity(), squeeze=FixedSqueeze(num_samples=128)
+)
 
 
 @takes_long_term_settings
@@ -79,7 +78,7 @@ class ModelConfig(WithLongTerm):
 
     def __post_init__(self) -> None:
         self._check_long_term()
-        if self.long_term.keep_salient:
+        if self.long_term.squeeze.wants_salience:
             raise ValueError(
                 "long_term.keep_salient chooses places by the surprisal of a pretrained model's "
                 "logits (inftyformer.hf); a native model does not compute it: leave it 0"
@@ -157,8 +156,7 @@ class ModelConfig(WithLongTerm):
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         """A saved config (`to_dict`, flat; the memory's settings may be nested)."""
-        # configs saved before the density setting existed read the scores as the paper does
-        return cls._from_saved(data, {"density": "paper"})
+        return cls._from_saved(data, {})
 
     def describe(self) -> str:
         """A name for the start line: the model type."""

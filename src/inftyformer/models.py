@@ -14,143 +14,18 @@ call nothing else; a new kind is a config class and a model class, registered wi
 from __future__ import annotations
 
 import importlib
-import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ._checks import check_memory_layers, check_positive_int, check_range
 from .config import MEMORY_SETTINGS, ModelConfig
-from .core.config import (
-    CHANGEABLE_SETTINGS,
-    GPT2_LONG_TERM,
-    LongTermConfig,
-    WithLongTerm,
-    check_memory_positions,
-    check_memory_read,
-    takes_long_term_settings,
-)
 from .model import LMOutput
+from .pretrained_config import PRETRAINED_MEMORY_SETTINGS, PretrainedMemoryConfig
 from .state import MemoryState
-
-
-@takes_long_term_settings
-@dataclass(frozen=True)
-class PretrainedMemoryConfig(WithLongTerm):
-    """A pretrained causal LM plus long-term memory (paper §4.2, GPT-2; `docs/hf.md`). Memory
-    defaults are the paper's GPT-2 settings (`GPT2_LONG_TERM`; nested as `long_term`, also by
-    their own names: `WithLongTerm`); the learning rates are its split: the memory at
-    `memory_lr` without weight decay, the base at the run's `lr` (paper: 5e-5)."""
-
-    base_model: str  # directory of a Hugging Face causal LM (config.json, weights, tokenizer)
-    memory: bool = True  # False: the base alone, for comparison (attends within its segment)
-    freeze_base: bool = False  # train the memory only (an adapter on a frozen model)
-    memory_lr: float = 2.5e-4
-    # the density heads w_μ, w_σ (None: memory_lr): at the paper's rate they barely move in a
-    # short run (Adam moves a weight by about the learning rate per step), so reads stay flat
-    density_lr: float | None = None
-    segment_len: int = 256  # L: tokens per call when a document is streamed
-    # W: previous tokens each call recomputes as context (None: one segment, as far as the
-    # base's positions allow; 0: each segment attends within itself; `docs/hf.md`)
-    window: int | None = None
-    # N, widths, λ, τ, M, … (num_heads None: the base's heads; a read narrower than the basis
-    # needs min_sigma_sq 1e-6); its dim is the base's hidden size (`inftyformer.hf.config`)
-    long_term: LongTermConfig = GPT2_LONG_TERM
-    # "added" (the paper's read, added to the attention output) or "heads" (the base's own heads
-    # read the memory, merged by attention mass: `inftyformer.hf.head_read`)
-    memory_read: str = "added"
-    # heads read, rotary bases: "window" (every place just beyond the window), "places" (each
-    # at its own stream position, squeeze="fill") or "ranks" (each at its rank among them)
-    memory_positions: str = "window"
-    memory_layers: tuple[int, ...] | None = None  # the blocks with a memory; None: every block
-    vocab_size: int = 0  # read from the base's config.json
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.base_model, str) or not self.base_model:
-            raise ValueError(f"base_model must be a directory path, got {self.base_model!r}")
-        config = Path(self.base_model).expanduser() / "config.json"
-        if not config.is_file():
-            raise FileNotFoundError(
-                f"base_model {self.base_model} is not a Hugging Face model directory (no "
-                "config.json); convert a GGUF file with `inftyformer convert-gguf`"
-            )
-        for name in ("memory", "freeze_base"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        self._check_long_term()
-        check_range("memory_lr", self.memory_lr, 0.0, low_open=True)
-        if self.density_lr is not None:
-            check_range("density_lr", self.density_lr, 0.0, low_open=True)
-        check_positive_int("segment_len", self.segment_len)
-        if self.window is not None:
-            check_positive_int("window", self.window, minimum=0)
-        check_memory_read(self.memory_read, self.long_term.density)
-        check_memory_positions(self.memory_positions, self.memory_read, self.long_term.squeeze)
-        data = json.loads(config.read_text(encoding="utf-8"))
-        data = data.get("text_config", data)  # a saved memory model nests the base's
-        if self.memory_layers is not None:
-            blocks = data.get("num_hidden_layers", data.get("n_layer"))
-            layers = check_memory_layers(self.memory_layers, blocks)
-            object.__setattr__(self, "memory_layers", tuple(layers))
-        if not self.vocab_size:
-            object.__setattr__(self, "vocab_size", int(data["vocab_size"]))
-
-    @property
-    def model_type(self) -> str:
-        return "infty" if self.memory else "transformer"  # the memory it adds, or none
-
-    def describe(self) -> str:
-        return f"{Path(self.base_model).name} + {'long-term' if self.memory else 'no'} memory"
-
-    def frozen_base(self) -> tuple[str, str] | None:
-        """(directory, state-dict prefix) of the base when it is frozen: a checkpoint then
-        refers to it instead of holding it (`inftyformer.base_weights`); None when it trains."""
-        if self.freeze_base and self.memory:
-            return self.base_model, "lm.base."
-        return None
-
-    def adapter_settings(self) -> dict[str, Any]:
-        """The `inftyformer.hf.add_long_term_memory` settings."""
-        skip = {"base_model", "memory", "freeze_base", "memory_lr", "density_lr", "vocab_size"}
-        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
-        del own["long_term"]
-        return {**own, **{name: getattr(self.long_term, name) for name in self.long_term_names()}}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PretrainedMemoryConfig:
-        """A saved config (`to_dict`, flat; the memory's settings may be nested)."""
-        # configs saved before the density setting existed read the scores as the paper does,
-        # before the window existed each segment attended within itself
-        return cls._from_saved(data, {"density": "paper", "window": 0})
-
-    def with_memory_settings(self, overrides: dict[str, Any] | None = None) -> Any:
-        """Other memory settings for evaluation (:data:`PRETRAINED_MEMORY_SETTINGS`); the
-        fields that shape the weights or what trains stay."""
-        if not overrides:
-            return self
-        bad = sorted(set(overrides) - set(PRETRAINED_MEMORY_SETTINGS))
-        if bad:
-            raise ValueError(
-                f"cannot change {', '.join(bad)} of a trained pretrained model; allowed: "
-                f"{', '.join(PRETRAINED_MEMORY_SETTINGS)}"
-            )
-        return self.replace(**overrides)
-
-
-# what a trained pretrained model may change, like ModelConfig's MEMORY_SETTINGS: not the base,
-# N, the widths or the gate (they shape weights), nor whether the memory or the base trains
-PRETRAINED_MEMORY_SETTINGS = (
-    "segment_len",
-    "window",
-    *CHANGEABLE_SETTINGS,  # the long-term memory's
-    "memory_lr",
-    "density_lr",
-)
 
 
 @dataclass(frozen=True)

@@ -311,7 +311,7 @@ class MemoryState:
                     raise ValueError(
                         f"{name}.long_term has batch size {lt.batch_size}, expected {batch}"
                     )
-                shape = SimpleNamespace(num_basis=n, dim=d, sticky_bins=lt.attention_mass.shape[1])
+                shape = SimpleNamespace(num_basis=n, dim=d)  # the layout, not a memory's settings
                 lt.check(shape, f"{name}.long_term", values=values)
         if self.window is not None:
             self.window.check(batch, values)

@@ -28,7 +28,7 @@ def test_the_positions_setting_moves_the_variants_read(tmp_path):
     (the quick base is a Llama: rotary positions)."""
     pytest.importorskip("transformers")
     out = tmp_path / "lines.jsonl"
-    settings = dict(num_basis=64, num_samples=64, widths=[0.003], squeeze="fill", keep_first=4,
+    settings = dict(num_basis=64, widths=[0.003], squeeze="fill", keep_first=4,
                     edge_padding=False)  # fmt: skip
     argv = ["--quick", "--rows", "variant", "--jsonl", str(out)]
     passkey_variant.main([*argv, "--set", json.dumps(settings)])

@@ -22,8 +22,8 @@ pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from inftyformer.core.basis import MAX_WIDTH, MIN_WIDTH  # noqa: E402
-from inftyformer.core.memory import MAX_UPDATE_GAIN  # noqa: E402
 from inftyformer.core.ridge import update_gain  # noqa: E402
+from inftyformer.core.squeeze import MAX_UPDATE_GAIN  # noqa: E402
 from inftyformer.hf import add_long_term_memory  # noqa: E402
 from inftyformer.model import IGNORE_INDEX  # noqa: E402
 

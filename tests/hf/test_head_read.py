@@ -27,7 +27,16 @@ HEADS = dict(density="content", memory_read="heads", sharpness=10.0, sink_edge=0
 
 
 def heads_model(arch: str, seed: int = 0, **settings):
-    return add_long_term_memory(tiny_base(arch, seed), **{**MEMORY, **HEADS, **settings}).eval()
+    return add_long_term_memory(tiny_base(arch, seed), **memory(**{**HEADS, **settings})).eval()
+
+
+def memory(**settings) -> dict:
+    """The tiny models' memory with `settings`; a fill squeeze takes no num_samples (it never
+    resamples: its places are the K centres)."""
+    out = {**MEMORY, **settings}
+    if out.get("squeeze") == "fill":
+        del out["num_samples"]
+    return out
 
 
 def assert_generates_as_recomputed(model, memory, prompt, steps: int, recompute=None) -> None:
@@ -110,7 +119,7 @@ def test_a_heads_read_starts_without_a_prior_over_places_or_extra_variance():
     with torch.no_grad():
         read = model.long_term[0].attention
         h = torch.randn(2, 3, 32)
-        heads = read(h, memory.layers[0].long_term, heads=True)
+        heads = read(read.project_queries(h), memory.layers[0].long_term, heads=True)
         q = read.query(h).view(2, 3, 4, 8).transpose(1, 2)
         keys = read.prepare(memory.layers[0].long_term, h.dtype).keys  # [b, H, N, d] / √d
         s = q @ keys.transpose(-1, -2)
@@ -234,7 +243,7 @@ def test_save_and_load_keep_the_heads_read(tmp_path, arch):
     memory = model(ids, state=model(ids).state).state
     model.save_pretrained(tmp_path)
     loaded = InftyformerForCausalLM.from_pretrained(tmp_path).eval()
-    assert loaded.config.memory_read == "heads"
+    assert loaded.config.adapter.memory_read.kind == "heads"
     assert torch.allclose(loaded(ids, state=memory).logits, model(ids, state=memory).logits)
     base = loaded.unwrap()
     assert base.config._attn_implementation == "sdpa"
@@ -243,17 +252,17 @@ def test_save_and_load_keep_the_heads_read(tmp_path, arch):
 @pytest.mark.parametrize(
     "settings, message",
     [
-        (dict(memory_read="heads"), "content density"),
+        (dict(memory_read="heads"), "density that reads places"),
         (dict(memory_read="heads", density="content", num_heads=2), "base's 4 heads"),
         (dict(memory_read="rows"), "memory_read must be one of"),
-        (dict(sharpness=10.0), "set density='content' or 'mixture'"),
+        (dict(sharpness=10.0), "sharpness is a setting of density 'content' or 'mixture'"),
         (dict(density="content", sink_edge=0.7), "sink_edge"),
         (dict(density="content", sharpness=0.0), "sharpness"),
     ],
 )
 def test_settings_that_cannot_work_are_refused_by_name(settings, message):
     with pytest.raises(ValueError, match=message):
-        add_long_term_memory(tiny_base("llama"), **{**MEMORY, **settings})
+        add_long_term_memory(tiny_base("llama"), **memory(**settings))
 
 
 def test_init_from_heads_refuses_an_attention_without_projections():
@@ -280,7 +289,7 @@ def test_the_pretrained_memory_squeezes_by_length_and_keeps_it_on_save(tmp_path,
     assert not torch.allclose(state.layers[0].long_term.coefficients, B_fixed, atol=1e-3)
     by_length.save_pretrained(tmp_path)
     loaded = InftyformerForCausalLM.from_pretrained(tmp_path).eval()
-    assert loaded.config.squeeze == "by_length"
+    assert loaded.config.adapter.long_term.squeeze.kind == "by_length"
     # the layers share their design matrices (one per τ, not one per layer and τ)
     assert len({id(layer.memory.ridge._cache) for layer in by_length.long_term}) == 1
     assert torch.allclose(loaded(ids, state=state).logits, by_length(ids, state=state).logits)
@@ -297,7 +306,7 @@ def test_the_pretrained_fill_memory_keeps_its_first_tokens_and_the_setting_on_sa
     from inftyformer.hf import InftyformerForCausalLM
 
     ids = torch.randint(1, V, (2, 48), generator=torch.Generator().manual_seed(3))
-    settings = dict(density="mixture", squeeze="fill", num_basis=8, num_samples=8, widths=(0.01,))
+    settings = dict(density="mixture", squeeze="fill", num_basis=8, widths=(0.01,))
     merged = heads_model(arch, **settings)
     kept = heads_model(arch, **{keep: 2}, **settings)
     state = kept(ids).state
@@ -307,13 +316,13 @@ def test_the_pretrained_fill_memory_keeps_its_first_tokens_and_the_setting_on_sa
     assert not torch.allclose(state.layers[0].long_term.coefficients, B_merged, atol=1e-3)
     kept.save_pretrained(tmp_path)
     loaded = InftyformerForCausalLM.from_pretrained(tmp_path).eval()
-    assert getattr(loaded.config, keep) == 2
+    assert getattr(loaded.config.adapter, keep) == 2
     assert torch.allclose(loaded(ids, state=state).logits, kept(ids, state=state).logits)
 
 
 # ---------------------------------------------------------------------- places at their positions
 PLACES = dict(
-    density="mixture", squeeze="fill", num_basis=32, num_samples=32, widths=(0.004,),
+    density="mixture", squeeze="fill", num_basis=32, widths=(0.004,),
     ridge_lambda=1e-6, edge_padding=False, conv_gate=False, sharpness=1.0, sink_edge=0.0,
     memory_layers=[0],
 )  # fmt: skip
@@ -382,7 +391,7 @@ def test_greedy_generation_equals_recomputation_with_places_past_the_bases_posit
     further back than the base's 64 positions, and the read at place positions (or ranks)
     generates what one call per step recomputes."""
     model = heads_model("llama", memory_positions=positions, keep_first=2, keep_last=keep_last,
-                        **{**PLACES, "num_basis": 16, "num_samples": 16})  # fmt: skip
+                        **{**PLACES, "num_basis": 16})  # fmt: skip
     ids = torch.randint(1, V, (2, 96), generator=torch.Generator().manual_seed(12))
     memory = model(ids).state
     assert memory.layers[0].long_term.stored.tolist() == [80, 80]
@@ -405,7 +414,7 @@ def test_read_at_ranks_is_the_read_at_places_until_the_memory_merges_then_ignore
         logits[positions] = model(ids[:, 32:], state=state).logits
     assert torch.equal(logits["ranks"], logits["places"])
 
-    merged = {**PLACES, "num_basis": 16, "num_samples": 16, "keep_first": 2}
+    merged = {**PLACES, "num_basis": 16, "keep_first": 2}
     model = heads_model("llama", memory_positions="ranks", **merged)
     ids = torch.randint(1, V, (2, 96), generator=torch.Generator().manual_seed(17))
     memory = model(ids).state.layers[0].long_term
@@ -416,9 +425,12 @@ def test_read_at_ranks_is_the_read_at_places_until_the_memory_merges_then_ignore
     )
     at = torch.arange(8).expand(2, -1)  # the queries' position ids
     rotary, limit = model.adapter.rotary_embedding(model.base), 64
+    att = model.long_term[0].attention
     for ranks in (True, False):
         here, there = (
-            read_at_places(model.long_term[0].attention, h, s, None, at, rotary, limit, ranks=ranks)
+            read_at_places(
+                att, att.project_queries(h), s, att.prepare(s, h.dtype), at, rotary, limit, ranks
+            )
             for s in (memory, further)
         )
         if ranks:
@@ -436,10 +448,10 @@ def test_places_need_a_heads_read_of_a_fill_memory_on_rotary_positions():
         heads_model("gpt2", memory_positions="places", **PLACES)
     with pytest.raises(ValueError, match="'ranks' turns the read by rotary positions"):
         heads_model("gpt2", memory_positions="ranks", **PLACES)
-    with pytest.raises(ValueError, match="memory_positions='ranks' needs memory_read='heads'"):
+    with pytest.raises(ValueError, match="memory_positions='ranks' needs places that know"):
         heads_model("llama", memory_positions="ranks", **{**PLACES, "squeeze": "by_length"})
-    with pytest.raises(ValueError, match="memory_read='heads'"):
-        settings = {**MEMORY, **PLACES, "memory_read": "added", "memory_positions": "places"}
+    with pytest.raises(ValueError, match="a setting of memory_read 'heads'"):
+        settings = {**memory(**PLACES), "memory_read": "added", "memory_positions": "places"}
         add_long_term_memory(tiny_base("llama"), **settings)
 
 
@@ -453,7 +465,7 @@ def test_the_place_positions_setting_survives_save_and_load(tmp_path, positions)
     state = model(ids).state
     model.save_pretrained(tmp_path)
     loaded = InftyformerForCausalLM.from_pretrained(tmp_path).eval()
-    assert loaded.config.memory_positions == positions
+    assert loaded.config.adapter.positions == positions
     assert torch.allclose(loaded(ids, state=state).logits, model(ids, state=state).logits)
 
 
@@ -470,7 +482,7 @@ def test_the_run_config_takes_place_positions_to_the_model(tmp_path):
     config = PretrainedMemoryConfig(**settings, keep_last=3, keep_salient=2)
     assert PretrainedMemoryConfig.from_dict(config.to_dict()) == config
     lm = build_model(config).lm
-    assert lm.config.memory_positions == "places"
+    assert lm.config.adapter.positions == "places"
     assert [layer.memory.config.keep_last for layer in lm.long_term] == [3]
     assert [layer.memory.config.keep_salient for layer in lm.long_term] == [2]
     with pytest.raises(ValueError, match="squeeze='fill'"):
@@ -485,7 +497,7 @@ def test_rows_at_different_stream_positions_read_as_if_alone(kept):
     """Row 0 starts a new document at segment 3 (reset), row 1 goes on: each row's places and
     queries sit at its own stream positions (with keep_last: row 0 filling again while row 1
     merges into its kept tail), so the batch gives each row's logits alone."""
-    places = {**PLACES, "num_basis": 16, "num_samples": 16, **kept}
+    places = {**PLACES, "num_basis": 16, **kept}
     model = heads_model("llama", memory_positions="places", **places)
     ids = torch.randint(1, V, (2, 48), generator=torch.Generator().manual_seed(15))
 
@@ -506,11 +518,11 @@ def test_rows_at_different_stream_positions_read_as_if_alone(kept):
 
 
 # ---------------------------------------------------------------------- salient places
-SALIENT = dict(PLACES, num_basis=16, num_samples=16, keep_first=2, keep_salient=3, window=8)
+SALIENT = dict(PLACES, num_basis=16, keep_first=2, keep_salient=3, window=8)
 
 
 def test_a_salience_looking_past_the_window_is_refused():
-    settings = {**MEMORY, **SALIENT, "memory_read": "added"}  # window 8
+    settings = {**memory(**SALIENT), "memory_read": "added"}  # window 8
     with pytest.raises(ValueError, match="salient_before .* at most the window"):
         add_long_term_memory(tiny_base("llama"), **settings, salient_before=9)
     add_long_term_memory(tiny_base("llama"), **settings, salient_before=8)  # the window: fine
@@ -529,7 +541,7 @@ def test_the_salience_of_a_stored_token_is_from_the_bases_own_surprisal(arch, be
     settings = {**SALIENT, "memory_read": "added", "salient_before": before}
     if arch == "gpt2":
         settings.pop("memory_positions", None)
-    model = add_long_term_memory(tiny_base(arch), **{**MEMORY, **settings}).eval()
+    model = add_long_term_memory(tiny_base(arch), **memory(**settings)).eval()
     ids = torch.randint(1, V, (2, 64), generator=torch.Generator().manual_seed(3))
     state = None
     for a in range(0, 64, 8):

@@ -55,7 +55,7 @@ def test_a_long_call_equals_the_calls_segment_by_segment(arch, window):
     seen = base_calls(model)
     out = model(ids, state=start, labels=labels)
     # every base call: at most one segment after the window, within the 64 positions
-    width = model.config.window
+    width = model.config.adapter.window
     assert len(seen) == 13 and max(n for n, _ in seen) == L + width
     assert max(end for _, end in seen) <= 64
     calls = explicit(model, ids, state=start)

@@ -40,8 +40,8 @@ def test_logits_equal_the_base_at_initialisation(arch, window):
     model = add_long_term_memory(
         base, num_basis=16, num_samples=16, segment_len=L, window=window
     ).eval()
-    assert model.config.window == (L if window is None else 0)
-    back = model.config.window
+    assert model.config.adapter.window == (L if window is None else 0)
+    back = model.config.adapter.window
     memory = None
     for i in range(0, 4 * L, L):
         want = base(ids[:, max(i - back, 0) : i + L]).logits[:, -L:]
@@ -96,9 +96,9 @@ def test_window_positions_stay_within_the_base(arch):
     assert seen == [2 * L] * 7 + [L + 1]
     # defaults: one segment each, within the positions; explicit settings are checked
     default = add_long_term_memory(tiny_base(arch))
-    assert (default.config.segment_len, default.config.window) == (32, 32)
-    assert add_long_term_memory(tiny_base(arch), segment_len=64).config.window == 0
-    assert add_long_term_memory(tiny_base(arch), window=0).config.segment_len == 64
+    assert (default.config.adapter.segment_len, default.config.adapter.window) == (32, 32)
+    assert add_long_term_memory(tiny_base(arch), segment_len=64).config.adapter.window == 0
+    assert add_long_term_memory(tiny_base(arch), window=0).config.adapter.segment_len == 64
     with pytest.raises(ValueError, match=r"window \+ segment_len must be at most 64"):
         add_long_term_memory(tiny_base(arch), segment_len=32, window=40)
     with pytest.raises(ValueError, match="window must be >= 0"):
@@ -236,7 +236,7 @@ def test_save_pretrained_round_trip_gives_identical_logits(arch, tmp_path):
     assert "model.safetensors" in files and not any(f.endswith(".bin") for f in files)
     assert isinstance(AutoConfig.from_pretrained(tmp_path / "model"), InftyformerConfig)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model").eval()
-    assert isinstance(loaded, InftyformerForCausalLM) and loaded.config.sticky
+    assert isinstance(loaded, InftyformerForCausalLM) and loaded.config.adapter.sticky
     # the memory state saves and loads like the core's (safetensors), its window too
     save_state(tmp_path / "memory.safetensors", memory)
     memory = load_state(tmp_path / "memory.safetensors")
@@ -245,31 +245,6 @@ def test_save_pretrained_round_trip_gives_identical_logits(arch, tmp_path):
         assert torch.equal(loaded(ids[:, L:], state=memory).logits, expected)
 
 
-def test_models_and_runs_saved_before_the_window_keep_attending_within_segments(tmp_path):
-    import json
-
-    from tiny_pretrained import write_tiny_model
-
-    from inftyformer.models import PretrainedMemoryConfig
-
-    model = tiny_memory_model("llama")
-    model.save_pretrained(tmp_path / "model")
-    config = json.loads((tmp_path / "model" / "config.json").read_text())
-    assert config["window"] == L
-    del config["window"]
-    (tmp_path / "model" / "config.json").write_text(json.dumps(config))
-    assert AutoModelForCausalLM.from_pretrained(tmp_path / "model").config.window == 0
-    base = str(write_tiny_model(tmp_path / "base"))
-    saved = PretrainedMemoryConfig(base_model=base, segment_len=16).to_dict()
-    assert saved["window"] is None  # one segment, resolved by the model
-    del saved["window"]
-    assert PretrainedMemoryConfig.from_dict(saved).window == 0
-    assert PretrainedMemoryConfig(base_model=base).with_memory_settings({"window": 8}).window == 8
-    with pytest.raises(ValueError, match="window must be >= 0"):
-        PretrainedMemoryConfig(base_model=base, window=-1)
-
-
-@torch.no_grad()
 def test_a_memory_that_does_not_fit_the_window_is_refused():
     with_window, without = tiny_memory_model("gpt2"), tiny_memory_model("gpt2", window=0)
     ids = tokens(2, L)

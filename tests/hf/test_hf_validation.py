@@ -84,8 +84,8 @@ def test_valid_settings_still_load(tmp_path):
     model = add_long_term_memory(tiny_base("llama"), **MEMORY, sticky=True, conv_gate=False)
     model.save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
-    assert loaded.config.sticky is True and loaded.config.conv_gate is False
-    assert loaded.config.widths == (0.005, 0.01)
+    assert loaded.config.adapter.sticky is True and loaded.config.adapter.conv_gate is False
+    assert loaded.config.adapter.widths == (0.005, 0.01)
 
 
 def test_a_memory_carries_its_base_and_another_base_refuses_it(tmp_path):

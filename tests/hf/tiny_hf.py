@@ -64,7 +64,9 @@ def with_settings(model, **changes):
     segment_len: the reference that runs a text longer than a segment in one call."""
     from inftyformer.hf import InftyformerForCausalLM
 
-    config = type(model.config).from_dict({**model.config.to_dict(), **changes})
+    config = type(model.config).from_dict(
+        {**model.config.to_dict(), "adapter": model.config.adapter.replace(**changes)}
+    )
     other = InftyformerForCausalLM(config).eval()
     other.load_state_dict(model.state_dict())
     return other

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from inftyformer import LongTermAttention, LongTermConfig, LongTermMemory, LongTermState
-from inftyformer.core.attention import SCORE_EPS
 from inftyformer.core.continuous_softmax import variance_kl
+from inftyformer.extensions.densities import SCORE_EPS
 
 CONFIG = dict(dim=24, num_heads=4, num_basis=32, num_samples=24)
 
@@ -76,7 +76,7 @@ class NaiveLongTerm:
         v = att.value(coefficients).view(b, N, H, d).transpose(1, 2)
         qh = q.view(b, num_q, H, d).transpose(1, 2)  # [batch, H, Q, d]
         scores = qh @ k.transpose(-1, -2) / math.sqrt(d)  # [batch, H, Q, N]
-        if c.density == "normalized":
+        if c.density.kind == "normalized":
             scores = F.layer_norm(scores, (N,), eps=SCORE_EPS)
         mu = torch.sigmoid(att.mu_head(scores)).squeeze(-1)  # [batch, H, Q]
         sigma_sq = F.softplus(att.sigma_head(scores)).squeeze(-1).clamp(min=c.min_sigma_sq)

@@ -14,7 +14,9 @@ from inftyformer.core.continuous_softmax import continuous_softmax
 
 def _setup(seed: int = 0, density: str = "content", **settings):
     torch.manual_seed(seed)
-    base = dict(dim=32, num_heads=4, num_basis=32, num_samples=32, density=density)
+    base = dict(dim=32, num_heads=4, num_basis=32, density=density)
+    if settings.get("squeeze") != "fill":  # the fill squeeze never resamples
+        base["num_samples"] = 32
     cfg = LongTermConfig(**{**base, **settings})
     mem, att = LongTermMemory(cfg), LongTermAttention(cfg, None)
     g = torch.Generator().manual_seed(seed + 1)
@@ -159,7 +161,7 @@ def test_mixture_read_matches_a_hand_computation(settings):
     context = z @ att.out.weight.double().T + att.out.bias.double()
     torch.testing.assert_close(out.context.double(), context, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(out.mu.double(), (p * c).sum(-1), rtol=1e-5, atol=1e-6)
-    heads = att.read_heads(q, state)
+    heads = att.read_heads(att.project_queries(q), state)
     torch.testing.assert_close(heads.z.double(), p @ V, rtol=1e-4, atol=1e-6)
     log_mass = torch.logsumexp(s, dim=-1)
     torch.testing.assert_close(heads.log_mass.double(), log_mass, rtol=1e-5, atol=1e-5)
@@ -178,13 +180,13 @@ def test_two_matches_read_both_values_not_the_signal_between_them():
             w.copy_(torch.eye(cfg.dim))
         att.mu_head.weight.zero_()
     q = (40.0 * (torch.eye(N)[3] + torch.eye(N)[5])).expand(2, 1, N)  # head 0 holds 0..7
-    z = att.read_heads(q, state).z[:, 0, 0]  # [b, d]
+    z = att.read_heads(att.project_queries(q), state).z[:, 0, 0]  # [b, d]
     torch.testing.assert_close(z[:, 3], torch.full((2,), 0.5), atol=1e-4, rtol=0)
     torch.testing.assert_close(z[:, 5], torch.full((2,), 0.5), atol=1e-4, rtol=0)
     assert z[:, 4].abs().max() < 1e-4
     content = LongTermAttention(replace(cfg, density="content"), None)
     content.load_state_dict(att.state_dict())
-    between = content.read_heads(q, state).z[:, 0, 0]
+    between = content.read_heads(content.project_queries(q), state).z[:, 0, 0]
     assert between[:, 4].min() > between[:, 3].max()  # the Gaussian reads c_4 most
 
 
@@ -213,7 +215,7 @@ def test_merged_by_mass_it_is_one_softmax_over_the_window_and_the_centres():
     heads_in = o_w.transpose(1, 2).reshape(2, -1, H * d)
     projection = torch.nn.Linear(H * d, 5)
     with torch.no_grad():
-        read = att.read_heads(q, state)
+        read = att.read_heads(att.project_queries(q), state)
         merged = merge_into_heads(projection(heads_in), heads_in, read,
                                   torch.logsumexp(s_w, -1), projection, None)  # fmt: skip
     signal = _signal_at_centres(att, state)
@@ -230,11 +232,15 @@ def test_merged_by_mass_it_is_one_softmax_over_the_window_and_the_centres():
 def test_token_mass_adds_the_log_of_tokens_per_place_to_the_heads_read():
     """token_mass: log Z_M + log(S / N) per row, z unchanged; a memory of S = N / 8 tokens then
     weighs as S tokens against the window, not as N; the setting needs a uniform squeeze."""
+    pytest.importorskip("transformers")
+    from inftyformer.hf.head_read import add_token_mass
+    from inftyformer.pretrained_config import AdapterConfig
+
     cfg, att, state, q = _setup(density="mixture", squeeze="by_length")
-    counted = LongTermAttention(replace(cfg, token_mass=True), None)
-    counted.load_state_dict(att.state_dict())
     state = replace(state, stored=torch.tensor([4, 64]))  # N = 32 places
-    plain, mass = att.read_heads(q, state), counted.read_heads(q, state)
+    prepared = att.prepare(state, q.dtype)
+    plain = att.read_heads(att.project_queries(q), state, prepared)
+    mass = add_token_mass(plain, state, prepared)
     torch.testing.assert_close(mass.z, plain.z)
     shift = (mass.log_mass - plain.log_mass).double()
     torch.testing.assert_close(
@@ -243,20 +249,22 @@ def test_token_mass_adds_the_log_of_tokens_per_place_to_the_heads_read():
     torch.testing.assert_close(
         shift[1], torch.full_like(shift[1], math.log(64 / 32)), atol=1e-6, rtol=0
     )
+    heads = dict(memory_read="heads", token_mass=True, density="mixture")
+    AdapterConfig(**heads, squeeze="by_length")
     with pytest.raises(ValueError, match="token_mass"):
-        replace(cfg, token_mass=True, squeeze="fixed")
-    with pytest.raises(ValueError, match="token_mass"):
-        replace(cfg, token_mass=True, density="normalized")
+        AdapterConfig(**heads, squeeze="fixed")
+    with pytest.raises(ValueError, match="token_mass|reads places"):
+        AdapterConfig(**{**heads, "density": "normalized"}, squeeze="by_length")
 
 
 def test_fill_reads_only_the_centres_that_hold_the_stream():
     """squeeze="fill": with S = 4 of K = 16 centres' tokens a row reads the first 4 centres
     only (a softmax over those, by hand); a full row reads them all."""
-    cfg, att, state, q = _setup(density="mixture", squeeze="fill", num_samples=16)
+    cfg, att, state, q = _setup(density="mixture", squeeze="fill")
     state = replace(state, stored=torch.tensor([4, 64]))
     with torch.no_grad():
         att.mu_head.weight.zero_()
-        read = att.read_heads(q, state)
+        read = att.read_heads(att.project_queries(q), state)
     H, d = cfg.num_heads, cfg.head_dim
     signal = _signal_at_centres(att, state)
     K = (signal @ att.key.weight.double().T).view(2, -1, H, d).transpose(1, 2)
@@ -272,10 +280,13 @@ def test_fill_reads_only_the_centres_that_hold_the_stream():
 def test_token_mass_under_fill_counts_the_places_read():
     """fill: a row of S = 4 tokens reads 4 centres × 2 widths = 8 places (log(4 / 8) added), a
     full row of 64 tokens all 32 (log(64 / 32))."""
-    cfg, att, state, q = _setup(density="mixture", squeeze="fill", num_samples=16)
-    counted = LongTermAttention(replace(cfg, token_mass=True), None)
-    counted.load_state_dict(att.state_dict())
+    pytest.importorskip("transformers")
+    from inftyformer.hf.head_read import add_token_mass
+
+    cfg, att, state, q = _setup(density="mixture", squeeze="fill")
     state = replace(state, stored=torch.tensor([4, 64]))
-    shift = (counted.read_heads(q, state).log_mass - att.read_heads(q, state).log_mass).double()
+    prepared = att.prepare(state, q.dtype)
+    plain = att.read_heads(att.project_queries(q), state, prepared)
+    shift = (add_token_mass(plain, state, prepared).log_mass - plain.log_mass).double()
     for row, want in ((0, math.log(4 / 8)), (1, math.log(64 / 32))):
         torch.testing.assert_close(shift[row], torch.full_like(shift[row], want), atol=1e-6, rtol=0)

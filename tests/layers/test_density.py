@@ -14,7 +14,6 @@ from inftyformer import (
     MemoryLM,
     ModelConfig,
 )
-from inftyformer.models import PretrainedMemoryConfig
 
 
 def _read(density: str, key_scale: float = 1.0, sigma_init=None, seed: int = 0):
@@ -49,7 +48,7 @@ def test_normalized_density_of_a_huge_finite_query_is_finite():
     so the read stays finite (gradient too) and equals that of the entry at 1e10 (the same
     direction, ε negligible at both scales), and ordinary queries read ŝ as computed by hand."""
     torch.manual_seed(0)
-    cfg = LongTermConfig(dim=32, num_heads=4, num_basis=32, num_samples=32)
+    cfg = LongTermConfig(dim=32, num_heads=4, num_basis=32, num_samples=32, density="normalized")
     mem, att = LongTermMemory(cfg), LongTermAttention(cfg, None)
     state = mem.update(mem.init_state(2), torch.randn(2, 64, 32)).detach()
     q = torch.randn(2, 5, 32)
@@ -110,7 +109,7 @@ def test_default_cpu_small_infty_reads_depend_on_the_query_at_initialisation():
     queries of one batch is ≥ 1e-2 in every layer."""
     torch.manual_seed(0)
     config = ModelConfig.preset("cpu-small", model_type="infty", vocab_size=256)
-    assert config.density == "normalized"
+    assert config.density.kind == "normalized"
     model = MemoryLM(config).eval()
     reads = []
 
@@ -141,33 +140,3 @@ def test_bad_density_settings_are_refused():
         ModelConfig(vocab_size=16, sigma_init="0.1")
     with pytest.raises(ValueError, match="density"):
         ModelConfig(vocab_size=16, density="Paper")
-
-
-def test_configs_saved_before_the_setting_read_the_scores_as_the_paper():
-    """A run or model folder written before `density` existed keeps the form it was trained
-    with; a new config takes the default."""
-    old = ModelConfig(vocab_size=16).to_dict()
-    del old["density"], old["sigma_init"]
-    assert ModelConfig.from_dict(old).density == "paper"
-    assert ModelConfig.from_dict({**old, "density": "normalized"}).density == "normalized"
-
-
-def test_pretrained_configs_saved_before_the_setting_read_the_scores_as_the_paper(tmp_path):
-    pytest.importorskip("transformers")
-    from tiny_pretrained import write_tiny_model
-
-    from inftyformer.hf.config import InftyformerConfig
-
-    base = write_tiny_model(tmp_path / "base")
-    config = PretrainedMemoryConfig(base_model=str(base))
-    assert config.density == "normalized"
-    old = config.to_dict()
-    del old["density"], old["sigma_init"]
-    assert PretrainedMemoryConfig.from_dict(old).density == "paper"
-    hf = InftyformerConfig(
-        text_config={"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2}
-    )
-    saved = hf.to_dict()
-    del saved["density"]
-    assert InftyformerConfig.from_dict(saved).density == "paper"
-    assert InftyformerConfig.from_dict(hf.to_dict()).density == "normalized"

@@ -17,9 +17,11 @@ from inftyformer.extensions.places import (
 
 
 def config(**overrides) -> LongTermConfig:
-    base = dict(dim=3, num_heads=1, num_basis=24, num_samples=24, widths=(0.005,), tau=0.9)
+    base = dict(dim=3, num_heads=1, num_basis=24, widths=(0.005,))
     base.update(conv_gate=False, squeeze="fill", density="mixture", edge_padding=False)
     base.update(overrides)
+    if base["squeeze"] != "fill":  # the resampling squeezes' τ
+        base = {"tau": 0.9, **base}
     return LongTermConfig(**base)
 
 
@@ -153,7 +155,7 @@ def test_keep_salient_needs_fill_and_a_merged_place():
 def test_a_native_model_refuses_keep_salient():
     from inftyformer.config import ModelConfig
 
-    memory = dict(num_basis=24, num_samples=24, widths=(0.005,), squeeze="fill",
+    memory = dict(num_basis=24, widths=(0.005,), squeeze="fill",
                   density="mixture", edge_padding=False)  # fmt: skip
     ModelConfig(vocab_size=16, long_term=LongTermConfig(**memory))
     with pytest.raises(ValueError, match="keep_salient .* native model"):

@@ -5,15 +5,17 @@ import pytest
 import torch
 
 from inftyformer import LongTermConfig, LongTermMemory, LongTermState
-from inftyformer.core.memory import UNKNOWN_STORED
-from inftyformer.core.state import stream_extent
+from inftyformer.core.state import UNKNOWN_STORED
 from inftyformer.extensions.places import place_positions, pool_by_length, rank_positions
+from inftyformer.extensions.squeezes import FillSqueeze
 
 
 def config(**overrides) -> LongTermConfig:
     base = dict(dim=4, num_heads=1, num_basis=128, widths=(0.01, 0.02), ridge_lambda=1e-3)
-    base.update(num_samples=256, tau=0.9, conv_gate=False, squeeze="by_length", density="mixture")
+    base.update(conv_gate=False, squeeze="by_length", density="mixture")
     base.update(overrides)
+    if base["squeeze"] != "fill":  # the resampling squeezes' M and τ
+        base = {"num_samples": 256, "tau": 0.9, **base}
     return LongTermConfig(**base)
 
 
@@ -51,10 +53,10 @@ def test_by_length_keeps_the_stream_uniform_over_the_signal(squeeze):
 def test_squeeze_ratios_by_hand():
     memory = LongTermMemory(config(tau=0.75))
     stored = torch.tensor([256, 512, 768, UNKNOWN_STORED])
-    ratios = memory.squeeze_ratios(stored, 256).tolist()
+    ratios = memory.config.squeeze.squeeze_ratios(stored, 256).tolist()
     assert ratios == pytest.approx([0.5, 2 / 3, 0.75, 0.75])
     fixed = LongTermMemory(config(tau=0.75, squeeze="fixed"))
-    assert fixed.squeeze_ratios(stored, 256).tolist() == [0.75] * 4
+    assert fixed.config.squeeze.squeeze_ratios(stored, 256).tolist() == [0.75] * 4
 
 
 @pytest.mark.parametrize(
@@ -65,9 +67,7 @@ def test_rows_of_different_lengths_equal_separate_streams(squeeze, kept):
     which with keep_last first overflow into their kept tail): the batch equals each row run
     alone."""
     torch.manual_seed(0)
-    memory = LongTermMemory(
-        config(num_basis=32, widths=(0.05, 0.1), num_samples=16, squeeze=squeeze, **kept)
-    )
+    memory = LongTermMemory(config(num_basis=32, widths=(0.05, 0.1), squeeze=squeeze, **kept))
     segments = [torch.randn(3, 8, 4) for _ in range(4)]
     resets = [None, None, torch.tensor([False, True, False]), None]
 
@@ -113,16 +113,14 @@ def test_fill_places_one_token_per_centre_until_the_memory_is_full():
     """squeeze="fill", K = 128 centres: 64 tokens sit on the first 64 centres, s/(K − 1), and
     once more than K tokens are stored the signal spans [0, 1] as under "by_length"."""
     x = stream(192)
-    memory = LongTermMemory(
-        config(squeeze="fill", edge_padding=False, widths=(0.02,), num_samples=128)
-    )
+    memory = LongTermMemory(config(squeeze="fill", edge_padding=False, widths=(0.02,)))
     state = fitted(memory, x[:, :64], 32)
-    assert stream_extent(state.stored, "fill", 128).tolist() == [63 / 127]
+    assert FillSqueeze().extent(state.stored, 128).tolist() == [63 / 127]
     t = torch.arange(64, dtype=torch.float32) / 127
     error = ((memory.signal(state, t) - x[:, :64]).norm() / x[:, :64].norm()).item()
     assert error < 0.05
     full = fitted(memory, x, 32)
-    assert stream_extent(full.stored, "fill", 128).tolist() == [1.0]
+    assert FillSqueeze().extent(full.stored, 128).tolist() == [1.0]
     by_length = LongTermMemory(config(edge_padding=False, widths=(0.02,)))
     t = (torch.arange(192, dtype=torch.float32) + 0.5) / 192
     for m, s in ((memory, full), (by_length, fitted(by_length, x, 32))):
@@ -135,9 +133,7 @@ def test_fill_at_narrow_widths_keeps_every_token_exactly():
     themselves (random vectors, nothing smooth), as long as the memory is not full."""
     torch.manual_seed(0)
     memory = LongTermMemory(
-        config(
-            squeeze="fill", widths=(0.003,), ridge_lambda=1e-6, num_samples=128, edge_padding=False
-        )
+        config(squeeze="fill", widths=(0.003,), ridge_lambda=1e-6, edge_padding=False)
     )
     x = torch.randn(2, 96, 4)
     state = fitted(memory, x, 32)
@@ -191,7 +187,7 @@ def test_fill_past_full_keeps_the_stream_in_order_on_the_centres():
     K, T = 64, 600
     memory = LongTermMemory(
         config(
-            num_basis=K, widths=(0.004,), ridge_lambda=1e-6, num_samples=K, squeeze="fill",
+            num_basis=K, widths=(0.004,), ridge_lambda=1e-6, squeeze="fill",
             edge_padding=False,
         )
     )  # fmt: skip
@@ -223,7 +219,7 @@ def test_keep_first_over_many_merges():
     K, T, keep = 32, 500, 4
     memory = LongTermMemory(
         config(
-            num_basis=K, widths=(0.004,), ridge_lambda=1e-6, num_samples=K, squeeze="fill",
+            num_basis=K, widths=(0.004,), ridge_lambda=1e-6, squeeze="fill",
             edge_padding=False, keep_first=keep,
         )
     )  # fmt: skip
@@ -309,7 +305,7 @@ def test_keep_last_over_many_merges(keep):
     K, T, keep_last = 64, 600, 16
     memory = LongTermMemory(
         config(
-            num_basis=K, widths=(0.004,), ridge_lambda=1e-6, num_samples=K, squeeze="fill",
+            num_basis=K, widths=(0.004,), ridge_lambda=1e-6, squeeze="fill",
             edge_padding=False, keep_first=keep, keep_last=keep_last,
         )
     )  # fmt: skip
@@ -331,33 +327,33 @@ def test_keep_first_needs_fill():
     with pytest.raises(ValueError, match="keep_first"):
         config(keep_first=4)
     with pytest.raises(ValueError, match="keep_first"):
-        config(squeeze="fill", num_samples=128, keep_first=128)
+        config(squeeze="fill", keep_first=128)
     with pytest.raises(TypeError, match="keep_first"):
-        config(squeeze="fill", num_samples=128, keep_first=1.5)
+        config(squeeze="fill", keep_first=1.5)
 
 
 def test_keep_last_needs_fill_and_a_middle_place():
     with pytest.raises(ValueError, match="keep_last"):
         config(keep_last=4)
     with pytest.raises(ValueError, match="keep_last"):
-        config(squeeze="fill", num_samples=128, keep_last=128)
+        config(squeeze="fill", keep_last=128)
     with pytest.raises(ValueError, match="keep_last"):
-        config(squeeze="fill", num_samples=128, keep_first=4, keep_last=124)
+        config(squeeze="fill", keep_first=4, keep_last=124)
     with pytest.raises(ValueError, match="keep_last"):
-        config(squeeze="fill", num_samples=128, keep_last=-1)
+        config(squeeze="fill", keep_last=-1)
     with pytest.raises(TypeError, match="keep_last"):
-        config(squeeze="fill", num_samples=128, keep_last=2.0)
-    settings = dict(squeeze="fill", widths=(0.01,), num_samples=128)
+        config(squeeze="fill", keep_last=2.0)
+    settings = dict(squeeze="fill", widths=(0.01,))
     assert config(**settings, keep_first=4, keep_last=123).keep_last == 123
 
 
 def test_fill_needs_a_content_density_and_no_sticky_memories():
     with pytest.raises(ValueError, match="fill"):
-        config(squeeze="fill", num_samples=128, sticky=True)
+        config(squeeze="fill", sticky=True)
     with pytest.raises(ValueError, match="fill"):
-        config(squeeze="fill", num_samples=128, density="normalized")
-    with pytest.raises(ValueError, match="num_samples must equal"):
-        config(squeeze="fill", num_samples=256)
+        config(squeeze="fill", density="normalized")
+    with pytest.raises(ValueError, match="num_samples is a setting of squeeze 'fixed' or"):
+        config(squeeze="fill", num_samples=64)  # its places are the K centres
 
 
 def test_rank_positions_are_the_stream_positions_until_places_merge_then_one_apart():

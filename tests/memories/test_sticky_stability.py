@@ -20,7 +20,6 @@ import torch
 
 from inftyformer import LongTermConfig, LongTermMemory
 from inftyformer.core.basis import GaussianBasis
-from inftyformer.core.memory import MAX_UPDATE_GAIN
 from inftyformer.core.ridge import (
     infinite_positions,
     limit_to_data,
@@ -29,6 +28,7 @@ from inftyformer.core.ridge import (
     supremum_grid,
     update_gain,
 )
+from inftyformer.core.squeeze import MAX_UPDATE_GAIN
 
 # (N, M, widths, τ, λ, L): N = M = 64 and the paper's two width sets, short and long segments
 GRID = [
@@ -139,7 +139,7 @@ def test_a_refit_within_its_data_is_left_unchanged():
 
 
 def test_only_sticky_updates_are_bounded_and_gradients_flow(monkeypatch):
-    import inftyformer.core.memory as module
+    import inftyformer.core.squeeze as module
 
     calls = []
     monkeypatch.setattr(module, "limit_to_data", lambda *a: calls.append(1) or limit_to_data(*a))

@@ -12,7 +12,6 @@ import torch
 
 from inftyformer import LongTermConfig, LongTermMemory, ModelConfig
 from inftyformer.core.basis import GaussianBasis
-from inftyformer.core.memory import MAX_UPDATE_GAIN
 from inftyformer.core.ridge import (
     evaluate_signal,
     fit_coefficients,
@@ -20,6 +19,7 @@ from inftyformer.core.ridge import (
     ridge_design_matrix,
     update_gain,
 )
+from inftyformer.core.squeeze import MAX_UPDATE_GAIN
 
 # the two examples: 0.07 → 6e5 after 10 updates, and 9e4 after 40
 EXPANDING = [

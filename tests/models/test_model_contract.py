@@ -78,26 +78,18 @@ def test_callers_use_only_the_contract():
 
 def test_one_list_of_the_memory_settings_that_may_change():
     """Every kind lets the long-term memory's changeable settings change, and only settings its
-    config has; the pretrained model's memory fields are LongTermConfig's."""
-    import dataclasses
-
-    from inftyformer.core.memory import CHANGEABLE_SETTINGS, LongTermConfig
+    config has; they are settings of the memory (flat names of its strategies included)."""
+    from inftyformer.core.config import CHANGEABLE_SETTINGS, LongTermConfig
     from inftyformer.models import changeable_settings
 
-    lt_fields = {f.name for f in dataclasses.fields(LongTermConfig)}
-    assert set(CHANGEABLE_SETTINGS) <= lt_fields
+    assert set(CHANGEABLE_SETTINGS) <= set(LongTermConfig.user_settings())
     for kind in MODEL_KINDS.values():
         names = set(kind.config.setting_types())
         assert set(CHANGEABLE_SETTINGS) <= set(kind.changeable) <= names, kind.name
-        memory = [name for name in kind.changeable if name in kind.config.long_term_names()]
+        memory = [name for name in kind.changeable if name in LongTermConfig.user_settings()]
         assert memory == list(CHANGEABLE_SETTINGS), kind.name  # the list, not a copy of it
     config = ModelConfig(vocab_size=8)
     assert changeable_settings(config) == MODEL_KINDS["native"].changeable
     assert "num_basis" not in changeable_settings(config)  # it shapes the weights
     with pytest.raises(ValueError, match="num_basis"):
         config.with_memory_settings({"num_basis": 64})
-    pytest.importorskip("transformers")
-    from inftyformer.hf.config import MEMORY_FIELDS, InftyformerConfig
-
-    assert set(MEMORY_FIELDS) <= lt_fields and "dim" not in MEMORY_FIELDS
-    assert all(hasattr(InftyformerConfig, name) for name in MEMORY_FIELDS)

@@ -147,7 +147,7 @@ def test_the_heads_read_trains_on_facts_through_the_trainer(corpus, tmp_path):
     run = tiny_train(tmp_path / "run", task="facts", steps=2, batch_size=2, eval_every=2)
     assert Trainer(run, task, model, echo=lambda s: None).fit().finished
     loaded = load_run(tmp_path / "run" / "last").model
-    assert loaded.lm.config.memory_read == "heads"
+    assert loaded.lm.config.adapter.memory_read.kind == "heads"
     trained = loaded.lm.long_term[0].attention.key.weight
     assert not torch.equal(trained, start) and (trained - start).abs().max() < 0.1
 

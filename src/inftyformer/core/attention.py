@@ -6,38 +6,13 @@ Keys and values come from the memory's coefficients, one per basis function:
     s = K q / √d ∈ ℝ^N                                                 (per head and query)
     μ = sigmoid(w_μᵀ s),  σ² = softplus(w_σᵀ s) ≥ 1e-4                 (the query's density)
 
-`density="normalized"` (the default) standardises the scores over the N basis keys first,
-ŝ = (s − mean(s)) / std(s), and feeds ŝ to w_μ, w_σ. The paper's form ("paper") depends on the
-query only through s itself, which starts near zero (small W^K and queries, normalised stored
-states), so every query's density starts, and in practice stays, where the biases put it: the same
-flat read for every query. ŝ has unit spread at any scale of s, so μ and σ depend on the query
-from the first step. `sigma_init` sets σ at initialisation (the bias of w_σ).
+How the scores become the density is the config's density strategy (the `Density` seam,
+`seams.py`): the paper's (`density.py`), or ours (`inftyformer.extensions.densities`:
+standardised scores, or a discrete attention over the basis centres that reads *where the
+content matches*). `read_heads` returns each head's read before the heads are merged, with the
+read's log-mass log Σ_n exp(s_n) (a discrete density), for a read merged into a pretrained
+model's own heads (`hf/head_read.py`).
 
-`density="content"` (ours, not the paper's) turns the scores into a discrete attention over the
-basis centres c_n and matches the density's moments to it, so that a query reads *where its
-content matches* — retrieval — rather than where a linear function of its scores points. Its keys
-are the signal's content at the centres, x̄(c_n) = Bᵀ ψ(c_n), which has the scale of the stored
-states (the coefficients B are far smaller: a narrow ψ peaks at 1/(w√2π)):
-
-    s_n = (x̄(c_n) W^K) · q / √d
-    p_n = softmax_n(s_n + w_μ,n)                       (w_μ ∈ ℝ^N: a learned prior over places)
-    μ = Σ_n p_n c_n,  σ² = Σ_n p_n (c_n − μ)² + softplus(w_σᵀ s + b_σ)
-
-The extra variance starts at `sigma_init`², or at the floor `min_sigma_sq` when it is not given,
-so a query that matches one place reads that place at the basis' resolution. `sharpness` β
-sharpens the discrete attention, p_n = softmax_n(β s_n + w_μ,n), so that a query whose best match
-stands out reads there rather than at the mean of its matches; centres before `sink_edge` are
-not read. `density="mixture"` (ours) reads the discrete attention itself instead of a Gaussian
-matched to its moments: p(t) = Σ_n p_n δ(t − c_n), a mixture of the signal at the centres,
-
-    z = E_p[v(t)] = Σ_n p_n x̄(c_n) W^V
-
-so a query whose attention is spread over several places (ordinary text) reads their values
-rather than the signal between them, and a query that matches one place reads the signal there
-exactly (μ, σ² are still its moments: the KL term, sticky memories and the diagnostics use them).
-`read_heads` returns each head's read before the heads are merged, with the read's
-log-mass log Σ_n exp(s_n) (the unnormalised weight a softmax over the signal's places would give
-the memory), for a read merged into a pretrained model's own heads (`hf/head_read.py`).
     r = E_p[ψ] = 𝒩(μ; c, σ² + w²)                                      (continuous softmax)
     z = rᵀ V  = E_p[v(t)],  heads merged, then an output projection.
 
@@ -54,27 +29,22 @@ holds only the computation.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._checks import ValueChecks, check_dtype, check_tensor
 from .._init import init_projection
-from ..precision import at_least_float32, full_precision, wide_dtype
+from ..precision import allowed_dtypes
 from .basis import GaussianBasis
-from .config import CONTENT_DENSITIES
+from .config import LongTermConfig
 from .continuous_softmax import _variance_kl
+from .density import PreparedMemory, softplus_bias
 from .fused_read import expected_values
-from .memory import LongTermConfig, LongTermState, allowed_dtypes
-from .state import stream_extent
-
-# added to the scores' variance before standardising them ("normalized"): far below the variance
-# of the scores of any memory that holds something, so that ŝ keeps unit spread at any scale
-SCORE_EPS = 1e-12
+from .state import LongTermState
 
 
 @dataclass
@@ -94,28 +64,6 @@ class HeadsRead:
     mu: torch.Tensor  # [batch, H, Q]
     sigma_sq: torch.Tensor  # [batch, H, Q]
     kl: torch.Tensor  # scalar, as LongTermAttentionOutput.kl
-
-
-@dataclass
-class PreparedMemory:
-    """The parts of a read that depend on the memory only (`LongTermAttention.prepare`)."""
-
-    values: torch.Tensor  # V = B W^V  [batch, H, N, d]
-    # W^Kᵀ Bᵀ [w_μ, w_σ] / √d (B centred over the basis if normalized) [b, H, d, 2];
-    # "content": the keys themselves, x̄(c) W^K / √d  [b, H, N, d]
-    keys: torch.Tensor
-    # "normalized" only: the second moment of the centred scores, K̃ᵀK̃ / (N d)  [batch, H, d, d]
-    gram: torch.Tensor | None = None
-    # squeeze="fill" only: the centres that hold the stream, c_n ≤ e  bool [batch, N]
-    readable: torch.Tensor | None = None
-
-    def repeat_interleave(self, repeats: int) -> PreparedMemory:
-        def rows(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.repeat_interleave(repeats, 0)
-
-        return PreparedMemory(
-            rows(self.values), rows(self.keys), rows(self.gram), rows(self.readable)
-        )
 
 
 class LongTermAttention(nn.Module):
@@ -156,14 +104,13 @@ class LongTermAttention(nn.Module):
 
     @torch.no_grad()
     def init_sigma_bias(self) -> None:
-        """The bias of w_σ from the config (`sigma_init`, or the floor for "content"); anything
-        that re-initialises w_σ (a model's weight initialisation) calls this after it."""
-        # softplus(b) = σ_init²: b = log(exp(σ_init²) − 1); draws nothing from the RNG
-        c = self.config
-        if c.sigma_init is not None:
-            self.sigma_head.bias.fill_(math.log(math.expm1(c.sigma_init**2)))
-        elif c.density in CONTENT_DENSITIES:  # the extra variance starts at the floor
-            self.sigma_head.bias.fill_(math.log(math.expm1(c.min_sigma_sq)))
+        """The bias of w_σ where the density starts σ² (`Density.initial_sigma_sq`: its
+        `sigma_init`, or the floor for a discrete density); anything that re-initialises w_σ (a
+        model's weight initialisation) calls this after it."""
+        # softplus(b) = σ²: b = log(exp(σ²) − 1); draws nothing from the RNG
+        sigma_sq = self.config.density.initial_sigma_sq(self.config)
+        if sigma_sq is not None:
+            self.sigma_head.bias.fill_(softplus_bias(sigma_sq))
 
     def reset_projections(self, std: float) -> None:
         """The projections (W^Q when present, W^K, W^V, the output) ~ N(0, std²), so that the
@@ -174,50 +121,9 @@ class LongTermAttention(nn.Module):
                 init_projection(projection, std)
 
     def prepare(self, state: LongTermState, dtype: torch.dtype) -> PreparedMemory:
-        """What every read of `state` shares, computed once: V = B W^V and the folded keys.
-
-        The scores s = K q / √d [batch, H, Q, N], K = B W^K, only ever enter through w_μᵀ s and
-        w_σᵀ s, and w_μᵀ s = qᵀ (Kᵀ w_μ) / √d = qᵀ W^Kᵀ (Bᵀ w_μ) / √d (W^K has no bias): the two
-        heads are folded into B first, so that neither s nor K [batch, N, e] is ever built.
-        Normalized: the same with B centred over the basis (s − mean s), which needs K̃ once to
-        give var_N(s) = qᵀ (K̃ᵀ K̃ / (N d)) q through a d×d matrix per head; s is never built."""
-        c = self.config
-        batch, H, d = state.batch_size, c.num_heads, c.head_dim
-        B = state.coefficients.to(wide_dtype(dtype))  # [batch, N, e]
-        with full_precision(B):
-            B32 = at_least_float32(B)
-            if c.density in CONTENT_DENSITIES:  # every score is needed  [b, H, N, d]
-                psi = self.basis._psi(self.basis.centers.to(B32.dtype))  # ψ_j(c_n) [N, N]
-                signal = torch.matmul(psi, B32)  # x̄(c_n) = Bᵀ ψ(c_n)  [b, N, e]
-                K = self.key(signal).view(batch, -1, H, d).transpose(1, 2) / math.sqrt(d)
-                readable = None
-                if c.squeeze == "fill":  # the signal holds the stream on [0, e] only
-                    K_c = self.basis.num_centers
-                    e = stream_extent(state.stored, c.squeeze, K_c)
-                    # at least one centre past the sink edge, so that a read is defined
-                    e = e.clamp(min=c.sink_edge + 1.0 / max(K_c - 1, 1))
-                    centers = self.basis.centers.to(device=e.device, dtype=torch.float64)
-                    half = 0.5 / max(K_c - 1, 1)  # the last token's centre, not the next
-                    readable = (centers <= e[:, None] + half) | state.empty[:, None]
-                if c.density == "mixture":  # v(c_n) = x̄(c_n) W^V  [b, H, N, d]
-                    v = self.value(signal.to(B.dtype)).view(batch, -1, H, d).transpose(1, 2)
-                    return PreparedMemory(values=v, keys=K, readable=readable)
-                keys, gram = K, None
-            else:
-                w = torch.cat([self.mu_head.weight, self.sigma_head.weight])  # [2, N]
-                if c.density == "paper":
-                    k_folded = self.key(torch.matmul(w, B32))  # (wᵀ B) W^K  [b, 2, e]
-                    gram = None
-                else:
-                    # s − mean(s) = K̃ q / √d with K̃ = (B − mean_N B) W^K: centre B over the basis
-                    K = self.key(B32 - B32.mean(dim=1, keepdim=True))  # K̃  [b, N, e]
-                    k_folded = torch.matmul(w, K)  # wᵀ K̃  [b, 2, e]
-                    K = K.view(batch, -1, H, d).transpose(1, 2)  # [b, H, N, d]
-                    # mean_N (s − mean s)² = qᵀ (K̃ᵀ K̃ / (N d)) q
-                    gram = torch.matmul(K.transpose(-1, -2), K) / (K.shape[2] * d)  # [b,H,d,d]
-                keys = k_folded.view(batch, 2, H, d).permute(0, 2, 3, 1) / math.sqrt(d)  # [b,H,d,2]
-        v = self.value(B).view(batch, -1, H, d).transpose(1, 2)  # V = B W^V  [batch, H, N, d]
-        return PreparedMemory(values=v, keys=keys, gram=gram)
+        """What every read of `state` shares, computed once (the density's `prepare`: V = B W^V
+        and its keys)."""
+        return self.config.density.prepare(self, state, dtype)
 
     def attend(self, query: torch.Tensor, state: LongTermState) -> LongTermAttentionOutput:
         """The read of `forward` for a query and a state handed in from outside the library:
@@ -253,153 +159,63 @@ class LongTermAttention(nn.Module):
         *,
         prepared: PreparedMemory | None = None,
         heads: bool = False,
-        turn_query: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> LongTermAttentionOutput | HeadsRead:
         """query [batch, Q, e] (already projected unless `config.query_projection`), read from
         `state`, both as the library builds them (a block's queries, a state the model checked;
         `attend` checks inputs from outside first). `prepared`: `prepare(state, query.dtype)`
         computed once for many reads of an unchanging state (generation), instead of at every
-        call; `heads`: each head's read before the heads are merged (`read_heads`, which
-        `turn_query` goes to), for a caller that merges them into its own."""
-        c = self.config
+        call. `heads`: `query` holds each head's projected queries [batch, H, Q, d]
+        (`project_queries`, turned as the caller's attention turns its own), and each head's
+        read comes back before the heads are merged (`read_heads`), for a caller that merges
+        them into its own; a module call either way, so that forward hooks see every read."""
         if heads:
-            return self.read_heads(query, state, prepared, turn_query)
+            return self.read_heads(query, state, prepared)
+        c = self.config
         batch, num_q, _ = query.shape
         H, d = c.num_heads, c.head_dim
         if prepared is None:
             prepared = self.prepare(state, query.dtype)
-        z, mu, sigma_sq, _ = self._read(query, prepared, with_mass=False)  # z [b, H, Q, d]
-        z = z.transpose(1, 2).reshape(batch, num_q, H * d)  # [batch, Q, e]
+        read = c.density.read(self, self.project_queries(query), prepared, False)
+        z = read.z.transpose(1, 2).reshape(batch, num_q, H * d)  # [batch, Q, e]
 
         filled = (~state.empty).to(device=query.device, dtype=query.dtype)  # [batch]
         context = self.out(z) * filled[:, None, None]  # [batch, Q, out_dim]
         return LongTermAttentionOutput(
-            context=context, kl=self._kl(sigma_sq, filled), mu=mu, sigma_sq=sigma_sq
+            context=context, kl=self._kl(read.sigma_sq, filled), mu=read.mu, sigma_sq=read.sigma_sq
         )
 
-    def read_heads(
-        self,
-        query: torch.Tensor,
-        state: LongTermState,
-        prepared: PreparedMemory | None = None,
-        turn_query: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    ) -> HeadsRead:
-        """Each head's read before the heads are merged and projected (content density only):
-        query [batch, Q, e] (projected by W^Q here when the config has it). The caller merges
-        z into its own heads by the log-mass (`hf/head_read.py`); rows whose memory is empty
-        get log-mass −inf (no weight) and z = 0. `turn_query` maps the projected queries
-        [batch, H, Q, d] before they are scored (a pretrained model's rotary positions, with
-        `prepared` keys turned to match, `hf/head_read.py`)."""
-        if self.config.density not in CONTENT_DENSITIES:
-            raise ValueError("read_heads needs a content density (density='mixture' or 'content')")
-        if prepared is None:
-            prepared = self.prepare(state, query.dtype)
-        z, mu, sigma_sq, log_mass = self._read(query, prepared, True, turn_query)
-        filled = ~state.empty.to(query.device)  # [batch]
-        if self.config.token_mass:  # each place read stands for S / (places read) tokens
-            r = prepared.readable  # "fill": the filled centres only
-            places = self.config.num_basis if r is None else r.sum(-1).to(torch.float64)
-            per_place = (state.stored.to(torch.float64) / places).clamp(min=1e-30)
-            log_mass = log_mass + per_place.log().to(log_mass)[:, None, None]
-        log_mass = log_mass.masked_fill(~filled[:, None, None], -math.inf)
-        z = z * filled[:, None, None, None].to(z.dtype)
-        kl = self._kl(sigma_sq, filled.to(query.dtype))
-        return HeadsRead(z=z, log_mass=log_mass, mu=mu, sigma_sq=sigma_sq, kl=kl)
-
-    def _read(
-        self,
-        query: torch.Tensor,
-        prepared: PreparedMemory,
-        with_mass: bool,
-        turn_query: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """query [batch, Q, e] → z = E_p[v(t)] [batch, H, Q, d], μ, σ² [batch, H, Q] and, for
-        the content density `with_mass`, the log-mass log Σ_n exp(s_n) [batch, H, Q] (else
-        None)."""
+    def project_queries(self, query: torch.Tensor) -> torch.Tensor:
+        """query [batch, Q, e] → each head's query [batch, H, Q, d] (W^Q first when the config
+        has its own)."""
         c = self.config
         batch, num_q, _ = query.shape
         q = self.query(query) if self.query is not None else query
-        q = q.view(batch, num_q, c.num_heads, c.head_dim).transpose(1, 2)  # [batch, H, Q, d]
-        if turn_query is not None:
-            q = turn_query(q)
-        log_mass = None
-        with full_precision(query):  # μ, σ² in float32 also under autocast (precision.py)
-            q32 = at_least_float32(q)
-            if c.density in CONTENT_DENSITIES:
-                p, mu, sigma_sq, log_mass = self._content_density(
-                    q32, prepared.keys, with_mass, prepared.readable
-                )
-            else:
-                mu, sigma_sq = self._linear_density(q32, prepared)  # [batch, H, Q] each
-        if c.density == "mixture":  # z = Σ_n p_n v(c_n)  [b, H, Q, d]
-            return (
-                torch.matmul(p.to(prepared.values.dtype), prepared.values),
-                mu,
-                sigma_sq,
-                log_mass,
-            )
-        z = self._expected_values(mu, sigma_sq, prepared.values)  # E_p[v(t)]  [b, H, Q, d]
-        return z, mu, sigma_sq, log_mass
+        return q.view(batch, num_q, c.num_heads, c.head_dim).transpose(1, 2)  # [batch, H, Q, d]
+
+    def read_heads(
+        self, q: torch.Tensor, state: LongTermState, prepared: PreparedMemory | None = None
+    ) -> HeadsRead:
+        """Each head's read before the heads are merged and projected (a density that reads
+        places): q [batch, H, Q, d] each head's query (`project_queries`). The caller merges z
+        into its own heads by the log-mass (`hf/head_read.py`); rows whose memory is empty get
+        log-mass −inf (no weight) and z = 0."""
+        if not self.config.density.discrete:
+            raise ValueError("read_heads needs a density that reads places ('mixture', 'content')")
+        if prepared is None:
+            prepared = self.prepare(state, q.dtype)
+        read = self.config.density.read(self, q, prepared, True)
+        filled = ~state.empty.to(q.device)  # [batch]
+        log_mass = read.log_mass.masked_fill(~filled[:, None, None], -math.inf)
+        z = read.z * filled[:, None, None, None].to(read.z.dtype)
+        kl = self._kl(read.sigma_sq, filled.to(q.dtype))
+        return HeadsRead(z=z, log_mass=log_mass, mu=read.mu, sigma_sq=read.sigma_sq, kl=kl)
 
     def _kl(self, sigma_sq: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:
         """Mean variance-KL over the rows whose memory holds something (filled [batch])."""
         kl_rows = _variance_kl(sigma_sq, self.config.sigma_0).mean(dim=(1, 2))
         return (kl_rows * filled).sum() / filled.sum().clamp(min=1.0)
 
-    def _linear_density(
-        self, q: torch.Tensor, prepared: PreparedMemory
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """ "paper"/"normalized": μ = sigmoid(w_μᵀ s), σ² = softplus(w_σᵀ s) (paper §3.2), s
-        standardised over the basis when normalized. q [b, H, Q, d] → μ, σ² [b, H, Q]."""
-        if prepared.gram is None:
-            logits = torch.matmul(q, prepared.keys)  # [w_μᵀ s, w_σᵀ s]  [b, H, Q, 2]
-        else:  # [w_μᵀ ŝ, w_σᵀ ŝ], ŝ = (s − mean s) / std s
-            # ŝ does not change when q is scaled by a ≥ 1 (ε scaled by 1/a²): q / a keeps qᵀGq
-            # finite for any finite q (the result does not depend on a: a needs no gradient)
-            a = q.detach().abs().amax(-1, keepdim=True).clamp(min=1.0)  # [b, H, Q, 1]
-            q = q / a
-            logits = torch.matmul(q, prepared.keys)
-            var = (torch.matmul(q, prepared.gram) * q).sum(-1, keepdim=True)  # var_N(s) / a²
-            denominator = (var.clamp(min=0.0) + SCORE_EPS / a.square()).clamp(
-                min=torch.finfo(var.dtype).tiny
-            )
-            logits = logits * torch.rsqrt(denominator)
-        mu = torch.sigmoid(logits[..., 0] + self.mu_head.bias)  # μ ∈ (0, 1)
-        sigma_sq = F.softplus(logits[..., 1] + self.sigma_head.bias)
-        return mu, sigma_sq.clamp(min=self.config.min_sigma_sq)
-
-    def _content_density(
-        self,
-        q: torch.Tensor,
-        keys: torch.Tensor,
-        with_mass: bool = False,
-        readable: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """ "content"/"mixture": a discrete attention over the basis centres and its moments
-        (module doc). q [b, H, Q, d], keys K / √d [b, H, N, d] → p [b, H, Q, N], μ, σ² and
-        (`with_mass`, else None) log Σ_n exp(s_n)  [b, H, Q]; `readable` [b, N]: the centres
-        that may be read (squeeze="fill")."""
-        c = self.config
-        s = torch.matmul(q, keys.transpose(-1, -2))  # s = K q / √d  [b, H, Q, N]
-        centers = self.basis.centers.to(s.dtype)  # c_n  [N]
-        w_sigma = self.sigma_head.weight[0]  # [N]
-        scores = s  # w_σᵀ s over the centres that are read
-        if readable is not None:  # centres beyond the stream: no mass, no σ² contribution
-            beyond = ~readable[:, None, None, :]
-            s, scores = s.masked_fill(beyond, -math.inf), scores.masked_fill(beyond, 0.0)
-        if c.sink_edge > 0.0:  # the oldest edge is not read
-            unread = centers < c.sink_edge
-            s = s.masked_fill(unread, -math.inf)
-            w_sigma = w_sigma.masked_fill(unread, 0.0)
-        prior = self.mu_head.weight[0] + self.mu_head.bias  # w_μ (the bias cancels)  [N]
-        p = torch.softmax(c.sharpness * s + prior, dim=-1)  # p_n  [b, H, Q, N]
-        mu = torch.matmul(p, centers)  # Σ p_n c_n  [b, H, Q]
-        spread = (p * (centers - mu.unsqueeze(-1)).square()).sum(-1)  # Σ p_n (c_n − μ)²
-        extra = F.softplus(torch.matmul(scores, w_sigma) + self.sigma_head.bias)
-        log_mass = torch.logsumexp(s, dim=-1) if with_mass else None  # log Σ_n exp(s_n)
-        return p, mu, (spread + extra).clamp(min=c.min_sigma_sq), log_mass
-
-    def _expected_values(
+    def expected_values(
         self, mu: torch.Tensor, sigma_sq: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         """z = E_p[ψ]ᵀ V per head and query: mu, sigma_sq [batch, H, Q], v [batch, H, N, d]

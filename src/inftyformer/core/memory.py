@@ -8,17 +8,14 @@ matrices G).
     first fit after a reset         B = G_Lᵀ X                                  (eq. 9)
     unbounded update (each segment) x̃ = B_pastᵀ ψ(u),  u = sample positions
                                     B = G_infᵀ [x̃ at τ·i/M ; X at (τ, 1)]
-                                    τ fixed, or min(τ, S / (S + L)) (squeeze="by_length")
-    squeeze="fill"                  V = the K places read at their centres and the new tokens,
-                                    merged into equal runs of the stream (`pool_by_length`,
-                                    `extensions/places.py`)
-                                    B = G_Kᵀ V, token runs on the centres j/(K − 1)
     sticky memories                 u drawn from the histogram of past attention, and B
                                     scaled so that it holds no more than its data
     smoothing (the CNN gate)        X ← X ⊙ sigmoid(Conv1d(X))
 
-The update and the sticky sampling are the paper's "unbounded memory" and "sticky memories".
-The settings (`LongTermConfig`) and the update-gain check are `core/config.py`.
+How the old signal makes room (the update and the sticky sampling, the paper's "unbounded
+memory" and "sticky memories") is the config's squeeze strategy (`squeeze.py`, the `Squeeze`
+seam); the memory gates the new vectors, hands them to it and records where reads attended. The
+settings are `config.py`.
 
 The public methods (`update`, `update_traced`, `observe`, `sample_positions`, `signal`) check what
 they are handed and call private ones that hold only the computation (`_update`, `_observe`,
@@ -42,41 +39,11 @@ from .._checks import (
     check_shape,
     check_tensor,
 )
-from ..extensions.places import initial_records, pool_by_length, pool_salient
-from ..precision import allowed_dtypes, wide_dtype  # noqa: F401  (re-exported)
+from ..precision import allowed_dtypes, wide_dtype
 from .basis import GaussianBasis
-from .config import (  # noqa: F401  (re-exported: the settings' old home)
-    CHANGEABLE_SETTINGS,
-    DENSITY_FORMS,
-    DERIVED_SETTINGS,
-    MAX_UPDATE_GAIN,
-    LongTermConfig,
-    check_density,
-    check_update_gain,
-)
-from .ridge import (
-    RidgeRegression,
-    _evaluate_signal,
-    _fit_coefficients,
-    evaluate_signal,
-    infinite_positions,
-    limit_to_data,
-    supremum_grid,
-)
-from .state import (  # noqa: F401  (re-exported)
-    UNKNOWN_STORED,
-    LongTermState,
-)
-
-
-def _per_row(cases: torch.Tensor, make, device) -> torch.Tensor:
-    """`make(value)` of each row's case [batch] (one call per distinct value): that matrix when
-    every row has the same case, else the rows' matrices stacked [batch, ...] on `device`."""
-    unique, row_case = torch.unique(cases, return_inverse=True)
-    designs = [make(v) for v in unique.tolist()]
-    if len(designs) == 1:
-        return designs[0]
-    return torch.stack(designs)[row_case.to(device)]
+from .config import LongTermConfig
+from .ridge import RidgeRegression, evaluate_signal, supremum_grid
+from .state import LongTermState
 
 
 @dataclass
@@ -136,12 +103,15 @@ class LongTermMemory(nn.Module):
         return LongTermState(
             coefficients=torch.zeros(batch_size, c.num_basis, c.dim, device=device, dtype=dtype),
             attention_mass=torch.full(
-                (batch_size, c.sticky_bins), 1.0 / c.sticky_bins, device=device, dtype=dtype
+                (batch_size, c.squeeze.bins), 1.0 / c.squeeze.bins, device=device, dtype=dtype
             ),
             observed=torch.zeros(batch_size, device=device, dtype=dtype),
             empty=torch.ones(batch_size, dtype=torch.bool, device=device),
             stored=torch.zeros(batch_size, dtype=torch.int64, device=device),
-            places=initial_records(batch_size, c.num_samples if c.keep_salient else 0, device),
+            # the squeeze's per-place records (none for most squeezes)
+            places=torch.zeros(
+                batch_size, c.squeeze.records(c.num_centers), 4, dtype=torch.float64, device=device
+            ),
         )
 
     def reset(self, state: LongTermState, rows: torch.Tensor) -> LongTermState:
@@ -164,52 +134,6 @@ class LongTermMemory(nn.Module):
             raise TypeError(f"{name} must be a LongTermState, got {type(state).__name__}")
         state.check(self.config, name, self.state_dtypes(), values)
 
-    # ---------------------------------------------------------------- design matrices
-    def infinite_design(self, length: int, device, dtype, tau: float | None = None) -> torch.Tensor:
-        """G_inf [M + L, N]: M old samples at τ·i/M (i = 1..M), then L new vectors at
-        τ + (1 − τ)(i + ½)/L, all in one regression (τ: the config's unless given)."""
-        c = self.config if tau is None else replace(self.config, tau=tau)
-
-        def positions() -> torch.Tensor:
-            check_update_gain(c, (length,))  # once per (τ, L), with the matrix it makes
-            return infinite_positions(c.num_samples, c.tau, length)
-
-        key = ("infinite", c.num_samples, c.tau, length)
-        return self.ridge.design(key, positions, device, dtype)
-
-    def fill_design(self, places: int, device, dtype) -> torch.Tensor:
-        """G [K, N] of a squeeze="fill" fit: the first P = `places` values on the centres
-        j/(K − 1), j < P; zero rows for the K − P centres not yet filled (they do not count)."""
-        K, P = self.basis.num_centers, places
-        positions = lambda: torch.arange(P, dtype=torch.float64) / (K - 1)  # noqa: E731
-        return self.ridge.design_with_gap(("fill", P), positions, P, K - P, device, dtype)
-
-    def squeeze_ratios(self, stored: torch.Tensor, length: int) -> torch.Tensor:
-        """τ_t of each row's next update, float64 [batch]: τ (squeeze="fixed", paper §3.3), or
-        min(τ, S / (S + L)) for S = `stored` tokens and L = `length` new ones
-        (squeeze="by_length": every token keeps an equal share of [0, 1] until τ caps it)."""
-        c = self.config
-        if c.squeeze == "fixed":
-            return torch.full(stored.shape, c.tau, dtype=torch.float64, device=stored.device)
-        S = stored.to(torch.float64)
-        return (S / (S + length)).clamp(max=c.tau)
-
-    def infinite_designs(self, state: LongTermState, length: int, device, dtype) -> torch.Tensor:
-        """G_inf of the update: [M + L, N] when every row updates alike, else one per row
-        [batch, M + L, N] (`squeeze_ratios`: a matrix per distinct τ_t, cached)."""
-        if self.config.squeeze == "fixed":
-            return self.infinite_design(length, device, dtype)
-        stored, empty = state.stored.cpu(), state.empty.cpu()
-        tau_t = self.squeeze_ratios(stored, length)  # [batch]
-        # empty rows get a first fit instead: they take a design that is made anyway
-        tau_t = torch.where(empty, tau_t[~empty][0], tau_t)
-        return _per_row(tau_t, lambda v: self.infinite_design(length, device, dtype, v), device)
-
-    def fill_designs(self, places: torch.Tensor, device, dtype) -> torch.Tensor:
-        """`fill_design` of each row's number of places [batch]: [K, N] when every row has as
-        many, else [batch, K, N]."""
-        return _per_row(places.cpu(), lambda p: self.fill_design(int(p), device, dtype), device)
-
     # ---------------------------------------------------------------- sticky memories
     def grid_basis(self, device, dtype) -> torch.Tensor:
         """ψ on `ridge.supremum_grid` [T, N], at least float32, cached per device and dtype."""
@@ -222,7 +146,7 @@ class LongTermMemory(nn.Module):
     def attention_histogram(self, mu: torch.Tensor, sigma_sq: torch.Tensor) -> torch.Tensor:
         """p_b ∝ Σ_{h,q} [Φ((b₊ − μ)/σ) − Φ((b₋ − μ)/σ)] over equal bins of [0, 1], normalised
         per row. mu, sigma_sq [batch, ...] → [batch, bins]."""
-        bins = self.config.sticky_bins
+        bins = self.config.squeeze.bins
         # at least float32: in float16/bfloat16 the normalised histogram is off by ~1e-2
         dtype = torch.promote_types(torch.promote_types(mu.dtype, sigma_sq.dtype), torch.float32)
         edges = torch.linspace(0, 1, bins + 1, device=mu.device, dtype=dtype)  # [bins + 1]
@@ -262,7 +186,8 @@ class LongTermMemory(nn.Module):
         self, state: LongTermState, mu: torch.Tensor, sigma_sq: torch.Tensor
     ) -> LongTermState:
         """`observe` on valid arguments."""
-        if not self.config.sticky or mu.shape[-1] == 0:  # nothing attended, nothing recorded
+        # no sticky memories, or nothing attended: nothing recorded
+        if not self.config.squeeze.sticky or mu.shape[-1] == 0:
             return state
         hist = self.attention_histogram(mu, sigma_sq).to(state.attention_mass.dtype)  # [b, bins]
         queries = mu.shape[-1]
@@ -274,8 +199,13 @@ class LongTermMemory(nn.Module):
     def sample_positions(
         self, state: LongTermState, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        """Where to read the old signal before squeezing it: u [M] (uniform grid i/M) or
-        [batch, M] (sticky: drawn from the attention histogram, sorted). Checks the state."""
+        """Where a squeeze that resamples reads the old signal before squeezing it: u [M]
+        (uniform grid i/M) or [batch, M] (sticky: drawn from the attention histogram, sorted).
+        Checks the state."""
+        if not self.config.squeeze.resamples:
+            raise ValueError(
+                f"squeeze {self.config.squeeze.kind!r} does not resample the old signal"
+            )
         self.check_state(state)
         check_generator(generator)
         return self._sample_positions(state, generator)
@@ -283,29 +213,8 @@ class LongTermMemory(nn.Module):
     def _sample_positions(
         self, state: LongTermState, generator: torch.Generator | None
     ) -> torch.Tensor:
-        """`sample_positions` for a valid state."""
-        c = self.config
-        B = state.coefficients
-        if not c.sticky:
-            return (
-                torch.arange(1, c.num_samples + 1, device=B.device, dtype=B.dtype) / c.num_samples
-            )
-        p = state.attention_mass.to(B.dtype)  # [batch, bins]
-        bins = p.shape[-1]
-        if self.training:
-            # bin by p_b, then uniformly inside it (the authors' code always took the left edge)
-            idx = torch.multinomial(p, c.num_samples, replacement=True, generator=generator)
-            offset = torch.rand(idx.shape, generator=generator, device=B.device, dtype=B.dtype)
-            u = (idx.to(B.dtype) + offset) / bins
-            return u.sort(dim=-1).values
-        # evaluation: deterministic quantiles u_i = P⁻¹((i − ½)/M) of the piecewise-uniform density
-        cdf = torch.cumsum(p, -1)  # [batch, bins]: P at the right edge of each bin
-        q = (torch.arange(c.num_samples, device=B.device, dtype=B.dtype) + 0.5) / c.num_samples
-        q = q.expand(p.shape[0], -1).contiguous()  # [batch, M]
-        idx = torch.searchsorted(cdf, q, right=True).clamp_(max=bins - 1)  # bin holding q
-        left = torch.gather(cdf, 1, idx) - torch.gather(p, 1, idx)
-        frac = ((q - left) / torch.gather(p, 1, idx)).clamp_(0, 1)
-        return (idx.to(B.dtype) + frac) / bins
+        """`sample_positions` for a valid state (the squeeze's, `squeeze.py`)."""
+        return self.config.squeeze.sample_positions(self, state, generator)
 
     # ---------------------------------------------------------------- update
     def smooth(self, x: torch.Tensor) -> torch.Tensor:
@@ -370,11 +279,11 @@ class LongTermMemory(nn.Module):
             )
         check_generator(generator)
         values.finite("x", x)
-        if c.keep_salient:  # the tokens' salience chooses the places kept whole
+        if c.squeeze.wants_salience:  # the tokens' salience chooses the places kept whole
             if salience is None:
                 raise ValueError(
                     "keep_salient needs the new tokens' salience [batch, L] "
-                    "(stream_places.salience of their surprisal)"
+                    "(extensions.places.salience of their surprisal)"
                 )
             check_shape("salience", salience, tuple(x.shape[:2]))
             check_floating("salience", salience)
@@ -394,41 +303,11 @@ class LongTermMemory(nn.Module):
         x = self.smooth(x.to(state.coefficients.dtype))
         length = x.shape[1]
         empty = state.empty.to(x.device)
-        B_past = state.coefficients.detach()  # no backprop through time
-        B_new, u, records = None, None, state.places
-        if c.squeeze == "fill":
-            # the old places, read at the K centres, and the new tokens merged so that every
-            # place stands for as many tokens (`pool_by_length`), then fitted on the centres
-            u = self.basis.center_grid.to(x)  # [K]
-            x_old = _evaluate_signal(B_past, self.basis, u)  # [batch, K, e]
-            stored = torch.where(empty, 0, state.stored)
-            if c.keep_salient:  # the places chosen by salience, their records in the state
-                records = torch.where(empty[:, None, None], 0.0, state.places)
-                V, records, places = pool_salient(
-                    x_old, records, stored, x, salience, c.keep_first, c.keep_last, c.keep_salient
-                )  # [b, K, e], [b, K, 4]
-            else:
-                V, places = pool_by_length(x_old, stored, x, c.keep_first, c.keep_last)
-            # B = Gᵀ V  [batch, N, e]
-            B_new = _fit_coefficients(V, self.fill_designs(places, x.device, x.dtype))
-        elif bool(empty.any()):
-            # first fit: B = G_Lᵀ X                                        [batch, N, e]
-            B_new = _fit_coefficients(x, self.ridge.segment(length, x.device, x.dtype))
-        if c.squeeze != "fill" and not bool(empty.all()):
-            u = self._sample_positions(state, generator)  # [M] or [batch, M]
-            # x̃ = B_pastᵀ ψ(u)  [batch, M, e]
-            x_old = _evaluate_signal(B_past, self.basis, u)
-            G_inf = self.infinite_designs(state, length, x.device, x.dtype)  # [(batch,) M+L, N]
-            # [batch, N, e]
-            B_upd = _fit_coefficients(torch.cat([x_old, x], dim=1), G_inf)
-            # sticky: u follows the attention and no config check bounds A(u) (core/ridge.py), so
-            # B is scaled to max_grid |x̄| ≤ max(max_grid |x̄_past|, max |X|)  (§3.3–3.4)
-            if c.sticky:
-                B_upd = limit_to_data(B_upd, B_past, x, self.grid_basis(x.device, x.dtype))
-            B_new = B_upd if B_new is None else torch.where(empty[:, None, None], B_new, B_upd)
+        # the squeeze: first fit, or the old signal made room for x and refitted  [batch, N, e]
+        B_new, u, records = c.squeeze.fit(self, state, x, generator, salience)
         new_state = LongTermState(
             coefficients=B_new,
-            attention_mass=torch.full_like(state.attention_mass, 1.0 / c.sticky_bins),
+            attention_mass=torch.full_like(state.attention_mass, 1.0 / c.squeeze.bins),
             observed=torch.zeros_like(state.observed),
             empty=torch.zeros_like(state.empty),
             stored=state.stored + length,
@@ -442,11 +321,4 @@ class LongTermMemory(nn.Module):
         return evaluate_signal(state.coefficients, self.basis, t)
 
 
-__all__ = [
-    "MAX_UPDATE_GAIN",
-    "LongTermConfig",
-    "LongTermMemory",
-    "LongTermState",
-    "LongTermUpdate",
-    "check_update_gain",
-]
+__all__ = ["LongTermMemory", "LongTermUpdate"]

@@ -14,16 +14,6 @@ from .config import LongTermConfig
 UNKNOWN_STORED = 2**40
 
 
-def stream_extent(stored: torch.Tensor, squeeze: str, num_centers: int) -> torch.Tensor:
-    """e: the signal of S = `stored` tokens holds the stream on [0, e], float64 [batch]: 1, or
-    under squeeze="fill" (S − 1)/(K − 1) while S ≤ K (K = `num_centers`: one token per centre),
-    then 1."""
-    S = stored.to(torch.float64)
-    if squeeze != "fill":
-        return torch.ones_like(S)
-    return torch.where(S <= num_centers, (S - 1).clamp(min=0) / max(num_centers - 1, 1), 1.0)
-
-
 @dataclass
 class LongTermState:
     """The long-term memory of a batch of parallel streams.
@@ -113,14 +103,14 @@ class LongTermState:
                     f"{name}.{field} has {t.shape[0]} rows, {name}.coefficients {batch}: the "
                     "fields of a state hold the same rows"
                 )
-        check_shape(f"{name}.attention_mass", self.attention_mass, (batch, c.sticky_bins))
+        squeeze = getattr(c, "squeeze", None)  # None: a layout check without the settings
+        bins = None if squeeze is None else squeeze.bins
+        check_shape(f"{name}.attention_mass", self.attention_mass, (batch, bins))
         check_shape(f"{name}.observed", self.observed, (batch,))
         check_shape(f"{name}.empty", self.empty, (batch,))
         check_shape(f"{name}.stored", self.stored, (batch,))
-        # one record per place (centre) under keep_salient, none otherwise (unknown: a layout
-        # check without the memory's settings)
-        salient = getattr(c, "keep_salient", None)
-        records = None if salient is None else c.num_samples if salient else 0
+        # the squeeze's records, one per place (none for most squeezes)
+        records = None if squeeze is None else squeeze.records(c.num_basis // len(c.widths))
         check_shape(f"{name}.places", self.places, (batch, records, 4))
         records = self.places.shape[1]
         check_dtype(f"{name}.places", self.places, torch.float64)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..core.attention import PreparedMemory
+from ..core.density import PreparedMemory
 from ..state import MemoryState, TokenWindow
 from .validation import position_limit
 
@@ -43,7 +43,7 @@ def generate(
     if ids is None:
         raise ValueError("generate needs input_ids")
     ids = model._check_ids("input_ids", ids, allow_ignore=False)
-    seg = model.config.segment_len
+    seg = model.config.adapter.segment_len
     cut = (ids.shape[1] - 1) // seg * seg
     head = ids[:, :cut]
     if cut:

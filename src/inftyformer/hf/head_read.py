@@ -64,9 +64,10 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from ..core.attention import HeadsRead, LongTermAttention, PreparedMemory
+from ..core.attention import HeadsRead, LongTermAttention
+from ..core.density import PreparedMemory
 from ..core.state import LongTermState
-from ..extensions.places import place_positions, rank_positions, record_positions
+from ..extensions.places import rank_positions
 
 # the attention implementation a heads-read model runs its base with (registered below)
 ATTENTION = "inftyformer_heads"
@@ -202,44 +203,47 @@ def turn(x: torch.Tensor, rotary: nn.Module, positions: torch.Tensor) -> torch.T
 
 def read_at_places(
     read: LongTermAttention,
-    h: torch.Tensor,
+    q: torch.Tensor,
     state: LongTermState,
-    prepared: PreparedMemory | None,
+    prepared: PreparedMemory,
     positions: torch.Tensor,
     rotary: nn.Module,
     limit: int | None,
     ranks: bool = False,
 ) -> HeadsRead:
     """The heads read with every place at its own stream position (module doc, "Positions"):
-    h [b, T, e] the block's normalised attention inputs at the base's position ids `positions`
-    [b, T] (the window's first token at 0), `limit` the base's number of positions; `ranks`:
-    each place at its rank instead (the places as the last tokens before the window)."""
+    q [b, H, T, d] each head's query (`LongTermAttention.project_queries` of the block's
+    normalised attention inputs) at the base's position ids `positions` [b, T] (the window's
+    first token at 0), `limit` the base's number of positions; `ranks`: each place at its rank
+    instead (the places as the last tokens before the window)."""
     c = read.config
-    if prepared is None:
-        prepared = read.prepare(state, h.dtype)
     stored = state.stored.to(positions.device)  # S  [b]
     # p_n − S: the places before the window, at negative positions  [b, N]
     K = read.basis.num_centers  # places: one per centre (N / number of widths)
     if ranks:  # p_k = k + max(S − K, 0): the newest place just before the window
         at = rank_positions(stored, K)
-    elif c.keep_salient:  # the places chosen by salience: their records say where they lie
-        at = record_positions(state.places.to(positions.device))
-    else:
-        at = place_positions(stored, K, c.keep_first, c.keep_last)
+    else:  # where the squeeze's places lie in the stream
+        at = c.squeeze.positions(state, K).to(positions.device)
     places = at - stored[:, None].double()
     places = places.repeat(1, c.num_basis // K)  # basis function l·K + k sits on centre k
     if limit is not None:  # no place further from this call's last query than P − 1
         farthest = positions.max(1, keepdim=True).values.double() - (limit - 1)
         places = torch.maximum(places, farthest)
     keys = turn(prepared.keys, rotary, places.float())  # R_{p_n − S} k(c_n) / √d
-    at = positions.float()
-    return read(
-        h,
-        state,
-        prepared=replace(prepared, keys=keys),
-        heads=True,
-        turn_query=lambda q: turn(q, rotary, at),  # R_i W_q h
-    )
+    q = turn(q, rotary, positions.float())  # R_i W_q h
+    return read(q, state, prepared=replace(prepared, keys=keys), heads=True)
+
+
+def add_token_mass(heads: HeadsRead, state: LongTermState, prepared: PreparedMemory) -> HeadsRead:
+    """`token_mass`: the memory's attention mass counts the tokens each place stands for,
+    log Z_M + log(S / places read) for S stored tokens, so that a memory of 256 tokens over
+    2,048 places does not weigh as 2,048 tokens against the window (`HeadsRead`)."""
+    r = prepared.readable  # a memory that fills its centres one by one: the filled ones only
+    # the basis functions read: every one, or the filled centres only
+    places = state.coefficients.shape[1] if r is None else r.sum(-1).to(torch.float64)
+    per_place = (state.stored.to(torch.float64) / places).clamp(min=1e-30)  # [b]
+    log_mass = heads.log_mass + per_place.log().to(heads.log_mass)[:, None, None]
+    return replace(heads, log_mass=log_mass)
 
 
 def rotate_queries(weight: torch.Tensor, bias, num_heads: int, cos, sin):
@@ -309,6 +313,7 @@ __all__ = [
     "head_projections",
     "init_from_heads",
     "merge_into_heads",
+    "add_token_mass",
     "read_at_places",
     "recording",
     "rotate_half",

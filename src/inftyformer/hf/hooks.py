@@ -32,10 +32,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..core.attention import HeadsRead, LongTermAttentionOutput, PreparedMemory
+from ..core.attention import HeadsRead, LongTermAttentionOutput
+from ..core.density import PreparedMemory
 from ..core.state import LongTermState
 from .head_read import (
     WindowMass,
+    add_token_mass,
     merge_into_heads,
     read_at_places,
     recording,
@@ -64,6 +66,7 @@ class Call:
     rotary: nn.Module | None = None
     limit: int | None = None
     ranks: bool = False  # memory_positions="ranks": each place at its rank, not its stream position
+    token_mass: bool = False  # the heads read's mass counts the tokens each place stands for
 
 
 _OWNERS = itertools.count()
@@ -98,18 +101,22 @@ def add_long_term_read(owner: int, index: int, module: nn.Module, args, output):
     prepared = None if call.prepared is None else call.prepared[index]
     if call.attentions is not None:  # memory_read="heads": merged into the base's heads
         attention = call.attentions[index]
-        read = call.layers[index].attention
+        read, state = call.layers[index].attention, call.long_term[index]
+        if prepared is None:
+            prepared = read.prepare(state, h.dtype)
+        q = read.project_queries(h)  # each head's query  [batch, H, T, d]
         if call.rotary is not None:  # every place at its own position
             positions = call.positions
             if positions is None:
                 positions = torch.arange(call.past, call.past + h.shape[1], device=h.device)
                 positions = positions.expand(h.shape[0], -1)
-            state = call.long_term[index]
             heads = read_at_places(
-                read, h, state, prepared, positions, call.rotary, call.limit, ranks=call.ranks
+                read, q, state, prepared, positions, call.rotary, call.limit, ranks=call.ranks
             )
         else:
-            heads = read(h, call.long_term[index], prepared=prepared, heads=True)
+            heads = read(q, state, prepared=prepared, heads=True)
+        if call.token_mass:  # each place read stands for S / (places read) tokens
+            heads = add_token_mass(heads, state, prepared)
         call.reads[index] = heads
         bias = value_bias(attention, heads.z.shape[1])
         log_window = call.window_mass.log_mass[id(attention)]

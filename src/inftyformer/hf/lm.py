@@ -79,7 +79,7 @@ class PretrainedMemoryLM(nn.Module):
         self.config = config
         base = _load_quietly(config.base_model)
         if config.memory:
-            self.lm = add_long_term_memory(base, **config.adapter_settings())
+            self.lm = add_long_term_memory(base, adapter=config.adapter)
             if config.freeze_base:
                 self.lm.freeze_base()
         else:  # the base alone: no state, each segment on its own

@@ -44,7 +44,11 @@ def source(model: nn.Module) -> str:
         f"pretrained {config.base_architecture} (model_type {text.model_type}, hidden "
         f"size {config.hidden_size}, {model.num_layers} layers, vocabulary "
         f"{text.vocab_size})"
-        + ("" if config.memory_layers is None else f", memory in blocks {model.memory_blocks}")
+        + (
+            ""
+            if config.adapter.memory_layers is None
+            else f", memory in blocks {model.memory_blocks}"
+        )
     )
 
 
@@ -63,7 +67,7 @@ def init_state(model: nn.Module, batch_size: int, device=None) -> MemoryState:
             )
             for layer in model.long_term
         ),
-        TokenWindow.empty(batch_size, device) if model.config.window else None,
+        TokenWindow.empty(batch_size, device) if model.config.adapter.window else None,
         model.state_source,
     )
 
@@ -108,7 +112,7 @@ def fit_waiting(
             rows = counts == n  # [batch]
             x = waiting.memory[:, width - n :]  # the last n are valid (right-aligned)
             salience = None
-            if layer.memory.config.keep_salient:  # zeros: none computed (no logits)
+            if layer.memory.config.squeeze.wants_salience:  # zeros: none computed (no logits)
                 waiting_salience = state.salience
                 if waiting_salience is None or waiting_salience.shape[1] != width:
                     waiting_salience = x.new_zeros(x.shape[0], width, dtype=torch.float64)
@@ -184,7 +188,7 @@ def written(
         leaving = None
     else:
         if surprisal is not None:  # aligned with the call's positions: the window's, then its
-            c, before = inputs.context, model.config.salient_before
+            c, before = inputs.context, model.config.adapter.salience[1]
             if c:
                 held = lambda t: t[:, t.shape[1] - c :]  # noqa: E731
                 surprisal = torch.cat([held(window.surprisal), surprisal], 1)  # [batch, c + T]
@@ -194,7 +198,7 @@ def written(
                 salience = torch.cat([seen, fresh[:, c:]], 1)
             else:
                 salience = token_salience(surprisal, before=before)
-        leaving, window = inputs.advance(model.config.window, surprisal, salience)
+        leaving, window = inputs.advance(model.config.adapter.window, surprisal, salience)
         if salience is not None:
             salience = pack(salience, leaving)[0]
     layers = []
@@ -209,10 +213,10 @@ def written(
             waiting = ShortTermState(*pack(call.normed[i].detach(), leaving))
         layers.append(LayerState(short_term=waiting, long_term=lt.detach()))
     kl = torch.stack([r.kl for r in call.reads]).mean()
-    memory_loss = model.config.kl_weight * kl
+    memory_loss = model.config.adapter.kl_weight * kl
     for zero in unused:
         memory_loss = memory_loss + zero
-    if model.config.memory_read == "heads":  # the reads' own output projections are unused
+    if model.config.adapter.heads_read:  # the reads' own output projections are unused
         for layer in model.long_term:
             out = layer.attention.out
             memory_loss = memory_loss + 0.0 * (out.weight.sum() + out.bias.sum())

@@ -67,14 +67,16 @@ from transformers import (
 )
 from transformers.utils import ModelOutput
 
-from ..core.attention import LongTermAttention, PreparedMemory
+from ..core.attention import LongTermAttention
+from ..core.density import PreparedMemory
 from ..core.memory import LongTermMemory
 from ..model import token_losses
+from ..pretrained_config import AdapterConfig
 from ..state import MemoryState
 from . import generation, hooks, validation, weights
 from . import memory as memories
 from .adapters import BlockAdapter, adapter_for
-from .config import MEMORY_FIELDS, MODEL_FIELDS, InftyformerConfig
+from .config import InftyformerConfig
 from .head_read import ATTENTION, WindowMass
 from .renamed import renamed, renamed_argument
 from .segments import stream_forward
@@ -157,7 +159,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             self._blocks(self.adapter.attention_inputs),
             self._blocks(self.adapter.attention_outputs),
         )
-        if config.memory_read == "heads":  # the base's heads read the memory (head_read.py)
+        if config.adapter.heads_read:  # the base's heads read the memory (head_read.py)
             base_model.set_attn_implementation(ATTENTION)
         if getattr(base_model, "generation_config", None) is not None:
             self.generation_config = copy.deepcopy(base_model.generation_config)
@@ -224,7 +226,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
-        if self.config.memory_read == "heads":
+        if self.config.adapter.heads_read:
             self.base.set_attn_implementation("sdpa")
         return self.base
 
@@ -323,7 +325,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         if labels is not None:
             labels = self._check_ids("labels", labels, allow_ignore=True)
             validation.check_labels(labels, ids)
-        if length > self.config.segment_len:  # more than a segment: streamed, call by call
+        if length > self.config.adapter.segment_len:  # more than a segment: streamed, call by call
             return self._stream(
                 ids, state, labels, reset, attention_mask, position_ids, cache, use_cache,
                 generator, logits_to_keep, kwargs,
@@ -359,14 +361,15 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             reads=[None] * self.num_layers,
             prepared=read_cache,
         )
-        if self.config.memory_read == "heads":
+        if self.config.adapter.heads_read:
             call.attentions = self._blocks(self.adapter.attentions)
+            call.token_mass = self.config.adapter.memory_read.token_mass
             call.window_mass = WindowMass({id(m) for m in call.attentions})
-        if self.config.memory_positions != "window":  # each place at its own position
+        if self.config.adapter.positions != "window":  # each place at its own position
             call.rotary, call.limit = self.adapter.rotary_embedding(self.base), limit
             call.positions, call.past = inputs.position_ids, past
-            call.ranks = self.config.memory_positions == "ranks"
-        salient = bool(self.config.keep_salient) and not past  # the call's surprisal wanted
+            call.ranks = self.config.adapter.positions == "ranks"
+        salient = self.config.adapter.salience[0] and not past  # the call's surprisal wanted
         keep, extra = inputs.logits_to_keep(logits_to_keep, salient)
         with hooks.active(call):
             base_out = self.base(
@@ -457,27 +460,22 @@ def add_long_term_memory(base: PreTrainedModel, **settings) -> InftyformerForCau
     """Wrap a pretrained causal LM (GPT-2 or Llama family) with a long-term memory per block
     (or per block of `memory_layers`).
 
-    `settings`: any `LongTermConfig` field (num_heads, num_basis, widths, ridge_lambda, tau,
-    num_samples, edge_padding, conv_gate, sticky, sticky_bins, sigma_0, min_sigma_sq) plus
-    segment_len, window (previous tokens each call attends to; None: one segment, 0: none),
-    kl_weight and memory_layers (the blocks with a memory; None: every block). The base's
-    weights are used as they are (not copied); right after wrapping, the logits equal the
-    base's."""
+    `settings`: any `AdapterConfig` setting by its flat name (`AdapterConfig.setting_types`):
+    the memory's (num_basis, widths, density, squeeze, tau, keep_first, …), the read's
+    (memory_read, memory_positions, token_mass), segment_len (None: 256 within the base's
+    positions), window (previous tokens each call attends to; None: one segment, 0: none) and
+    memory_layers (the blocks with a memory; None: every block). The base's weights are used as
+    they are (not copied); right after wrapping, the logits equal the base's (the added read)."""
     if not isinstance(base, PreTrainedModel):
         raise TypeError(f"base must be a transformers PreTrainedModel, got {type(base).__name__}")
     adapter_for(type(base).__name__)
-    allowed = set(MEMORY_FIELDS) | set(MODEL_FIELDS)
+    allowed = {*AdapterConfig.setting_types(), "adapter"}  # or a whole AdapterConfig
     unknown = sorted(set(settings) - allowed)
     if unknown:
         raise ValueError(
             f"unknown long-term memory settings {unknown}; allowed: {sorted(allowed)} "
             "(dim and out_dim are the base's hidden size)"
         )
-    if "segment_len" not in settings:  # room for the window (one segment unless set)
-        limit = int(getattr(base.config, "max_position_embeddings", None) or 512)
-        window = settings.get("window")
-        room = limit if window == 0 else limit // 2 if window is None else limit - int(window)
-        settings["segment_len"] = max(1, min(512, room))
     # the same config object as the base's: its attention implementation must not change
     config = InftyformerConfig(
         text_config=base.config,

@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM
 
 from .._files import atomic_path, write_atomic
 from ..base_weights import BaseReference, weight_files
-from .config import MEMORY_FIELDS, MODEL_FIELDS, InftyformerConfig
+from .config import InftyformerConfig
 
 FORMAT = "inftyformer-adapter"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -137,7 +137,7 @@ def load_adapter(
         )
     reference.check(folder, option="base_model=")
     config = InftyformerConfig.from_pretrained(directory)
-    settings = {name: getattr(config, name) for name in (*MEMORY_FIELDS, *MODEL_FIELDS)}
+    settings = {"adapter": config.adapter}
     base_options.pop("config", None)  # AutoModelForCausalLM passes the adapter's own
     base = AutoModelForCausalLM.from_pretrained(str(folder), **base_options)
     model = build(base, **settings)

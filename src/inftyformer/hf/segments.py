@@ -41,7 +41,7 @@ def segment_calls(
     tokens[:, start:stop], in order, the memory state carried from call to call (`reset` applies to
     the first). `attention_mask` [batch, T] is cut like the tokens; `options(start, stop)`:
     further keyword arguments of that call."""
-    seg = model.config.segment_len if segment_len is None else segment_len
+    seg = model.config.adapter.segment_len if segment_len is None else segment_len
     if isinstance(seg, bool) or not isinstance(seg, int) or seg < 1:
         raise ValueError(f"segment_len must be a positive int, got {seg!r}")
     length = tokens.shape[1]

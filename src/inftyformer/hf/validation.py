@@ -87,7 +87,7 @@ def check_positions(config, length: int, position_ids: object, cache: object) ->
         raise ValueError(
             f"the input reaches position {end}, but the base model has {limit} positions "
             f"(max_position_embeddings): feed a longer text segment by segment (segment_len "
-            f"{config.segment_len}) with the memory carried between calls"
+            f"{config.adapter.segment_len}) with the memory carried between calls"
         )
 
 
@@ -96,7 +96,7 @@ def check_stream(
 ) -> None:
     """What a call on more than `segment_len` tokens (streamed, `segments.stream_forward`)
     refuses: continuing a cache, explicit positions, a tensor or negative logits_to_keep."""
-    seg = config.segment_len
+    seg = config.adapter.segment_len
     if hasattr(past, "get_seq_length") and int(past.get_seq_length()):
         raise ValueError(
             f"a call continuing a key/value cache takes at most segment_len={seg} tokens, "
@@ -181,7 +181,7 @@ def check_window(
     config, window: TokenWindow | None, batch_size: int, device, values: ValueChecks
 ) -> None:
     """The memory's token window for this model; its values queued in `values`."""
-    size = config.window
+    size = config.adapter.window
     if not size:
         if window is not None:
             raise ValueError(

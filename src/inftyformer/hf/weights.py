@@ -50,16 +50,17 @@ def init_weights(model: nn.Module, module: nn.Module) -> None:
     weights were not loaded; the basis buffers are constants recomputed from the config."""
     config = model.config
     role = memory_roles(model).get(id(module))
-    if role == "projection" and config.memory_read == "heads":
+    if role == "projection" and config.adapter.heads_read:
         # rotary bases: W^Q turned Δ = W back (every place just beyond the window), or not at
         # all when each place is read at its own position (head_read.py)
-        delta = 0 if config.memory_positions != "window" else config.window or config.segment_len
+        adapter = config.adapter
+        delta = 0 if adapter.positions != "window" else adapter.window or adapter.segment_len
         for i, layer in enumerate(model.long_term):  # W^Q, W^K, W^V from the base's head
             if module is layer.attention.query:
                 init_from_heads(
                     layer,
                     model._blocks(model.adapter.attentions)[i],
-                    config.num_heads,
+                    config.adapter.long_term.num_heads,
                     model.adapter.rotary_embedding(model.base),
                     delta,
                 )
@@ -70,12 +71,12 @@ def init_weights(model: nn.Module, module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
     elif role == "default":
         module.reset_parameters()
-        if config.memory_read == "heads":  # the CNN gate starts open: X ⊙ sigmoid(b) with
+        if config.adapter.heads_read:  # the CNN gate starts open: X ⊙ sigmoid(b) with
             nn.init.zeros_(module.weight)  # sigmoid(b) = 0.99 stores the states the heads
             nn.init.constant_(module.bias, OPEN_GATE_BIAS)  # read, not randomly scaled ones
     elif role == "density":  # w_μ, w_σ: PyTorch's default, then σ where the config puts it
         module.reset_parameters()
-        if config.memory_read == "heads":  # a head reads where its content matches:
+        if config.adapter.heads_read:  # a head reads where its content matches:
             nn.init.zeros_(module.weight)  # no prior over places, no extra variance
         for layer in model.long_term:
             if module is layer.attention.sigma_head:

@@ -134,10 +134,10 @@ def inspect_stream(
     """Stream `tokens` [batch, T] through `model` and measure everything the module docstring
     lists, per layer."""
     c = model.config
-    if c.has_long_term and c.long_term.squeeze != "fixed":
+    if c.has_long_term and c.long_term.squeeze.kind != "fixed":
         raise ValueError(
             "inspection maps the memory's positions to stream ages with a fixed τ; "
-            f"squeeze={c.long_term.squeeze!r} is not supported"
+            f"squeeze={c.long_term.squeeze.kind!r} is not supported"
         )
     record = record_stream(model, tokens)
     L = c.n_layers

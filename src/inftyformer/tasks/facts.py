@@ -305,15 +305,16 @@ class FactsTask(LastBlockTask):
                     "read_weight needs a pretrained model (--base-model) whose window is 0 or "
                     f"one segment ({C}); the key's place in the memory is known only then"
                 )
-            if model_config.sticky:
-                raise ValueError(
-                    "read_weight needs sticky=false: sticky sampling moves the past unevenly, "
-                    "so the key's place in the memory is not known"
-                )
-            if model_config.squeeze != "fixed":
+            squeeze = model_config.long_term.squeeze
+            if squeeze.kind != "fixed":
                 raise ValueError(
                     "read_weight needs squeeze='fixed': the key's place in the memory is "
                     "computed for a fixed τ"
+                )
+            if squeeze.sticky:
+                raise ValueError(
+                    "read_weight needs sticky=false: sticky sampling moves the past unevenly, "
+                    "so the key's place in the memory is not known"
                 )
 
     def loss(self, model: nn.Module, batch: Any, rows: slice, part: int) -> StepOutput:

@@ -16,7 +16,6 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .._checks import check_positive_int, check_range
-from ..core.config import WithLongTerm
 
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -215,8 +214,8 @@ def parse_value(key: str, text: str, annotation: Any) -> Any:
 
 def field_types(cls: type) -> dict[str, Any]:
     """Resolved type annotations of the fields of dataclass `cls` (init fields only); of a
-    model's config, every setting by its flat name (`WithLongTerm.setting_types`)."""
-    if issubclass(cls, WithLongTerm):
+    model's config, every setting by its flat name (its `setting_types`)."""
+    if hasattr(cls, "setting_types"):  # a model's config: its settings flat
         return cls.setting_types()
     hints = typing.get_type_hints(cls)
     return {f.name: hints.get(f.name, str) for f in fields(cls) if f.init}

@@ -1,0 +1,201 @@
+"""The seams of the long-term memory: where a choice the paper makes one way can be made another,
+and the registry of the strategies that make it (`docs/ARCHITECTURE.md`).
+
+    seam       protocol    the paper's (core)        chosen by
+    density    `Density`   `density.PaperDensity`    how a query's scores s = K q / √d become the
+                                                     density 𝒩(μ, σ²) it reads (§3.2)
+    squeeze    `Squeeze`   `squeeze.FixedSqueeze`    how the old signal makes room for the new
+                                                     segment, and which places are kept (§3.3)
+
+A strategy is a frozen dataclass (`Strategy`) that names its seam and kind, validates its own
+settings when built and checks once what it needs of the rest of the memory's settings (`check`:
+a capability, never another strategy's name). Strategies register by kind (`register`); the
+core registers its own, `inftyformer.extensions` registers ours. A memory's settings can then be
+written flat (`--set keep_first=64`): `build` resolves each flat name to the strategy that owns
+it and refuses a name that belongs to a strategy that was not chosen, naming its owner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, ClassVar, Protocol
+
+import torch
+
+SEAMS = ("density", "squeeze")
+
+
+class Strategy:
+    """A choice behind one of the core's seams: a frozen dataclass whose class names its `seam`
+    and its `kind` (the name a user gives). Its fields are its own settings."""
+
+    seam: ClassVar[str]
+    kind: ClassVar[str]
+
+    def settings(self) -> dict[str, Any]:
+        """Its own settings, by name."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON: {"kind": …, its settings} (tuples as lists)."""
+        out = {"kind": self.kind}
+        for name, value in self.settings().items():
+            out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def check(self, config: Any) -> None:
+        """Refuse a memory (`config`: its `LongTermConfig`) this strategy cannot serve: what it
+        needs of the paper's settings or of the other seam's strategy, as a capability."""
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.settings().items())
+        return f"{self.kind}({shown})"
+
+
+REGISTRY: dict[str, dict[str, type[Strategy]]] = {seam: {} for seam in SEAMS}
+
+
+def register(cls: type[Strategy]) -> type[Strategy]:
+    """Class decorator: `cls` is chosen by its kind at its seam (a seam of the core's, or one a
+    model adds, e.g. how a pretrained model uses its read)."""
+    kinds = REGISTRY.setdefault(cls.seam, {})
+    if cls.kind in kinds and kinds[cls.kind] is not cls:
+        raise ValueError(f"{cls.seam} {cls.kind!r} is already registered")
+    kinds[cls.kind] = cls
+    return cls
+
+
+def kinds(seam: str) -> tuple[str, ...]:
+    return tuple(REGISTRY[seam])
+
+
+def setting_names(seam: str) -> dict[str, type]:
+    """Every flat setting of the strategies at `seam` (the kinds registered now) and its type."""
+    out: dict[str, type] = {}
+    for cls in REGISTRY[seam].values():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            out.setdefault(f.name, hints[f.name])
+    return out
+
+
+def owners(seam: str, name: str) -> list[str]:
+    """The kinds at `seam` that have a setting `name`."""
+    return [
+        kind
+        for kind, cls in REGISTRY[seam].items()
+        if name in {f.name for f in dataclasses.fields(cls)}
+    ]
+
+
+def lookup(seam: str, kind: object) -> type[Strategy]:
+    if not isinstance(kind, str) or kind not in REGISTRY[seam]:
+        raise ValueError(f"{seam} must be one of {kinds(seam)}, got {kind!r}")
+    return REGISTRY[seam][kind]
+
+
+def build(seam: str, chosen: object, base: Strategy | None, flat: dict[str, Any]) -> Strategy:
+    """The strategy at `seam` from what a user wrote: `chosen` a strategy, a kind's name, a dict
+    {"kind": …, settings} (JSON) or None (keep `base`, the one in place); `flat` the flat
+    settings given with it that belong to this seam. A setting the chosen kind does not have is
+    refused, naming the kinds that have it."""
+    if isinstance(chosen, Strategy):
+        if chosen.seam != seam:
+            raise TypeError(f"{seam} must be a {seam} strategy, got {type(chosen).__name__}")
+        cls, values = type(chosen), chosen.settings()
+    elif isinstance(chosen, dict):
+        data = dict(chosen)
+        cls, values = lookup(seam, data.pop("kind", None)), data
+    elif chosen is None:
+        if base is None:
+            raise ValueError(f"no {seam} chosen")
+        cls, values = type(base), base.settings()
+    else:
+        cls, values = lookup(seam, chosen), {}
+    own = {f.name for f in dataclasses.fields(cls)}
+    for name, value in flat.items():
+        if name not in own:
+            which = " or ".join(repr(k) for k in owners(seam, name))
+            raise ValueError(
+                f"{name} is a setting of {seam} {which}; this memory's {seam} is {cls.kind!r} "
+                f"(set {seam}={owners(seam, name)[0]!r} to use it)"
+            )
+        values[name] = value
+    unknown = sorted(set(values) - own)
+    if unknown:
+        raise ValueError(f"{seam} {cls.kind!r} has no settings {unknown}; it has {sorted(own)}")
+    return cls(**values)
+
+
+# ---------------------------------------------------------------------- the protocols
+class Density(Protocol):
+    """How a query's density over the memory's time axis is formed (paper §3.2) and read.
+
+    prepare(attention, state, dtype) → a `density.PreparedMemory`: what every read of one memory
+        state shares (computed once per state: values V, the keys or the folded heads)
+    read(attention, q, prepared, with_mass) → a `density.DensityRead`: per head and query the
+        read z = E_p[v(t)], μ, σ² and (a discrete density, `with_mass`) the log-mass
+        log Σ_n exp(s_n) that a read merged into other attention needs; q [batch, H, Q, d]
+        projected queries
+    initial_sigma_sq(config) → σ² that w_σ's bias starts at, or None (PyTorch's initialisation)
+    discrete: the density is a discrete attention over the basis centres (reads places, has a
+        log-mass)"""
+
+    kind: ClassVar[str]
+    discrete: ClassVar[bool]
+
+    def prepare(self, attention: Any, state: Any, dtype: torch.dtype) -> Any: ...
+
+    def read(self, attention: Any, q: torch.Tensor, prepared: Any, with_mass: bool) -> Any: ...
+
+    def initial_sigma_sq(self, config: Any) -> float | None: ...
+
+
+class Squeeze(Protocol):
+    """How the unbounded update (paper §3.3) makes room for new vectors, and which places of the
+    signal it keeps.
+
+    fit(memory, state, x, generator, salience) → (B [batch, N, e], samples, records): the new
+        coefficients after fitting the (gated) new vectors x [batch, L, e] into `state`, where
+        the old signal was read (for inspection) and the per-place records it keeps (or the
+        state's); `salience` [batch, L] are per-token scores a squeeze may keep places by
+    extent(stored, num_centers) → float64 [batch]: the stream lies on [0, e] of the signal
+    records(num_centers) → how many per-place records a state keeps (0: none)
+    resamples: the old signal is resampled between the centres (the update's gain applies)
+    sticky: where past reads attended is recorded (sticky memories, §3.4)
+    even: every place stands for as many tokens
+    partial: the signal may hold the stream on part of [0, 1] only (its reads skip the rest)"""
+
+    kind: ClassVar[str]
+    resamples: ClassVar[bool]
+    partial: ClassVar[bool]
+    even: ClassVar[bool]
+
+    def fit(
+        self,
+        memory: Any,
+        state: Any,
+        x: torch.Tensor,
+        generator: torch.Generator | None,
+        salience: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]: ...
+
+    def extent(self, stored: torch.Tensor, num_centers: int) -> torch.Tensor: ...
+
+    def records(self, num_centers: int) -> int: ...
+
+
+__all__ = [
+    "Density",
+    "REGISTRY",
+    "SEAMS",
+    "Squeeze",
+    "Strategy",
+    "build",
+    "kinds",
+    "lookup",
+    "owners",
+    "register",
+    "setting_names",
+]
