@@ -22,6 +22,7 @@ from .checkpoint import (
 from .config import RUN_SETTINGS, TrainConfig
 from .distributed import DistEnv, barrier
 from .logger import CSV_NAME
+from .run_lock import RunLock
 from .weights import check_base, relocate
 
 RUN_FILES = ("best", "last")
@@ -45,16 +46,20 @@ class RunDirectory:
     history: list[dict[str, Any]]
     _renamed_base: str
     _data_fingerprint: dict[str, str] | None
+    _lock: RunLock | None
     echo: Callable[[str], None]
 
     def _open_run_dir(
         self, resume: bool, overwrite: bool, allow_changes: bool
     ) -> Checkpoint | None:
         """Clean what a killed save left behind; with `resume`, the `last` checkpoint once its
-        settings are checked against this run's; else make sure no run is overwritten unasked."""
+        settings are checked against this run's; else make sure no run is overwritten unasked.
+        The process that writes the checkpoints first locks the directory for the run
+        (`run_lock.py`): a second run on it is refused before it touches anything."""
         self.history = []
         self._renamed_base = ""  # a hint when data "changes" because the base's folder did
         if self.env.is_main:
+            self._lock = RunLock(self.out_dir).acquire()  # released when training ends
             clean_stale_files(self.out_dir)  # what a killed save left behind
         barrier(self.env)
         checkpoint: Checkpoint | None = None
@@ -93,6 +98,15 @@ class RunDirectory:
                 self._clear_run_dir()
         barrier(self.env)
         return checkpoint
+
+    def _release_run_dir(self, started: bool = True) -> None:
+        """Free the run directory for another run (the end of this process does it too); a
+        run that never `started` leaves no folder it created."""
+        lock = getattr(self, "_lock", None)
+        if lock is not None and started:
+            lock.release()
+        elif lock is not None:
+            lock.abandon()
 
     def _clear_run_dir(self) -> None:
         for name in RUN_FILES:

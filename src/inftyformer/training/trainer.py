@@ -122,6 +122,17 @@ class Trainer(RunDirectory, RunState, TrainStep, Evaluation):
             )
         task_cls.check(task_cfg, model_cfg)
 
+        self._lock = None
+        try:
+            self._start(resume, overwrite, allow_changes)
+        except BaseException:
+            self._release_run_dir(started=False)
+            raise
+
+    def _start(self, resume: bool, overwrite: bool, allow_changes: bool) -> None:
+        """The rest of `__init__`, once the run directory is locked by `_open_run_dir`."""
+        train_cfg, task_cfg, model_cfg = self.cfg, self.task_cfg, self.model_cfg
+        task_cls = get_task(train_cfg.task)
         checkpoint = self._open_run_dir(resume, overwrite, allow_changes)
         # with a frozen base, checkpoints hold what trains and refer to the base (weights.py)
         self.base_reference = base_reference(model_cfg)
@@ -167,6 +178,19 @@ class Trainer(RunDirectory, RunState, TrainStep, Evaluation):
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> TrainResult:
+        """Train to `steps` (or an early stop, Ctrl-C, SIGTERM, `halt_after`); then the run
+        directory is free for another run (`--resume`)."""
+        try:
+            return self._fit()
+        finally:
+            self._release_run_dir()
+
+    def close(self) -> None:
+        """Free the run directory without training (`fit` frees it when it ends): while a
+        Trainer holds it, another Trainer on the same `out_dir` is refused."""
+        self._release_run_dir()
+
+    def _fit(self) -> TrainResult:
         cfg = self.cfg
         result = TrainResult(out_dir=self.out_dir, step=self.step, finished=False)
         result.chance = self.task.chance()
