@@ -202,21 +202,12 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         one it was loaded from) and weights hash, for a base that did not train
         (`saved_adapter.py`). Either folder also gets the loader module that lets Hugging Face
         tools load it with `trust_remote_code=True` without importing inftyformer first
-        (`remote_code.py`)."""
-        from .remote_code import mark_config, write_loader
+        (`remote_code.py`). A folder of another model (a base's) is refused, and the files of
+        an earlier save of the other kind are removed (`saved_adapter.save`)."""
+        from .saved_adapter import save
 
-        mark_config(self.config)
-        if not adapter_only:
-            result = super().save_pretrained(save_directory, *args, **kwargs)
-            write_loader(save_directory)
-            return result
-        if args or kwargs:
-            raise ValueError(f"adapter_only takes no other options, got {sorted(kwargs)}")
-        from .saved_adapter import save_adapter
-
-        save_adapter(self, save_directory, base_model)
-        write_loader(save_directory)
-        return None
+        whole = super().save_pretrained
+        return save(self, save_directory, whole, adapter_only, base_model, *args, **kwargs)
 
     def unwrap(self) -> PreTrainedModel:
         """Remove the hooks from the base model and return it (as it was before wrapping; this
