@@ -151,3 +151,27 @@ def test_an_adapter_folder_mixing_two_saves_is_refused(tmp_path):
     (second / "adapter_model.safetensors").unlink()
     with pytest.raises(ValueError, match="mixes two saves: .*missing"):
         InftyformerForCausalLM.from_pretrained(second)
+
+
+def test_an_adapter_refuses_a_base_whose_config_computes_otherwise(tmp_path):
+    """The base's weights hash alone let a base with another rope_theta load silently, with
+    other logits: the adapter records what the base's config.json computes and refuses a
+    base whose config differs there, naming the entry; file metadata may change."""
+    import json
+
+    model, folder = memory_model_on_disk_base(tmp_path, "llama")
+    ids = torch.randint(0, V, (1, 16), generator=torch.Generator().manual_seed(0))
+    expected = two_segments(model, ids)
+    out = tmp_path / "adapter"
+    model.save_pretrained(out, adapter_only=True)
+    path = folder / "config.json"
+    original = json.loads(path.read_text())
+    for change, shown in (
+        ({"rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}}, "rope_theta"),
+        ({"rms_norm_eps": 1e-3}, "rms_norm_eps: 1e-06 -> 0.001"),
+    ):
+        path.write_text(json.dumps({**original, **change}))
+        with pytest.raises(BaseMismatchError, match=f"another config.json .*{shown}"):
+            InftyformerForCausalLM.from_pretrained(out)
+    path.write_text(json.dumps({**original, "use_cache": False, "transformers_version": "x"}))
+    assert torch.equal(two_segments(InftyformerForCausalLM.from_pretrained(out), ids), expected)

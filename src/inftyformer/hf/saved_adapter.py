@@ -8,13 +8,15 @@ the pretrained base it loads on top of (`docs/hf.md`), in the spirit of PEFT's a
                                  "base_model_name_or_path": the base's folder (absolute),
                                  "base_model_sha256": its `weights_hash`,
                                  "base_weights_prefix": "base.",
+                                 "base_model_config": its `behaviour_config`,
                                  "files": {"config.json": sha256, ...}}  (written last)
 
 `model.save_pretrained(dir, adapter_only=True)` writes it (refusing a model whose base weights
 are not the base folder's: a fine-tuned base is saved whole); `InftyformerForCausalLM.
 from_pretrained(dir)` (or `AutoModelForCausalLM.from_pretrained(dir)`) loads the base from the
-reference, or from `base_model=` when it moved, refuses one whose hash differs, and adds the
-saved memory: the logits are the saved model's.
+reference, or from `base_model=` when it moved, refuses one whose hash differs or whose
+config.json computes otherwise (`base_weights.check_config`: rope_theta, hidden_act, ...), and
+adds the saved memory: the logits are the saved model's.
 
 A folder holds one save (`save`): a save into a folder of another model (a base's own folder,
 whose config.json it would overwrite) is refused; a save removes the files of an earlier save
@@ -38,7 +40,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from .._files import atomic_path, write_atomic
-from ..base_weights import BaseReference, weight_files
+from ..base_weights import BaseReference, behaviour_config, check_config, weight_files
 from .config import MEMORY_FIELDS, MODEL_FIELDS, InftyformerConfig
 
 FORMAT = "inftyformer-adapter"
@@ -193,6 +195,7 @@ def _write_adapter(model: Any, directory: str | Path, reference: BaseReference) 
         "base_model_name_or_path": reference.path,
         "base_model_sha256": reference.sha256,
         "base_weights_prefix": PREFIX,
+        "base_model_config": behaviour_config(reference.path),  # rope_theta, hidden_act, ...
         # what this save wrote: a folder mixing two saves is refused on loading
         "files": {name: _sha256(directory / name) for name in ("config.json", ADAPTER_WEIGHTS)},
     }
@@ -250,6 +253,8 @@ def load_adapter(
             "base_model=DIR, its new folder"
         )
     reference.check(folder, option="base_model=")
+    if "base_model_config" in info:  # adapters saved before it was recorded: weights only
+        check_config(info["base_model_config"], folder, "base_model=", "this adapter")
     config = InftyformerConfig.from_pretrained(directory)
     settings = {name: getattr(config, name) for name in (*MEMORY_FIELDS, *MODEL_FIELDS)}
     base_options.pop("config", None)  # AutoModelForCausalLM passes the adapter's own

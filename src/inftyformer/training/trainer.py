@@ -39,7 +39,7 @@ from .optim import build_optimizer, lr_factor, param_groups, rank_seed, seed_eve
 from .resume import RunDirectory
 from .run_state import RunState
 from .step import DivergedError, TrainStep
-from .weights import base_reference
+from .weights import base_config, base_reference
 
 
 # --------------------------------------------------------------------------- pieces
@@ -136,6 +136,7 @@ class Trainer(RunDirectory, RunState, TrainStep, Evaluation):
         checkpoint = self._open_run_dir(resume, overwrite, allow_changes)
         # with a frozen base, checkpoints hold what trains and refer to the base (weights.py)
         self.base_reference = base_reference(model_cfg)
+        self.base_config = base_config(model_cfg)  # what the base's config.json computes
 
         if train_cfg.threads:
             torch.set_num_threads(train_cfg.threads)
