@@ -30,6 +30,7 @@ LAYERS = {
         "long_term_state",
         "stream_places",
         "state",
+        "state_record",
     ],
     "layers": ["relative_attention", "long_term_attention", "block", "config"],
     "models": ["model", "models", "streaming", "base_weights", ""],

@@ -29,6 +29,7 @@ from .block import LayerTrace, MemoryBlock
 from .config import ModelConfig
 from .long_term_memory import allowed_dtypes
 from .state import LayerState, MemoryState
+from .state_record import check_memory_record, memory_record
 
 IGNORE_INDEX = -100
 
@@ -82,6 +83,8 @@ class MemoryLM(nn.Module):
         if not isinstance(config, ModelConfig):
             raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
         self.config = config
+        # what its states record of the memory (`state_record.py`; the config is frozen)
+        self.state_record = memory_record(config.to_dict())
         self.embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.dropout = nn.Dropout(config.dropout)
         designs: dict = {}  # the layers' bases are equal: one cache of design matrices G
@@ -120,7 +123,8 @@ class MemoryLM(nn.Module):
         check_positive_int("batch_size", batch_size)
         device = self._param.device if device is None else device
         dtype = self._param.dtype
-        return MemoryState(tuple(b.init_state(batch_size, device, dtype) for b in self.blocks))
+        layers = tuple(b.init_state(batch_size, device, dtype) for b in self.blocks)
+        return MemoryState(layers, memory=self.state_record)
 
     def param_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]:
         """The optimiser's parameter groups (`decay_groups`): one rate for all."""
@@ -185,6 +189,7 @@ class MemoryLM(nn.Module):
                     )
         if own:
             values.run()
+        check_memory_record(state, self.state_record)
 
     # ------------------------------------------------------------------ inputs
     def _check_ids(
@@ -279,7 +284,8 @@ class MemoryLM(nn.Module):
             aux["kl"] = torch.stack(kl).mean()  # averaged over layers
         if reconstruction:
             aux["reconstruction"] = torch.stack(reconstruction).mean()
-        output = LMOutput(logits=logits, state=MemoryState(tuple(layers)).detach(), aux=aux)
+        state = MemoryState(tuple(layers), memory=self.state_record).detach()
+        output = LMOutput(logits=logits, state=state, aux=aux)
         if return_trace:
             output.trace = tuple(traces)
         if targets is not None:

@@ -29,6 +29,7 @@ from torch import nn
 from ..long_term_state import LongTermState
 from ..short_term_memory import ShortTermState
 from ..state import LayerState, MemoryState, TokenWindow
+from ..state_record import memory_record
 from ..stream_places import salience as token_salience
 from .hooks import Call
 from .validation import check_reset, check_state
@@ -48,6 +49,12 @@ def source(model: nn.Module) -> str:
     )
 
 
+def record(model: nn.Module) -> dict:
+    """What `model`'s states record of its memory (`state_record.memory_record`), computed
+    once by the model (`model.state_record`)."""
+    return memory_record(model.config.to_dict())
+
+
 def init_state(model: nn.Module, batch_size: int, device=None) -> MemoryState:
     """An empty memory state for `batch_size` parallel streams."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -65,6 +72,7 @@ def init_state(model: nn.Module, batch_size: int, device=None) -> MemoryState:
         ),
         TokenWindow.empty(batch_size, device) if model.config.window else None,
         model.state_source,
+        memory=model.state_record,
     )
 
 
@@ -142,6 +150,7 @@ def consolidate(
         ),
         state.window,
         state.source,
+        memory=state.memory,
     )
 
 
@@ -216,7 +225,9 @@ def written(
         for layer in model.long_term:
             out = layer.attention.out
             memory_loss = memory_loss + 0.0 * (out.weight.sum() + out.bias.sum())
-    return MemoryState(tuple(layers), window, model.state_source, salience), kl, memory_loss
+    record = model.state_record
+    new_state = MemoryState(tuple(layers), window, model.state_source, salience, record)
+    return new_state, kl, memory_loss
 
 
 __all__ = [
@@ -224,6 +235,7 @@ __all__ = [
     "fit_waiting",
     "init_state",
     "prepare_state",
+    "record",
     "source",
     "surprisal",
     "written",

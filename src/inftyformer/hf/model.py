@@ -149,6 +149,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                 f"{n_blocks} blocks"
             )
         lt_config = config.long_term_config()
+        self.state_record = memories.record(self)  # what its states record of the memory
         designs: dict = {}  # the layers' bases are equal: one cache of design matrices G
         self.long_term = nn.ModuleList(LayerMemory(lt_config, designs) for _ in self.memory_blocks)
         self._owner = hooks.new_owner()  # a base wrapped twice: only the caller's hooks act
