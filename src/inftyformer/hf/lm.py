@@ -112,7 +112,9 @@ class PretrainedMemoryLM(nn.Module):
                 f"targets must be a tensor of the shape of tokens {tuple(tokens.shape)}"
             )
         head = None
-        if targets is not None and tokens.shape[1] <= self.config.segment_len:
+        # keep_salient reads the call's surprisal from its logits: they are computed then
+        lean = not (self.config.memory and self.config.keep_salient)
+        if targets is not None and tokens.shape[1] <= self.config.segment_len and lean:
             head = lean_head(self.lm, self._architecture)  # None: the loss through the logits
         with contextlib.nullcontext(None) if head is None else HeadInputs(head, skip=True) as seen:
             if self.config.memory:

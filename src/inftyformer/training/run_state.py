@@ -149,7 +149,8 @@ class RunState:
             set_rng_state(mine["rng"])
             self.task.load_state_dict(mine.get("task", {}))
             prefix = f"task/{self.env.rank}"
-            self.task.load_state_tensors(ckpt.section(prefix))
+            if not getattr(self, "_fresh_memory", False):  # else each stream starts anew
+                self.task.load_state_tensors(ckpt.section(prefix))
 
 
 __all__ = ["RunState"]
