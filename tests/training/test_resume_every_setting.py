@@ -24,10 +24,11 @@ from inftyformer.training.resume import MEMORY_BOUND, RESUME_FIXED
 PLAIN = dict(num_basis=16, num_samples=16)
 FILL = dict(num_basis=16, num_samples=8, squeeze="fill", density="mixture", widths=(0.05, 0.2))
 SALIENT = dict(FILL, keep_salient=1)
+COMPRESSIVE = dict(model_type="compressive")  # a native kind with compressed slots
 CHANGES: dict[str, list[tuple[dict, object]]] = {
     "segment_len": [(PLAIN, 4), (PLAIN, 16)],
-    "mem_len": [(PLAIN, 4), (PLAIN, 16)],
-    "compressed_len": [(PLAIN, 4)],
+    "mem_len": [(PLAIN, 4), (PLAIN, 16), (COMPRESSIVE, 4)],
+    "compressed_len": [(PLAIN, 4), (COMPRESSIVE, 2), (COMPRESSIVE, 8)],
     "window": [(PLAIN, 0), (PLAIN, 4)],
     "num_samples": [(PLAIN, 32)],
     "tau": [(PLAIN, 0.6)],
@@ -141,7 +142,8 @@ def test_a_native_run_resumes_with_every_changeable_setting(tmp_path):
     task = LMConfig(data_dir=write_corpus(tmp_path / "corpus", WORDS), tokenizer="bytes")
 
     def model(**settings):
-        return tiny("infty", **{"vocab_size": 257, "segment_len": 8, "mem_len": 8, **settings})
+        kind = settings.pop("model_type", "infty")
+        return tiny(kind, **{"vocab_size": 257, "segment_len": 8, "mem_len": 8, **settings})
 
     outcomes, histories = resume_every_setting(tmp_path, task, model)
     check(outcomes, histories, changeable_settings(model(**PLAIN)), NATIVE_NEVER)

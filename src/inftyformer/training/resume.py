@@ -34,9 +34,10 @@ RESUME_FIXED = ("segment_len",)
 # saved state is laid out by (a rate set or left unset, not one rate for another)
 GROUP_SETTINGS = ("density_lr",)
 # model settings the carried memory is shaped or given its meaning by (`state_record.py`, the
-# token window, the sticky histogram, the short-term and compressed lengths): a resume that
-# changes one starts each stream's memory again (said, and recorded in the history)
-MEMORY_BOUND = (*STATE_SETTINGS, "window", "sticky_bins", "mem_len", "compressed_len")
+# token window, the sticky histogram, the compressed slots a compressive memory holds): a
+# resume that changes one starts each stream's memory again (said, and recorded in the
+# history). The short-term memory takes another mem_len as it is (it holds what it may).
+MEMORY_BOUND = (*STATE_SETTINGS, "window", "sticky_bins", "compressed_len")
 
 
 def changed(a: dict[str, Any], b: dict[str, Any], keys: Any = None) -> dict[str, list[Any]]:
