@@ -32,7 +32,7 @@ LAYERS = {
         "state",
         "state_record",
     ],
-    "layers": ["relative_attention", "long_term_attention", "block", "config"],
+    "layers": ["relative_attention", "long_term_attention", "kl_term", "block", "config"],
     "models": ["model", "models", "streaming", "base_weights", ""],
     "pretrained": ["hf"],
     # hf.harness writes lm-evaluation-harness tasks over text files: it reads them as data/ does

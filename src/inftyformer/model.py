@@ -6,10 +6,11 @@
 
     loss = lm_loss + kl_weight · kl + reconstruction_weight · reconstruction
 
-`lm_loss` is the mean next-token NLL over targets ≠ −100; `kl` (∞-former) and `reconstruction`
-(compressive) are averaged over layers and reported unweighted in `aux`. The memory is explicit:
-pass `state` (None for a fresh stream), get the new, detached `state` back. `reset` [batch] bool
-clears rows (documents that ended) before the call is processed.
+`lm_loss` is the mean next-token NLL over targets ≠ −100; `kl` (∞-former) is the mean over the
+same scored tokens of each token's read KL (averaged over layers and heads, `kl_term.py`) and
+`reconstruction` (compressive) is averaged over layers; both are reported unweighted in `aux`.
+The memory is explicit: pass `state` (None for a fresh stream), get the new, detached `state`
+back. `reset` [batch] bool clears rows (documents that ended) before the call is processed.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ._checks import ValueChecks, check_positive_int, check_token_ids
 from ._init import init_projection
 from .block import LayerTrace, MemoryBlock
 from .config import ModelConfig
+from .kl_term import scored_mean
 from .long_term_memory import allowed_dtypes
 from .state import LayerState, MemoryState
 from .state_record import check_memory_record, memory_record
@@ -280,8 +282,9 @@ class MemoryLM(nn.Module):
         logits = F.linear(x, weight)  # [batch, L, V]
 
         aux: dict[str, torch.Tensor] = {}
-        if kl:
-            aux["kl"] = torch.stack(kl).mean()  # averaged over layers
+        if kl:  # per token, over the layers; a mean over the scored tokens (`kl_term.py`)
+            scored = None if targets is None else targets != IGNORE_INDEX
+            aux["kl"] = scored_mean(torch.stack(kl).mean(0), scored)
         if reconstruction:
             aux["reconstruction"] = torch.stack(reconstruction).mean()
         state = MemoryState(tuple(layers), memory=self.state_record).detach()

@@ -111,7 +111,8 @@ class InftyformerOutput(ModelOutput):
     lm_loss     mean next-token NLL over labels ≠ −100 (labels shifted inside, as in HF)
     token_loss  [batch, T − 1] NLL per predicted position, 0 where ignored
     kl          variance KL of the reads, mean over layers (unweighted)
-    memory_loss kl_weight · kl + 0·Σp over memory parameters that had nothing to do"""
+    memory_loss kl_weight · kl + 0·Σp over memory parameters that had nothing to do; kl the
+                mean over the scored positions of each token's read KL (`kl_term.py`)"""
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
@@ -300,6 +301,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         generator: torch.Generator | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        kl_weights: torch.Tensor | None = None,
         **kwargs,
     ) -> InftyformerOutput:
         """input_ids [batch, T] (one segment; more than `segment_len` tokens are streamed
@@ -307,7 +309,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         previous call (None: empty; `memory=`: the old name, deprecated), labels [batch, T]
         (shifted inside as in HF, −100 ignored), reset [batch]
         bool (rows whose document ended before this segment). `generator` seeds the sticky
-        sampling in training."""
+        sampling in training. `kl_weights` [batch, T] bool: the positions whose reads' KL the
+        loss counts (default: those the labels score; `memories.kl_loss`)."""
         state = renamed_argument(kwargs, "memory", "state", state)
         validation.check_call(self, kwargs)
         ids = self._check_ids("input_ids", input_ids, allow_ignore=False)
@@ -318,7 +321,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         if length > self.config.segment_len:  # more than a segment: streamed, call by call
             return self._stream(
                 ids, state, labels, reset, attention_mask, position_ids, cache, use_cache,
-                generator, logits_to_keep, kwargs,
+                generator, logits_to_keep, {**kwargs, "kl_weights": kl_weights},
             )  # fmt: skip
         past_cache = cache or kwargs.get("past_key_values")
         validation.check_positions(self.config, length, position_ids, past_cache)
@@ -380,9 +383,10 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         logits = base_out.logits
         surprisal = memories.surprisal(logits, ids, extra) if salient else None
         logits = logits[:, extra:]
-        new_state, kl, memory_loss = memories.written(
+        new_state, per_token, zeros = memories.written(
             self, call, long_term, unused, inputs, state.window, batch, past, surprisal
         )
+        kl, memory_loss = memories.kl_loss(self, per_token, zeros, labels, valid, kl_weights)
         output = InftyformerOutput(
             logits=logits,
             state=new_state,
