@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import ValueChecks, check_dtype, check_tensor
+from ._checks import NonFiniteError, ValueChecks, check_dtype, check_tensor
 from ._init import init_projection
 from .basis import GaussianBasis
 from .continuous_softmax import _variance_kl
@@ -244,7 +244,9 @@ class LongTermAttention(nn.Module):
                 )
         values.finite("query", query)
         values.run()
-        return self(query, state)
+        out = self(query, state)
+        _check_read(out, query)
+        return out
 
     def forward(
         self,
@@ -405,6 +407,24 @@ class LongTermAttention(nn.Module):
         """z = E_p[ψ]ᵀ V per head and query: mu, sigma_sq [batch, H, Q], v [batch, H, N, d]
         → [batch, H, Q, d], fused in blocks of queries (see `query_block_elements`)."""
         return expected_values(mu, sigma_sq, v, self.basis, self.query_block_elements)
+
+
+def _check_read(out: LongTermAttentionOutput, query: torch.Tensor) -> None:
+    """A finite query can still read NaN: near float32's limit (entries of ~1e38) its scores
+    overflow to ±inf. Named instead of returned (one host synchronisation)."""
+    checks = ValueChecks()
+    fields = (out.context, out.mu, out.sigma_sq, out.kl)
+    ok = torch.stack([torch.isfinite(t.detach()).all() for t in fields]).all()
+
+    def message() -> str:
+        largest = float(query.detach().abs().max())
+        return (
+            f"query: its read is not finite (the query's largest entry, {largest:.3g}, makes "
+            "its scores overflow float32's range of ±3.4e38): scale the query down"
+        )
+
+    checks.require(ok, message, NonFiniteError)
+    checks.run()
 
 
 @contextmanager
