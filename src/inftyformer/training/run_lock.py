@@ -10,8 +10,8 @@ naming the process that holds it.
 The lock belongs to an open file, not to the file's existence: the operating system releases it
 when its process ends, however it ends (kill -9, a crash, a power loss on a local disk), so no
 stale lock ever needs removing by hand. The file stays (it is tiny and hidden); it holds the
-holder's pid and start time only for the message. Platforms without `fcntl` (Windows) run
-without the lock.
+holder's pid and start time only for the message. Platforms without `fcntl` (Windows) and file
+systems that refuse locks (some network ones) run without it.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class RunLock:
         except OSError as err:
             os.close(fd)
             if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
+                return self  # a file system without locks (some network ones): run without
             raise RunLockedError(
                 f"{self.directory} is in use by another training run ({self._holder()}): "
                 "wait for it to finish (then --resume continues it), or choose another --out-dir"
