@@ -57,9 +57,10 @@ DIRECT = {
     # the checkpoint's own commit protocol: data files under pending names (fsynced, checked by
     # sha256 on loading), committed by the manifest, which is written with write_atomic
     ("training/checkpoint.py", "_write_bytes", "open"),
-    # Hugging Face writes the model folder (config, weights) itself
-    ("hf/model.py", "save_pretrained", "save_pretrained"),
-    ("hf/saved_adapter.py", "save_adapter", "save_pretrained"),
+    # Hugging Face writes the model folder (config, weights) itself (`saved_adapter.save` calls
+    # its save_pretrained, handed in by the model's)
+    ("hf/model.py", "save_pretrained", "save"),
+    ("hf/saved_adapter.py", "_write_adapter", "save_pretrained"),
     # metrics.csv grows by appended lines (rewritten with atomic_path when a run opens it)
     ("training/logger.py", "__init__", "open"),
     # the one place that writes to a pipe or a device, which cannot be replaced

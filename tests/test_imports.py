@@ -26,8 +26,8 @@ LAYERS = {
     "core": ["core"],
     # our extensions, behind the core's seams
     "extensions": ["extensions"],
-    "memories": ["short_term_memory", "compressive_memory", "state"],
-    "layers": ["relative_attention", "block", "config", "memory_settings"],
+    "memories": ["short_term_memory", "compressive_memory", "state", "state_record"],
+    "layers": ["relative_attention", "kl_term", "block", "config", "memory_settings"],
     "models": ["model", "models", "streaming", "base_weights", "pretrained_config", ""],
     "pretrained": ["hf"],
     # hf.harness writes lm-evaluation-harness tasks over text files: it reads them as data/ does

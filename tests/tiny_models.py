@@ -37,6 +37,8 @@ def tiny(model_type: str = "xl", **overrides) -> ModelConfig:
         num_samples=16,
     )
     base.update(overrides)
+    if base.get("squeeze") == "fill":  # its places are the K centres: it never resamples
+        del base["num_samples"]
     return ModelConfig(**base)
 
 

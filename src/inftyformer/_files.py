@@ -20,6 +20,19 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+@contextmanager
+def naming(path: str | os.PathLike) -> Iterator[None]:
+    """Writes inside the block that fail with an operating-system error naming no file (a
+    write past the file-size limit: `[Errno 27] File too large`; a full disk on `write`) raise
+    it again naming `path`, so that the one line a user reads says which file."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is not None or err.errno is None:
+            raise
+        raise type(err)(err.errno, err.strerror or os.strerror(err.errno), str(path)) from err
+
+
 def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
 
@@ -119,12 +132,13 @@ def atomic_path(path: str | os.PathLike, *, durable: bool = False) -> Iterator[P
     path = Path(path)
     tmp = temporary_name(path)
     try:
-        yield tmp
-        if durable and tmp.is_file():
-            fsync_file(tmp)
-        os.replace(tmp, path)
-        if durable:
-            fsync_dir(path.parent)
+        with naming(path):
+            yield tmp
+            if durable and tmp.is_file():
+                fsync_file(tmp)
+            os.replace(tmp, path)
+            if durable:
+                fsync_dir(path.parent)
     finally:
         if tmp.is_dir() and not tmp.is_symlink():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -149,6 +163,7 @@ __all__ = [
     "atomic_path",
     "MAX_TEXT_BYTES",
     "fsync_dir",
+    "naming",
     "read_user_text",
     "remove_stale_temporaries",
     "temporary_name",

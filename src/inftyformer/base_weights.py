@@ -13,6 +13,14 @@ these lines in name order. So a base re-saved with other file metadata or cut in
 keeps its hash, and one changed number anywhere changes it. A base without safetensors files
 (`pytorch_model*.bin`) is hashed by the bytes of those files. Each file is read once per process
 (cached by its path, size and modification time): about a second for SmolLM2-135M's 540 MB.
+
+The weights are not all a model's behaviour: `rope_theta`, `hidden_act`, the norms' epsilon and
+the like live in its config.json, and the same weights under another config give other logits.
+So what is recorded beside the hash is the base's `behaviour_config`: its config as transformers
+reads it (defaults filled in, older spellings normalised) without the entries that do not change
+what it computes (`NOT_BEHAVIOUR`: file metadata, output switches, labels, token ids, the
+initialisation's scale); `check_config` refuses a base whose behaviour config differs, naming
+the entries.
 """
 
 from __future__ import annotations
@@ -26,6 +34,19 @@ from pathlib import Path
 from typing import Any
 
 _CACHE: dict[tuple[str, int, int], list[str]] = {}
+
+# config.json entries that do not change what a model computes from its weights
+NOT_BEHAVIOUR = frozenset(
+    {
+        "_name_or_path", "transformers_version", "dtype", "torch_dtype", "use_cache",
+        "return_dict", "output_hidden_states", "output_attentions", "torchscript",
+        "attn_implementation", "_attn_implementation", "_attn_implementation_autoset",
+        "id2label", "label2id", "problem_type", "finetuning_task", "task_specific_params",
+        "tokenizer_class", "prefix", "bos_token_id", "eos_token_id", "pad_token_id",
+        "sep_token_id", "decoder_start_token_id", "initializer_range", "chunk_size_feed_forward",
+        "auto_map", "_commit_hash",
+    }
+)  # fmt: skip
 
 
 class BaseMismatchError(ValueError):
@@ -91,6 +112,53 @@ def weights_hash(directory: str | Path) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
+def behaviour_config(directory: str | Path) -> dict[str, Any]:
+    """What a model's outputs depend on in `directory`'s config.json (module docstring), as
+    JSON values."""
+    from transformers import AutoConfig
+
+    directory = Path(directory).expanduser()
+    try:
+        config = AutoConfig.from_pretrained(str(directory)).to_dict()
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{directory / 'config.json'} cannot be read: {err}") from None
+    kept = {k: v for k, v in config.items() if k not in NOT_BEHAVIOUR}
+    return json.loads(json.dumps(kept, sort_keys=True, default=str))
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """The sha256 of a behaviour config (sorted JSON)."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def _flat(config: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(config, dict):
+        return {prefix: config}
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        out.update(_flat(value, f"{prefix}{key}."))
+    return {k.rstrip("."): v for k, v in out.items()}
+
+
+def check_config(
+    saved: dict[str, Any], directory: str | Path, option: str = "--base-model", what: str = "this"
+) -> None:
+    """Refuse (BaseMismatchError) the base in `directory` when its behaviour config is not
+    `saved`, the one `what` was trained on, naming the entries that differ."""
+    found = behaviour_config(directory)
+    if config_hash(found) == config_hash(saved):
+        return
+    old, new = _flat(saved), _flat(found)
+    differ = sorted(k for k in set(old) | set(new) if old.get(k, "unset") != new.get(k, "unset"))
+    shown = "; ".join(f"{k}: {old.get(k, 'unset')!r} -> {new.get(k, 'unset')!r}" for k in differ)
+    raise BaseMismatchError(
+        f"the base model in {Path(directory).expanduser().resolve()} has another config.json "
+        f"than the one {what} was trained with ({shown[:400]}): its weights would compute "
+        f"other outputs; restore its config.json or point {option} at the original base's "
+        "folder"
+    )
+
+
 @dataclass(frozen=True)
 class BaseReference:
     """The base an adapter loads on top of: where it was (`path`, absolute), its weights'
@@ -132,4 +200,13 @@ class BaseReference:
         return found
 
 
-__all__ = ["BaseMismatchError", "BaseReference", "weight_files", "weights_hash"]
+__all__ = [
+    "NOT_BEHAVIOUR",
+    "BaseMismatchError",
+    "BaseReference",
+    "behaviour_config",
+    "check_config",
+    "config_hash",
+    "weight_files",
+    "weights_hash",
+]

@@ -40,7 +40,9 @@ from ._init import init_projection
 from .compressive_memory import CompressiveMemory, CompressiveState
 from .config import ModelConfig
 from .core.attention import LongTermAttention
-from .core.memory import LongTermMemory, LongTermState, LongTermUpdate
+from .core.memory import LongTermMemory, LongTermUpdate
+from .core.state import LongTermState
+from .kl_term import token_kl
 from .relative_attention import RelativeMultiHeadAttention
 from .short_term_memory import ShortTermMemory, ShortTermState
 from .state import LayerState
@@ -74,7 +76,7 @@ class LayerTrace:
 class BlockOutput:
     hidden: torch.Tensor  # [batch, L, d]
     state: LayerState  # not detached: the long-term coefficients carry this call's graph
-    kl: torch.Tensor | None  # scalar (∞-former)
+    kl: torch.Tensor | None  # [batch, L] the KL of each token's read (∞-former; `kl_term.py`)
     reconstruction: torch.Tensor | None  # scalar (compressive)
     unused: torch.Tensor | None  # 0·Σp over parameters that had nothing to do (DDP)
     trace: LayerTrace | None = None  # with `return_trace=True`
@@ -229,7 +231,8 @@ class MemoryBlock(nn.Module):
             # continuous read with the same queries W_q LN(x)
             read = self.long_term_attention(query, long_term)
             attended = attended + read.context  # added to self-attention's, before the residual
-            kl = read.kl
+            sigma_0 = self.long_term_attention.config.sigma_0
+            kl = token_kl(read.sigma_sq, sigma_0, ~long_term.empty)  # [batch, L]
             # sticky memories: where these queries attended steers the next resampling
             long_term = self.long_term_memory._observe(long_term, read.mu, read.sigma_sq)
             if trace is not None:

@@ -68,6 +68,11 @@ def os_message(err: OSError, where: str) -> str:
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         place = f" to write{target}" if target else ""
         return f"no space left on the device{place}: free some space or {where}"
+    if err.errno == errno.EFBIG:
+        return (
+            f"file too large:{target or ' ' + str(err)}: the file-size limit of this process "
+            f"(ulimit -f) or of the file system was reached; raise the limit or {where}"
+        )
     if err.errno == errno.EROFS:
         return f"cannot write{target}: the file system is read-only; {where}"
     if err.errno in (errno.EACCES, errno.EPERM):

@@ -6,10 +6,11 @@
 
     loss = lm_loss + kl_weight · kl + reconstruction_weight · reconstruction
 
-`lm_loss` is the mean next-token NLL over targets ≠ −100; `kl` (∞-former) and `reconstruction`
-(compressive) are averaged over layers and reported unweighted in `aux`. The memory is explicit:
-pass `state` (None for a fresh stream), get the new, detached `state` back. `reset` [batch] bool
-clears rows (documents that ended) before the call is processed.
+`lm_loss` is the mean next-token NLL over targets ≠ −100; `kl` (∞-former) is the mean over the
+same scored tokens of each token's read KL (averaged over layers and heads, `kl_term.py`) and
+`reconstruction` (compressive) is averaged over layers; both are reported unweighted in `aux`.
+The memory is explicit: pass `state` (None for a fresh stream), get the new, detached `state`
+back. `reset` [batch] bool clears rows (documents that ended) before the call is processed.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from ._checks import ValueChecks, check_positive_int, check_token_ids
 from ._init import init_projection
 from .block import LayerTrace, MemoryBlock
 from .config import ModelConfig
-from .core.memory import allowed_dtypes
+from .kl_term import scored_mean
+from .precision import allowed_dtypes
 from .state import LayerState, MemoryState
+from .state_record import check_memory_record, memory_record
 
 IGNORE_INDEX = -100
 
@@ -82,6 +85,8 @@ class MemoryLM(nn.Module):
         if not isinstance(config, ModelConfig):
             raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
         self.config = config
+        # what its states record of the memory (`state_record.py`; the config is frozen)
+        self.state_record = memory_record(config.to_dict())
         self.embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.dropout = nn.Dropout(config.dropout)
         designs: dict = {}  # the layers' bases are equal: one cache of design matrices G
@@ -120,7 +125,8 @@ class MemoryLM(nn.Module):
         check_positive_int("batch_size", batch_size)
         device = self._param.device if device is None else device
         dtype = self._param.dtype
-        return MemoryState(tuple(b.init_state(batch_size, device, dtype) for b in self.blocks))
+        layers = tuple(b.init_state(batch_size, device, dtype) for b in self.blocks)
+        return MemoryState(layers, memory=self.state_record)
 
     def param_groups(self, lr: float, weight_decay: float) -> list[dict[str, Any]]:
         """The optimiser's parameter groups (`decay_groups`): one rate for all."""
@@ -185,6 +191,7 @@ class MemoryLM(nn.Module):
                     )
         if own:
             values.run()
+        check_memory_record(state, self.state_record)
 
     # ------------------------------------------------------------------ inputs
     def _check_ids(
@@ -275,11 +282,13 @@ class MemoryLM(nn.Module):
         logits = F.linear(x, weight)  # [batch, L, V]
 
         aux: dict[str, torch.Tensor] = {}
-        if kl:
-            aux["kl"] = torch.stack(kl).mean()  # averaged over layers
+        if kl:  # per token, over the layers; a mean over the scored tokens (`kl_term.py`)
+            scored = None if targets is None else targets != IGNORE_INDEX
+            aux["kl"] = scored_mean(torch.stack(kl).mean(0), scored)
         if reconstruction:
             aux["reconstruction"] = torch.stack(reconstruction).mean()
-        output = LMOutput(logits=logits, state=MemoryState(tuple(layers)).detach(), aux=aux)
+        state = MemoryState(tuple(layers), memory=self.state_record).detach()
+        output = LMOutput(logits=logits, state=state, aux=aux)
         if return_trace:
             output.trace = tuple(traces)
         if targets is not None:

@@ -10,6 +10,9 @@
                                       attends to again (`hf/model.py`, short-term window)
 
 Rows of the batch are parallel streams; `reset(rows)` clears the rows whose document ended.
+A state records, beside the model it comes from (`source`), the memory settings that give its
+numbers their meaning (`memory`, `state_record.memory_record`: the basis, the squeeze, the
+places kept whole); a model whose memory has other such settings refuses it.
 `save_state`/`load_state` write one safetensors file whose metadata holds a JSON description of
 the layout; the write is atomic (temporary file + `os.replace`).
 """
@@ -21,7 +24,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -34,9 +37,10 @@ from .short_term_memory import ShortTermState
 
 
 class StateChecker(Protocol):
-    """What `load_state` checks a state against: a model (`MemoryLM.check_state`)."""
+    """What `load_state` checks a state against: a model (`MemoryLM.check_state`, or a
+    pretrained model's, which takes the batch size too)."""
 
-    def check_state(self, state: MemoryState) -> None: ...
+    def check_state(self, state: MemoryState, batch_size: int) -> Any: ...
 
 
 STATE_FORMAT = "inftyformer.MemoryState"
@@ -135,6 +139,9 @@ class TokenWindow:
             f"window.length must be in [0, {width}] (the window's width)",
         )
         values.require(self.tokens >= 0, "window.tokens must be token ids (>= 0)")
+        for name in ("surprisal", "salience"):  # −log p and means of it
+            t = getattr(self, name)
+            values.require(torch.isfinite(t) & (t >= 0), f"window.{name} must be finite and >= 0")
         if own:
             values.run()
 
@@ -200,12 +207,17 @@ class MemoryState:
     # keep_salient: the salience of the tokens waiting for the long-term memory [batch, n]
     # float64, right-aligned as each layer's short_term (None: not computed)
     salience: torch.Tensor | None = None
+    # the memory settings that give the numbers their meaning (`state_record.py`), kept like
+    # `source`; None: not recorded (not checked)
+    memory: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.salience is not None:
             check_tensor("state.salience", self.salience, 2)
         if self.source is not None and not isinstance(self.source, str):
             raise TypeError(f"MemoryState.source must be a str or None, got {self.source!r}")
+        if self.memory is not None and not isinstance(self.memory, dict):
+            raise TypeError(f"MemoryState.memory must be a dict or None, got {self.memory!r}")
         if self.window is not None and not isinstance(self.window, TokenWindow):
             kind = type(self.window).__name__
             raise TypeError(f"MemoryState.window must be a TokenWindow or None, got {kind}")
@@ -240,14 +252,14 @@ class MemoryState:
     def detach(self) -> MemoryState:
         return MemoryState(
             tuple(layer.detach() for layer in self.layers), self.window, self.source,
-            self.salience,
+            self.salience, self.memory,
         )  # fmt: skip
 
     def to(self, device: torch.device | str) -> MemoryState:
         window = None if self.window is None else self.window.to(device)
         salience = None if self.salience is None else self.salience.to(device)
         layers = tuple(layer.to(device) for layer in self.layers)
-        return MemoryState(layers, window, self.source, salience)
+        return MemoryState(layers, window, self.source, salience, self.memory)
 
     def reset(self, rows: torch.Tensor) -> MemoryState:
         """Clear the rows flagged by the bool mask `rows` [batch] (their document ended)."""
@@ -261,13 +273,13 @@ class MemoryState:
         if salience is not None:
             salience = torch.where(rows.to(salience.device)[:, None], 0.0, salience)
         layers = tuple(layer.reset(rows) for layer in self.layers)
-        return MemoryState(layers, window, self.source, salience)
+        return MemoryState(layers, window, self.source, salience, self.memory)
 
     def repeat_rows(self, repeats: int) -> MemoryState:
         """Each row's memory `repeats` times in a row (row b → rows b·r … b·r + r − 1), e.g. one
         document's memory for several replies, or for each of a beam's sequences."""
         tensors = {k: v.repeat_interleave(repeats, dim=0) for k, v in self.tensors().items()}
-        return MemoryState.from_tensors(tensors, len(self.layers), self.source)
+        return MemoryState.from_tensors(tensors, len(self.layers), self.source, self.memory)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {
@@ -315,6 +327,7 @@ class MemoryState:
                 lt.check(shape, f"{name}.long_term", values=values)
         if self.window is not None:
             self.window.check(batch, values)
+        check_salience(self, batch, values)
         if len(dims) > 1:
             raise ValueError(f"the layers' tensors have different widths d: {sorted(dims)}")
         float64 = (
@@ -342,6 +355,7 @@ class MemoryState:
         tensors: dict[str, torch.Tensor],
         num_layers: int | None = None,
         source: str | None = None,
+        memory: dict[str, Any] | None = None,
     ) -> MemoryState:
         """The inverse of `tensors()`; `num_layers` defaults to the layers the keys name."""
         if num_layers is None:
@@ -360,7 +374,23 @@ class MemoryState:
                 raise ValueError(f"layers[{i}]: {err}") from None
         window = {k[len("window.") :]: v for k, v in tensors.items() if k.startswith("window.")}
         window = TokenWindow.from_tensors(window) if window else None
-        return cls(tuple(layers), window, source, tensors.get("salience"))
+        return cls(tuple(layers), window, source, tensors.get("salience"), memory)
+
+
+def check_salience(state: MemoryState, batch: int, values: ValueChecks) -> None:
+    """`state.salience`, when there is one: float64 [batch, n] with n the width of what waits
+    (each layer's short_term), finite and ≥ 0 (its values queued in `values`)."""
+    salience = state.salience
+    if salience is None:
+        return
+    width = state.layers[0].short_term.memory.shape[1]
+    check_shape("state.salience", salience, (batch, width))
+    if salience.dtype != torch.float64:
+        raise TypeError(f"state.salience must be float64, got {salience.dtype}")
+    values.require(
+        torch.isfinite(salience) & (salience >= 0),
+        "state.salience must be finite and >= 0 (the mean surprisal of bursts of tokens)",
+    )
 
 
 def save_state(path: str | os.PathLike, state: MemoryState) -> None:
@@ -377,6 +407,8 @@ def save_state(path: str | os.PathLike, state: MemoryState) -> None:
     }
     if state.source is not None:
         meta["source"] = state.source
+    if state.memory is not None:
+        meta["memory"] = state.memory
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata={"inftyformer": json.dumps(meta)})
 
@@ -389,7 +421,8 @@ def load_state(
     """Read a state written by `save_state`. Every problem is a ValueError (FileNotFoundError
     for a missing file) naming the file and what is wrong: not a safetensors file, metadata that
     is not the expected JSON, missing or unexpected tensors, tensors whose shapes or dtypes do
-    not fit together. Given `model`, the state is also checked against it (`check_state`)."""
+    not fit together. Given `model` (a `MemoryLM` or a pretrained model with memory), the state
+    is also checked against it (`check_state`, for the state's batch size)."""
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
@@ -421,10 +454,12 @@ def load_state(
             )
     try:
         tensors = load_file(str(path), device=str(device))
-        source = meta.get("source")
+        source, memory = meta.get("source"), meta.get("memory")
         if source is not None and not isinstance(source, str):
             raise ValueError(f"the state's metadata has a source that is not a string: {source!r}")
-        state = MemoryState.from_tensors(tensors, meta["num_layers"], source)
+        if memory is not None and not isinstance(memory, dict):
+            raise ValueError(f"the state's metadata has a memory that is not an object: {memory!r}")
+        state = MemoryState.from_tensors(tensors, meta["num_layers"], source, memory)
         expected = set(state.tensors())
         unexpected = sorted(set(tensors) - expected - {f"layers.{i}.observed" for i in range(
             meta["num_layers"])})  # fmt: skip
@@ -432,10 +467,17 @@ def load_state(
             raise ValueError(f"unexpected tensors {unexpected[:5]}")
         state.check_layout(meta["batch_size"])
         if model is not None:
-            model.check_state(state)
+            model.check_state(state, meta["batch_size"])
     except (SafetensorError, TypeError, ValueError) as err:
         raise type(err)(f"{path}: {err}") from None
     return state
 
 
-__all__ = ["LayerState", "MemoryState", "TokenWindow", "load_state", "save_state"]
+__all__ = [
+    "LayerState",
+    "MemoryState",
+    "TokenWindow",
+    "check_salience",
+    "load_state",
+    "save_state",
+]

@@ -161,12 +161,39 @@ def test_evaluate_json_to_a_full_device(run_dir):
     ],
 )
 def test_a_full_or_read_only_disk_is_one_line(tmp_path, monkeypatch, code, pattern):
-    def fail(path, data):
+    def fail(path, data, shown):
         raise OSError(code, "simulated", str(path))
 
     monkeypatch.setattr("inftyformer.training.checkpoint._write_bytes", fail)
     result = run("train", "sorting", *TINY, "--steps", 2, "--out-dir", tmp_path / "run")
     assert_one_line_error(result, EXIT_USAGE, pattern)
+
+
+def test_a_file_size_limit_names_the_file_and_leaves_no_partial_file(tmp_path):
+    """Under `ulimit -f` a write fails with EFBIG, whose error names no file ("[Errno 27] File
+    too large"): the one line names the file that could not be written, and the partial file
+    is removed."""
+    import resource
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    limit = 40 * 1024  # bytes: the metrics fit, the first checkpoint's weights do not
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "inftyformer.cli", "train", "sorting", *TINY,
+         "--steps", "2", "--eval-every", "2", "--out-dir", str(out)],
+        capture_output=True, text=True, timeout=600, preexec_fn=limited,
+    )  # fmt: skip
+    assert done.returncode == EXIT_USAGE, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith(f"error: file too large: {out / 'best.safetensors'}: "), lines
+    assert "ulimit -f" in lines[0] and "choose another --out-dir" in lines[0]
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".pending")]
 
 
 def test_a_diverging_run_says_so_with_the_step_and_what_to_try(tmp_path):

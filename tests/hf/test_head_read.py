@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from tiny_hf import MEMORY, V, tiny_base, with_settings
+from tiny_hf import V, memory, tiny_base, with_settings
 
 from inftyformer.core.attention import HeadsRead
 from inftyformer.hf import add_long_term_memory
@@ -28,15 +28,6 @@ HEADS = dict(density="content", memory_read="heads", sharpness=10.0, sink_edge=0
 
 def heads_model(arch: str, seed: int = 0, **settings):
     return add_long_term_memory(tiny_base(arch, seed), **memory(**{**HEADS, **settings})).eval()
-
-
-def memory(**settings) -> dict:
-    """The tiny models' memory with `settings`; a fill squeeze takes no num_samples (it never
-    resamples: its places are the K centres)."""
-    out = {**MEMORY, **settings}
-    if out.get("squeeze") == "fill":
-        del out["num_samples"]
-    return out
 
 
 def assert_generates_as_recomputed(model, memory, prompt, steps: int, recompute=None) -> None:

@@ -191,6 +191,54 @@ def test_a_changed_base_is_refused(setup):
     assert code == 2 and f"{own.resolve()} (weights sha256" in output, output
 
 
+def edit_config(directory, **changes):
+    """Change entries of a base's config.json (nested ones as "outer.inner")."""
+    import json
+
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    for key, value in changes.items():
+        *outer, last = key.split(".")
+        node = config
+        for name in outer:
+            node = node[name]
+        node[last] = value
+    path.write_text(json.dumps(config, indent=2))
+
+
+def test_a_base_whose_config_json_changed_is_refused(setup):
+    """The same weights under another rope_theta or hidden_act give other logits: a run (one
+    that refers to its frozen base, one that holds every weight) refuses a base folder whose
+    config.json computes otherwise, naming the entry; a change that computes the same
+    (use_cache, the version that wrote it) is accepted."""
+    base, corpus, root = setup
+    frozen, whole = root / "cfg-frozen", root / "cfg-whole"
+    train(base, corpus, frozen, "--set", "halt_after=2")
+    code, output = run("train", "lm", "--base-model", base, "--data-dir", corpus, "-o", whole,
+                       *SETTINGS, "--set", "halt_after=2")  # fmt: skip
+    assert code == 0, output
+    for key, value, shown in (
+        ("rope_parameters.rope_theta", 500000.0, "rope_parameters.rope_theta: 10000.0 -> 500000.0"),
+        ("hidden_act", "gelu", "hidden_act: 'silu' -> 'gelu'"),
+    ):
+        copy = shutil.copytree(base, root / f"cfg-{key}")
+        edit_config(copy, **{key: value})
+        for out in (frozen, whole):
+            code, output = run("evaluate", out, "--max-tokens", "32", "--base-model", copy)
+            assert code == 2 and "has another config.json than the one" in output, output
+            assert shown in output and len(output.strip().splitlines()) == 1, output
+            with pytest.raises(BaseMismatchError, match="restore its config.json"):
+                load_run(out, base_model=str(copy))
+    same = shutil.copytree(base, root / "cfg-same")
+    edit_config(same, use_cache=False, transformers_version="0.0.1")
+    for out in (frozen, whole):
+        code, output = run("evaluate", out, "--max-tokens", "32", "--base-model", same)
+        assert code == 0 and "test ppl" in output, output
+    code, output = run("train", "lm", "-o", whole, "--resume", "--no-progress",
+                       "--base-model", root / "cfg-hidden_act")  # fmt: skip
+    assert code == 2 and "hidden_act: 'silu' -> 'gelu'" in output, output
+
+
 def test_base_model_needs_a_run_with_a_base():
     with pytest.raises(CheckpointError, match="no pretrained base"):
         relocate({"model_config": {"vocab_size": 8}}, "elsewhere", "runs/lm-infty")

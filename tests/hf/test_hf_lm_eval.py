@@ -159,3 +159,44 @@ def test_the_task_lists_the_documents_and_the_command_sets_the_library_s_prefix(
     args = line[line.index("--model_args") + 1]
     assert f"prefix_token_id={eos}," in args and "trust_remote_code=True" in args
     assert line[line.index("--tasks") + 1] == "mine"
+
+
+def test_the_helper_refuses_inputs_lm_eval_or_the_file_system_would_misread(tmp_path):
+    """A model folder whose path holds a comma would inject key=value pairs into the printed
+    --model_args (e.g. another `pretrained=`, still with trust_remote_code=True): refused, as
+    are quotes, brackets, whitespace and a path lm_eval converts to a number. A task name with
+    a path in it would write outside the task folder: refused, nothing written. An ordinary
+    folder's arguments read back, by lm_eval's own parsers, as exactly the four arguments."""
+    from lm_eval._cli.utils import key_val_to_dict
+    from lm_eval.utils import simple_parse_args_string
+
+    folder = tmp_path / "docs" / "test"
+    folder.mkdir(parents=True)
+    (folder / "a.txt").write_text("text a\n", encoding="utf-8")
+    model_dir = write_tiny_model(tmp_path / "models" / "tiny-1.0_x", "llama")
+    hostile = tmp_path / "m,pretrained=evil"
+    hostile.symlink_to(model_dir)
+    for bad in (hostile, tmp_path / "m'q", tmp_path / "m[0]", tmp_path / "m x", "1.5", "true"):
+        with pytest.raises(ValueError, match="cannot be passed in lm_eval's --model_args"):
+            harness.command(bad, tmp_path / "task")
+    line = harness.command(model_dir, tmp_path / "task")
+    args = line[line.index("--model_args") + 1]
+    eos = BPETokenizer.from_directory(model_dir).eos_id
+    expected = {
+        "pretrained": str(model_dir),
+        "trust_remote_code": True,
+        "prefix_token_id": eos,
+        "max_length": harness.MAX_LENGTH,
+    }
+    assert key_val_to_dict(args) == expected and simple_parse_args_string(args) == expected
+    task_dir = tmp_path / "tasks" / "here"
+    for name in ("../x", str(tmp_path / "abs"), "", ".", "..", "a/b", "-x", ".hidden", "x" * 101):
+        with pytest.raises(ValueError, match="the task's name must be"):
+            harness.write_task(task_dir, tmp_path / "docs", "test", name=name)
+        with pytest.raises(ValueError, match="the task's name must be"):
+            harness.command(model_dir, task_dir, name)
+    assert not (tmp_path / "tasks").exists() and not (tmp_path / "abs.yaml").exists()
+    assert harness.write_task(task_dir, tmp_path / "docs", "test", name="mine-2.v1").is_file()
+    with pytest.raises(SystemExit):
+        harness.main([str(task_dir), "--data-dir", str(tmp_path / "docs"), "--name", "../up"])
+    assert not (tmp_path / "tasks" / "up.yaml").exists()

@@ -17,13 +17,28 @@ def tokens(batch: int, length: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(1, V, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-def explicit(model, ids, state=None, **options):
-    """The calls segment by segment, as a user would write them."""
+def explicit(model, ids, state=None, scored=None, **options):
+    """The calls segment by segment, as a user would write them; `scored` [batch, T]: the
+    positions whose reads' KL each call counts (its slice, `kl_weights`)."""
     outs = []
     for start in range(0, ids.shape[1], L):
-        outs.append(model(ids[:, start : start + L], state=state, **options))
+        weights = {} if scored is None else {"kl_weights": scored[:, start : start + L]}
+        outs.append(model(ids[:, start : start + L], state=state, **weights, **options))
         state = outs[-1].state
     return outs
+
+
+def scored_positions(labels):
+    """Position t predicts labels[t + 1] (HF's shift): the positions a loss scores."""
+    return torch.cat([labels[:, 1:] != -100, torch.zeros_like(labels[:, :1], dtype=bool)], 1)
+
+
+def by_scored(calls, scored, field: str):
+    """A field of the calls (a mean over each call's scored positions), weighed by how many
+    each scores: the mean over every scored position of the input (`kl_term.py`)."""
+    counts = torch.stack([scored[:, s : s + L].sum() for s in range(0, scored.shape[1], L)])
+    weights = counts.double() / counts.sum()
+    return sum(getattr(c, field) * float(w) for c, w in zip(calls, weights, strict=True))
 
 
 def same_memory(a, b) -> bool:
@@ -58,21 +73,22 @@ def test_a_long_call_equals_the_calls_segment_by_segment(arch, window):
     width = model.config.adapter.window
     assert len(seen) == 13 and max(n for n, _ in seen) == L + width
     assert max(end for _, end in seen) <= 64
-    calls = explicit(model, ids, state=start)
+    scored = scored_positions(labels)
+    calls = explicit(model, ids, state=start, scored=scored)
     logits = torch.cat([c.logits for c in calls], dim=1)
     assert out.logits.shape == (2, T, V)
     assert torch.equal(out.logits, logits)  # the same calls: bit for bit
     assert same_memory(out.state, calls[-1].state)
     # the loss: one call's definition over the whole input (labels shifted inside, across the
-    # segment boundaries too), plus the mean of the calls' memory losses
+    # segment boundaries too), plus the calls' memory losses weighed by their scored positions
     want = F.cross_entropy(
         logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100
     )
     assert torch.allclose(out.lm_loss, want, atol=1e-6)
-    memory_loss = torch.stack([c.memory_loss for c in calls]).mean()
+    memory_loss = by_scored(calls, scored, "memory_loss")
     assert torch.allclose(out.memory_loss, memory_loss) and out.memory_loss > 0
     assert torch.allclose(out.loss, want + memory_loss, atol=1e-6)
-    assert torch.allclose(out.kl, torch.stack([c.kl for c in calls]).mean())
+    assert torch.allclose(out.kl, by_scored(calls, scored, "kl"))
     assert out.token_loss.shape == (2, T - 1) and bool((out.token_loss[0, 9:19] == 0).all())
     # the memory is used: the same last segment after another beginning is predicted otherwise
     other = ids.clone()
@@ -108,10 +124,11 @@ def test_gradients_through_a_long_call_equal_the_explicit_calls(arch, window):
     model(ids, labels=ids).loss.backward()
     streamed = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
-    calls = explicit(model, ids)
+    scored = scored_positions(ids)
+    calls = explicit(model, ids, scored=scored)
     logits = torch.cat([c.logits for c in calls], dim=1)
     loss = F.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1))
-    (loss + torch.stack([c.memory_loss for c in calls]).mean()).backward()
+    (loss + by_scored(calls, scored, "memory_loss")).backward()
     by_hand = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert streamed.keys() == by_hand.keys() == {n for n, _ in model.long_term.named_parameters(
         prefix="long_term")}  # fmt: skip

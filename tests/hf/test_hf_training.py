@@ -162,11 +162,11 @@ def test_resume_with_a_base_model_continues_exactly(setup):
 @pytest.mark.slow
 def test_two_process_ddp_matches_one_process(setup):
     base, corpus, root = setup
-    # the KL regulariser is a mean over each process's rows, which a split weighed by scored
-    # tokens cannot reproduce exactly (with the standardised density scores it moves W^Q's bias
-    # by more than the tolerance): off here, the LM loss and the memory's own terms compared
+    # the KL regulariser on, and strong: weighed per scored token like the NLL (`kl_term.py`),
+    # the split over processes reproduces it (as a mean over each process's rows, it moved
+    # W^Q's bias by more than the tolerance)
     args = ["train", "lm", "--base-model", base, "--data-dir", corpus, *SETTINGS,
-            "--set", "test_batches=0", "--set", "kl_weight=0"]  # fmt: skip
+            "--set", "test_batches=0", "--set", "kl_weight=0.1"]  # fmt: skip
     assert run(*args, "-o", root / "single")[0] == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = torchrun_cli(*args, "-o", root / "ddp")

@@ -11,6 +11,15 @@ ARCHITECTURES = ("gpt2", "llama")
 MEMORY = dict(num_basis=16, num_samples=16, segment_len=L)
 
 
+def memory(**settings) -> dict:
+    """The tiny models' memory settings with `settings`; a fill squeeze takes no num_samples (it
+    never resamples: its places are the K centres)."""
+    out = {**MEMORY, **settings}
+    if out.get("squeeze") == "fill":
+        del out["num_samples"]
+    return out
+
+
 def tiny_base(arch: str, seed: int = 0, **overrides):
     """A random GPT-2 or Llama of 2 blocks, 4 heads, width 32; `overrides` go to its config."""
     torch.manual_seed(seed)
@@ -49,7 +58,7 @@ def tiny_base(arch: str, seed: int = 0, **overrides):
 def tiny_memory_model(arch: str, seed: int = 0, active: bool = True, **settings):
     """The tiny base with a long-term memory. `active`: the read's output projection gets
     nonzero weights (it starts at zero), so that the memory changes the logits."""
-    model = add_long_term_memory(tiny_base(arch, seed), **{**MEMORY, **settings}).eval()
+    model = add_long_term_memory(tiny_base(arch, seed), **memory(**settings)).eval()
     if active:
         generator = torch.Generator().manual_seed(seed + 1)
         with torch.no_grad():

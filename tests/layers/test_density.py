@@ -3,6 +3,7 @@ every query's μ and σ depend on the query from the first step, whatever the sc
 with the paper's form they start as one flat read shared by every query."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -140,3 +141,35 @@ def test_bad_density_settings_are_refused():
         ModelConfig(vocab_size=16, sigma_init="0.1")
     with pytest.raises(ValueError, match="density"):
         ModelConfig(vocab_size=16, density="Paper")
+
+
+@pytest.mark.parametrize("density", ["paper", "normalized", "content", "mixture"])
+@pytest.mark.parametrize("query_projection", [False, True])
+def test_a_finite_query_near_the_float32_limit_reads_finite_or_is_named(density, query_projection):
+    """Entries of 3e38 are finite, but the scores of the paper's and the content densities
+    overflow float32 (the read was NaN, returned without a word): `attend` names the query and
+    its scale instead (NonFiniteError, a ValueError). The normalized density reads q / max|q|
+    and stays finite (unless its own W^Q overflows first: then named too); at 1e30 every
+    density reads finite values."""
+    from inftyformer._checks import NonFiniteError
+
+    torch.manual_seed(0)
+    cfg = LongTermConfig(
+        dim=8, num_heads=2, num_basis=16, widths=(0.05, 0.1), num_samples=16, density=density,
+        query_projection=query_projection,
+    )  # fmt: skip
+    mem, att = LongTermMemory(cfg), LongTermAttention(cfg, None)
+    state = mem.update(mem.init_state(2), torch.randn(2, 6, 8)).detach()
+    for scale in (1e30, 3e38):
+        q = (torch.randn(2, 3, 8) * scale).clamp(-3.3e38, 3.3e38)
+        assert bool(torch.isfinite(q).all())
+        try:
+            out = att.attend(q, state)
+        except NonFiniteError as err:  # named: the query and its scale
+            assert scale > 1e38 and (density != "normalized" or query_projection)
+            assert re.search(r"query: its read is not finite .*3\.\de\+38", str(err))
+            continue
+        # what is returned is finite; the scores of these overflow at 3e38 (they were NaN)
+        assert not (scale > 1e38 and density != "normalized" and not query_projection)
+        for t in (out.context, out.mu, out.sigma_sq, out.kl):
+            assert bool(torch.isfinite(t).all())

@@ -324,3 +324,20 @@ def test_a_pretrained_memory_model_on_the_meta_device_is_refused_clearly():
     model = add_long_term_memory(base, num_basis=16, num_samples=16, segment_len=8).to("meta")
     with pytest.raises(ValueError, match="meta device"):
         model(torch.zeros(1, 8, dtype=torch.long))
+
+
+def test_a_native_state_records_its_memory_and_another_memory_refuses_it():
+    """The native model's states record their memory too (`state_record.py`): a squeeze="fill"
+    memory's state is refused by a fixed-squeeze model of the same shapes, naming the setting."""
+    from inftyformer.state_record import memory_record
+
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 13, (2, 8), generator=torch.Generator().manual_seed(1))
+    fill = MemoryLM(tiny("infty", squeeze="fill", density="mixture")).eval()
+    fixed = MemoryLM(tiny("infty")).eval()
+    with torch.no_grad():
+        state = fill(tokens, state=fill(tokens).state).state
+        assert state.memory == memory_record(fill.config.to_dict()) == fill.state_record
+        with pytest.raises(ValueError, match="squeeze: 'fill' -> 'fixed'"):
+            fixed(tokens, state=state)
+        fill(tokens, state=state)

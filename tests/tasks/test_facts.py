@@ -95,6 +95,28 @@ def test_a_distance_shorter_than_the_question_is_refused(corpus):
         data.batch(0)
 
 
+def test_an_answer_is_scored_whole_or_the_setting_refused(corpus, tmp_path):
+    """Only the last segment is scored: an answer of A tokens needs A + 1 <= segment_len. The
+    pass key ' 48213' is 6 byte tokens: at segment_len 4 three of them were scored and exact
+    match counted the rest as right; refused now, naming the segment length it needs. Where
+    it fits, every answer token is scored; a run whose answers may not fit is refused before
+    it starts."""
+    data, tok = _dataset(corpus, "test", distance=(60,), block=4)
+    with pytest.raises(ValueError, match=r"' \d{5}' is 6 tokens.*segment_len=4.*>= 7"):
+        data.batch(0)
+    data, tok = _dataset(corpus, "test", distance=(60,), block=7)
+    inputs, answer, *_ = data.batch(0)
+    assert inputs.shape[1] % 7 == 0
+    last = answer[:, -7:]
+    assert ((last != IGNORE_INDEX).sum(1) == 6).all()  # " " + five digits, all in the block
+    assert ((answer != IGNORE_INDEX).sum(1) == 6).all()
+    task = FactsConfig(data_dir=str(corpus), tokenizer="bytes", distance=(60,))
+    model = tiny("infty", vocab_size=257, segment_len=8, dropout=0.0)
+    run = tiny_train(tmp_path / "run", task="facts", steps=1, batch_size=2)
+    with pytest.raises(ValueError, match=r"up to 8 tokens.*segment_len=8.*>= 9"):
+        Trainer(run, task, model, echo=lambda s: None)
+
+
 def test_trains_and_evaluates_through_the_trainer(corpus, tmp_path):
     task = FactsConfig(data_dir=str(corpus), tokenizer="bytes", distance=(80, 150))
     model = tiny("infty", vocab_size=257, segment_len=32, dropout=0.0)

@@ -13,6 +13,7 @@ from tiny_models import SORT, tiny_sorting, tiny_train
 from inftyformer.tasks import SortingConfig
 from inftyformer.training import CheckpointError, Trainer, load_checkpoint
 from inftyformer.training.config import EXECUTION_SETTINGS, RUN_SETTINGS, TrainConfig
+from inftyformer.training.run_lock import LOCK_NAME
 
 
 def quiet(text: str) -> None:
@@ -89,6 +90,7 @@ def test_task_and_memory_settings_are_refused_unless_allowed(finished):
     assert trainer.history[-1]["changes"] == {
         "task.seq_len": [96, 128], "model.mem_len": [32, 64],
     }  # fmt: skip
+    trainer.close()  # the run directory is free for the next one
     # settings that fix the weights are refused even when changes are allowed
     with pytest.raises(CheckpointError, match="d_model: 16 -> 32.*fix the weights"):
         Trainer(finished, SORT, tiny_sorting(d_model=32), resume=True, allow_changes=True)
@@ -108,6 +110,7 @@ def test_a_checkpoint_without_the_settings_added_since_resumes_unchanged(finishe
     save_checkpoint(path.parent, "last", ckpt.tensors, {**meta, "model_config": old})
     trainer = Trainer(finished, SORT, tiny_sorting(), resume=True, echo=quiet)
     assert trainer.history == []
+    trainer.close()
     with pytest.raises(CheckpointError, match=r"model\.tau: 0\.75 -> 0\.5"):  # a real change
         Trainer(finished, SORT, tiny_sorting(tau=0.5), resume=True, echo=quiet)
 
@@ -118,8 +121,8 @@ def test_a_run_start_cleans_what_a_kill_left(finished):
     out = Path(finished.out_dir)
     (out / ".last.manifest.json.tmp777").write_text("{")
     (out / ".best.safetensors.pending").write_bytes(b"x")
-    Trainer(finished, SORT, tiny_sorting(), resume=True, echo=quiet)
-    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+    Trainer(finished, SORT, tiny_sorting(), resume=True, echo=quiet).close()
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [LOCK_NAME]
 
 
 @pytest.mark.parametrize(

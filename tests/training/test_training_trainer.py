@@ -155,9 +155,9 @@ def test_accumulation_weighs_micro_batches_by_their_scored_tokens(tmp_path):
     update (each micro-batch's mean loss weighs by its share of the scored tokens). Weighing the
     micro-batches equally instead moves most weights by ~2e-3 here; the tolerance is Adam's
     amplification of round-off in the near-zero gradients of the long-term attention's keys (the
-    logged gradient norms and losses are compared tightly). The KL regulariser is off: it is a
-    mean over each micro-batch's rows, which a split weighed by scored tokens cannot reproduce
-    exactly (measured: ~1% of the keys' gradients with the standardised density scores)."""
+    logged gradient norms and losses are compared tightly). The KL regulariser is on, and
+    strong: it is weighed per scored token like the NLL (`kl_term.py`), so the split reproduces
+    it too (as a mean over each micro-batch's rows it could not: ~1% of the keys' gradients)."""
     from inftyformer.tasks import LMConfig
 
     for split, lengths in (("train", (5, 23, 41, 9, 60, 14)), ("valid", (30,)), ("test", (30,))):
@@ -166,7 +166,7 @@ def test_accumulation_weighs_micro_batches_by_their_scored_tokens(tmp_path):
             text = "".join(chr(97 + (7 * i + 3 * k) % 26) for k in range(n))
             (tmp_path / "corpus" / split / f"{i}.txt").write_text(text, encoding="utf-8")
     task = LMConfig(data_dir=str(tmp_path / "corpus"), tokenizer="bytes")
-    model_cfg = tiny("infty", vocab_size=257, segment_len=8, dropout=0.0, kl_weight=0.0)
+    model_cfg = tiny("infty", vocab_size=257, segment_len=8, dropout=0.0, kl_weight=0.1)
     probe = Trainer(tiny_train(tmp_path / "probe", task="lm", batch_size=4), task, model_cfg)
     counts = []
     for step in range(3):

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .._checks import ValueChecks, check_dtype, check_tensor
+from .._checks import NonFiniteError, ValueChecks, check_dtype, check_tensor
 from .._init import init_projection
 from ..precision import allowed_dtypes
 from .basis import GaussianBasis
@@ -150,7 +150,9 @@ class LongTermAttention(nn.Module):
                 )
         values.finite("query", query)
         values.run()
-        return self(query, state)
+        out = self(query, state)
+        _check_read(out, query)
+        return out
 
     def forward(
         self,
@@ -221,6 +223,24 @@ class LongTermAttention(nn.Module):
         """z = E_p[ψ]ᵀ V per head and query: mu, sigma_sq [batch, H, Q], v [batch, H, N, d]
         → [batch, H, Q, d], fused in blocks of queries (see `query_block_elements`)."""
         return expected_values(mu, sigma_sq, v, self.basis, self.query_block_elements)
+
+
+def _check_read(out: LongTermAttentionOutput, query: torch.Tensor) -> None:
+    """A finite query can still read NaN: near float32's limit (entries of ~1e38) its scores
+    overflow to ±inf. Named instead of returned (one host synchronisation)."""
+    checks = ValueChecks()
+    fields = (out.context, out.mu, out.sigma_sq, out.kl)
+    ok = torch.stack([torch.isfinite(t.detach()).all() for t in fields]).all()
+
+    def message() -> str:
+        largest = float(query.detach().abs().max())
+        return (
+            f"query: its read is not finite (the query's largest entry, {largest:.3g}, makes "
+            "its scores overflow float32's range of ±3.4e38): scale the query down"
+        )
+
+    checks.require(ok, message, NonFiniteError)
+    checks.run()
 
 
 @contextmanager

@@ -161,6 +161,14 @@ class LongTermState:
                 f"{name}.places must count each row's stored tokens (tokens >= 0, summing to "
                 f"{name}.stored)",
             )
+            # each filled place's span ends (token indices) lie within the stream
+            ends, held = self.places[..., :2], (tokens > 0)[..., None]
+            last = self.stored.double()[:, None, None] * (1 + 1e-9) + 1e-6  # (runs' rounding)
+            values.require(
+                ~held | ((ends >= -1e-6) & (ends <= last)),
+                f"{name}.places must hold spans of token indices within the stream: lo and hi "
+                f"in [0, {name}.stored] for each place that holds tokens",
+            )
         if own:
             values.run()
 

@@ -121,7 +121,7 @@ def window_within_positions(
         window.surprisal[:, width - room :],
         window.salience[:, width - room :],
     )
-    return MemoryState(state.layers, short, state.source, state.salience)
+    return MemoryState(state.layers, short, state.source, state.salience, state.memory)
 
 
 @torch.no_grad()

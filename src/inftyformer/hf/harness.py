@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +37,50 @@ from ..data.paths import SPLITS, resolve_data_dir
 TASK = "inftyformer_text"  # the task's default name
 MAX_LENGTH = 1 << 24  # tokens: above any document, so that lm_eval passes each one whole
 METRICS = ("word_perplexity", "byte_perplexity", "bits_per_byte")
+# a task's name: a file name in the task folder (NAME.yaml) and lm_eval's --tasks entry
+TASK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+# what lm_eval's key=value parsing of --model_args gives a meaning: a comma starts another
+# argument; quotes and brackets group (0.4.9 and later); and a value that reads as a number,
+# a bool or a Python literal is converted
+MODEL_ARGS_SYNTAX = re.compile(r"[,\s'\"\[\](){}]")
+
+
+def check_task_name(name: object) -> str:
+    """`name` as a task's name: letters, digits, `_`, `.` and `-`, not starting with `.` or
+    `-` (no path: `../x`, an absolute path or an empty name would write outside the task
+    folder, or name no task)."""
+    if not isinstance(name, str) or not TASK_NAME.fullmatch(name):
+        raise ValueError(
+            f"the task's name must be 1 to 100 letters, digits, '_', '.' or '-', starting with "
+            f"a letter, a digit or '_' (it names NAME.yaml in the task folder), got {name!r}"
+        )
+    return name
+
+
+def check_model_dir(model_dir: str | Path) -> str:
+    """`model_dir` as lm_eval's `pretrained=` value, refused (ValueError) where lm_eval's
+    `--model_args key=value,...` would read it as something else: a comma (it would start
+    another argument, e.g. `trust_remote_code=...` or `pretrained=` of another folder),
+    whitespace, quotes or brackets, or a value lm_eval converts (a number, true/false, a
+    literal)."""
+    text = str(model_dir)
+    converted = False
+    if text.lower() in ("true", "false", "none") or text.isnumeric():
+        converted = True
+    else:
+        try:
+            float(text)
+            converted = True
+        except ValueError:
+            pass
+    if not text or converted or MODEL_ARGS_SYNTAX.search(text):
+        raise ValueError(
+            f"the model folder {text!r} cannot be passed in lm_eval's --model_args "
+            "(key=value pairs split at commas; quotes, brackets and whitespace group, numbers "
+            "and true/false are converted): move or link the folder to a path of letters, "
+            "digits and / . _ - (e.g. ln -s 'OLD' models/mine)"
+        )
+    return text
 
 
 def document_files(data_dir: str | Path | None, split: str = "test") -> list[Path]:
@@ -65,6 +110,7 @@ def write_task(
     `data_dir` (the first `max_docs`; the first `max_chars` characters of each); returns it."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    check_task_name(name)
     for option, value in (("max_docs", max_docs), ("max_chars", max_chars)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise ValueError(f"{option} must be a positive int or None, got {value!r}")
@@ -100,7 +146,9 @@ def prefix_token_id(model_dir: str | Path) -> int:
 
 def model_args(model_dir: str | Path, max_length: int = MAX_LENGTH) -> str:
     """lm_eval's `--model_args` for a saved memory model (`save_pretrained`, tokenizer beside
-    it): loaded through the folder's own loader module, each document whole."""
+    it): loaded through the folder's own loader module, each document whole. A folder whose
+    path lm_eval would read as more than a path is refused (`check_model_dir`)."""
+    model_dir = check_model_dir(model_dir)
     return (
         f"pretrained={model_dir},trust_remote_code=True,"
         f"prefix_token_id={prefix_token_id(model_dir)},max_length={max_length}"
@@ -109,6 +157,7 @@ def model_args(model_dir: str | Path, max_length: int = MAX_LENGTH) -> str:
 
 def command(model_dir: str | Path, task_dir: str | Path, name: str = TASK) -> list[str]:
     """The `lm_eval` command line that evaluates `model_dir` on the task in `task_dir`."""
+    check_task_name(name)
     return [
         "lm_eval", "--model", "hf", "--model_args", model_args(model_dir),
         "--include_path", str(task_dir), "--tasks", name, "--batch_size", "1",

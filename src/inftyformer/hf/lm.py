@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from ..model import LMOutput, decay_groups, token_losses
+from ..model import IGNORE_INDEX, LMOutput, decay_groups, token_losses
 from ..models import PretrainedMemoryConfig
 from ..state import MemoryState
 from .loss import HeadInputs, lean_head, lean_token_losses
@@ -112,11 +112,16 @@ class PretrainedMemoryLM(nn.Module):
                 f"targets must be a tensor of the shape of tokens {tuple(tokens.shape)}"
             )
         head = None
-        if targets is not None and tokens.shape[1] <= self.config.segment_len:
+        # keep_salient reads the call's surprisal from its logits: they are computed then
+        lean = not (self.config.memory and self.config.adapter.salience[0])
+        if targets is not None and tokens.shape[1] <= self.config.segment_len and lean:
             head = lean_head(self.lm, self._architecture)  # None: the loss through the logits
         with contextlib.nullcontext(None) if head is None else HeadInputs(head, skip=True) as seen:
-            if self.config.memory:
-                out = self.lm(tokens, state=state, reset=reset, generator=generator)
+            if self.config.memory:  # the reads' KL over the tokens the loss scores
+                scored = None if targets is None else targets.to(tokens.device) != IGNORE_INDEX
+                out = self.lm(
+                    tokens, state=state, reset=reset, generator=generator, kl_weights=scored
+                )
                 logits, state, aux = out.logits, out.state, {"kl": out.kl}
                 memory_loss = out.memory_loss
             else:

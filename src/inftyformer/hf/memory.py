@@ -28,8 +28,11 @@ from torch import nn
 
 from ..core.state import LongTermState
 from ..extensions.places import salience as token_salience
+from ..kl_term import scored_mean, token_kl
+from ..model import IGNORE_INDEX
 from ..short_term_memory import ShortTermState
 from ..state import LayerState, MemoryState, TokenWindow
+from ..state_record import memory_record
 from .hooks import Call
 from .validation import check_reset, check_state
 from .window import WindowedInputs, pack
@@ -52,6 +55,12 @@ def source(model: nn.Module) -> str:
     )
 
 
+def record(model: nn.Module) -> dict:
+    """What `model`'s states record of its memory (`state_record.memory_record`), computed
+    once by the model (`model.state_record`)."""
+    return memory_record(model.config.adapter.settings())
+
+
 def init_state(model: nn.Module, batch_size: int, device=None) -> MemoryState:
     """An empty memory state for `batch_size` parallel streams."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -69,6 +78,7 @@ def init_state(model: nn.Module, batch_size: int, device=None) -> MemoryState:
         ),
         TokenWindow.empty(batch_size, device) if model.config.adapter.window else None,
         model.state_source,
+        memory=model.state_record,
     )
 
 
@@ -146,6 +156,7 @@ def consolidate(
         ),
         state.window,
         state.source,
+        memory=state.memory,
     )
 
 
@@ -176,9 +187,11 @@ def written(
     past: int,
     surprisal: torch.Tensor | None = None,
 ) -> tuple[MemoryState, torch.Tensor, torch.Tensor]:
-    """Step 3: the memory a call returns (detached), the reads' KL (mean over layers) and the
-    memory loss. `window`: the one this call read. A call continuing a cache (`past` > 0,
-    generation) writes nothing: its memory is the one it read, nothing waiting.
+    """Step 3: the memory a call returns (detached), the KL of each of the call's tokens' reads
+    [batch, T] (mean over layers and heads, 0 in rows with an empty memory: `kl_term.py`) and
+    0·Σp over the memory parameters that had nothing to do (`unused`, DDP). `window`: the one
+    this call read. A call continuing a cache (`past` > 0, generation) writes nothing: its
+    memory is the one it read, nothing waiting.
     `surprisal` [batch, T] of this call's tokens (keep_salient): their salience
     (`stream_places.salience`, over the window's surprisal before them, then theirs) goes into
     the window with them, and the salience of the tokens that leave the window waits beside
@@ -212,22 +225,57 @@ def written(
         else:
             waiting = ShortTermState(*pack(call.normed[i].detach(), leaving))
         layers.append(LayerState(short_term=waiting, long_term=lt.detach()))
-    kl = torch.stack([r.kl for r in call.reads]).mean()
-    memory_loss = model.config.adapter.kl_weight * kl
+    c = inputs.context  # the reads of the window's tokens come first: the call's after them
+    per_token = torch.stack([
+        token_kl(r.sigma_sq[..., c:], layer.attention.config.sigma_0, ~lt.empty)
+        for r, layer, lt in zip(call.reads, model.long_term, long_term, strict=True)
+    ]).mean(0)  # [batch, T]  # fmt: skip
+    zeros = per_token.new_zeros(())
     for zero in unused:
-        memory_loss = memory_loss + zero
+        zeros = zeros + zero
     if model.config.adapter.heads_read:  # the reads' own output projections are unused
         for layer in model.long_term:
             out = layer.attention.out
-            memory_loss = memory_loss + 0.0 * (out.weight.sum() + out.bias.sum())
-    return MemoryState(tuple(layers), window, model.state_source, salience), kl, memory_loss
+            zeros = zeros + 0.0 * (out.weight.sum() + out.bias.sum())
+    record = model.state_record
+    new_state = MemoryState(tuple(layers), window, model.state_source, salience, record)
+    return new_state, per_token, zeros
+
+
+def kl_loss(
+    model: nn.Module,
+    per_token: torch.Tensor,
+    zeros: torch.Tensor,
+    labels: torch.Tensor | None,
+    valid: torch.Tensor | None,
+    kl_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kl, memory_loss = kl_weight · kl + `zeros`) of a call: kl the mean of `per_token`
+    [batch, T] over the positions the loss scores (`kl_term.py`): those `kl_weights` [batch, T]
+    marks (a caller that scores its own targets), else those whose next label is scored (HF's
+    shift: position t predicts labels[t + 1]), else the valid positions (`valid`, None: all)."""
+    scored = kl_weights
+    if scored is None and labels is not None:
+        last = torch.zeros_like(labels[:, :1], dtype=torch.bool)  # predicts nothing here
+        scored = torch.cat([labels[:, 1:] != IGNORE_INDEX, last], 1)
+    elif scored is None:
+        scored = valid
+    if scored is not None and tuple(scored.shape) != tuple(per_token.shape):
+        raise ValueError(
+            f"kl_weights must have the shape of input_ids {tuple(per_token.shape)}, got "
+            f"{tuple(scored.shape)}"
+        )
+    kl = scored_mean(per_token, scored)
+    return kl, model.config.adapter.kl_weight * kl + zeros
 
 
 __all__ = [
     "consolidate",
     "fit_waiting",
     "init_state",
+    "kl_loss",
     "prepare_state",
+    "record",
     "source",
     "surprisal",
     "written",

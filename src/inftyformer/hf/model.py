@@ -113,7 +113,8 @@ class InftyformerOutput(ModelOutput):
     lm_loss     mean next-token NLL over labels ≠ −100 (labels shifted inside, as in HF)
     token_loss  [batch, T − 1] NLL per predicted position, 0 where ignored
     kl          variance KL of the reads, mean over layers (unweighted)
-    memory_loss kl_weight · kl + 0·Σp over memory parameters that had nothing to do"""
+    memory_loss kl_weight · kl + 0·Σp over memory parameters that had nothing to do; kl the
+                mean over the scored positions of each token's read KL (`kl_term.py`)"""
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
@@ -151,6 +152,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
                 f"{n_blocks} blocks"
             )
         lt_config = config.long_term_config()
+        self.state_record = memories.record(self)  # what its states record of the memory
         designs: dict = {}  # the layers' bases are equal: one cache of design matrices G
         self.long_term = nn.ModuleList(LayerMemory(lt_config, designs) for _ in self.memory_blocks)
         self._owner = hooks.new_owner()  # a base wrapped twice: only the caller's hooks act
@@ -204,21 +206,12 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         one it was loaded from) and weights hash, for a base that did not train
         (`saved_adapter.py`). Either folder also gets the loader module that lets Hugging Face
         tools load it with `trust_remote_code=True` without importing inftyformer first
-        (`remote_code.py`)."""
-        from .remote_code import mark_config, write_loader
+        (`remote_code.py`). A folder of another model (a base's) is refused, and the files of
+        an earlier save of the other kind are removed (`saved_adapter.save`)."""
+        from .saved_adapter import save
 
-        mark_config(self.config)
-        if not adapter_only:
-            result = super().save_pretrained(save_directory, *args, **kwargs)
-            write_loader(save_directory)
-            return result
-        if args or kwargs:
-            raise ValueError(f"adapter_only takes no other options, got {sorted(kwargs)}")
-        from .saved_adapter import save_adapter
-
-        save_adapter(self, save_directory, base_model)
-        write_loader(save_directory)
-        return None
+        whole = super().save_pretrained
+        return save(self, save_directory, whole, adapter_only, base_model, *args, **kwargs)
 
     def unwrap(self) -> PreTrainedModel:
         """Remove the hooks from the base model and return it (as it was before wrapping; this
@@ -310,6 +303,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         generator: torch.Generator | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        kl_weights: torch.Tensor | None = None,
         **kwargs,
     ) -> InftyformerOutput:
         """input_ids [batch, T] (one segment; more than `segment_len` tokens are streamed
@@ -317,7 +311,8 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         previous call (None: empty; `memory=`: the old name, deprecated), labels [batch, T]
         (shifted inside as in HF, −100 ignored), reset [batch]
         bool (rows whose document ended before this segment). `generator` seeds the sticky
-        sampling in training."""
+        sampling in training. `kl_weights` [batch, T] bool: the positions whose reads' KL the
+        loss counts (default: those the labels score; `memories.kl_loss`)."""
         state = renamed_argument(kwargs, "memory", "state", state)
         validation.check_call(self, kwargs)
         ids = self._check_ids("input_ids", input_ids, allow_ignore=False)
@@ -328,7 +323,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         if length > self.config.adapter.segment_len:  # more than a segment: streamed, call by call
             return self._stream(
                 ids, state, labels, reset, attention_mask, position_ids, cache, use_cache,
-                generator, logits_to_keep, kwargs,
+                generator, logits_to_keep, {**kwargs, "kl_weights": kl_weights},
             )  # fmt: skip
         past_cache = cache or kwargs.get("past_key_values")
         validation.check_positions(self.config, length, position_ids, past_cache)
@@ -391,9 +386,10 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         logits = base_out.logits
         surprisal = memories.surprisal(logits, ids, extra) if salient else None
         logits = logits[:, extra:]
-        new_state, kl, memory_loss = memories.written(
+        new_state, per_token, zeros = memories.written(
             self, call, long_term, unused, inputs, state.window, batch, past, surprisal
         )
+        kl, memory_loss = memories.kl_loss(self, per_token, zeros, labels, valid, kl_weights)
         output = InftyformerOutput(
             logits=logits,
             state=new_state,

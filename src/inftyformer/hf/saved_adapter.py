@@ -7,17 +7,28 @@ the pretrained base it loads on top of (`docs/hf.md`), in the spirit of PEFT's a
     adapter_config.json         {"format": "inftyformer-adapter",
                                  "base_model_name_or_path": the base's folder (absolute),
                                  "base_model_sha256": its `weights_hash`,
-                                 "base_weights_prefix": "base."}
+                                 "base_weights_prefix": "base.",
+                                 "base_model_config": its `behaviour_config`,
+                                 "files": {"config.json": sha256, ...}}  (written last)
 
 `model.save_pretrained(dir, adapter_only=True)` writes it (refusing a model whose base weights
 are not the base folder's: a fine-tuned base is saved whole); `InftyformerForCausalLM.
 from_pretrained(dir)` (or `AutoModelForCausalLM.from_pretrained(dir)`) loads the base from the
-reference, or from `base_model=` when it moved, refuses one whose hash differs, and adds the
-saved memory: the logits are the saved model's.
+reference, or from `base_model=` when it moved, refuses one whose hash differs or whose
+config.json computes otherwise (`base_weights.check_config`: rope_theta, hidden_act, ...), and
+adds the saved memory: the logits are the saved model's.
+
+A folder holds one save (`save`): a save into a folder of another model (a base's own folder,
+whose config.json it would overwrite) is refused; a save removes the files of an earlier save
+of the other kind before it writes (the marker, adapter_config.json, first), so that neither a
+whole model's weights nor a stale adapter are loaded in place of what was saved; and the
+adapter config lists the sha256 of the files it was saved with, so that a folder whose files
+come from two adapter saves (one cut short) is refused on loading.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -29,13 +40,87 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from .._files import atomic_path, write_atomic
-from ..base_weights import BaseReference, weight_files
+from ..base_weights import BaseReference, behaviour_config, check_config, weight_files
 from .config import InftyformerConfig
 
 FORMAT = "inftyformer-adapter"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PREFIX = "base."  # where the base's tensors sit in InftyformerForCausalLM's state dict
+# the files of a whole model's save (Hugging Face's names, shards and indexes included)
+WHOLE_WEIGHTS = (
+    "model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors",
+    "pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*-of-*.bin",
+)  # fmt: skip
+ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)  # the marker first
+
+
+def save(
+    model: Any,
+    directory: str | Path,
+    whole: Callable[..., Any],
+    adapter_only: bool,
+    base_model: str | Path | None,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """`model.save_pretrained(directory, ...)`: the whole model through `whole` (Hugging Face's
+    `save_pretrained`), or its adapter folder (`save_adapter`); either with the loader module
+    (`remote_code.py`), into a folder that then holds this save only (`clear_for_save`)."""
+    from .remote_code import mark_config, write_loader
+
+    if adapter_only and (args or kwargs):
+        raise ValueError(f"adapter_only takes no other options, got {sorted(kwargs)}")
+    # everything that can refuse the save runs before the folder is touched
+    reference = _checked_base(model, base_model) if adapter_only else None
+    clear_for_save(directory, adapter_only)
+    mark_config(model.config)
+    result = None
+    if reference is not None:
+        _write_adapter(model, directory, reference)
+    else:
+        result = whole(directory, *args, **kwargs)
+    write_loader(directory)
+    return result
+
+
+def clear_for_save(directory: str | Path, adapter_only: bool) -> None:
+    """Make `directory` ready for a save of one kind: refuse a folder that holds another model
+    (a config.json of another model type, e.g. the base's own folder, which the save would
+    overwrite), then remove an earlier save's files of the other kind (a whole model's
+    weights before an adapter save; the adapter's marker and weights before a whole save)."""
+    directory = Path(directory)
+    config = directory / "config.json"
+    if config.is_file():
+        try:
+            found = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+        except (OSError, ValueError, AttributeError) as err:
+            raise ValueError(
+                f"{directory} holds a config.json that cannot be read ({err}): a save there "
+                "would mix with what is there; save into another folder"
+            ) from None
+        if found != InftyformerConfig.model_type:
+            raise ValueError(
+                f"{directory} holds another model (config.json of model_type {found!r}, e.g. "
+                "the base's own folder): a save there would overwrite its config; save into "
+                "another folder"
+            )
+    if not directory.is_dir():
+        return
+    if adapter_only:
+        stale = [p for pattern in WHOLE_WEIGHTS for p in sorted(directory.glob(pattern))]
+    else:
+        stale = [directory / name for name in ADAPTER_FILES]
+    for path in stale:
+        path.unlink(missing_ok=True)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def is_adapter(directory: Any) -> bool:
@@ -80,12 +165,21 @@ def _check_same_base(model: Any, folder: Path) -> None:
         raise ValueError(f"{folder}: none of its tensors are the model's base weights")
 
 
+def _checked_base(model: Any, base_model: str | Path | None) -> BaseReference:
+    """The reference to the base folder `model`'s adapter loads on, once its weights are
+    checked to be the model's base."""
+    folder = _base_folder(model, base_model)
+    _check_same_base(model, folder)
+    return BaseReference.of(folder, PREFIX)
+
+
 def save_adapter(model: Any, directory: str | Path, base_model: str | Path | None = None) -> Path:
     """Write `model`'s adapter folder (module docstring) to `directory`; returns it.
     `base_model`: the base's folder (default: where the base was loaded from)."""
-    folder = _base_folder(model, base_model)
-    _check_same_base(model, folder)
-    reference = BaseReference.of(folder, PREFIX)
+    return _write_adapter(model, directory, _checked_base(model, base_model))
+
+
+def _write_adapter(model: Any, directory: str | Path, reference: BaseReference) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {
@@ -101,9 +195,31 @@ def save_adapter(model: Any, directory: str | Path, base_model: str | Path | Non
         "base_model_name_or_path": reference.path,
         "base_model_sha256": reference.sha256,
         "base_weights_prefix": PREFIX,
+        "base_model_config": behaviour_config(reference.path),  # rope_theta, hidden_act, ...
+        # what this save wrote: a folder mixing two saves is refused on loading
+        "files": {name: _sha256(directory / name) for name in ("config.json", ADAPTER_WEIGHTS)},
     }
     write_atomic(directory / ADAPTER_CONFIG, json.dumps(info, indent=1))
     return directory
+
+
+def _check_files(directory: Path, info: dict[str, Any]) -> None:
+    """The files the adapter config lists are those it was saved with (configs saved before
+    the list existed are not checked)."""
+    files = info.get("files")
+    if files is None:
+        return
+    if not isinstance(files, dict):
+        raise ValueError(f"{directory / ADAPTER_CONFIG}: 'files' must map names to sha256")
+    for name, digest in sorted(files.items()):
+        path = directory / str(name)
+        found = _sha256(path) if path.is_file() else "missing"
+        if found != digest:
+            raise ValueError(
+                f"{directory} mixes two saves: its {name} is not the one saved with "
+                f"{ADAPTER_CONFIG} ({'missing' if found == 'missing' else 'other contents'}; "
+                "was a save cut short, or a file copied over?): save the model again"
+            )
 
 
 def load_adapter(
@@ -129,6 +245,7 @@ def load_adapter(
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{path} is not a readable adapter config: {err}") from None
+    _check_files(directory, info)
     folder = Path(base_model).expanduser() if base_model is not None else Path(reference.path)
     if not (folder / "config.json").is_file():
         raise ValueError(
@@ -136,6 +253,8 @@ def load_adapter(
             "base_model=DIR, its new folder"
         )
     reference.check(folder, option="base_model=")
+    if "base_model_config" in info:  # adapters saved before it was recorded: weights only
+        check_config(info["base_model_config"], folder, "base_model=", "this adapter")
     config = InftyformerConfig.from_pretrained(directory)
     settings = {"adapter": config.adapter}
     base_options.pop("config", None)  # AutoModelForCausalLM passes the adapter's own
@@ -151,4 +270,12 @@ def load_adapter(
     return model.eval()
 
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "is_adapter", "load_adapter", "save_adapter"]
+__all__ = [
+    "ADAPTER_CONFIG",
+    "ADAPTER_WEIGHTS",
+    "clear_for_save",
+    "is_adapter",
+    "load_adapter",
+    "save",
+    "save_adapter",
+]

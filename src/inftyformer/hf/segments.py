@@ -88,7 +88,10 @@ def stream_forward(
         state        after the last segment
         lm_loss      mean next-token NLL over labels ≠ −100, labels shifted over the whole input
         token_loss   [batch, T − 1]
-        kl, memory_loss  means over the calls; loss = lm_loss + memory_loss
+        kl, memory_loss  over the calls, each weighed by the positions it scores (the labels',
+                     or `kl_weights` [batch, T]; else equally), so that kl is the mean over
+                     every scored position of its read's KL, as in one call (`kl_term.py`);
+                     loss = lm_loss + memory_loss
         cache        the last call's (the base's cache over the window and the last segment)
 
     Padding (`valid` [batch, T], False at attention-mask zeros): each row's tokens are streamed
@@ -98,21 +101,27 @@ def stream_forward(
     targets = None
     if labels is not None:  # position t predicts labels[t + 1], as in one call
         targets = torch.cat([labels[:, 1:], labels.new_full((batch, 1), IGNORE_INDEX)], dim=1)
+    scored = kwargs.pop("kl_weights", None)  # the positions whose reads' KL counts
+    if scored is None and targets is not None:
+        scored = targets != IGNORE_INDEX
     order = None if valid is None else _tokens_first(valid)
     if order is not None:
         ids, valid = ids.gather(1, order), valid.gather(1, order)
         targets = None if targets is None else targets.gather(1, order)
+        scored = None if scored is None else scored.gather(1, order)
     mask = None if valid is None else valid.long()
 
     def options(start: int, stop: int) -> dict[str, Any]:  # only the last call keeps a cache
-        return {"use_cache": use_cache if stop == length else False, **kwargs}
+        weights = {} if scored is None else {"kl_weights": scored[:, start:stop]}
+        return {"use_cache": use_cache if stop == length else False, **weights, **kwargs}
 
-    logits, losses, kls, memory_losses, out = [], [], [], [], None
+    logits, losses, kls, memory_losses, counts, out = [], [], [], [], [], None
     calls = segment_calls(model, ids, state, None, reset, generator, mask, options)
     for start, stop, out in calls:
         logits.append(out.logits)
         kls.append(out.kl)
         memory_losses.append(out.memory_loss)
+        counts.append(1.0 if scored is None else float(scored[:, start:stop].sum()))
         if targets is not None:
             losses.append(token_losses(out.logits, targets[:, start:stop])[0])
     all_logits = torch.cat(logits, dim=1)
@@ -123,12 +132,15 @@ def stream_forward(
         token_loss = None if token_loss is None else token_loss.gather(1, inverse)
     if logits_to_keep:
         all_logits = all_logits[:, -logits_to_keep:]
-    memory_loss = torch.stack(memory_losses).mean()
+    # each call's terms are means over its scored positions: weighed by their number
+    share = torch.tensor(counts, dtype=torch.float64)
+    share = share / share.sum() if share.sum() > 0 else torch.full_like(share, 1 / len(counts))
+    memory_loss = sum(m * float(w) for m, w in zip(memory_losses, share, strict=True))
     output = dict(
         logits=all_logits,
         state=out.state,
         cache=out.cache,
-        kl=torch.stack(kls).mean(),
+        kl=sum(k * float(w) for k, w in zip(kls, share, strict=True)),
         memory_loss=memory_loss,
     )
     if labels is not None:

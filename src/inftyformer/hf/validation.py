@@ -15,7 +15,8 @@ from torch import nn
 from .._checks import STATE_MAGNITUDE, ValueChecks, check_token_ids
 from ..core.state import LongTermState
 from ..model import IGNORE_INDEX
-from ..state import LayerState, MemoryState, TokenWindow
+from ..state import LayerState, MemoryState, TokenWindow, check_salience
+from ..state_record import check_memory_record
 
 
 def position_limit(config) -> int | None:
@@ -167,6 +168,7 @@ def check_state(model: nn.Module, state: object, batch_size: int) -> MemoryState
                 "use state.to(device)"
             )
     check_window(model.config, state.window, batch_size, device, values)
+    check_salience(state, batch_size, values)
     values.run()
     # provenance last: a state of other shapes is named by its shapes above
     if state.source is not None and state.source != model.state_source:
@@ -174,6 +176,7 @@ def check_state(model: nn.Module, state: object, batch_size: int) -> MemoryState
             f"state was made by {state.source}; this model is {model.state_source}: a "
             "memory state holds one base model's hidden states and cannot be read by another"
         )
+    check_memory_record(state, model.state_record)
     return state
 
 

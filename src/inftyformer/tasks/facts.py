@@ -19,9 +19,10 @@ them retrieves rather than remembers. Each batch draws one distance d from ``dis
 share it, so their blocks line up); every row draws its book window, wording and key. The stream
 is a whole number of segments of C = ``segment_len`` and the answer ends the last one: every
 segment but the last streams into the memory without gradients (as in sorting and recall,
-`streamed.py`), the last is scored. The loss is the answer's mean NLL plus ``lm_weight`` × the
-mean next-token NLL of the rest of the last segment (ordinary language modelling, so the model
-keeps reading books well).
+`streamed.py`), the last is scored, so the answer and the token before it must fit in one
+segment: an answer that does not is refused (`check_answer_fits`), never scored in part. The
+loss is the answer's mean NLL plus ``lm_weight`` × the mean next-token NLL of the rest of the
+last segment (ordinary language modelling, so the model keeps reading books well).
 
 ``read_weight`` > 0 adds read supervision: the key's place in the memory is known (blocks of C,
 a window of 0 or C tokens, no sticky sampling: `read_targets`), so the loss also holds the mean
@@ -186,6 +187,7 @@ class FactsDataset:
         for f in facts:
             if len(f.question) > d:
                 raise ValueError(f"distance {d} is shorter than the question ({len(f.question)})")
+            check_answer_fits(len(f.answer), self.block, repr(" " + f.key))
         need = max(self.config.lead + len(f.statement) + d + len(f.answer) for f in facts)
         S = -(-need // self.block) * self.block
         inputs = np.empty((self.batch_size, S), dtype=np.int64)
@@ -205,6 +207,20 @@ class FactsDataset:
         lm[answer != IGNORE_INDEX] = IGNORE_INDEX  # the answer is scored once, as the answer
         tensors = (torch.from_numpy(a) for a in (inputs, answer, lm))
         return *tensors, d, torch.from_numpy(key_at)
+
+
+def check_answer_fits(answer_tokens: int, segment_len: int, answer: str = "an answer") -> None:
+    """Only the last segment of a stream is scored, and its first position predicts the
+    segment's second token: an answer of A tokens is scored whole only when A + 1 ≤ C. A
+    longer one would be scored in part (its last C − 1 tokens), and exact match would count
+    an answer right whose first tokens were never scored: refused instead."""
+    if answer_tokens + 1 > segment_len:
+        raise ValueError(
+            f"{answer} is {answer_tokens} tokens, but with segment_len={segment_len} only the "
+            f"last segment is scored and it holds {segment_len - 1} of them (the answer and "
+            f"the token before it must fit in one segment): use segment_len >= "
+            f"{answer_tokens + 1}"
+        )
 
 
 def _find(tokens: list[int], part: list[int]) -> int:
@@ -297,6 +313,10 @@ class FactsTask(LastBlockTask):
     @classmethod
     def check(cls, config: FactsConfig, model_config: Any) -> None:
         text_layout(resolve_data_dir(config.data_dir), "train")
+        # " " + key, at most one token per character: the longest answer fits, so that every
+        # answer is scored whole (each batch checks its own answers too)
+        longest = 1 + max(TRAIN_DIGITS + EVAL_DIGITS)
+        check_answer_fits(longest, model_config.segment_len, f"an answer (up to {longest} tokens)")
         if config.read_weight > 0:
             C = model_config.segment_len
             pretrained = model_kind(model_config) == "pretrained"
@@ -438,6 +458,7 @@ def _tokenizer(config: FactsConfig) -> TextTokenizer:
 __all__ = [
     "EVAL_FACTS",
     "TRAIN_FACTS",
+    "check_answer_fits",
     "FactsConfig",
     "FactsDataset",
     "FactsTask",

@@ -127,6 +127,7 @@ class LanguageModelTask(Task):
         self._next_cursor: dict[str, Any] | None = None
         self._next_memory: dict[int, MemoryState] = {}
         self._parts: list[int] = []  # parts whose memory a checkpoint holds (while resuming)
+        self._records: dict[str, Any] = {}  # and their provenance and memory records
 
     # ------------------------------------------------------------------ model side
     @classmethod
@@ -229,7 +230,15 @@ class LanguageModelTask(Task):
 
     # ------------------------------------------------------------------ resumable state
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self._step, "stream": self._cursor, "parts": sorted(self._memory)}
+        # the carried memory's provenance and record go with it (a resumed model checks them)
+        records = {
+            str(part): {"source": state.source, "memory": state.memory}
+            for part, state in self._memory.items()
+        }
+        return {
+            "step": self._step, "stream": self._cursor, "parts": sorted(self._memory),
+            "records": records,
+        }  # fmt: skip
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {
@@ -245,6 +254,7 @@ class LanguageModelTask(Task):
         self._cursor = state["stream"]
         self.streams.load_state_dict(self._cursor)  # validates it against this corpus
         self._parts = [int(p) for p in state.get("parts", [])]
+        self._records = state.get("records", {})  # saved before records were kept: none
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         memory = {}
@@ -253,7 +263,8 @@ class LanguageModelTask(Task):
             mine = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
             if not mine:
                 raise ValueError(f"the checkpoint lacks the carried memory of part {part}")
-            state = MemoryState.from_tensors(mine)
+            record = self._records.get(str(part), {})
+            state = MemoryState.from_tensors(mine, None, record.get("source"), record.get("memory"))
             memory[part] = state.to(self.context.device)
         self._memory = memory
 

@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from .._files import fsync_dir, write_atomic
+from .._files import fsync_dir, naming, write_atomic
 
 FORMAT = "inftyformer-checkpoint"
 VERSION = 1
@@ -98,12 +98,17 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` durably (fsync)."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+def _write_bytes(path: Path, data: bytes, shown: Path) -> None:
+    """Write `data` to `path` durably (fsync); a failed write leaves no partial file and its
+    error names `shown` (the checkpoint file `path` stands for)."""
+    try:
+        with naming(shown), open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
@@ -209,7 +214,7 @@ def save_checkpoint(
         "meta": json.dumps(meta, indent=1, sort_keys=True).encode(),
     }
     for role, data in blobs.items():
-        _write_bytes(_pending(paths[role]), data)
+        _write_bytes(_pending(paths[role]), data, paths[role])
     manifest = {
         "format": FORMAT,
         "version": VERSION,

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._files import atomic_path
+from .._files import atomic_path, naming
 
 CSV_NAME = "metrics.csv"
 CSV_HEADER = ["step", "split", "metric", "value"]
@@ -78,15 +78,17 @@ class MetricsLogger:
     def log(self, step: int, split: str, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
-        for name, value in metrics.items():
-            self._csv.writerow([step, split, name, repr(float(value))])
-            if self._writer is not None:
-                self._writer.add_scalar(f"{split}/{name}", float(value), step)
-        self._file.flush()
+        with naming(self.out_dir / CSV_NAME):
+            for name, value in metrics.items():
+                self._csv.writerow([step, split, name, repr(float(value))])
+                if self._writer is not None:
+                    self._writer.add_scalar(f"{split}/{name}", float(value), step)
+            self._file.flush()
 
     def flush(self) -> None:
         if self._file is not None:
-            self._file.flush()
+            with naming(self.out_dir / CSV_NAME):
+                self._file.flush()
         if self._writer is not None:
             self._writer.flush()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..models import changeable_settings, config_from_dict, model_kind
+from ..state_record import STATE_SETTINGS
 from ..tasks import Task, TaskConfig
 from .checkpoint import (
     Checkpoint,
@@ -22,9 +23,21 @@ from .checkpoint import (
 from .config import RUN_SETTINGS, TrainConfig
 from .distributed import DistEnv, barrier
 from .logger import CSV_NAME
+from .run_lock import RunLock
 from .weights import check_base, relocate
 
 RUN_FILES = ("best", "last")
+# model settings a run cannot take on resume even with --allow-changes: its data position
+# (the language model's stream cursor) counts segments of this length
+RESUME_FIXED = ("segment_len",)
+# model settings whose change on resume adds or removes a group of parameters the optimiser's
+# saved state is laid out by (a rate set or left unset, not one rate for another)
+GROUP_SETTINGS = ("density_lr",)
+# model settings the carried memory is shaped or given its meaning by (`state_record.py`, the
+# token window, the sticky histogram, the compressed slots a compressive memory holds): a
+# resume that changes one starts each stream's memory again (said, and recorded in the
+# history). The short-term memory takes another mem_len as it is (it holds what it may).
+MEMORY_BOUND = (*STATE_SETTINGS, "window", "sticky_bins", "compressed_len")
 
 
 def changed(a: dict[str, Any], b: dict[str, Any], keys: Any = None) -> dict[str, list[Any]]:
@@ -45,16 +58,22 @@ class RunDirectory:
     history: list[dict[str, Any]]
     _renamed_base: str
     _data_fingerprint: dict[str, str] | None
+    _lock: RunLock | None
+    _fresh_memory: bool
     echo: Callable[[str], None]
 
     def _open_run_dir(
         self, resume: bool, overwrite: bool, allow_changes: bool
     ) -> Checkpoint | None:
         """Clean what a killed save left behind; with `resume`, the `last` checkpoint once its
-        settings are checked against this run's; else make sure no run is overwritten unasked."""
+        settings are checked against this run's; else make sure no run is overwritten unasked.
+        The process that writes the checkpoints first locks the directory for the run
+        (`run_lock.py`): a second run on it is refused before it touches anything."""
         self.history = []
+        self._fresh_memory = False  # set when an allowed change leaves the carried memory
         self._renamed_base = ""  # a hint when data "changes" because the base's folder did
         if self.env.is_main:
+            self._lock = RunLock(self.out_dir).acquire()  # released when training ends
             clean_stale_files(self.out_dir)  # what a killed save left behind
         barrier(self.env)
         checkpoint: Checkpoint | None = None
@@ -93,6 +112,15 @@ class RunDirectory:
                 self._clear_run_dir()
         barrier(self.env)
         return checkpoint
+
+    def _release_run_dir(self, started: bool = True) -> None:
+        """Free the run directory for another run (the end of this process does it too); a
+        run that never `started` leaves no folder it created."""
+        lock = getattr(self, "_lock", None)
+        if lock is not None and started:
+            lock.release()
+        elif lock is not None:
+            lock.abandon()
 
     def _clear_run_dir(self) -> None:
         for name in RUN_FILES:
@@ -167,6 +195,7 @@ class RunDirectory:
         self.history = list(history) if isinstance(history, list) else []
         if not changes:
             return
+        self._check_takeable(ckpt, changes)
         shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items())
         if not allow_changes:
             raise CheckpointError(
@@ -174,14 +203,44 @@ class RunDirectory:
                 "these settings to continue the run as it was, or allow the change explicitly "
                 "(--allow-changes; it is recorded in the run's history)"
             )
-        self.history.append(
-            {
-                "step": int(meta.get("step", 0)),
-                "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "changes": changes,
-            }
-        )
+        entry = {
+            "step": int(meta.get("step", 0)),
+            "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "changes": changes,
+        }
+        bound = [k for k in MEMORY_BOUND if f"model.{k}" in changes]
+        if bound:  # the carried memory was made under the old values: each stream starts anew
+            self._fresh_memory = True
+            entry["memory"] = f"started again (made with the old {', '.join(bound)})"
+        self.history.append(entry)
         self.echo(f"note: changing the run from step {meta.get('step')}: {shown}")
+        if bound:
+            self.echo(
+                f"note: the carried memory was made with the old {', '.join(bound)}: each "
+                "stream's memory starts again from the next step"
+            )
+
+    def _check_takeable(self, ckpt: Checkpoint, changes: dict[str, list[Any]]) -> None:
+        """Refuse, even with --allow-changes, the changes a resumed run cannot continue with
+        (`RESUME_FIXED`; a rate of `GROUP_SETTINGS` set or unset)."""
+        for name in RESUME_FIXED:
+            if f"model.{name}" in changes:
+                old, new = changes[f"model.{name}"]
+                raise CheckpointError(
+                    f"{ckpt.path}: {name} cannot change on resume ({old!r} -> {new!r}): the "
+                    "run's data position counts segments of it. Start a new run with it, or "
+                    f"evaluate this one with it (inftyformer evaluate {self.out_dir} --set "
+                    f"{name}={new})"
+                )
+        for name in GROUP_SETTINGS:
+            old, new = changes.get(f"model.{name}", (0, 0))
+            if (old is None) != (new is None):
+                raise CheckpointError(
+                    f"{ckpt.path}: {name} cannot be set or unset on resume ({old!r} -> "
+                    f"{new!r}): it gives its parameters a group of their own in the optimiser, "
+                    "whose saved state is laid out by the groups; change its value instead, or "
+                    "start a new run"
+                )
 
     def _fingerprint(self) -> dict[str, str]:
         if self._data_fingerprint is None:  # the data does not change during a run
@@ -223,4 +282,4 @@ class RunDirectory:
         self.echo(f"note: the {shown} data changed since step {ckpt.meta.get('step')}")
 
 
-__all__ = ["RUN_FILES", "RunDirectory", "changed"]
+__all__ = ["GROUP_SETTINGS", "MEMORY_BOUND", "RESUME_FIXED", "RUN_FILES", "RunDirectory", "changed"]

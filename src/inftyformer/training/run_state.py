@@ -26,7 +26,7 @@ from .checkpoint import (
 from .config import TrainConfig
 from .distributed import DistEnv, all_gather_object, barrier
 from .optim import SCHEDULE_KIND, lr_factor
-from .weights import META_KEY, load_model_tensors, model_tensors
+from .weights import CONFIG_KEY, META_KEY, load_model_tensors, model_tensors
 
 
 class RunState:
@@ -41,6 +41,7 @@ class RunState:
     optimizer: torch.optim.Optimizer
     task: Task
     base_reference: BaseReference | None
+    base_config: dict[str, Any] | None
     step: int
     best_metric: float | None
     best_step: int | None
@@ -103,6 +104,8 @@ class RunState:
         }
         if self.base_reference is not None:
             meta[META_KEY] = self.base_reference.to_dict()
+        if self.base_config is not None:
+            meta[CONFIG_KEY] = self.base_config
         save_checkpoint(self.out_dir, name, tensors, meta)
         barrier(self.env)  # nobody reads it before it is whole
 
@@ -146,7 +149,8 @@ class RunState:
             set_rng_state(mine["rng"])
             self.task.load_state_dict(mine.get("task", {}))
             prefix = f"task/{self.env.rank}"
-            self.task.load_state_tensors(ckpt.section(prefix))
+            if not getattr(self, "_fresh_memory", False):  # else each stream starts anew
+                self.task.load_state_tensors(ckpt.section(prefix))
 
 
 __all__ = ["RunState"]

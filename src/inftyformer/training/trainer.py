@@ -39,7 +39,7 @@ from .optim import build_optimizer, lr_factor, param_groups, rank_seed, seed_eve
 from .resume import RunDirectory
 from .run_state import RunState
 from .step import DivergedError, TrainStep
-from .weights import base_reference
+from .weights import base_config, base_reference
 
 
 # --------------------------------------------------------------------------- pieces
@@ -122,9 +122,21 @@ class Trainer(RunDirectory, RunState, TrainStep, Evaluation):
             )
         task_cls.check(task_cfg, model_cfg)
 
+        self._lock = None
+        try:
+            self._start(resume, overwrite, allow_changes)
+        except BaseException:
+            self._release_run_dir(started=False)
+            raise
+
+    def _start(self, resume: bool, overwrite: bool, allow_changes: bool) -> None:
+        """The rest of `__init__`, once the run directory is locked by `_open_run_dir`."""
+        train_cfg, task_cfg, model_cfg = self.cfg, self.task_cfg, self.model_cfg
+        task_cls = get_task(train_cfg.task)
         checkpoint = self._open_run_dir(resume, overwrite, allow_changes)
         # with a frozen base, checkpoints hold what trains and refer to the base (weights.py)
         self.base_reference = base_reference(model_cfg)
+        self.base_config = base_config(model_cfg)  # what the base's config.json computes
 
         if train_cfg.threads:
             torch.set_num_threads(train_cfg.threads)
@@ -167,6 +179,19 @@ class Trainer(RunDirectory, RunState, TrainStep, Evaluation):
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> TrainResult:
+        """Train to `steps` (or an early stop, Ctrl-C, SIGTERM, `halt_after`); then the run
+        directory is free for another run (`--resume`)."""
+        try:
+            return self._fit()
+        finally:
+            self._release_run_dir()
+
+    def close(self) -> None:
+        """Free the run directory without training (`fit` frees it when it ends): while a
+        Trainer holds it, another Trainer on the same `out_dir` is refused."""
+        self._release_run_dir()
+
+    def _fit(self) -> TrainResult:
         cfg = self.cfg
         result = TrainResult(out_dir=self.out_dir, step=self.step, finished=False)
         result.chance = self.task.chance()

@@ -10,6 +10,11 @@ folder), refuses a base whose hash differs, then loads the checkpoint's tensors:
 model's except the base's. A checkpoint without "base" (every run that trains its base, and
 frozen-base runs saved before references existed) holds every weight and loads strictly.
 
+Every checkpoint of a pretrained model also records the base's `behaviour_config` under
+"base_config" (what its config.json makes the weights compute: rope_theta, hidden_act, ...),
+and `check_base` refuses a base folder whose config.json differs, whether the checkpoint refers
+to the base's weights or holds them.
+
 A base that moved: `relocate` points the saved settings at its new folder (the model's
 `base_model` and any task setting that named the old folder, i.e. the tokenizer).
 """
@@ -22,11 +27,27 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..base_weights import BaseReference
-from ..models import frozen_base
+from ..base_weights import BaseReference, behaviour_config, check_config
+from ..models import frozen_base, model_kind
 from .checkpoint import Checkpoint, CheckpointError
 
 META_KEY = "base"
+CONFIG_KEY = "base_config"
+
+
+def base_folder(model_config: Any) -> str | None:
+    """The folder a pretrained model's base loads from (None: a native model)."""
+    if model_kind(model_config) != "pretrained":
+        return None
+    folder = model_config.to_dict().get("base_model")
+    return folder if isinstance(folder, str) else None
+
+
+def base_config(model_config: Any) -> dict[str, Any] | None:
+    """The behaviour config of `model_config`'s pretrained base, recorded in its checkpoints
+    (None: a native model)."""
+    folder = base_folder(model_config)
+    return None if folder is None else behaviour_config(folder)
 
 
 def base_reference(model_config: Any) -> BaseReference | None:
@@ -57,7 +78,12 @@ def saved_reference(ckpt: Checkpoint) -> BaseReference | None:
 
 def check_base(ckpt: Checkpoint, model_config: Any) -> BaseReference | None:
     """The checkpoint's base reference, checked against the base `model_config` loads: a
-    BaseMismatchError (one line, both bases named) when its weights differ."""
+    BaseMismatchError (one line, both bases named) when its weights differ, or when its
+    config.json computes otherwise than the recorded one (checkpoints that hold every weight
+    too)."""
+    saved_config, folder = ckpt.meta.get(CONFIG_KEY), base_folder(model_config)
+    if isinstance(saved_config, dict) and folder is not None:
+        check_config(saved_config, folder, "--base-model", f"the checkpoint {ckpt.path}")
     reference = saved_reference(ckpt)
     if reference is None:
         return None
@@ -128,7 +154,10 @@ def relocate(meta: dict[str, Any], base_model: str | None, where: object) -> str
 
 
 __all__ = [
+    "CONFIG_KEY",
     "META_KEY",
+    "base_config",
+    "base_folder",
     "base_reference",
     "check_base",
     "load_model_tensors",
