@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .._files import MAX_TEXT_BYTES
 from .cache import CACHE_ENV_VAR, CACHE_FORMAT_VERSION, _cached, default_cache_dir  # noqa: F401
-from .paths import SPLITS, check_split, resolve_data_dir
+from .paths import EMBEDDED_CORPUS, EMBEDDED_SOURCE, SPLITS, check_split, resolve_data_dir
 from .tokenized import (  # noqa: F401  (re-exported: the corpus's old home)
     TokenizedCorpus,
     _check_tokenizer,
@@ -218,7 +218,8 @@ def load_split(
     - a flat folder of ``.txt`` files (one file, one document): the files of `split` by
       :func:`flat_split_of`, or every file with ``whole=True`` (evaluating a user's documents);
     - a single text file: one document (whatever the split);
-    - ``"-"``: standard input, one document.
+    - ``"-"``: standard input, one document;
+    - ``"builtin:austen"``: the corpus the package carries (``austen/PROVENANCE.md``).
 
     Text must be UTF-8 (the error names the file); an empty result is an error.
     """
@@ -255,6 +256,10 @@ def text_layout(source: str | Path, split: str = "train") -> tuple[str, Path]:
     FileNotFoundError / ValueError naming what is missing."""
     if str(source) == STDIN:
         return "stdin", Path(STDIN)
+    if str(source) == EMBEDDED_SOURCE:
+        return "corpus", EMBEDDED_CORPUS
+    if str(source).startswith("builtin:"):
+        raise ValueError(f"unknown built-in corpus {source!r}: the one there is {EMBEDDED_SOURCE}")
     path = Path(source).expanduser()
     if path.is_file():
         return "file", path

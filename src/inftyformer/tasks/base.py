@@ -199,6 +199,12 @@ class Task(ABC):
         may lack its training data)."""
         return None
 
+    @classmethod
+    def notes(cls, config: TaskConfig) -> list[str]:
+        """Lines `inftyformer train` prints before training: what a user should know about the
+        run that the settings do not say (e.g. that the data is a fallback)."""
+        return []
+
     # ---- training
     @abstractmethod
     def batch(self, step: int) -> Any:

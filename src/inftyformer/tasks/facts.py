@@ -49,8 +49,9 @@ import torch
 from torch import nn
 
 from .._checks import check_positive_int, check_range
-from ..data import TextTokenizer, check_split, load_split, resolve_data_dir
+from ..data import TextTokenizer, check_split, load_split
 from ..data.corpus import text_layout
+from ..data.paths import embedded_fallback_note, training_source
 from ..long_term_attention import record_reads
 from ..model import IGNORE_INDEX, token_losses
 from ..models import model_kind
@@ -274,7 +275,7 @@ class FactsTask(LastBlockTask):
     def dataset(self, split: str) -> FactsDataset:
         if split not in self._datasets:
             books = load_split(
-                resolve_data_dir(self.config.data_dir), check_split(split), self.tokenizer,
+                training_source(self.config.data_dir), check_split(split), self.tokenizer,
                 self.context.progress,
             )  # fmt: skip
             self._datasets[split] = FactsDataset(
@@ -295,8 +296,13 @@ class FactsTask(LastBlockTask):
         return self.dataset("train").batch(step)
 
     @classmethod
+    def notes(cls, config: FactsConfig) -> list[str]:
+        note = embedded_fallback_note(config.data_dir)
+        return [] if note is None else [note]
+
+    @classmethod
     def check(cls, config: FactsConfig, model_config: Any) -> None:
-        text_layout(resolve_data_dir(config.data_dir), "train")
+        text_layout(training_source(config.data_dir), "train")
         if config.read_weight > 0:
             C = model_config.segment_len
             pretrained = model_kind(model_config) == "pretrained"

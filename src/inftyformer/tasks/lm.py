@@ -43,7 +43,6 @@ from ..data import (
     TokenizedCorpus,
     check_split,
     load_split,
-    resolve_data_dir,
 )
 from ..data.corpus import (
     STDIN,
@@ -52,6 +51,7 @@ from ..data.corpus import (
     truncate_documents,
     with_bos,
 )
+from ..data.paths import embedded_fallback_note, training_source
 from ..model import IGNORE_INDEX
 from ..state import MemoryState
 from .base import (
@@ -134,11 +134,20 @@ class LanguageModelTask(Task):
         return {"vocab_size": _tokenizer(config).vocab_size}
 
     @classmethod
+    def notes(cls, config: LMConfig) -> list[str]:
+        note = embedded_fallback_note(config.data_dir)
+        return [] if note is None else [note]
+
+    @classmethod
     def check(cls, config: LMConfig, model_config: Any) -> None:
         """Cheap checks before any work: the data exists, the vocabulary fits."""
         if config.eval_data is None:
-            text_layout(resolve_data_dir(config.data_dir), "train")
-        elif config.eval_data != STDIN and not Path(config.eval_data).expanduser().exists():
+            text_layout(training_source(config.data_dir), "train")
+        elif (
+            config.eval_data != STDIN
+            and ":" not in config.eval_data
+            and not Path(config.eval_data).expanduser().exists()
+        ):
             raise FileNotFoundError(f"evaluation data not found: {config.eval_data}")
         if model_config.vocab_size < 2:
             raise ValueError(f"vocab_size must be >= 2, got {model_config.vocab_size}")
@@ -154,7 +163,7 @@ class LanguageModelTask(Task):
                 corpus = load_split(c.eval_data, name, self.tokenizer, progress, whole=True)
                 source = c.eval_data
             else:
-                source = resolve_data_dir(c.data_dir)
+                source = training_source(c.data_dir)
                 corpus = load_split(source, name, self.tokenizer, progress)
             if corpus.num_tokens == 0:
                 raise ValueError(f"the {name} split of {source} holds no text")
