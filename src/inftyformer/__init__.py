@@ -14,18 +14,62 @@ Tasks, training and the command line live in `inftyformer.tasks`, `inftyformer.t
 `inftyformer.cli`; pretrained Hugging Face models in `inftyformer.hf` (extra `[hf]`).
 """
 
-from .basis import GaussianBasis
-from .compressive_memory import CompressiveState
-from .config import MODEL_TYPES, ModelConfig
-from .continuous_softmax import continuous_softmax, variance_kl
-from .long_term_attention import LongTermAttention, LongTermAttentionOutput
-from .long_term_memory import LongTermConfig, LongTermMemory, LongTermState
-from .model import IGNORE_INDEX, LMOutput, MemoryLM
-from .short_term_memory import ShortTermState
-from .state import LayerState, MemoryState, load_state, save_state
-from .streaming import generate, stream_loss
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# each public name -> the module that defines it; imported on first use (PEP 562), so that
+# `import inftyformer` (and so the command line's `--help`) does not import torch
+_EXPORTS = {
+    "GaussianBasis": "basis",
+    "CompressiveState": "compressive_memory",
+    "MODEL_TYPES": "config",
+    "ModelConfig": "config",
+    "continuous_softmax": "continuous_softmax",
+    "variance_kl": "continuous_softmax",
+    "LongTermAttention": "long_term_attention",
+    "LongTermAttentionOutput": "long_term_attention",
+    "LongTermConfig": "long_term_memory",
+    "LongTermMemory": "long_term_memory",
+    "LongTermState": "long_term_memory",
+    "IGNORE_INDEX": "model",
+    "LMOutput": "model",
+    "MemoryLM": "model",
+    "ShortTermState": "short_term_memory",
+    "LayerState": "state",
+    "MemoryState": "state",
+    "load_state": "state",
+    "save_state": "state",
+    "generate": "streaming",
+    "stream_loss": "streaming",
+}
+
+if TYPE_CHECKING:  # what a type checker and an editor see
+    from .basis import GaussianBasis
+    from .compressive_memory import CompressiveState
+    from .config import MODEL_TYPES, ModelConfig
+    from .continuous_softmax import continuous_softmax, variance_kl
+    from .long_term_attention import LongTermAttention, LongTermAttentionOutput
+    from .long_term_memory import LongTermConfig, LongTermMemory, LongTermState
+    from .model import IGNORE_INDEX, LMOutput, MemoryLM
+    from .short_term_memory import ShortTermState
+    from .state import LayerState, MemoryState, load_state, save_state
+    from .streaming import generate, stream_loss
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'inftyformer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # once imported, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __all__ = [
     "IGNORE_INDEX",
