@@ -111,3 +111,6 @@ def test_train_lm_without_data_blames_the_data_then_trains_on_the_embedded_books
     first = result.output.splitlines()[0]
     assert first.startswith("no data directory found") and EMBEDDED_SOURCE in first
     assert "test ppl" in result.output
+    # the estimate counts the test's calls: 1 document of 64 tokens + its start, in segments of 16
+    assert "time estimate: step 1 took " in result.output
+    assert "the end-of-run test (5 calls)" in result.output

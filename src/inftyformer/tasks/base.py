@@ -246,6 +246,12 @@ class Task(ABC):
         whose data is generated from the settings (those are compared as settings)."""
         return {}
 
+    def eval_calls(self, split: str, num_batches: int | None) -> int | None:
+        """How many model calls `evaluate(…, split, num_batches, …)` makes, each on at most
+        `batch_size` rows of one segment (for the run's time estimate); None when the task does
+        not count them."""
+        return None
+
     @abstractmethod
     def evaluate(
         self, model: nn.Module, split: str, num_batches: int | None, shard: Shard

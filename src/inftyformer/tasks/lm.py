@@ -275,6 +275,16 @@ class LanguageModelTask(Task):
             return corpus
         return truncate_documents(corpus, c.max_tokens, c.max_docs, self.token_bytes)
 
+    def _eval_rows(self, corpus: TokenizedCorpus) -> int:
+        return max(1, min(self.context.batch_size, int((corpus.doc_lengths > 0).sum())))
+
+    def eval_calls(self, split: str, num_batches: int | None) -> int | None:
+        corpus = self.eval_corpus(split)
+        rows, segment_len = self._eval_rows(corpus), self.model_config.segment_len
+        streams = DocumentStreams(with_bos(corpus), rows, segment_len, shuffle=False, loop=False)
+        total = streams.total_steps()
+        return total if split == "test" or num_batches is None else min(total, num_batches)
+
     @torch.no_grad()
     def evaluate(
         self, model: nn.Module, split: str, num_batches: int | None, shard: Shard
@@ -285,9 +295,8 @@ class LanguageModelTask(Task):
             return Evaluation({"nll": 0.0, "tokens": 0.0, "bytes": 0.0})
         if shard.count > 1:
             corpus = corpus.subset(mine)
-        docs = int((corpus.doc_lengths > 0).sum())
         cfg = LMEvalConfig(
-            batch_size=max(1, min(self.context.batch_size, docs)),
+            batch_size=self._eval_rows(corpus),
             position_edges=tuple(self.config.position_edges),
             max_steps=0 if split == "test" or num_batches is None else num_batches,
             progress=self.context.progress,
