@@ -11,7 +11,6 @@ module declares the commands and their options; what each command does is in
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -264,15 +263,9 @@ def evaluate(
         max_tokens=max_tokens,
         base_model=base_model,
         json_out=json_out,
-        progress=_stderr_is_terminal(),  # a bar for a person waiting; a log gets the result only
+        # a bar on a terminal; in a log, a line every half minute once it takes that long
+        progress=True,
     )
-
-
-def _stderr_is_terminal() -> bool:
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 # --------------------------------------------------------------------------- generate
@@ -445,7 +438,7 @@ def convert_gguf(
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
     start = time.perf_counter()
-    written = convert(path, out_dir)
+    written = convert(path, out_dir, progress=True, say=typer.echo)
     typer.echo(f"wrote {written} in {time.perf_counter() - start:.0f} s")
 
 

@@ -108,13 +108,16 @@ def test_whitespace_output_is_described():
 
 
 def test_evaluation_shows_progress_to_a_person_waiting(sorting_run, monkeypatch):
-    """A sorting evaluation takes minutes: on a terminal the batches show as they go; in a log
-    only the result appears (stderr stays free for the one-line error)."""
-    from inftyformer import _progress, cli
+    """A sorting evaluation takes minutes: on a terminal the batches show as they go; in a log a
+    quick one adds nothing, a long one a line with the time left every half minute."""
+    from inftyformer import _progress
 
     code, output = run("evaluate", sorting_run, "--batches", 2)
-    assert code == 0 and "evaluating" not in output  # not a terminal here
-    monkeypatch.setattr(cli, "_stderr_is_terminal", lambda: True)
+    assert code == 0 and "evaluating" not in output  # not a terminal, and quick: no lines
+    monkeypatch.setattr(_progress, "TRANSIENT_SECONDS", 0.0)  # a long one: lines with the ETA
+    code, output = run("evaluate", sorting_run, "--batches", 2)
+    assert code == 0 and "evaluating test: 1/2 (50%)" in output and " left, " in output, output
+    monkeypatch.setattr(_progress, "TRANSIENT_SECONDS", 30.0)
     monkeypatch.setattr(_progress, "_is_terminal", lambda stream: True)
     code, output = run("evaluate", sorting_run, "--batches", 2)
     assert code == 0 and "evaluating test:" in output, output
