@@ -290,7 +290,11 @@ def generate(
     max_new_tokens: int | None = typer.Option(
         None, help="Tokens to generate (default: 20 for sorting)."
     ),
-    temperature: float = typer.Option(0.0, help="Sampling temperature; 0 = greedy."),
+    temperature: float | None = typer.Option(
+        None,
+        help="Sampling temperature; 0 = greedy. Default: for text (lm) 0.8 with --top-p 0.9, "
+        "since greedy decoding of text repeats itself; for sorting and recall 0 (greedy).",
+    ),
     top_k: int | None = typer.Option(None, help="Sample from the k most likely tokens only."),
     top_p: float | None = typer.Option(
         None, help="Nucleus sampling: smallest set of tokens with probability mass >= p."

@@ -155,7 +155,8 @@ def load_hf_split(
         dtype = token_dtype(tokenizer.vocab_size)
         arrays, names, nbytes = [], [], []
         rows = _rows(name, config_name, split, saved)
-        with show_progress(desc=f"tokenizing {split}", unit=" docs", enabled=progress) as bar:
+        bar = show_progress(desc=f"tokenizing {split}", unit=" docs", enabled=progress, leave=False)
+        with bar:
             for title, text in _documents(rows, spec, wikitext):
                 arrays.append(np.asarray(tokenizer.encode_long(text), dtype=dtype))
                 names.append(title)

@@ -297,6 +297,11 @@ class Task(ABC):
     def default_new_tokens(self) -> int:
         return 32
 
+    def default_sampling(self) -> dict[str, float]:
+        """How `inftyformer generate` decodes when not told (temperature, and top_k / top_p if
+        any): greedy (temperature 0), for tasks with one right answer."""
+        return {"temperature": 0.0}
+
     # ---- the declared metrics
     @classmethod
     def headline(cls) -> Metric:

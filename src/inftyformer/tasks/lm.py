@@ -341,5 +341,10 @@ class LanguageModelTask(Task):
     def default_new_tokens(self) -> int:
         return 200
 
+    def default_sampling(self) -> dict[str, float]:
+        """Nucleus sampling (temperature 0.8, top-p 0.9): greedy decoding of text falls into
+        loops (a small model repeats one sentence), sampling from the likely tokens does not."""
+        return {"temperature": 0.8, "top_p": 0.9}
+
 
 __all__ = ["LMConfig", "LanguageModelTask"]
