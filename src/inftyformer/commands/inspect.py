@@ -50,8 +50,8 @@ def run_inspect(
     for layer in summary["layers"]:
         parts = [f"layer {layer['layer']}"]
         if "sigma" in layer:
-            parts.append(f"median sigma {layer['sigma']['median']:.3g}")
-            parts.append(f"mu spread across queries {layer['mu_spread']:.3g}")
+            parts.append(f"median sigma {layer['sigma']['median']:#.3g}")
+            parts.append(f"mu spread across queries {layer['mu_spread']:#.3g}")
         for key in ("fidelity", "compressed_fidelity"):
             for age in ("1", "10", "100"):
                 if age in layer.get(key, {}):
