@@ -84,10 +84,11 @@ class LineProgress:
         text += f"{done} {tqdm.format_interval(elapsed)} elapsed, "
         if self.total and rate > 0 and self.n < self.total:  # the ETA, at the rate so far
             text += f"{tqdm.format_interval((self.total - self.n) / rate)} left, "
+        unit = self.unit.strip()  # tqdm's units may start with a space (" docs")
         if 0 < rate < 1 and not self.unit_scale:  # slow steps: "281 s/it", not "0.003554 it/s"
-            text += f"{1 / rate:.3g} s/{self.unit}"
+            text += f"{1 / rate:.3g} s/{unit}"
         else:
-            text += f"{self._amount(rate)} {self.unit}/s"
+            text += f"{self._amount(rate)} {unit}/s"
         return text + (f", {self.postfix}" if self.postfix else "")
 
     def _show(self) -> None:

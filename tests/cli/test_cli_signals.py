@@ -159,7 +159,7 @@ SLOW_CONVERSION = textwrap.dedent(
     import os, sys, time
     import inftyformer.hf.convert as convert
 
-    def slow(path):  # as if the conversion had begun writing its temporary folder
+    def slow(path, say=None):  # as if the conversion had begun writing its temporary folder
         out = sys.argv[2]
         os.makedirs(os.path.join(os.path.dirname(out), f".out.tmp{os.getpid()}", "partial"))
         print("reading", flush=True)

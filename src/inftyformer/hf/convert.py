@@ -69,7 +69,7 @@ def convert_gguf(
         size = gguf_path.stat().st_size / 2**20
         say(f"reading {gguf_path.name} ({size:.0f} MiB) and dequantising it to float32")
         with _tensor_progress(progress):
-            loaded, tokenizer = _read_gguf(gguf_path)
+            loaded, tokenizer = _read_gguf(gguf_path, say)
         config = copy.deepcopy(loaded.config)
         # a plain float32 model from now on: without this, loading the directory would attach
         # the GGUF quantizer again (and saving a model built from it would be refused)
@@ -84,9 +84,23 @@ def convert_gguf(
         fresh.generation_config = loaded.generation_config
         weights = sum(t.numel() * t.element_size() for t in fresh.state_dict().values())
         say(f"writing {out_dir} (safetensors, {weights / 2**20:.0f} MiB of weights)")
-        fresh.save_pretrained(tmp, safe_serialization=True)
+        with _quiet_transformers():  # its bar of one shard says nothing the line above does not
+            fresh.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
     return out_dir
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 @contextlib.contextmanager
@@ -116,7 +130,7 @@ def _tensor_progress(enabled: bool) -> Iterator[None]:
         reader.tqdm = own
 
 
-def _read_gguf(gguf_path: Path):
+def _read_gguf(gguf_path: Path, say: Callable[[str], None] = lambda text: None):
     """The model (float32) and tokenizer of a GGUF file; a ValueError naming the file when it is
     truncated, not GGUF, lacks tokenizer data (e.g. the scores) or lacks weights the model needs
     (transformers would initialise those at random, silently)."""
@@ -134,6 +148,7 @@ def _read_gguf(gguf_path: Path):
             loaded, info = AutoModelForCausalLM.from_pretrained(
                 folder, gguf_file=name, dtype=torch.float32, output_loading_info=True
             )
+            say("building the tokenizer from the file's vocabulary")
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     except (OSError, MemoryError):
         raise
