@@ -1,5 +1,6 @@
-"""How long a run will take, said when it starts: the steps left × the time of its first step
-(timed in this session), plus its evaluations, on valid every `eval_every` steps and the test at
+"""How long a run will take, said when it starts: the steps left × the time of its second step
+in this session (the first runs without the memory and window a stream carries, so it is
+quicker than the rest), plus its evaluations, on valid every `eval_every` steps and the test at
 the end, counted in model calls by the task (`Task.eval_calls`). An evaluation call (one segment
 of up to `batch_size` rows, forward only) is guessed at a third of a training step (forward and
 backward, about twice the forward) until the first evaluation on valid measures it; the test's

@@ -198,6 +198,7 @@ class Trainer(RunDirectory, RunState, TrainStep, Evaluation):
         t0 = time.perf_counter()
         halt = cfg.halt_after if cfg.halt_after else math.inf
         estimate: RunEstimate | None = None
+        timed = 0  # steps of this session
 
         def acknowledge() -> None:  # said at once, from the signal handler
             self.echo(
@@ -212,7 +213,10 @@ class Trainer(RunDirectory, RunState, TrainStep, Evaluation):
                     started = time.perf_counter()
                     metrics = self.train_step()
                     step = self.step
-                    if estimate is None:
+                    timed += 1
+                    # the second step of a session is timed: the first runs without the memory
+                    # and window a stream carries (half the work on a pretrained model)
+                    if estimate is None and (timed == 2 or step == cfg.steps):
                         estimate = self._estimate(time.perf_counter() - started)
                         for line in estimate.start_lines():
                             self.echo(line)
@@ -225,7 +229,11 @@ class Trainer(RunDirectory, RunState, TrainStep, Evaluation):
                         started = time.perf_counter()
                         if self._evaluate_and_keep_best(logger):
                             result.stopped_early = True
-                        if estimate.call_seconds is None and step < cfg.steps:
+                        if (
+                            estimate is not None
+                            and estimate.call_seconds is None
+                            and step < cfg.steps
+                        ):
                             seconds = time.perf_counter() - started
                             estimate = replace(estimate, call_seconds=seconds)
                             line = estimate.measured_line(estimate.valid_calls or 0, seconds)
