@@ -9,7 +9,7 @@ import pytest
 from test_cli_lm import TINY
 from typer.testing import CliRunner
 
-from inftyformer.cli import app
+from inftyformer.cli import app, visible_text
 from inftyformer.data.corpus import split_flat_folder
 
 WORDS = "the of memory book long short continuous said and ∞ é".split()
@@ -113,6 +113,16 @@ def test_generate_streams_a_long_prompt_file_into_memory(flat_run, tmp_path):
     stored, recent = (int(n.replace(",", "")) for n in memory.groups())
     assert stored + recent == tokens + 5 and 0 < recent <= 16 + 16  # mem_len + one segment
     assert "decoding: sampling at temperature 0.8, top-p 0.9 (seed 0" in output  # text's default
+    # read with a bar before generating, the long prompt gives what generate itself gives
+    from inftyformer.training import load_run
+
+    code, output = run("generate", out, "--prompt-file", tmp_path / "long.txt",
+                       "--max-new-tokens", 5, "--temperature", 0)  # fmt: skip
+    saved = load_run(out)
+    task = saved.task()
+    ids = task.encode_prompt(long_doc)[0][None]
+    expected = saved.model.generate(ids, max_new_tokens=5, temperature=0)[0][0].tolist()
+    assert f"output:   {visible_text(task.decode(expected))}\n" in output, output
     code, output = run("generate", out, "--prompt", "Hi", "--max-new-tokens", 2, "--temperature", 0)
     assert code == 0 and "decoding: greedy" in output, output
     # a short prompt never reaches the long-term memory, and the report says so

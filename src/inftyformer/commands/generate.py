@@ -60,17 +60,19 @@ def run_generate(
     torch.manual_seed(seed)  # pretrained models sample from torch's global generator
     gen = torch.Generator(device=dev).manual_seed(seed)
     start = time.perf_counter()
+    segment = run.model_config.segment_len
+    state, rest = _read_prompt(model, tokens[None].to(dev), segment)
     out = model.generate(
-        tokens[None].to(dev),
+        rest,
         max_new_tokens=n_new,
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
+        state=state,
         generator=gen,
     )
     seconds = time.perf_counter() - start
     new_tokens = _new_tokens(out)
-    segment = run.model_config.segment_len
     typer.echo(
         f"prompt: {tokens.numel():,} tokens, streamed in {-(-tokens.numel() // segment):,} "
         f"segments of {segment} ({seconds:.1f} s with generation)"
@@ -82,6 +84,26 @@ def run_generate(
         typer.echo(f"expected: {visible_text(task.decode(expected))}")
         hits = sum(a == b for a, b in zip(new_tokens, expected, strict=False))
         typer.echo(f"{hits}/{len(expected)} positions right (free-running, no teacher forcing)")
+
+
+LONG_PROMPT_SEGMENTS = 4  # a prompt of more segments is read into the memory with a bar
+
+
+def _read_prompt(model: Any, prompt: Any, segment_len: int) -> tuple[Any, Any]:
+    """(state, rest): a long prompt [1, T] streamed into the memory segment by segment with a
+    progress bar (the time left), all but its last 1 … L tokens, as `generate` itself would
+    stream it (so the continuation is the same), and those last tokens; a short one untouched."""
+    from .._progress import progress
+
+    cut = (prompt.shape[1] - 1) // segment_len * segment_len
+    if cut < LONG_PROMPT_SEGMENTS * segment_len:
+        return None, prompt
+    state = None
+    starts = progress(range(0, cut, segment_len), desc="reading the prompt", unit=" segments",
+                      leave=False)  # fmt: skip
+    for start in starts:
+        state = model.push(prompt[:, start : start + segment_len], state)
+    return state, prompt[:, cut:]
 
 
 _WHITESPACE_NAMES = {" ": "space", "\n": "newline", "\t": "tab", "\r": "carriage return"}
