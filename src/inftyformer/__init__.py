@@ -15,6 +15,8 @@ Tasks, training and the command line live in `inftyformer.tasks`, `inftyformer.t
 """
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 # each public name -> the module that defines it; imported on first use (PEP 562), so that
@@ -56,6 +58,20 @@ if TYPE_CHECKING:  # what a type checker and an editor see
     from .streaming import generate, stream_loss
 
 __version__ = "0.1.0"
+
+
+class _Package(types.ModuleType):
+    """The package's module: importing its submodule `continuous_softmax` would set the
+    package's attribute of that name to the module; the function of that name stays the
+    attribute, as the public API has it."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == name:
+            value = getattr(value, name)  # the submodule is loaded whole by now
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

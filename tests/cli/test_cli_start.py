@@ -69,3 +69,22 @@ def test_the_package_exports_its_names_on_first_use():
     assert MemoryLM is defined
     with pytest.raises(AttributeError, match="no attribute 'MemoryLm'"):
         inftyformer.MemoryLm  # noqa: B018
+
+
+def test_a_submodule_of_a_public_name_leaves_the_name_to_the_function():
+    import inftyformer.continuous_softmax  # noqa: F401 - the module of the same name
+
+    assert callable(inftyformer.continuous_softmax)
+    assert inftyformer.continuous_softmax.__module__ == "inftyformer.continuous_softmax"
+
+
+def test_a_task_registered_by_other_code_is_found_too():
+    from inftyformer.tasks import TASKS
+
+    TASKS["echo"] = TASKS["sorting"]
+    try:
+        assert catalog.check_task("echo") == "echo"
+    finally:
+        TASKS.pop("echo")
+    with pytest.raises(ValueError, match="available tasks: dialogue, facts, lm, recall, sorting$"):
+        catalog.check_task("echo")
