@@ -185,6 +185,7 @@ def settings_markdown(s: dict[str, Any]) -> list[str]:
         f"**Recommended: memory in blocks {_layers(row)}, N = M = {row['num_basis']}** "
         "(the candidate with the most memory that meets the parameter, checkpoint and "
         "streaming goals), e.g. `inftyformer train lm --base-model DIR --freeze-base "
+        f"--batch-size {s['train_batch']} "
         + (f"--set memory_layers={_layers(row)} " if row["memory_layers"] is not None else "")
         + f"--set num_basis={row['num_basis']} --set num_samples={row['num_samples']}`.",
         "",
@@ -267,8 +268,9 @@ def hf_section(s: dict[str, Any]) -> str:
         "command-line runs):",
         "",
         "```bash",
-        f"inftyformer train lm --base-model DIR --freeze-base {layers}"
-        f"--set num_basis={row['num_basis']} --set num_samples={row['num_samples']}",
+        # the batch the command-line run measured (its peak RSS below is this command's)
+        f"inftyformer train lm --base-model DIR --freeze-base --batch-size {s['train_batch']} "
+        f"{layers}--set num_basis={row['num_basis']} --set num_samples={row['num_samples']}",
         "```",
         "",
         common.markdown_table(

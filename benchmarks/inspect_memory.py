@@ -56,7 +56,10 @@ def inspect(name: str, run: Path, out: Path, segments: int) -> dict[str, Any]:
 def _f(x: Any, digits: int = 3) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "–"
-    return f"{x:.{digits}g}" if isinstance(x, float) else str(x)
+    if not isinstance(x, float) or x == 0:
+        return str(x if x else 0)
+    # the same number of significant digits everywhere (0.790, not 0.79 beside 0.801)
+    return f"{x:#.{digits}g}".rstrip(".")
 
 
 def render(data: dict[str, Any], out: Path) -> None:

@@ -14,18 +14,80 @@ Tasks, training and the command line live in `inftyformer.tasks`, `inftyformer.t
 `inftyformer.cli`; pretrained Hugging Face models in `inftyformer.hf` (extra `[hf]`).
 """
 
-from .compressive_memory import CompressiveState
-from .config import MODEL_TYPES, ModelConfig
-from .core.attention import LongTermAttention, LongTermAttentionOutput
-from .core.basis import GaussianBasis
-from .core.continuous_softmax import continuous_softmax, variance_kl
-from .core.memory import LongTermConfig, LongTermMemory, LongTermState
-from .model import IGNORE_INDEX, LMOutput, MemoryLM
-from .short_term_memory import ShortTermState
-from .state import LayerState, MemoryState, load_state, save_state
-from .streaming import generate, stream_loss
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+# each public name -> the module that defines it; imported on first use (PEP 562), so that
+# `import inftyformer` (and so the command line's `--help`) does not import torch
+_EXPORTS = {
+    "GaussianBasis": "core.basis",
+    "CompressiveState": "compressive_memory",
+    "MODEL_TYPES": "config",
+    "ModelConfig": "config",
+    "continuous_softmax": "core.continuous_softmax",
+    "variance_kl": "core.continuous_softmax",
+    "LongTermAttention": "core.attention",
+    "LongTermAttentionOutput": "core.attention",
+    "LongTermConfig": "core.config",
+    "LongTermMemory": "core.memory",
+    "LongTermState": "core.state",
+    "IGNORE_INDEX": "model",
+    "LMOutput": "model",
+    "MemoryLM": "model",
+    "ShortTermState": "short_term_memory",
+    "LayerState": "state",
+    "MemoryState": "state",
+    "load_state": "state",
+    "save_state": "state",
+    "generate": "streaming",
+    "stream_loss": "streaming",
+}
+
+if TYPE_CHECKING:  # what a type checker and an editor see
+    from .compressive_memory import CompressiveState
+    from .config import MODEL_TYPES, ModelConfig
+    from .core.attention import LongTermAttention, LongTermAttentionOutput
+    from .core.basis import GaussianBasis
+    from .core.config import LongTermConfig
+    from .core.continuous_softmax import continuous_softmax, variance_kl
+    from .core.memory import LongTermMemory
+    from .core.state import LongTermState
+    from .model import IGNORE_INDEX, LMOutput, MemoryLM
+    from .short_term_memory import ShortTermState
+    from .state import LayerState, MemoryState, load_state, save_state
+    from .streaming import generate, stream_loss
 
 __version__ = "0.1.0"
+
+
+class _Package(types.ModuleType):
+    """The package's module: importing its submodule `continuous_softmax` would set the
+    package's attribute of that name to the module; the function of that name stays the
+    attribute, as the public API has it."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == name:
+            value = getattr(value, name)  # the submodule is loaded whole by now
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'inftyformer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # once imported, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __all__ = [
     "IGNORE_INDEX",

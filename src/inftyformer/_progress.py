@@ -36,7 +36,7 @@ def _columns(stream: TextIO) -> int:
 
 class LineProgress:
     """The part of tqdm's interface the package uses, written as whole lines:
-    ``desc: 40/600 (7%) 0:12 elapsed, 3.33 it/s, loss=2.1``."""
+    ``desc: 40/600 (7%) 0:12 elapsed, 02:48 left, 3.33 it/s, loss=2.1``."""
 
     disable = False
 
@@ -82,10 +82,13 @@ class LineProgress:
             done += f"/{self._amount(self.total)} ({100 * self.n / self.total:.0f}%)"
         text = f"{self.desc}: " if self.desc else ""
         text += f"{done} {tqdm.format_interval(elapsed)} elapsed, "
+        if self.total and rate > 0 and self.n < self.total:  # the ETA, at the rate so far
+            text += f"{tqdm.format_interval((self.total - self.n) / rate)} left, "
+        unit = self.unit.strip()  # tqdm's units may start with a space (" docs")
         if 0 < rate < 1 and not self.unit_scale:  # slow steps: "281 s/it", not "0.003554 it/s"
-            text += f"{1 / rate:.3g} s/{self.unit}"
+            text += f"{1 / rate:.3g} s/{unit}"
         else:
-            text += f"{self._amount(rate)} {self.unit}/s"
+            text += f"{self._amount(rate)} {unit}/s"
         return text + (f", {self.postfix}" if self.postfix else "")
 
     def _show(self) -> None:

@@ -11,15 +11,20 @@ module declares the commands and their options; what each command does is in
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import typer
 
+# nothing imported here may import torch: `--help` and argument errors answer at once
+from .commands.catalog import (
+    DEFAULT_PRESET,
+    MODEL_TYPES,
+    TASK_SUMMARIES,
+    TRAIN_DEFAULTS,
+    check_task,
+)
 from .commands.generate import visible_text  # noqa: F401 - importable from here as before
-from .config import MODEL_TYPES
-from .configure import DEFAULT_PRESET
 from .errors import (  # the exit codes are also read by scripts and tests
     DEBUG_ENV,
     EXIT_DIVERGED,  # noqa: F401
@@ -27,8 +32,6 @@ from .errors import (  # the exit codes are also read by scripts and tests
     EXIT_USAGE,  # noqa: F401
     user_errors,
 )
-from .tasks import TASKS
-from .training.config import TrainConfig
 
 app = typer.Typer(
     help="The ∞-former (Infinite Memory Transformer) and its baselines.",
@@ -36,8 +39,8 @@ app = typer.Typer(
     add_completion=False,
 )
 
-_D = TrainConfig()  # defaults shown in --help
-_TASK_HELP = "; ".join(f"'{name}': {cls.summary}" for name, cls in sorted(TASKS.items()))
+_D = TRAIN_DEFAULTS  # defaults shown in --help
+_TASK_HELP = "; ".join(f"'{name}': {summary}" for name, summary in sorted(TASK_SUMMARIES.items()))
 
 
 @app.callback()
@@ -91,33 +94,35 @@ def train(
         help="Task setting tokenizer (lm: gpt2 for GPT-2 BPE, bytes for UTF-8 bytes, or a path "
         "to a tokenizer.json).",
     ),
-    steps: int | None = typer.Option(None, help=f"Optimiser steps (sorting default: {_D.steps})."),
+    steps: int | None = typer.Option(
+        None, help=f"Optimiser steps (sorting default: {_D['steps']})."
+    ),
     batch_size: int | None = typer.Option(
         None,
         "--batch-size",
         "-b",
-        help=f"Global batch, all ranks and micro-batches (sorting default: {_D.batch_size}).",
+        help=f"Global batch, all ranks and micro-batches (sorting default: {_D['batch_size']}).",
     ),
     grad_accum: int | None = typer.Option(
-        None, help=f"Micro-batches per step, gradient accumulation (default: {_D.grad_accum})."
+        None, help=f"Micro-batches per step, gradient accumulation (default: {_D['grad_accum']})."
     ),
     lr: float | None = typer.Option(
-        None, help=f"Peak learning rate of AdamW (sorting default: {_D.lr:g})."
+        None, help=f"Peak learning rate of AdamW (sorting default: {_D['lr']:g})."
     ),
     seed: int | None = typer.Option(
-        None, help=f"Seed of the data, the weights and sampling (sorting default: {_D.seed})."
+        None, help=f"Seed of the data, the weights and sampling (sorting default: {_D['seed']})."
     ),
     eval_every: int | None = typer.Option(
-        None, help=f"Steps between evaluations on valid (sorting default: {_D.eval_every})."
+        None, help=f"Steps between evaluations on valid (sorting default: {_D['eval_every']})."
     ),
     patience: int | None = typer.Option(
         None,
         help=f"Early stop after this many evaluations without improvement; 0: never "
-        f"(sorting default: {_D.patience}).",
+        f"(sorting default: {_D['patience']}).",
     ),
     device: str | None = typer.Option(None, help="cpu, cuda, cuda:N or auto (default: cpu)."),
     threads: int | None = typer.Option(
-        None, help=f"torch CPU threads; 0: one per core (default: {_D.threads})."
+        None, help=f"torch CPU threads; 0: one per core (default: {_D['threads']})."
     ),
     out_dir: str | None = typer.Option(
         None, "--out-dir", "-o", help="Run directory (default: runs/TASK-MODEL)."
@@ -159,6 +164,7 @@ def train(
     Ctrl-C saves a checkpoint; --resume continues exactly (and refuses settings that would change
     the run, unless --allow-changes). Under `torchrun --nproc_per_node=N` the global batch is
     split across N DistributedDataParallel processes."""
+    check_task(task)  # before torch is imported: a mistyped task is an instant error
     from .commands.train import run_train
 
     options = dict(
@@ -257,15 +263,9 @@ def evaluate(
         max_tokens=max_tokens,
         base_model=base_model,
         json_out=json_out,
-        progress=_stderr_is_terminal(),  # a bar for a person waiting; a log gets the result only
+        # a bar on a terminal; in a log, a line every half minute once it takes that long
+        progress=True,
     )
-
-
-def _stderr_is_terminal() -> bool:
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 # --------------------------------------------------------------------------- generate
@@ -290,7 +290,11 @@ def generate(
     max_new_tokens: int | None = typer.Option(
         None, help="Tokens to generate (default: 20 for sorting)."
     ),
-    temperature: float = typer.Option(0.0, help="Sampling temperature; 0 = greedy."),
+    temperature: float | None = typer.Option(
+        None,
+        help="Sampling temperature; 0 = greedy. Default: for text (lm) 0.8 with --top-p 0.9, "
+        "since greedy decoding of text repeats itself; for sorting and recall 0 (greedy).",
+    ),
     top_k: int | None = typer.Option(None, help="Sample from the k most likely tokens only."),
     top_p: float | None = typer.Option(
         None, help="Nucleus sampling: smallest set of tokens with probability mass >= p."
@@ -393,12 +397,12 @@ def bench(
         from .bench import run_script
 
         raise typer.Exit(run_script(script, args or []))
-    from .bench import quick_benchmark
-
     names = [m.strip() for m in models.split(",") if m.strip()]
     for name in names:
         if name not in MODEL_TYPES:
             raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODEL_TYPES)}")
+    from .bench import quick_benchmark
+
     rows = quick_benchmark(
         names,
         preset=preset,
@@ -438,7 +442,7 @@ def convert_gguf(
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
     start = time.perf_counter()
-    written = convert(path, out_dir)
+    written = convert(path, out_dir, progress=True, say=typer.echo)
     typer.echo(f"wrote {written} in {time.perf_counter() - start:.0f} s")
 
 

@@ -91,16 +91,24 @@ def os_message(err: OSError, where: str) -> str:
 def describe_error(err: BaseException, where: str = "choose another location") -> tuple[str, int]:
     """(one-line message, exit code) for an error a user can cause or meet; raises `err` again
     when it is a bug (those keep their traceback)."""
-    import torch
-
-    from .training import CheckpointError, DivergedError
+    import sys
 
     if isinstance(err, CommandError):
         return str(err), err.code
-    if isinstance(err, DivergedError):
-        return str(err), EXIT_DIVERGED
     if isinstance(err, OSError):
         return os_message(err, where), EXIT_USAGE
+    if isinstance(err, ValueError | TypeError):  # a mistake in the input, the commonest error
+        return str(err), EXIT_USAGE
+    # the kinds of torch and the trainer: an error can only be one if they were imported (an
+    # argument error that comes first is reported without importing them)
+    torch = sys.modules.get("torch")
+    if "inftyformer.training" in sys.modules:
+        from .training import CheckpointError, DivergedError
+
+        if isinstance(err, DivergedError):
+            return str(err), EXIT_DIVERGED
+        if isinstance(err, CheckpointError):
+            return str(err), EXIT_USAGE
     if isinstance(err, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))):
         return (
             "out of memory: try a smaller --batch-size, a shorter sequence or a smaller model",
@@ -109,8 +117,6 @@ def describe_error(err: BaseException, where: str = "choose another location") -
     if isinstance(err, RuntimeError) and "can't allocate memory" in str(err):
         first = str(err).splitlines()[0]
         return f"out of memory ({first}): try a smaller --batch-size or model", EXIT_USAGE
-    if isinstance(err, (CheckpointError, ValueError, TypeError)):
-        return str(err), EXIT_USAGE
     raise err
 
 

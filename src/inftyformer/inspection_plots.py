@@ -109,11 +109,12 @@ def plot_reads(result: Inspection, path: str | Path, dpi: int = 80) -> Path | No
             which = slice(None) if h is None else h
             distance = float(np.mean(r.mean_distance.numpy()[:, which])) / C
             outside = float(np.mean(r.outside.numpy()[:, which]))
+            where = f"{distance:.1f} segments back\n{outside:.0%} of each read outside t ∈ [0, 1]"
             if h is None:
-                what = f"layer {i}: on average {distance:.1f} segments back\n{outside:.0%} of each"
+                what = f"layer {i}: on average {where}"
             else:
-                what = f"layer {i}, head {h}: {distance:.1f} segments back\n{outside:.0%} of each"
-            ax.set_title(f"{what} read outside the memory", fontsize=LABEL)
+                what = f"layer {i}, head {h}: {where}"
+            ax.set_title(what, fontsize=LABEL)
             ax.tick_params(labelsize=TICK)
             ax.set_xlabel("position read (token)", fontsize=LABEL)
             if (h or 0) == 0 and (per_head or n == 0):  # the first panel of a row
@@ -126,7 +127,9 @@ def plot_reads(result: Inspection, path: str | Path, dpi: int = 80) -> Path | No
         how = " (one panel per head)" if per_head else f" (mean of the {heads} heads: alike)"
     fig.suptitle(
         _title(result, "where the long-term reads land")
-        + f"\nrow: a segment's queries; bright: read a lot, black: not read{how}",
+        + f"\nrow: a segment's queries; bright: read a lot, black: not read{how}"
+        + "\noutside t ∈ [0, 1]: the share of a read's Gaussian density beyond the stored"
+        "\nsignal (t = 0 oldest, 1 newest), where it reads nothing: the wider σ, the more",
         fontsize=TITLE,
     )
     fig.legend(
@@ -163,7 +166,7 @@ def plot_sigma(result: Inspection, path: str | Path, dpi: int = 80) -> Path | No
         medians = np.median(s, axis=1)
         alike = bool(np.all(np.abs(np.log(medians / np.median(s))) < 0.1))
         if alike:  # the heads' histograms would lie on top of each other
-            ax.hist(s.ravel(), bins=edges, color="C0", alpha=0.8, label="all heads")
+            ax.hist(s.ravel(), bins=edges, color="0.55", alpha=0.8, label="all heads (alike)")
         else:
             for h in range(s.shape[0]):
                 ax.hist(s[h], bins=edges, histtype="step", lw=1.8, label=f"head {h}")
@@ -171,14 +174,17 @@ def plot_sigma(result: Inspection, path: str | Path, dpi: int = 80) -> Path | No
             ax.axvline(result.sigma_0, color="k", ls="--", lw=1.8,
                        label=f"σ₀ = {result.sigma_0:g} (the KL term's target)")  # fmt: skip
         ax.set_xscale("log")
-        ax.set_title(f"layer {i}: median σ = {float(np.median(s)):.3g}", fontsize=LABEL)
+        ax.set_title(f"layer {i}: median σ = {float(np.median(s)):#.3g}", fontsize=LABEL)
         ax.set_xlabel("σ of a read (memory: t ∈ [0, 1])", fontsize=LABEL)
         ax.tick_params(labelsize=TICK)
         ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda y, _: f"{y:,.0f}"))
     axes[0][0].set_ylabel("reads", fontsize=LABEL)
-    handles, labels = axes[0][-1].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels),
-               fontsize=LABEL, frameon=False)  # fmt: skip
+    legend: dict[str, object] = {}  # every panel's entries, once each: layers differ in kind
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    fig.legend(list(legend.values()), list(legend), loc="outside lower center",
+               ncols=min(len(legend), 4), fontsize=LABEL, frameon=False)  # fmt: skip
     fig.suptitle(
         _title(result, "how wide the long-term reads are")
         + "\nsmall σ: a read picks out one part of the memory; σ near 1: it averages all of it",

@@ -94,13 +94,15 @@ def test_the_hf_doc_block_is_replaced_between_its_markers(tmp_path):
         ],
         "generation": {"rows": {"memory model": {"decode_ratio_to_base, same prompt": 0.9}}},
         "command_line": None,
+        "train_batch": 4,
     }  # fmt: skip
     doc = tmp_path / "hf.md"
     doc.write_text(f"before\n{HF_BEGIN}\nold\n{HF_END}\nafter\n")
     assert update_hf_doc(doc, settings)
     text = doc.read_text()
     assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
-    assert "--set memory_layers=1,3 --set num_basis=8 --set num_samples=8" in text
+    # the command names the batch its peak memory was measured at
+    assert "--batch-size 4 --set memory_layers=1,3 --set num_basis=8 --set num_samples=8" in text
     assert "1,3 (recommended)" in text
     doc.write_text("no markers\n")
     assert not update_hf_doc(doc, settings)

@@ -45,6 +45,9 @@ def test_inspect_a_compressive_run_from_a_text_file(tmp_path) -> None:
     assert result.exit_code == 0, result.output
     out = run / "inspect"
     assert {p.name for p in out.iterdir()} == {"fidelity.png", "summary.json"}
+    # what it is doing is said as it goes: the stream's segments counted, then the layers
+    said = result.output
+    assert said.index("streaming: ") < said.index("measuring: ") < said.index("drawing the")
     summary = json.loads((out / "summary.json").read_text())
     assert "compressed_fidelity" in summary["layers"][0]
     bad = CliRunner().invoke(app, ["inspect", str(run), "--segments", "0"])

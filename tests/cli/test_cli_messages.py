@@ -86,7 +86,13 @@ def test_ctrl_c_prints_one_line(tmp_path, monkeypatch, how):
     _interrupt_at_step_2(monkeypatch, how)
     code, output = run("train", "sorting", "-o", tmp_path, "--steps", 6, *TINY)
     assert code == 130
-    lines = [line for line in output.splitlines() if not line.startswith("training ")]
+    said = ("training ", "time estimate: ")
+    lines = [line for line in output.splitlines() if not line.startswith(said)]
+    if how == "signal":  # the request is acknowledged at once, before the step ends
+        assert lines.pop(0) == (
+            "stopping: will stop after the current step and save a checkpoint (press Ctrl-C "
+            "again to stop at once)"
+        )
     assert len(lines) == 1, output
     step = 3 if how == "signal" else 2  # a stop request finishes the step it came in
     assert f"at step {step} after" in lines[0]
@@ -102,13 +108,16 @@ def test_whitespace_output_is_described():
 
 
 def test_evaluation_shows_progress_to_a_person_waiting(sorting_run, monkeypatch):
-    """A sorting evaluation takes minutes: on a terminal the batches show as they go; in a log
-    only the result appears (stderr stays free for the one-line error)."""
-    from inftyformer import _progress, cli
+    """A sorting evaluation takes minutes: on a terminal the batches show as they go; in a log a
+    quick one adds nothing, a long one a line with the time left every half minute."""
+    from inftyformer import _progress
 
     code, output = run("evaluate", sorting_run, "--batches", 2)
-    assert code == 0 and "evaluating" not in output  # not a terminal here
-    monkeypatch.setattr(cli, "_stderr_is_terminal", lambda: True)
+    assert code == 0 and "evaluating" not in output  # not a terminal, and quick: no lines
+    monkeypatch.setattr(_progress, "TRANSIENT_SECONDS", 0.0)  # a long one: lines with the ETA
+    code, output = run("evaluate", sorting_run, "--batches", 2)
+    assert code == 0 and "evaluating test: 1/2 (50%)" in output and " left, " in output, output
+    monkeypatch.setattr(_progress, "TRANSIENT_SECONDS", 30.0)
     monkeypatch.setattr(_progress, "_is_terminal", lambda stream: True)
     code, output = run("evaluate", sorting_run, "--batches", 2)
     assert code == 0 and "evaluating test:" in output, output

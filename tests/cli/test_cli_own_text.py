@@ -3,12 +3,13 @@ holding one split, a flat folder, one file or standard input, and generate from 
 
 import json
 import random
+import re
 
 import pytest
 from test_cli_lm import TINY
 from typer.testing import CliRunner
 
-from inftyformer.cli import app
+from inftyformer.cli import app, visible_text
 from inftyformer.data.corpus import split_flat_folder
 
 WORDS = "the of memory book long short continuous said and ∞ é".split()
@@ -104,7 +105,31 @@ def test_generate_streams_a_long_prompt_file_into_memory(flat_run, tmp_path):
     assert code == 0, output
     tokens = len(long_doc.encode("utf-8")) + 1  # bytes + the beginning-of-document token
     assert f"prompt: {tokens:,} tokens" in output and "segments of 16" in output
-    assert "memory:" in output and "long_term" in output and "short_term" in output
+    # every token, the prompt's and the 5 new ones, is in one memory or the other
+    memory = re.search(
+        r"memory: long-term memory ([\d,]+) tokens .*short-term memory (\d+) ", output
+    )
+    assert memory is not None, output
+    stored, recent = (int(n.replace(",", "")) for n in memory.groups())
+    assert stored + recent == tokens + 5 and 0 < recent <= 16 + 16  # mem_len + one segment
+    assert "decoding: sampling at temperature 0.8, top-p 0.9 (seed 0" in output  # text's default
+    # read with a bar before generating, the long prompt gives what generate itself gives
+    from inftyformer.training import load_run
+
+    code, output = run("generate", out, "--prompt-file", tmp_path / "long.txt",
+                       "--max-new-tokens", 5, "--temperature", 0)  # fmt: skip
+    saved = load_run(out)
+    task = saved.task()
+    ids = task.encode_prompt(long_doc)[0][None]
+    expected = saved.model.generate(ids, max_new_tokens=5, temperature=0)[0][0].tolist()
+    assert f"output:   {visible_text(task.decode(expected))}\n" in output, output
+    code, output = run("generate", out, "--prompt", "Hi", "--max-new-tokens", 2, "--temperature", 0)
+    assert code == 0 and "decoding: greedy" in output, output
+    # a short prompt never reaches the long-term memory, and the report says so
+    assert (
+        "memory: long-term memory empty (text enters it once it has left the short-term " in output
+    )
+    assert "short-term memory 5 tokens" in output  # its start, "Hi" and the 2 new tokens
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe")
     code, output = run("generate", out, "--prompt-file", tmp_path / "bad.txt")
     assert code != 0 and "not UTF-8" in output

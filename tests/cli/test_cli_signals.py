@@ -117,6 +117,11 @@ def test_convert_gguf_refuses_a_tokenizer_without_scores_and_missing_weights(hf,
     result = run("convert-gguf", tmp_path / "ok.gguf", tmp_path / "out")
     assert result.exit_code == 0, result.output
     assert (tmp_path / "out" / "model.safetensors").is_file()
+    # each stage is said as it starts, and the tensors are counted as they are dequantised
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("reading ok.gguf (0 MiB) and dequantising it to float32")
+    assert any(line.startswith("dequantising: 11/11 (100%)") for line in lines), lines
+    assert lines[-2].startswith(f"writing {tmp_path / 'out'} (safetensors, ")
 
 
 class PanicException(BaseException):  # what pyo3 raises when Rust code panics
@@ -154,7 +159,7 @@ SLOW_CONVERSION = textwrap.dedent(
     import os, sys, time
     import inftyformer.hf.convert as convert
 
-    def slow(path):  # as if the conversion had begun writing its temporary folder
+    def slow(path, say=None):  # as if the conversion had begun writing its temporary folder
         out = sys.argv[2]
         os.makedirs(os.path.join(os.path.dirname(out), f".out.tmp{os.getpid()}", "partial"))
         print("reading", flush=True)
@@ -177,6 +182,7 @@ def test_sigterm_during_convert_gguf_cleans_up_in_one_line(hf, tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
+    assert proc.stdout.readline().startswith("reading ok.gguf")  # the stage is said first
     assert proc.stdout.readline().strip() == "reading"  # inside the temporary folder's block
     assert any(p.name.startswith(".out.tmp") for p in tmp_path.iterdir())
     proc.send_signal(signal.SIGTERM)

@@ -110,7 +110,7 @@ def problems_of(s: dict) -> list[str]:
     elif "num_basis" not in bad and s["num_basis"] % len(widths):
         bad.append("num_basis")
     for name, low_open, high in (("ridge_lambda", True, math.inf), ("sigma_0", True, MAX_WIDTH),
-                                 ("min_sigma_sq", True, MAX_WIDTH**2),
+                                 ("min_sigma_sq", True, 1.0),  # a model's floor: ≤ 1
                                  ("kl_weight", False, math.inf)):  # fmt: skip
         if name in s:
             v = s[name]

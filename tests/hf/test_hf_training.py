@@ -138,6 +138,9 @@ def test_train_evaluate_generate_with_a_base_model(setup, freeze):
     assert code == 0 and "test ppl" in output, output
     code, output = run("generate", out, "--prompt", "the memory of", "--max-new-tokens", 4)
     assert code == 0 and "output:" in output, output
+    # a prompt this short never left the window: the report says what the memory holds
+    assert "memory: long-term memory empty (text enters it once it has left the window)" in output
+    assert re.search(r"; window \d+ tokens \([\d,]+ numbers allocated", output), output
 
 
 @pytest.mark.slow

@@ -105,3 +105,31 @@ def test_fidelity_says_which_way_is_better_and_has_no_negative_ages(result, tmp_
         ages = [label.get_text() for label in ax.get_xticklabels() if label.get_text()]
         assert ages and all(float(a.replace("−", "-")) >= 0 for a in ages), ages
         assert ax.get_xlim()[0] > -1
+
+
+def test_sigma_legend_names_what_every_panel_draws_and_medians_share_one_precision(
+    result, tmp_path, monkeypatch
+):
+    """A layer whose heads read alike is one grey histogram, a layer whose heads differ one
+    outline per head: the legend names both, whichever panel comes last."""
+    sigmas = [s.clone() for s in result.sigmas]
+    assert len(sigmas) >= 2 and sigmas[0].shape[0] >= 2
+    sigmas[0][:] = 0.8  # heads alike; median 0.8 is written 0.800, as 0.843 is
+    sigmas[1][1] = sigmas[1][0] * 4  # head 1 reads 4× wider
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path, dpi: figures.append(fig) or Path(path))
+    plots.plot_sigma(dataclasses.replace(result, sigmas=sigmas), tmp_path / "sigma.png")
+    fig = figures[0]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "all heads (alike)" in labels and "head 0" in labels and "head 1" in labels
+    titles = [ax.get_title() for ax in panels(fig)]
+    assert titles[0] == "layer 0: median σ = 0.800"
+    for title in titles:
+        digits = title.split("= ")[1].replace(".", "").lstrip("0")
+        assert len(digits) == 3, title  # three significant digits, trailing zeros kept
+
+
+def test_reads_say_what_outside_the_memory_means(result, tmp_path, monkeypatch):
+    fig = draw(result, tmp_path, monkeypatch, "reads.png")["reads.png"]
+    assert all("read outside t ∈ [0, 1]" in ax.get_title() for ax in panels(fig))
+    assert "Gaussian density beyond the stored\nsignal" in fig._suptitle.get_text()

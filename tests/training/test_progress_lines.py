@@ -108,3 +108,16 @@ def test_slow_steps_are_shown_as_seconds_per_step(monkeypatch):
     assert "281 s/it" in out.getvalue() and "it/s" not in out.getvalue()
     bar.update(3)  # four steps in 600 s: still slower than one a second
     assert out.getvalue().splitlines()[-1].endswith("150 s/it")
+
+
+def test_a_log_line_says_the_time_left_at_the_rate_so_far(monkeypatch):
+    import inftyformer._progress as module
+
+    clock = iter([0.0, 281.0, 600.0])
+    monkeypatch.setattr(module.time, "perf_counter", lambda: next(clock))
+    out = io.StringIO()
+    bar = LineProgress(total=4, desc="lm", every=1, file=out)
+    bar.update(1)  # 3 steps left at 281 s each: 843 s
+    assert out.getvalue() == "lm: 1/4 (25%) 04:41 elapsed, 14:03 left, 281 s/it\n"
+    bar.update(3)  # done: no time left to say
+    assert "left" not in out.getvalue().splitlines()[-1]

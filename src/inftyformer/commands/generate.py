@@ -19,7 +19,7 @@ def run_generate(
     prompt: str,
     prompt_file: Path | None,
     max_new_tokens: int | None,
-    temperature: float,
+    temperature: float | None,
     top_k: int | None,
     top_p: float | None,
     seed: int,
@@ -38,7 +38,8 @@ def run_generate(
     if threads:
         torch.set_num_threads(threads)
 
-    check_sampling(temperature, top_k, top_p, names=("--temperature", "--top-k", "--top-p"))
+    names = ("--temperature", "--top-k", "--top-p")
+    check_sampling(temperature or 0.0, top_k, top_p, names=names)
     if prompt_file is not None:
         text = read_user_text(prompt_file, "--prompt-file")
         if not text.strip():
@@ -47,6 +48,11 @@ def run_generate(
     run = load_run(checkpoint, device, base_model=base_model)
     model, dev = run.model, run.device
     task = run.task()
+    if temperature is None:  # the task's way: sampling for text, greedy for one right answer
+        defaults = task.default_sampling()
+        temperature = defaults["temperature"]
+        top_k = top_k if top_k is not None else defaults.get("top_k")
+        top_p = top_p if top_p is not None else defaults.get("top_p")
     tokens, expected = task.encode_prompt(prompt)
     n_new = max_new_tokens if max_new_tokens is not None else task.default_new_tokens()
     if n_new < 1:
@@ -54,27 +60,50 @@ def run_generate(
     torch.manual_seed(seed)  # pretrained models sample from torch's global generator
     gen = torch.Generator(device=dev).manual_seed(seed)
     start = time.perf_counter()
+    segment = run.model_config.segment_len
+    state, rest = _read_prompt(model, tokens[None].to(dev), segment)
     out = model.generate(
-        tokens[None].to(dev),
+        rest,
         max_new_tokens=n_new,
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
+        state=state,
         generator=gen,
     )
     seconds = time.perf_counter() - start
     new_tokens = _new_tokens(out)
-    segment = run.model_config.segment_len
     typer.echo(
         f"prompt: {tokens.numel():,} tokens, streamed in {-(-tokens.numel() // segment):,} "
         f"segments of {segment} ({seconds:.1f} s with generation)"
     )
+    typer.echo(f"decoding: {_decoding(temperature, top_k, top_p, seed)}")
     typer.echo(f"memory: {_memory_summary(out[1])}")
     typer.echo(f"output:   {visible_text(task.decode(new_tokens))}")
     if expected:
         typer.echo(f"expected: {visible_text(task.decode(expected))}")
         hits = sum(a == b for a, b in zip(new_tokens, expected, strict=False))
         typer.echo(f"{hits}/{len(expected)} positions right (free-running, no teacher forcing)")
+
+
+LONG_PROMPT_SEGMENTS = 4  # a prompt of more segments is read into the memory with a bar
+
+
+def _read_prompt(model: Any, prompt: Any, segment_len: int) -> tuple[Any, Any]:
+    """(state, rest): a long prompt [1, T] streamed into the memory segment by segment with a
+    progress bar (the time left), all but its last 1 … L tokens, as `generate` itself would
+    stream it (so the continuation is the same), and those last tokens; a short one untouched."""
+    from .._progress import progress
+
+    cut = (prompt.shape[1] - 1) // segment_len * segment_len
+    if cut < LONG_PROMPT_SEGMENTS * segment_len:
+        return None, prompt
+    state = None
+    starts = progress(range(0, cut, segment_len), desc="reading the prompt", unit=" segments",
+                      leave=False)  # fmt: skip
+    for start in starts:
+        state = model.push(prompt[:, start : start + segment_len], state)
+    return state, prompt[:, cut:]
 
 
 _WHITESPACE_NAMES = {" ": "space", "\n": "newline", "\t": "tab", "\r": "carriage return"}
@@ -103,18 +132,51 @@ def visible_text(text: str) -> str:
     return _LONG_WHITESPACE.sub(lambda m: f"[{_count_whitespace(m.group())}]", text)
 
 
+def _decoding(temperature: float, top_k: int | None, top_p: float | None, seed: int) -> str:
+    if temperature == 0:
+        return "greedy (--temperature T > 0 samples)"
+    parts = [f"sampling at temperature {temperature:g}"]
+    parts += [f"top-k {top_k}"] if top_k is not None else []
+    parts += [f"top-p {top_p:g}"] if top_p is not None else []
+    return ", ".join(parts) + f" (seed {seed}; --temperature 0: greedy)"
+
+
 def _memory_summary(state: Any) -> str:
-    """What a MemoryState holds, by kind, in numbers and KiB (batch row 0's share)."""
-    kinds: dict[str, int] = {}
-    for layer in state.layers:
-        for name, tensor in layer.tensors().items():
-            if tensor.is_floating_point():
-                kind = name.split(".")[0]
-                kinds[kind] = kinds.get(kind, 0) + tensor[0].numel()
-    total = sum(kinds.values())
-    parts = ", ".join(f"{k} {v:,}" for k, v in kinds.items())
+    """What a MemoryState holds in batch row 0, in tokens of the stream: the long-term memory
+    (its S tokens, or empty), the short-term memory (on a pretrained model: the inputs waiting to
+    enter the long-term memory), compressed slots, the window; then what is allocated for it."""
+    from ..core.state import UNKNOWN_STORED
+
+    layers = state.layers
+    numbers = sum(
+        t[0].numel() for layer in layers for t in layer.tensors().values() if t.is_floating_point()
+    )
+    parts = []
+    long_terms = [layer.long_term for layer in layers if layer.long_term is not None]
+    if long_terms:
+        stored = [int(lt.stored[0]) if lt.stored is not None else UNKNOWN_STORED
+                  for lt in long_terms]  # fmt: skip
+        if all(bool(lt.empty[0]) for lt in long_terms):
+            where = "the window" if state.window is not None else "the short-term memory"
+            parts.append(f"long-term memory empty (text enters it once it has left {where})")
+        elif max(stored) < UNKNOWN_STORED:
+            parts.append(
+                f"long-term memory {max(stored):,} tokens of the stream "
+                f"({len(long_terms)} layer{'s' if len(long_terms) > 1 else ''})"
+            )
+        else:
+            parts.append("long-term memory holding text (a state saved before it counted tokens)")
+    short = max(int(layer.short_term.length[0]) for layer in layers)
+    label = "waiting to enter it" if state.window is not None else "short-term memory"
+    parts.append(f"{label} {short:,} tokens")
+    compressed = [int(layer.compressed.length[0]) for layer in layers if layer.compressed]
+    if compressed:
+        parts.append(f"compressed memory {max(compressed):,} slots")
+    if state.window is not None:
+        parts.append(f"window {int(state.window.length[0]):,} tokens")
     return (
-        f"{total:,} numbers ({total * 4 / 1024:,.0f} KiB) over {len(state.layers)} layers: {parts}"
+        "; ".join(parts) + f" ({numbers:,} numbers allocated, {numbers * 4 / 2**20:.1f} MiB, over "
+        f"{len(layers)} layers)"
     )
 
 

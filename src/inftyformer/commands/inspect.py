@@ -38,18 +38,20 @@ def run_inspect(
     else:
         tokens = task.inspection_stream(split, length)
     start = time.perf_counter()
-    result = inspect_stream(run.model, tokens[None].to(run.device))
+    typer.echo(f"streaming {len(tokens):,} tokens through the model, then measuring its memory")
+    result = inspect_stream(run.model, tokens[None].to(run.device), progress=True)
     out_dir = out or (checkpoint if checkpoint.is_dir() else checkpoint.parent) / "inspect"
     summary = result.summary()
     summary["source"] = str(text) if text is not None else f"{split} split"
+    typer.echo(f"drawing the pictures into {out_dir}")
     paths = draw_all(result, out_dir)
     write_atomic(out_dir / "summary.json", json.dumps(summary, indent=1))
     typer.echo(f"{len(tokens):,} tokens in {time.perf_counter() - start:.1f} s -> {out_dir}")
     for layer in summary["layers"]:
         parts = [f"layer {layer['layer']}"]
         if "sigma" in layer:
-            parts.append(f"median sigma {layer['sigma']['median']:.3g}")
-            parts.append(f"mu spread across queries {layer['mu_spread']:.3g}")
+            parts.append(f"median sigma {layer['sigma']['median']:#.3g}")
+            parts.append(f"mu spread across queries {layer['mu_spread']:#.3g}")
         for key in ("fidelity", "compressed_fidelity"):
             for age in ("1", "10", "100"):
                 if age in layer.get(key, {}):

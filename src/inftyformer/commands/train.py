@@ -44,6 +44,11 @@ def run_train(
         freeze_base=freeze_base,
     )
     env = init_distributed(train_cfg.device)
+    if env.is_main:
+        from ..tasks import get_task
+
+        for line in get_task(task).notes(task_cfg):
+            typer.echo(line)
     try:
         trainer = Trainer(
             train_cfg,

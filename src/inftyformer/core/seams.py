@@ -9,15 +9,20 @@ and the registry of the strategies that make it (`docs/ARCHITECTURE.md`).
 
 A strategy is a frozen dataclass (`Strategy`) that names its seam and kind, validates its own
 settings when built and checks once what it needs of the rest of the memory's settings (`check`:
-a capability, never another strategy's name). Strategies register by kind (`register`); the
-core registers its own, `inftyformer.extensions` registers ours. A memory's settings can then be
-written flat (`--set keep_first=64`): `build` resolves each flat name to the strategy that owns
-it and refuses a name that belongs to a strategy that was not chosen, naming its owner.
+a capability, never another strategy's name). Strategies register by kind (`register`): the
+core's when their module is imported; any package's that declares a module in the entry-point
+group "inftyformer.strategies" (as this library's pyproject.toml declares its extensions) when
+a kind is first looked up (`discover`), so that the core names no strategy but its own.
+
+A memory's settings can then be written flat (`--set keep_first=64`): `build` resolves each flat
+name to the strategy that owns it and refuses a name that belongs to a strategy that was not
+chosen, naming its owner.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import typing
 from typing import Any, ClassVar, Protocol
 
@@ -54,6 +59,18 @@ class Strategy:
 
 
 REGISTRY: dict[str, dict[str, type[Strategy]]] = {seam: {} for seam in SEAMS}
+ENTRY_POINTS = "inftyformer.strategies"
+_discovered: list[bool] = []  # whether the installed packages' strategies were loaded
+
+
+def discover() -> None:
+    """Import, once, the modules installed packages declare in the entry-point group
+    "inftyformer.strategies" (they register their strategies when imported)."""
+    if _discovered:
+        return
+    _discovered.append(True)
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINTS):
+        entry.load()
 
 
 def register(cls: type[Strategy]) -> type[Strategy]:
@@ -67,13 +84,15 @@ def register(cls: type[Strategy]) -> type[Strategy]:
 
 
 def kinds(seam: str) -> tuple[str, ...]:
-    return tuple(REGISTRY[seam])
+    discover()
+    return tuple(REGISTRY.get(seam, {}))
 
 
 def setting_names(seam: str) -> dict[str, type]:
-    """Every flat setting of the strategies at `seam` (the kinds registered now) and its type."""
+    """Every flat setting of the strategies at `seam` and its type."""
+    discover()
     out: dict[str, type] = {}
-    for cls in REGISTRY[seam].values():
+    for cls in REGISTRY.get(seam, {}).values():
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             out.setdefault(f.name, hints[f.name])
@@ -82,15 +101,17 @@ def setting_names(seam: str) -> dict[str, type]:
 
 def owners(seam: str, name: str) -> list[str]:
     """The kinds at `seam` that have a setting `name`."""
+    discover()
     return [
         kind
-        for kind, cls in REGISTRY[seam].items()
+        for kind, cls in REGISTRY.get(seam, {}).items()
         if name in {f.name for f in dataclasses.fields(cls)}
     ]
 
 
 def lookup(seam: str, kind: object) -> type[Strategy]:
-    if not isinstance(kind, str) or kind not in REGISTRY[seam]:
+    discover()
+    if not isinstance(kind, str) or kind not in REGISTRY.get(seam, {}):
         raise ValueError(f"{seam} must be one of {kinds(seam)}, got {kind!r}")
     return REGISTRY[seam][kind]
 
@@ -193,6 +214,7 @@ __all__ = [
     "Squeeze",
     "Strategy",
     "build",
+    "discover",
     "kinds",
     "lookup",
     "owners",

@@ -14,14 +14,13 @@ The corpus itself (and tokenising in memory) is `tokenized.py`; the cache `cache
 from __future__ import annotations
 
 import hashlib
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from .._files import MAX_TEXT_BYTES
 from .cache import CACHE_ENV_VAR, CACHE_FORMAT_VERSION, _cached, default_cache_dir  # noqa: F401
-from .paths import SPLITS, check_split, resolve_data_dir
+from .paths import EMBEDDED_CORPUS, EMBEDDED_SOURCE, SPLITS, check_split, resolve_data_dir
 from .tokenized import (  # noqa: F401  (re-exported: the corpus's old home)
     TokenizedCorpus,
     _check_tokenizer,
@@ -32,11 +31,9 @@ from .tokenized import (  # noqa: F401  (re-exported: the corpus's old home)
     with_bos,
 )
 from .tokenizer import TextTokenizer
+from .wikitext import split_wikitext
 
 CORPUS_SUBDIR = "pg19-mini"  # the default corpus, inside the data directory
-
-# WikiText top-level heading: " = Title = " (sub-headings look like " = = Sub = = ").
-_WIKITEXT_TITLE = re.compile(r"^ = ([^=].*) = $")
 
 
 def _decode(raw: bytes, source: Path) -> str:
@@ -86,23 +83,6 @@ def load_corpus(
         return tokenize_documents(texts, names, tokenizer, progress, desc=f"tokenizing {split}")
 
     return _cached("txtdir", split, tokenizer, sources, build, cache_dir, use_cache)
-
-
-def split_wikitext(text: str) -> list[tuple[str, str]]:
-    """(title, article text) pairs, split at top-level headings `` = Title = ``.
-
-    Text before the first heading (if any, and not blank) becomes a document titled "".
-    """
-    docs: list[tuple[str, list[str]]] = []
-    for line in text.splitlines(keepends=True):
-        match = _WIKITEXT_TITLE.match(line.rstrip("\r\n"))
-        if match is not None:
-            docs.append((match.group(1).strip(), [line]))
-        elif docs:
-            docs[-1][1].append(line)
-        elif line.strip():
-            docs.append(("", [line]))
-    return [(title, "".join(lines)) for title, lines in docs]
 
 
 def load_wikitext(
@@ -218,7 +198,10 @@ def load_split(
     - a flat folder of ``.txt`` files (one file, one document): the files of `split` by
       :func:`flat_split_of`, or every file with ``whole=True`` (evaluating a user's documents);
     - a single text file: one document (whatever the split);
-    - ``"-"``: standard input, one document.
+    - ``"-"``: standard input, one document;
+    - ``"builtin:austen"``: the corpus the package carries (``austen/PROVENANCE.md``);
+    - a Hugging Face dataset: ``hf:NAME[:CONFIG]`` or a folder of parquet/arrow/JSON-lines/CSV
+      files or one written by ``save_to_disk`` (:mod:`inftyformer.data.hf_datasets`).
 
     Text must be UTF-8 (the error names the file); an empty result is an error.
     """
@@ -241,6 +224,11 @@ def load_split(
         return _load_files([root], "file", "all", tokenizer, progress)
     if layout == "wikitext":
         return load_wikitext(root, split, tokenizer, progress=progress)
+    if layout == "dataset":
+        from .hf_datasets import load_hf_split
+
+        return load_hf_split(source if str(source).startswith("hf:") else root, split,
+                             tokenizer, progress)  # fmt: skip
     if layout == "corpus":
         return load_corpus(root, split, tokenizer, progress=progress)
     files = sorted(p for p in root.glob("*.txt") if p.is_file())
@@ -251,10 +239,16 @@ def load_split(
 
 def text_layout(source: str | Path, split: str = "train") -> tuple[str, Path]:
     """Which layout `source` has (see :func:`load_split`) and where: ("stdin" | "file" |
-    "wikitext" | "corpus" | "flat", path). Cheap: lists folders, reads no text. Raises
-    FileNotFoundError / ValueError naming what is missing."""
+    "wikitext" | "corpus" | "flat" | "dataset", path). Cheap: lists folders, reads no text.
+    Raises FileNotFoundError / ValueError naming what is missing."""
     if str(source) == STDIN:
         return "stdin", Path(STDIN)
+    if str(source) == EMBEDDED_SOURCE:
+        return "corpus", EMBEDDED_CORPUS
+    if str(source).startswith("hf:"):
+        return "dataset", Path(str(source))
+    if str(source).startswith("builtin:"):
+        raise ValueError(f"unknown built-in corpus {source!r}: the one there is {EMBEDDED_SOURCE}")
     path = Path(source).expanduser()
     if path.is_file():
         return "file", path
@@ -262,6 +256,13 @@ def text_layout(source: str | Path, split: str = "train") -> tuple[str, Path]:
         raise FileNotFoundError(f"data not found: {path} (a folder, a .txt file or - for stdin)")
     if is_wikitext_dir(path):
         return "wikitext", path
+    from .hf_datasets import is_dataset_folder
+
+    for root in (path, path / CORPUS_SUBDIR):
+        if (root / split).is_dir() and any((root / split).glob("*.txt")):
+            return "corpus", root
+    if is_dataset_folder(path):
+        return "dataset", path
     for root in (path, path / CORPUS_SUBDIR):
         if (root / split).is_dir():
             return "corpus", root

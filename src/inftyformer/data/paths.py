@@ -8,6 +8,9 @@ the default one. Order of precedence:
    explicit choice is never silently replaced by a fallback);
 2. ``<repo root>/../shared/data``, found relative to this source file;
 3. ``<current directory>/../shared/data``.
+
+Where none exists, the text-reading tasks fall back on the corpus the package carries
+(:data:`EMBEDDED_SOURCE`: Jane Austen's six novels, ``austen/PROVENANCE.md``) and say so.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from pathlib import Path
 
 DATA_ENV_VAR = "INFTYFORMER_DATA"
 SPLITS = ("train", "valid", "test")  # the split names of every data set here
+# the corpus the package carries, named as a data source (`--data-dir builtin:austen`)
+EMBEDDED_SOURCE = "builtin:austen"
+EMBEDDED_CORPUS = Path(__file__).resolve().parent / "austen"
 
 # src/inftyformer/data/paths.py -> parents[3] is the repository root.
 _REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -63,12 +69,40 @@ def resolve_data_dir(path: str | Path | None = None) -> Path:
                 f"${DATA_ENV_VAR} is {env}, which is not a directory: set it to the folder that "
                 "holds the data, or give the data with --data-dir DIR"
             )
-        tried = " or ".join(str(c.resolve()) for c in _candidates())
         raise FileNotFoundError(
-            f"no data directory found (looked for {tried}): give the data with --data-dir DIR "
-            f"or set ${DATA_ENV_VAR} to the folder that holds it"
+            f"no data directory found (looked for {looked_for()}): give the data with --data-dir "
+            f"DIR or set ${DATA_ENV_VAR} to the folder that holds it"
         )
     return found
+
+
+def looked_for() -> str:
+    """The places a data directory was looked for, for messages."""
+    return " or ".join(str(c.resolve()) for c in _candidates())
+
+
+def training_source(data_dir: str | Path | None) -> str | Path:
+    """Where a task's text comes from: `data_dir` when given (a directory, a file, or a named
+    source such as ``hf:NAME`` or :data:`EMBEDDED_SOURCE`, returned as is), else the default data
+    directory, else (no data directory, and ${DATA_ENV_VAR} not set) the embedded corpus,
+    :data:`EMBEDDED_SOURCE`."""
+    if data_dir is not None:
+        return data_dir if ":" in str(data_dir) else resolve_data_dir(data_dir)
+    if default_data_dir() is None and not os.environ.get(DATA_ENV_VAR):
+        return EMBEDDED_SOURCE
+    return resolve_data_dir(None)
+
+
+def embedded_fallback_note(data_dir: str | Path | None) -> str | None:
+    """The line a command prints when `training_source(data_dir)` falls back on the embedded
+    corpus; None when it does not."""
+    if training_source(data_dir) != EMBEDDED_SOURCE or data_dir is not None:
+        return None
+    return (
+        f"no data directory found (looked for {looked_for()}): training on the embedded corpus "
+        f"{EMBEDDED_SOURCE}, Jane Austen's six novels (3.9 MB). For real books give --data-dir "
+        f"DIR (.txt, parquet or arrow files) or --data-dir hf:NAME (a Hugging Face dataset)"
+    )
 
 
 def check_split(split: object) -> str:

@@ -156,7 +156,12 @@ def tokenize_documents(
     doc_bytes = np.array([len(t.encode("utf-8")) for t in texts], dtype=np.int64)
     arrays: list[np.ndarray] = []
     with show_progress(
-        total=int(doc_bytes.sum()), unit="B", unit_scale=True, desc=desc, enabled=progress
+        total=int(doc_bytes.sum()),
+        unit="B",
+        unit_scale=True,
+        desc=desc,
+        enabled=progress,
+        leave=False,  # in a log: a line only while it takes long (its result follows)
     ) as bar:
         for text, nbytes in zip(texts, doc_bytes, strict=True):
             arrays.append(np.asarray(tokenizer.encode_long(text), dtype=dtype))

@@ -13,7 +13,7 @@ import re
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from .paths import default_data_dir
+from .paths import default_data_dir, looked_for
 
 GPT2_SUBDIR = "gpt2-tokenizer"
 GPT2_EOS = "<|endoftext|>"
@@ -186,6 +186,13 @@ def load_tokenizer(spec: str, near: str | Path | None = None) -> TextTokenizer:
         if shared is not None:
             roots.append(shared)
         tried = [root / GPT2_SUBDIR / "tokenizer.json" for root in roots]
+        if not tried:  # the data is what is missing: say so first
+            raise FileNotFoundError(
+                f"no data directory found (looked for {looked_for()}), and the GPT-2 tokenizer "
+                f"(--tokenizer gpt2) is read from it ({GPT2_SUBDIR}/tokenizer.json): give "
+                "--data-dir DIR of a data directory that holds it, or choose --tokenizer bytes, "
+                "--tokenizer PATH/tokenizer.json, or --base-model DIR (the model's tokenizer)"
+            )
         for path in tried:
             if path.is_file():
                 return GPT2Tokenizer(path)

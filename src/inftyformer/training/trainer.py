@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from .checkpoint import CheckpointError, rng_state
 from .config import TrainConfig
 from .density import DensityMonitor
 from .distributed import DistEnv, all_reduce_sum, resolve_device, wrap_model
+from .estimate import RunEstimate, valid_evaluations
 from .evaluation import Evaluation
 from .logger import MetricsLogger
 from .optim import build_optimizer, lr_factor, param_groups, rank_seed, seed_everything
@@ -63,17 +64,19 @@ class TrainResult:
 
 
 class _StopRequest:
-    """First SIGINT/SIGTERM asks for a clean stop at the next step boundary (then a checkpoint);
-    a second one interrupts at once."""
+    """First SIGINT/SIGTERM asks for a clean stop at the next step boundary (then a checkpoint),
+    and `acknowledge` says so at once; a second one interrupts at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, acknowledge: Callable[[], None] = lambda: None) -> None:
         self.requested = False
+        self.acknowledge = acknowledge
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
+        self.acknowledge()
 
     def __enter__(self) -> _StopRequest:
         if threading.current_thread() is threading.main_thread():
@@ -219,20 +222,48 @@ class Trainer(RunDirectory, RunState, TrainStep, Evaluation):
         self.task.check_data([split for split, batches in evaluated if batches])
         t0 = time.perf_counter()
         halt = cfg.halt_after if cfg.halt_after else math.inf
+        estimate: RunEstimate | None = None
+        timed = 0  # steps of this session
+
+        def acknowledge() -> None:  # said at once, from the signal handler
+            self.echo(
+                "stopping: will stop after the current step and save a checkpoint (press Ctrl-C "
+                "again to stop at once)"
+            )
+
         try:
-            with _StopRequest() as stop:
+            with _StopRequest(acknowledge) as stop:
                 while self.step < cfg.steps:
                     self._rng_at_step_start = rng_state()
+                    started = time.perf_counter()
                     metrics = self.train_step()
                     step = self.step
+                    timed += 1
+                    # the second step of a session is timed: the first runs without the memory
+                    # and window a stream carries (half the work on a pretrained model)
+                    if estimate is None and (timed == 2 or step == cfg.steps):
+                        estimate = self._estimate(time.perf_counter() - started)
+                        for line in estimate.start_lines():
+                            self.echo(line)
                     result.history.append(metrics)
                     if step % cfg.log_every == 0 or step == cfg.steps:
                         logger.log(step, "train", metrics)
                     bar.update(1)
                     bar.set_postfix(self._postfix(metrics), refresh=False)
                     if step % cfg.eval_every == 0 or step == cfg.steps:
+                        started = time.perf_counter()
                         if self._evaluate_and_keep_best(logger):
                             result.stopped_early = True
+                        if (
+                            estimate is not None
+                            and estimate.call_seconds is None
+                            and step < cfg.steps
+                        ):
+                            seconds = time.perf_counter() - started
+                            estimate = replace(estimate, call_seconds=seconds)
+                            line = estimate.measured_line(estimate.valid_calls or 0, seconds)
+                            if line is not None:
+                                self.echo(line)
                     flag = all_reduce_sum([1.0 if stop.requested else 0.0], self.env)[0] > 0
                     if (
                         step % cfg.checkpoint_every == 0
@@ -279,6 +310,18 @@ class Trainer(RunDirectory, RunState, TrainStep, Evaluation):
             result.test = self._final_test(logger)
         logger.close()
         return result
+
+    def _estimate(self, step_seconds: float) -> RunEstimate:
+        """The run's time estimate from its step just timed (`estimate.py`)."""
+        cfg = self.cfg
+        return RunEstimate(
+            step=self.step,
+            steps=cfg.steps,
+            step_seconds=step_seconds,
+            valid_evals=valid_evaluations(self.step - 1, cfg.steps, cfg.eval_every),
+            valid_calls=self.task.eval_calls("valid", cfg.eval_batches),
+            test_calls=self.task.eval_calls("test", cfg.test_batches) if cfg.test_batches else 0,
+        )
 
     def _postfix(self, metrics: dict[str, float]) -> dict[str, str]:
         post = {"loss": f"{metrics['loss']:.3f}"}
