@@ -90,11 +90,11 @@ def problems_of(s: dict) -> list[str]:
     """The settings a correct validation refuses (by name), in a check's order."""
     bad = []
     for name in INTS:
-        if name == "num_heads" and s.get(name, 0) is None:
-            continue  # None: the base's number of heads
+        if name in ("num_heads", "segment_len") and s.get(name, 0) is None:
+            continue  # None: the base's number of heads, the default segment
         if name in s and not (_int(s[name]) and s[name] >= 1):
             bad.append(name)
-    if "segment_len" not in bad and s["segment_len"] > POSITIONS:
+    if "segment_len" not in bad and (s["segment_len"] or 0) > POSITIONS:
         bad.append("segment_len")
     heads = s.get("num_heads") or HEADS
     if "num_heads" not in bad and D % heads:
@@ -133,6 +133,8 @@ def check_settings(args):
     if bad:
         expect_error(call, *bad)
         return
+    if settings["segment_len"] is None:  # the default: 256 within the positions, half of them
+        settings = {**settings, "segment_len": min(256, POSITIONS // 2)}
     widths = tuple(float(w) for w in settings.get("widths", (0.005, 0.01)))
     gain = update_gain(settings["num_basis"], widths, float(settings.get("ridge_lambda", 0.5)),
                        float(settings.get("tau", 0.5)), settings["num_samples"],
