@@ -34,11 +34,21 @@ TINY_ADDED = [*TINY_MEMORY, "--set", "num_basis=16", "--set", "num_samples=16"]
 TINY_RETRIEVAL = [
     *TINY_MEMORY,
     *("--set", "memory_read=heads", "--set", "density=mixture", "--set", "min_sigma_sq=1e-6"),
-    *("--set", "num_basis=32", "--set", "num_samples=32", "--set", "widths=0.003"),
+    *("--set", "num_basis=32", "--set", "widths=0.003"),
     *("--set", "squeeze=fill", "--set", "edge_padding=false", "--set", "keep_first=2"),
     *("--set", "keep_last=8", "--set", "keep_salient=12", "--set", "salient_before=2"),
     *("--set", "memory_positions=ranks"),
 ]
+
+
+def fill_samples() -> list[str]:
+    """Code from before the squeezes were strategies wants num_samples = K for squeeze=fill."""
+    import dataclasses
+
+    from inftyformer.core.config import LongTermConfig
+
+    old = "num_samples" in {f.name for f in dataclasses.fields(LongTermConfig)}
+    return ["--set", "num_samples=32"] if old else []
 
 
 def runs(data: Path, llama: Path, gpt2: Path, chat: Path) -> dict[str, list[str]]:
