@@ -69,7 +69,12 @@ def train(
         "Transformer) or infty (∞-former). Default: infty, or the resumed run's.",
     ),
     preset: str | None = typer.Option(
-        None, "--preset", "-p", help="Model size: cpu-small (default) or paper-sorting."
+        None,
+        "--preset",
+        "-p",
+        help="A named configuration (`inftyformer presets`): cpu-small (the default), "
+        "paper-sorting or paper; with --base-model: adapter (the default), paper-gpt2 or "
+        "retrieval. --set settings go on top.",
     ),
     settings: list[str] = typer.Option(  # noqa: B008
         [],
@@ -233,6 +238,12 @@ def evaluate(
     max_tokens: int | None = typer.Option(
         None, help="Task setting max_tokens (lm: only the first N tokens of each document)."
     ),
+    preset: str | None = typer.Option(
+        None,
+        "--preset",
+        help="Read with a preset's memory settings (`inftyformer presets`): those that differ "
+        "from the run's, each one a trained model may change; --set on top.",
+    ),
     base_model: str | None = typer.Option(
         None,
         "--base-model",
@@ -265,6 +276,7 @@ def evaluate(
         json_out=json_out,
         # a bar on a terminal; in a log, a line every half minute once it takes that long
         progress=True,
+        preset=preset,
     )
 
 
@@ -301,6 +313,12 @@ def generate(
     ),
     seed: int = typer.Option(0, help="Seed of the sampling generator."),
     device: str = typer.Option("cpu", help="cpu, cuda, cuda:N or auto."),
+    preset: str | None = typer.Option(
+        None,
+        "--preset",
+        help="Generate with a preset's memory settings (`inftyformer presets`): those that differ "
+        "from the run's, each one a trained model may change; --set on top.",
+    ),
     base_model: str | None = typer.Option(
         None,
         "--base-model",
@@ -329,7 +347,20 @@ def generate(
         device=device,
         base_model=base_model,
         threads=threads,
+        preset=preset,
     )
+
+
+# --------------------------------------------------------------------------- presets
+@app.command("presets")
+@user_errors()
+def list_presets() -> None:
+    """The named configurations `--preset` takes (and `add_long_term_memory(base, preset=…)`),
+    one line each, with the page where each was measured."""
+    from .presets import describe_presets
+
+    for line in describe_presets():
+        typer.echo(line)
 
 
 # --------------------------------------------------------------------------- inspect

@@ -21,6 +21,7 @@ from .core.config import CHANGEABLE_SETTINGS, DERIVED_SETTINGS, LongTermConfig
 from .core.squeeze import FixedSqueeze
 from .extensions.densities import NormalizedDensity
 from .memory_settings import WithLongTerm, takes_long_term_settings
+from .presets import preset_settings
 
 MODEL_TYPES = ("transformer", "xl", "compressive", "infty")
 
@@ -181,12 +182,10 @@ class ModelConfig(WithLongTerm):
     # ------------------------------------------------------------------ presets
     @classmethod
     def preset(cls, name: str, model_type: str = "infty", **overrides: Any) -> ModelConfig:
-        """Named sizes. The vocabulary defaults to the sorting task's 22 symbols (0–19,
-        separator 20, pad 21); pass `vocab_size=` for anything else. A "transformer" gets
-        mem_len 0 unless overridden."""
-        if name not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
-        values: dict[str, Any] = dict(PRESETS[name])
+        """A native preset (`inftyformer.presets`: cpu-small, paper-sorting, paper). The
+        vocabulary defaults to the sorting task's 22 symbols (0–19, separator 20, pad 21); pass
+        `vocab_size=` for anything else. A "transformer" gets mem_len 0 unless overridden."""
+        values: dict[str, Any] = preset_settings(name, "native")
         values["model_type"] = model_type
         if model_type == "transformer":
             values["mem_len"] = 0
@@ -194,48 +193,4 @@ class ModelConfig(WithLongTerm):
         return cls(**values)
 
 
-PRESETS: dict[str, dict[str, Any]] = {
-    # trains a sorting model in minutes on 2 CPU cores
-    "cpu-small": dict(
-        vocab_size=22,
-        d_model=128,
-        n_layers=3,
-        n_heads=4,
-        d_ff=512,
-        dropout=0.1,
-        segment_len=128,
-        mem_len=128,
-        compression_rate=4,
-        compressed_len=128,
-        num_basis=128,
-        num_samples=128,
-        widths=(0.01, 0.05),
-        ridge_lambda=1.0,
-        tau=0.75,
-        kl_weight=1e-6,
-    ),
-    # the paper's sorting configuration (§4.1): 3 layers, d 300, 6 heads, L = m = 1024,
-    # N = M = 512, τ = 0.75, λ = 1, widths {0.01, 0.05}. The paper does not give the FFN width;
-    # the authors' sorting script (sorting/run_sort_inftyformer.sh) sets d_inner = 300 = d_model,
-    # which is followed here
-    "paper-sorting": dict(
-        vocab_size=22,
-        d_model=300,
-        n_layers=3,
-        n_heads=6,
-        d_ff=300,
-        dropout=0.1,
-        segment_len=1024,
-        mem_len=1024,
-        compression_rate=4,
-        compressed_len=512,
-        num_basis=512,
-        num_samples=512,
-        widths=(0.01, 0.05),
-        ridge_lambda=1.0,
-        tau=0.75,
-        kl_weight=1e-6,
-    ),
-}
-
-__all__ = ["MEMORY_SETTINGS", "MODEL_TYPES", "NATIVE_LONG_TERM", "PRESETS", "ModelConfig"]
+__all__ = ["MEMORY_SETTINGS", "MODEL_TYPES", "NATIVE_LONG_TERM", "ModelConfig"]

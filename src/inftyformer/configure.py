@@ -11,9 +11,12 @@ from typing import Any
 import typer
 
 from .config import MODEL_TYPES
+from .presets import get_preset, preset_settings
+from .pretrained_config import base_blocks
 from .training.config import TrainConfig
 
-DEFAULT_PRESET = "cpu-small"
+DEFAULT_PRESET = "cpu-small"  # a native model's
+DEFAULT_PRETRAINED_PRESET = "adapter"  # with --base-model: the recommended memory to train
 DEFAULT_MODEL = "infty"
 GROUPS = ("model", "train", "task")
 
@@ -114,12 +117,16 @@ def build_configs(
     from .training.config import field_types, parse_overrides
 
     task_cls = get_task(task)
+    if preset is not None and base_model is None:
+        get_preset(preset, "native")
     if base_model is not None:
-        if preset is not None or model not in (None, "infty", "transformer"):
+        if model not in (None, "infty", "transformer"):
             raise ValueError(
-                "--base-model brings its own model: drop --preset; --model is infty (with "
-                "long-term memory, the default) or transformer (the base alone)"
+                "--base-model brings its own model: --model is infty (with long-term memory, "
+                "the default) or transformer (the base alone)"
             )
+        if preset is not None:
+            get_preset(preset, "pretrained")  # named errors before anything else
     elif freeze_base:
         raise ValueError("--freeze-base needs --base-model")
     model_cls = PretrainedMemoryConfig if base_model is not None else ModelConfig
@@ -164,7 +171,11 @@ def build_configs(
         train_values.setdefault("halt_after", 0)  # a halt is for one session, not the run
         train_cfg = dataclasses.replace(saved_train, **train_values)
         task_cfg = dataclasses.replace(saved_task, **task_values)
-        if preset is not None:
+        if preset is not None and base_model is not None:  # its settings, as changes to check
+            blocks = base_blocks(base_model)
+            values = {**preset_settings(preset, "pretrained", blocks), **model_values}
+            model_cfg = saved_model.replace(**values)
+        elif preset is not None:
             base = ModelConfig.preset(preset, model_type=saved_model.model_type)
             model_cfg = base.replace(**task_cls.model_overrides(task_cfg), **model_values)
         else:
@@ -178,7 +189,9 @@ def build_configs(
     train_cfg = TrainConfig(task=task, **train_values)
     task_cfg = task_cls.Config(**task_values)
     if base_model is not None:
-        model_cfg = PretrainedMemoryConfig(**model_values)
+        model_cfg = PretrainedMemoryConfig(
+            preset=preset or DEFAULT_PRETRAINED_PRESET, **model_values
+        )
         task_cls.check(task_cfg, model_cfg)
         return train_cfg, task_cfg, model_cfg
     model_cfg = ModelConfig.preset(
@@ -208,6 +221,7 @@ def check_resumable(out_dir: str) -> None:
 __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_PRESET",
+    "DEFAULT_PRETRAINED_PRESET",
     "GROUPS",
     "build_configs",
     "check_resumable",

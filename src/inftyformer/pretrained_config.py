@@ -39,6 +39,7 @@ from .core.config import CHANGEABLE_SETTINGS, DERIVED_SETTINGS, LongTermConfig
 from .core.seams import Strategy, build, owners, register, setting_names
 from .core.squeeze import FixedSqueeze
 from .extensions.densities import NormalizedDensity
+from .presets import preset_settings
 
 READ_SEAM = "memory_read"
 
@@ -307,6 +308,19 @@ def decide_lengths(adapter: AdapterConfig, limit: int | None) -> AdapterConfig:
     return replace(adapter, segment_len=L, window=W)
 
 
+def base_blocks(base_model: object) -> int | None:
+    """The number of blocks of the base in folder `base_model` (its config.json), or None."""
+    if not isinstance(base_model, str):
+        return None
+    path = Path(base_model).expanduser() / "config.json"
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data = data.get("text_config", data)
+    blocks = data.get("num_hidden_layers", data.get("n_layer"))
+    return None if blocks is None else int(blocks)
+
+
 def base_positions(config: dict[str, Any]) -> int | None:
     """A base's number of positions from its config.json's dict (None: not bounded)."""
     limit = config.get("max_position_embeddings", config.get("n_positions"))
@@ -321,6 +335,10 @@ def takes_nested_adapter(cls: type) -> type:
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **settings: Any) -> None:
+        preset = settings.pop("preset", None)
+        if preset is not None:  # the preset's settings for this base, under the given ones
+            blocks = base_blocks(settings.get("base_model"))
+            settings = {**preset_settings(preset, "pretrained", blocks), **settings}
         names = AdapterConfig.setting_types()
         flat = {k: settings.pop(k) for k in list(settings) if k in names or k == "long_term"}
         if flat:
@@ -341,7 +359,8 @@ class PretrainedMemoryConfig:
     which learning rates (the paper's split: the memory at `memory_lr` without weight decay, the
     base at the run's `lr`), and the adapter (`AdapterConfig`, nested; its settings also by
     their flat names: ``PretrainedMemoryConfig(base_model=DIR, num_basis=256)``,
-    ``config.num_basis``)."""
+    ``config.num_basis``; or a preset's, `inftyformer.presets`, under the given ones:
+    ``PretrainedMemoryConfig(base_model=DIR, preset="retrieval", window=512)``)."""
 
     base_model: str  # directory of a Hugging Face causal LM (config.json, weights, tokenizer)
     memory: bool = True  # False: the base alone, for comparison (attends within its segment)
@@ -459,6 +478,7 @@ __all__ = [
     "PRETRAINED_LONG_TERM",
     "PRETRAINED_MEMORY_SETTINGS",
     "PretrainedMemoryConfig",
+    "base_blocks",
     "base_positions",
     "decide_lengths",
 ]

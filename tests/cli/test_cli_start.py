@@ -18,12 +18,13 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 def test_the_catalog_is_the_registry_and_the_configs():
     from inftyformer.config import MODEL_TYPES
-    from inftyformer.configure import DEFAULT_PRESET
+    from inftyformer.configure import DEFAULT_PRESET, DEFAULT_PRETRAINED_PRESET
     from inftyformer.tasks import TASKS, get_task
     from inftyformer.training.config import TrainConfig
 
     assert catalog.TASK_SUMMARIES == {name: cls.summary for name, cls in TASKS.items()}
     assert catalog.MODEL_TYPES == MODEL_TYPES and catalog.DEFAULT_PRESET == DEFAULT_PRESET
+    assert catalog.DEFAULT_PRETRAINED_PRESET == DEFAULT_PRETRAINED_PRESET
     defaults = TrainConfig()
     assert catalog.TRAIN_DEFAULTS == {k: getattr(defaults, k) for k in catalog.TRAIN_DEFAULTS}
     with pytest.raises(ValueError) as expected:

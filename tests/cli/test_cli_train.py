@@ -94,7 +94,7 @@ def test_train_evaluate_generate_resume(tmp_path):
     [
         (["train", "nonsense"], "unknown task 'nonsense'"),
         (["train", "sorting", "--model", "lstm"], "unknown model 'lstm'"),
-        (["train", "sorting", "--preset", "huge"], "unknown preset 'huge'"),
+        (["train", "sorting", "--preset", "huge"], "unknown native preset 'huge'"),
         (["train", "sorting", "--set", "colour=blue"], "unknown setting 'colour'"),
         (["train", "sorting", "--set", "d_model=big"], "expected an integer"),
         (["train", "sorting", "--set", "justakey"], "expected key=value"),

@@ -16,6 +16,8 @@ TASK_SUMMARIES = {
 }
 MODEL_TYPES = ("transformer", "xl", "compressive", "infty")  # `inftyformer.config.MODEL_TYPES`
 DEFAULT_PRESET = "cpu-small"  # `inftyformer.configure.DEFAULT_PRESET`
+# with --base-model: `inftyformer.configure.DEFAULT_PRETRAINED_PRESET`
+DEFAULT_PRETRAINED_PRESET = "adapter"
 # `TrainConfig()`'s values of the settings the command line names in its help
 TRAIN_DEFAULTS = {
     "steps": 600,

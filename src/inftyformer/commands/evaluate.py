@@ -28,6 +28,7 @@ def run_evaluate(
     base_model: str | None,
     json_out: Path | None,
     progress: bool,
+    preset: str | None = None,
 ) -> None:
     """Evaluate `checkpoint` (see `inftyformer evaluate --help`); `progress`: show a bar."""
     from ..training import evaluate_run, read_configs
@@ -45,6 +46,8 @@ def run_evaluate(
     if text["train"]:
         raise ValueError(f"train settings cannot change at evaluation: {sorted(text['train'])}")
     memory = parse_overrides(type(saved_model), text["model"], "model")
+    if preset is not None:  # the preset's settings that differ from the run's, under --set's
+        memory = {**preset_memory(preset, saved_model), **memory}
     options = dict(eval_data=data_dir, max_docs=max_docs, max_tokens=max_tokens)
     task_values = task_settings(task, options, text["task"], {"eval_data": "--data-dir"})
     start = time.perf_counter()
@@ -90,6 +93,18 @@ def run_evaluate(
             "the result was written to stdout instead"
         ) from err
     typer.echo(f"  wrote {json_out}")
+
+
+def preset_memory(preset: str, model_config) -> dict:
+    """What preset `preset` changes in a trained model's settings (a ValueError from the
+    model's config names any change a trained model cannot take)."""
+    from ..models import model_kind
+    from ..presets import preset_changes
+    from ..pretrained_config import base_blocks
+
+    kind = model_kind(model_config)
+    blocks = base_blocks(model_config.base_model) if kind == "pretrained" else None
+    return preset_changes(preset, kind, model_config.to_dict(), blocks)
 
 
 def _evaluated(split: str, data_dir: str | None) -> str:

@@ -26,6 +26,7 @@ def run_generate(
     device: str,
     base_model: str | None,
     threads: int,
+    preset: str | None = None,
 ) -> None:
     """Continue `prompt` (see `inftyformer generate --help`)."""
     import torch
@@ -45,7 +46,13 @@ def run_generate(
         if not text.strip():
             raise ValueError(f"{prompt_file} holds no text")
         prompt = text if prompt == "random" else text + prompt
-    run = load_run(checkpoint, device, base_model=base_model)
+    memory = None
+    if preset is not None:  # the preset's settings that differ from the run's
+        from ..training import read_configs
+        from .evaluate import preset_memory
+
+        memory = preset_memory(preset, read_configs(checkpoint, base_model)[2])
+    run = load_run(checkpoint, device, memory_settings=memory, base_model=base_model)
     model, dev = run.model, run.device
     task = run.task()
     if temperature is None:  # the task's way: sampling for text, greedy for one right answer

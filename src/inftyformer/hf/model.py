@@ -71,6 +71,7 @@ from ..core.attention import LongTermAttention
 from ..core.density import PreparedMemory
 from ..core.memory import LongTermMemory
 from ..model import token_losses
+from ..presets import preset_settings
 from ..pretrained_config import AdapterConfig
 from ..state import MemoryState
 from . import generation, hooks, validation, weights
@@ -452,19 +453,23 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         return generation.expand_inputs(expand, expand_size, is_encoder_decoder, input_ids, kwargs)
 
 
-def add_long_term_memory(base: PreTrainedModel, **settings) -> InftyformerForCausalLM:
+def add_long_term_memory(
+    base: PreTrainedModel, preset: str | None = None, **settings
+) -> InftyformerForCausalLM:
     """Wrap a pretrained causal LM (GPT-2 or Llama family) with a long-term memory per block
     (or per block of `memory_layers`).
 
-    `settings`: any `AdapterConfig` setting by its flat name (`AdapterConfig.setting_types`):
-    the memory's (num_basis, widths, density, squeeze, tau, keep_first, …), the read's
-    (memory_read, memory_positions, token_mass), segment_len (None: 256 within the base's
-    positions), window (previous tokens each call attends to; None: one segment, 0: none) and
-    memory_layers (the blocks with a memory; None: every block). The base's weights are used as
-    they are (not copied); right after wrapping, the logits equal the base's (the added read)."""
+    `settings`: any `AdapterConfig` setting by its flat name: the memory's (num_basis, density,
+    squeeze, tau, keep_first, …), the read's (memory_read, memory_positions, token_mass),
+    segment_len, window and memory_layers; `preset`: a pretrained preset's settings
+    (`inftyformer.presets`, e.g. "retrieval") under them. The base's weights are used as they
+    are (not copied); right after wrapping, the logits equal the base's (the added read)."""
     if not isinstance(base, PreTrainedModel):
         raise TypeError(f"base must be a transformers PreTrainedModel, got {type(base).__name__}")
     adapter_for(type(base).__name__)
+    if preset is not None:
+        blocks = len(adapter_for(type(base).__name__).block_list(base))
+        settings = {**preset_settings(preset, "pretrained", blocks), **settings}
     allowed = {*AdapterConfig.setting_types(), "adapter"}  # or a whole AdapterConfig
     unknown = sorted(set(settings) - allowed)
     if unknown:

@@ -1,0 +1,167 @@
+"""Named configurations a user picks instead of a dozen settings (`inftyformer presets` lists
+them): each a model kind, one line of what it is, its settings by their flat names and where it
+was measured.
+
+    native       a model trained from scratch (`ModelConfig`): its size and memory
+    pretrained   how the memory is added to a pretrained base (`AdapterConfig`); the blocks
+                 with a memory may depend on the base's depth (`memory_layers` as a rule)
+
+`preset_settings(name, kind, blocks=…)` gives a preset's settings for a base of `blocks` blocks;
+`PretrainedMemoryConfig(base_model=DIR, preset="…")`, `add_long_term_memory(base, preset="…")`
+and `--preset` on the command line take them, with the caller's settings on top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+KINDS = ("native", "pretrained")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One named configuration."""
+
+    name: str
+    kind: str  # "native" or "pretrained"
+    summary: str  # one line: what it is
+    settings: Mapping[str, Any]  # flat settings
+    measured: str = ""  # where it was measured (a page of docs/)
+    # pretrained: the blocks with a memory for a base of n blocks (None: every block)
+    layers: Callable[[int], tuple[int, ...]] | None = field(default=None, compare=False)
+    layers_rule: str = ""  # that rule in words
+
+    def settings_for(self, blocks: int | None = None) -> dict[str, Any]:
+        """The settings, with the blocks resolved for a base of `blocks` blocks."""
+        out = dict(self.settings)
+        if self.layers is not None:
+            if blocks is None:
+                raise ValueError(f"preset {self.name!r} places its memory by the base's depth")
+            out["memory_layers"] = self.layers(int(blocks))
+        return out
+
+
+def every_fourth_from_the_middle(n: int) -> tuple[int, ...]:
+    """Blocks n/2, n/2 + 4, …: four late blocks of SmolLM2-135M's 30 (15, 19, 23, 27)."""
+    return tuple(range(n // 2, n, 4))
+
+
+_SORTING = dict(
+    vocab_size=22, n_layers=3, dropout=0.1, compression_rate=4, widths=(0.01, 0.05),
+    ridge_lambda=1.0, tau=0.75, kl_weight=1e-6,
+)  # fmt: skip
+# the paper's GPT-2 memory (§4.2): N = 512, widths {0.005, 0.01}, λ = 0.5, τ = 0.5, M = 512
+_GPT2 = dict(num_basis=512, widths=(0.005, 0.01), ridge_lambda=0.5, tau=0.5, num_samples=512)
+
+PRESETS: dict[str, Preset] = {}
+
+
+def register_preset(preset: Preset) -> Preset:
+    if preset.kind not in KINDS:
+        raise ValueError(f"a preset's kind must be one of {KINDS}, got {preset.kind!r}")
+    if preset.name in PRESETS:
+        raise ValueError(f"preset {preset.name!r} is already registered")
+    PRESETS[preset.name] = preset
+    return preset
+
+
+register_preset(Preset(
+    "cpu-small", "native",
+    "3 layers of 128, N = M = 128: trains in minutes on 2 CPU cores (the default)",
+    dict(_SORTING, d_model=128, n_heads=4, d_ff=512, segment_len=128, mem_len=128,
+         compressed_len=128, num_basis=128, num_samples=128, density="normalized"),
+    measured="docs/sorting.md",
+))  # fmt: skip
+register_preset(Preset(
+    "paper-sorting", "native",
+    "the paper's sorting size (§4.1: d 300, L = m = 1024, N = M = 512), standardised scores",
+    dict(_SORTING, d_model=300, n_heads=6, d_ff=300, segment_len=1024, mem_len=1024,
+         compressed_len=512, num_basis=512, num_samples=512, density="normalized"),
+    measured="docs/sorting.md",
+))  # fmt: skip
+register_preset(Preset(
+    "paper", "native",
+    "the ∞-former as published (§3, §4.1): paper-sorting with the paper's density",
+    dict(_SORTING, d_model=300, n_heads=6, d_ff=300, segment_len=1024, mem_len=1024,
+         compressed_len=512, num_basis=512, num_samples=512, density="paper", squeeze="fixed"),
+    measured="docs/density.md",
+))  # fmt: skip
+register_preset(Preset(
+    "paper-gpt2", "pretrained",
+    "the paper's GPT-2 memory (§4.2: N = M = 512, τ = 0.5, its density) in every block",
+    dict(_GPT2, density="paper", squeeze="fixed", memory_read="added", kl_weight=1e-6),
+    measured="docs/pretrained.md",
+))  # fmt: skip
+register_preset(Preset(
+    "adapter", "pretrained",
+    "the memory to train on a frozen base (the default): N = M = 256, every 4th late block",
+    dict(_GPT2, num_basis=256, num_samples=256, density="normalized", squeeze="fixed",
+         memory_read="added"),
+    measured="docs/hf.md",
+    layers=every_fourth_from_the_middle,
+    layers_rule="every fourth block from the middle",
+))  # fmt: skip
+register_preset(Preset(
+    "retrieval", "pretrained",
+    "training-free: the base's heads read 2,048 exact places, salient ones kept by surprisal",
+    dict(memory_read="heads", memory_positions="ranks", density="mixture", sharpness=1.0,
+         sink_edge=0.0, min_sigma_sq=1e-6, num_basis=2048, widths=(0.0003,), squeeze="fill",
+         edge_padding=False, keep_first=64, keep_last=1024, keep_salient=959, salient_before=2,
+         segment_len=256, window=256),
+    measured="docs/passkey.md (row xxiii)",
+))  # fmt: skip
+
+
+def get_preset(name: str, kind: str | None = None) -> Preset:
+    """The preset `name` (of `kind`, when given), or a ValueError listing those there are."""
+    if name not in PRESETS or (kind is not None and PRESETS[name].kind != kind):
+        known = [p.name for p in PRESETS.values() if kind is None or p.kind == kind]
+        what = f"{kind} " if kind else ""
+        raise ValueError(f"unknown {what}preset {name!r}; known: {', '.join(known)}")
+    return PRESETS[name]
+
+
+def preset_settings(name: str, kind: str, blocks: int | None = None) -> dict[str, Any]:
+    """The flat settings of preset `name` (of `kind`) for a base of `blocks` blocks."""
+    return get_preset(name, kind).settings_for(blocks)
+
+
+def preset_changes(
+    name: str, kind: str, current: Mapping[str, Any], blocks: int | None = None
+) -> dict[str, Any]:
+    """The settings of preset `name` that differ from `current` (a trained model's flat
+    settings, its config's `to_dict()`): what applying the preset to it changes."""
+    out = {}
+    for key, value in preset_settings(name, kind, blocks).items():
+        now = current.get(key)
+        same = list(value) if isinstance(value, tuple) else value
+        if now != same and not (isinstance(now, list) and list(now) == same):
+            out[key] = value
+    return out
+
+
+def describe_presets() -> list[str]:
+    """One line per preset, by kind (what `inftyformer presets` prints)."""
+    lines = []
+    for kind in KINDS:
+        lines.append(f"{kind}:")
+        for p in PRESETS.values():
+            if p.kind == kind:
+                where = f" [{p.measured}]" if p.measured else ""
+                lines.append(f"  {p.name:<14} {p.summary}{where}")
+    return lines
+
+
+__all__ = [
+    "KINDS",
+    "PRESETS",
+    "Preset",
+    "describe_presets",
+    "every_fourth_from_the_middle",
+    "get_preset",
+    "preset_changes",
+    "preset_settings",
+    "register_preset",
+]

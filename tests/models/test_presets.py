@@ -1,0 +1,116 @@
+"""Named presets (`inftyformer.presets`): each builds a valid model of its kind, the measured
+ones are the settings that were measured, and every door takes them the same way."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from typer.testing import CliRunner
+
+from inftyformer.cli import app
+from inftyformer.config import ModelConfig
+from inftyformer.core.density import PaperDensity
+from inftyformer.presets import (
+    PRESETS,
+    every_fourth_from_the_middle,
+    get_preset,
+    preset_changes,
+    preset_settings,
+)
+
+
+@pytest.mark.parametrize("name", [p.name for p in PRESETS.values() if p.kind == "native"])
+def test_every_native_preset_is_a_valid_model(name):
+    config = ModelConfig.preset(name, vocab_size=32)
+    assert config.vocab_size == 32
+
+
+def test_the_paper_preset_is_the_paper():
+    config = ModelConfig.preset("paper")
+    assert config.long_term.density == PaperDensity() and config.long_term.squeeze.kind == "fixed"
+    assert (config.d_model, config.segment_len, config.num_basis, config.tau) == (
+        300, 1024, 512, 0.75,
+    )  # fmt: skip
+
+
+def test_the_adapter_preset_places_its_memory_by_the_bases_depth():
+    assert every_fourth_from_the_middle(30) == (15, 19, 23, 27)  # SmolLM2-135M, as measured
+    assert every_fourth_from_the_middle(12) == (6, 10)  # GPT-2 small
+    assert every_fourth_from_the_middle(2) == (1,)
+    with pytest.raises(ValueError, match="by the base's depth"):
+        preset_settings("adapter", "pretrained")
+
+
+def test_the_retrieval_preset_is_the_measured_row():
+    """The preset holds the settings of docs/passkey.md's row (xxiii), as the benchmark built
+    them (window and segment 256, every block)."""
+    from _passkey_rows import MIXTURE
+
+    row = dict(MIXTURE["mixture-fill-ranks-before"])
+    preset = preset_settings("retrieval", "pretrained")
+    assert {k: preset[k] for k in row} == row
+    assert (preset["segment_len"], preset["window"]) == (256, 256)
+    assert "memory_layers" not in preset  # every block
+
+
+def test_presets_are_refused_for_the_other_kind_by_name():
+    with pytest.raises(ValueError, match="unknown pretrained preset 'paper'.*retrieval"):
+        get_preset("paper", "pretrained")
+    with pytest.raises(ValueError, match="unknown native preset 'retrieval'"):
+        ModelConfig.preset("retrieval")
+
+
+def test_a_preset_applied_to_a_trained_model_changes_what_differs():
+    current = {"num_basis": 512, "widths": [0.005, 0.01], "tau": 0.5, "density": "paper"}
+    changes = preset_changes("paper-gpt2", "pretrained", current)
+    assert "num_basis" not in changes and "widths" not in changes and "tau" not in changes
+    assert changes["memory_read"] == "added" and "density" not in changes
+
+
+def test_every_door_takes_a_pretrained_preset(tmp_path):
+    pytest.importorskip("transformers")
+    from tiny_pretrained import write_tiny_model
+    from transformers import AutoModelForCausalLM
+
+    from inftyformer.configure import build_configs
+    from inftyformer.hf import add_long_term_memory
+    from inftyformer.pretrained_config import PretrainedMemoryConfig
+
+    small = dict(num_basis=32, keep_first=2, keep_last=4, keep_salient=4, segment_len=8, window=8)
+    base = str(write_tiny_model(tmp_path / "base", max_positions=64))
+    model = add_long_term_memory(
+        AutoModelForCausalLM.from_pretrained(base), preset="retrieval", **small
+    )
+    adapter = model.config.adapter
+    assert adapter.memory_read.kind == "heads" and adapter.positions == "ranks"
+    assert adapter.long_term.squeeze.salient_before == 2 and adapter.long_term.num_basis == 32
+    config = PretrainedMemoryConfig(base_model=base, preset="retrieval", **small)
+    assert config.adapter == adapter.replace(
+        long_term=dataclasses.replace(adapter.long_term, num_heads=None)  # the model's: unset
+    )
+    # the command line: adapter by default (the tiny base's 2 blocks: the second), or --preset
+    train, _, chosen = build_configs(
+        "lm", model=None, preset=None, settings=[], options={}, task_options={}, resume=False,
+        base_model=base,
+    )  # fmt: skip
+    assert chosen.memory_layers == (1,) and chosen.num_basis == 256
+    _, _, chosen = build_configs(
+        "lm", model=None, preset="paper-gpt2", settings=["num_basis=16", "num_samples=16"],
+        options={}, task_options={}, resume=False, base_model=base,
+    )  # fmt: skip
+    assert chosen.memory_layers is None and chosen.density.kind == "paper"
+    assert chosen.num_basis == 16  # --set on top of the preset
+    with pytest.raises(ValueError, match="unknown pretrained preset 'cpu-small'"):
+        build_configs(
+            "lm", model=None, preset="cpu-small", settings=[], options={}, task_options={},
+            resume=False, base_model=base,
+        )  # fmt: skip
+
+
+def test_the_presets_command_lists_each_with_one_line():
+    result = CliRunner().invoke(app, ["presets"])
+    assert result.exit_code == 0, result.output
+    for preset in PRESETS.values():
+        (line,) = [x for x in result.output.splitlines() if x.split()[0] == preset.name]
+        assert preset.summary in line
