@@ -34,10 +34,7 @@ def load_report(path: Path) -> dict[str, Any]:
         raise SystemExit(f"no report to render: {path} does not exist")
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     if data.get("format") != FORMAT:
-        raise SystemExit(
-            f"{path} is not in report format {FORMAT}: "
-            "convert it once with python benchmarks/_migrate_format1.py"
-        )
+        raise SystemExit(f"{path} is not in report format {FORMAT}: run the experiment again")
     return data
 
 

@@ -142,26 +142,3 @@ def test_a_long_padded_prompt_streams_the_valid_tokens(arch):
     padded = model.generate(prompt, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
     alone = model.generate(prompt[1:2, L:], max_new_tokens=NEW, do_sample=False)
     assert torch.equal(padded[1, L:], alone[0])
-
-
-@torch.no_grad()
-def test_the_old_names_of_the_state_still_work_and_warn(arch):
-    """`init_memory`, `memory=` (forward and generate) and `out.memory`: each warns and gives
-    what its new name gives; passing both names is refused."""
-    model = tiny_memory_model(arch)
-    ids = torch.randint(1, V, (2, 8), generator=torch.Generator().manual_seed(3))
-    out = model(ids, state=model.init_state(2))
-    with pytest.warns(DeprecationWarning, match="use init_state"):
-        empty = model.init_memory(2)
-    assert empty.tensors().keys() == model.init_state(2).tensors().keys()
-    with pytest.warns(DeprecationWarning, match=r"use state="):
-        old = model(ids, memory=out.state)
-    assert torch.equal(old.logits, model(ids, state=out.state).logits)
-    with pytest.warns(DeprecationWarning, match=r"use state \(the same"):
-        assert old.memory is old.state
-    greedy = dict(max_new_tokens=3, do_sample=False)
-    with pytest.warns(DeprecationWarning, match=r"use state="):
-        tokens = model.generate(ids, memory=out.state, **greedy)
-    assert torch.equal(tokens, model.generate(ids, state=out.state, **greedy))
-    with pytest.raises(TypeError, match="pass state= only"), pytest.warns(DeprecationWarning):
-        model(ids, state=out.state, memory=out.state)

@@ -79,7 +79,6 @@ from . import memory as memories
 from .adapters import BlockAdapter, adapter_for
 from .config import InftyformerConfig
 from .head_read import ATTENTION, WindowMass
-from .renamed import renamed, renamed_argument
 from .segments import stream_forward
 from .window import WindowedInputs
 
@@ -109,7 +108,6 @@ class InftyformerOutput(ModelOutput):
     """loss        lm_loss + memory_loss (when labels are given)
     logits      [batch, T, V]
     state       the new memory state (MemoryState, detached), to pass to the next call
-                (`.memory`: the old name, deprecated)
     cache       the base model's key/value cache (generation)
     lm_loss     mean next-token NLL over labels ≠ −100 (labels shifted inside, as in HF)
     token_loss  [batch, T − 1] NLL per predicted position, 0 where ignored
@@ -125,8 +123,6 @@ class InftyformerOutput(ModelOutput):
     token_loss: torch.Tensor | None = None
     kl: torch.Tensor | None = None
     memory_loss: torch.Tensor | None = None
-
-    memory = property(renamed("InftyformerOutput.memory", "state", lambda out: out.state))
 
 
 # ---------------------------------------------------------------------- the model
@@ -260,8 +256,6 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         """An empty memory state for `batch_size` parallel streams."""
         return memories.init_state(self, batch_size, device)
 
-    init_memory = renamed("init_memory", "init_state", init_state)
-
     @property
     def state_source(self) -> str:
         """The provenance stamped on this model's memory states: the base it stores the hidden
@@ -309,12 +303,11 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
     ) -> InftyformerOutput:
         """input_ids [batch, T] (one segment; more than `segment_len` tokens are streamed
         through the memory in calls of one segment, `_stream`), the memory state from the
-        previous call (None: empty; `memory=`: the old name, deprecated), labels [batch, T]
+        previous call (None: empty), labels [batch, T]
         (shifted inside as in HF, −100 ignored), reset [batch]
         bool (rows whose document ended before this segment). `generator` seeds the sticky
         sampling in training. `kl_weights` [batch, T] bool: the positions whose reads' KL the
         loss counts (default: those the labels score; `memories.kl_loss`)."""
-        state = renamed_argument(kwargs, "memory", "state", state)
         validation.check_call(self, kwargs)
         ids = self._check_ids("input_ids", input_ids, allow_ignore=False)
         batch, length = ids.shape
@@ -427,16 +420,14 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
 
     # ------------------------------------------------------------------ generation
     def generate(self, inputs: torch.Tensor | None = None, state=None, reset=None, **kwargs):
-        """HF `generate` reading the memory `state` (read-only; `memory=`: the old name,
-        deprecated: the waiting segment is fitted once, before
-        the first step; nothing is written while generating). `reset` [batch] clears rows
-        first. A prompt longer than a segment goes into the memory first, all but its last
-        part (1 … segment_len tokens, the text generation continues; the same cut as
-        `PretrainedMemoryLM.generate`), so that no step passes the base's positions; its
-        max_length / min_length count the whole prompt, as HF's do. Returns what HF's generate
-        returns, the whole prompt included (the memory is not advanced: run
-        `model(ids, state=state)` to write the generated text into it)."""
-        state = renamed_argument(kwargs, "memory", "state", state)
+        """HF `generate` reading the memory `state` (read-only: the waiting segment is fitted once,
+        before the first step; nothing is written while generating). `reset` [batch] clears rows
+        first. A prompt longer than a segment goes into the memory first, all but its last part (1 …
+        segment_len tokens, the text generation continues; the same cut as
+        `PretrainedMemoryLM.generate`), so that no step passes the base's positions; its max_length
+        / min_length count the whole prompt, as HF's do. Returns what HF's generate returns, the
+        whole prompt included (the memory is not advanced: run `model(ids, state=state)` to write
+        the generated text into it)."""
         return generation.generate(self, super().generate, inputs, state, reset, **kwargs)
 
     def prepare_reads(self, state: MemoryState) -> tuple[PreparedMemory, ...]:
