@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _common as common
 import torch
 from torch.utils.flop_counter import FlopCounterMode
+
+from inftyformer import _measure as common
 
 PAPER = dict(dim=300, heads=6, num_basis=512, num_samples=512, length=1024)
 HISTORY = dict(batch=4, length=512, dim=300, heads=6, num_basis=256, num_samples=512)

@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import _common as common
 from _bench_core_measure import PAPER, SGEMM_N, SGEMM_REPEATS, VARIANTS
+
+from inftyformer import _measure as common
 
 
 # =============================================================================== report

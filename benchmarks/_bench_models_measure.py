@@ -1,5 +1,5 @@
 """What `bench_models.py` measures and how: the four models, the backbone sizes and the workers,
-each run in a fresh subprocess by `_common.run_worker` (throughput and FLOPs, the graph breaks of
+each run in a fresh subprocess by `_measure.run_worker` (throughput and FLOPs, the graph breaks of
 torch.compile, peak RSS, per-segment time as the history grows, full-history attention)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _common as common
+from inftyformer import _measure as common
 
 MODEL_TYPES = ("transformer", "xl", "compressive", "infty")
 VARIANTS = ("eager", "compiled", "bf16")  # as it is; torch.compile(model); bf16 autocast

@@ -7,8 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import _common as common
 from _bench_models_measure import MODEL_TYPES, STREAMED
+
+from inftyformer import _measure as common
 
 
 # ----------------------------------------------------------------------------- analysis

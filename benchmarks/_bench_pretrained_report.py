@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import _common as common
+from inftyformer import _measure as common
 
 
 def _mb(x: float) -> str:

@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _common as common
 import torch
+
+from inftyformer import _measure as common
 
 # the goals (thresholds, not measurements)
 GOALS = {

@@ -10,11 +10,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-import experiment as ex
 import torch
 
+from inftyformer._measure import default_base_model
+
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = Path(ex.default_base_model())
+DEFAULT_MODEL = Path(default_base_model())
 OUT = ROOT / "docs" / "benchmarks"
 
 

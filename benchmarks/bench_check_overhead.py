@@ -9,7 +9,7 @@ A tree is a source directory (`src`) or `git:COMMIT`, the src directory of that 
 repository (extracted to a temporary directory). Each tree is imported in its own worker
 subprocess (PYTHONPATH=tree), and the workers alternate (before, after, before, after, …) so that
 the load of a shared machine falls on every tree alike. In a worker, the four models and the
-reference are timed round-robin (`_common.interleaved`); the reference is a pre-norm
+reference are timed round-robin (`_measure.interleaved`); the reference is a pre-norm
 `nn.TransformerEncoder` language model of the same width, depth, heads, batch and segment,
 causal, with Adam, with no memory and none of this library's code. Reported: per tree, the
 median over workers of each model's median step time and of its per-round ratio to the reference
@@ -31,8 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _common as common
 from _bench_models_measure import MODEL_TYPES, SIZES, VOCAB, make_config
+
+from inftyformer import _measure as common
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "benchmarks" / "check_overhead"

@@ -41,10 +41,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _common as common
 import torch
 from _bench_core_measure import WORKERS
 from _bench_core_report import write_report
+
+from inftyformer import _measure as common
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).resolve()

@@ -20,7 +20,7 @@ Writes docs/benchmarks/models.{json,md,png}:
    mem_len = history), timed at growing lengths until too slow, then extrapolated with a fit of
    a·n + b·n² (resp. a + b·n) — extrapolated points are marked as such.
 
-Every measurement runs in a fresh subprocess (`_common.run_worker`): its own peak RSS, no
+Every measurement runs in a fresh subprocess (`_measure.run_worker`): its own peak RSS, no
 allocator state carried between measurements.
 
 The measurements are `_bench_models_measure.py`, the report `_bench_models_report.py`.
@@ -35,9 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _common as common
 from _bench_models_measure import MODEL_TYPES, SIZES, VARIANTS, WORKERS, make_config
 from _bench_models_report import extrapolate, summary_lines, write_report
+
+from inftyformer import _measure as common
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "docs" / "benchmarks"

@@ -50,9 +50,10 @@ from typing import Any
 
 import _bench_pretrained_report as report
 import _bench_pretrained_settings as settings
-import _common as common
 import _pretrained_setup as setup
 import torch
+
+from inftyformer import _measure as common
 
 ROOT = setup.ROOT
 

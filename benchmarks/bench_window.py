@@ -31,9 +31,10 @@ import statistics
 import sys
 from typing import Any
 
-import _common as common
 import _pretrained_setup as setup
 import torch
+
+from inftyformer import _measure as common
 
 ROOT = setup.ROOT
 

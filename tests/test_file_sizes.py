@@ -1,6 +1,6 @@
-"""Every Python file under src/ and benchmarks/ holds at most 500 lines (one job per file). The
-files still over the limit are listed here by name; the list may only shrink: a listed file
-that fits is an error too, so that it leaves the list when it is split."""
+"""Every Python file under src/, benchmarks/ and experiments/ holds at most 500 lines (one job per
+file). The files still over the limit are listed here by name; the list may only shrink: a
+listed file that fits is an error too, so that it leaves the list when it is split."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ EXCEPTIONS: set[str] = set()
 
 
 def line_counts() -> dict[str, int]:
-    files = [*(ROOT / "src").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]
+    files = [p for d in ("src", "benchmarks", "experiments") for p in (ROOT / d).rglob("*.py")]
     return {
         p.relative_to(ROOT).as_posix(): len(p.read_text(encoding="utf-8").splitlines())
         for p in files

@@ -21,7 +21,16 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # each module's layer, by the first matching prefix (longest first); "" = the package itself
 LAYERS = {
-    "base": ["_checks", "_files", "_init", "_progress", "precision", "ragged", "presets"],
+    "base": [
+        "_checks",
+        "_files",
+        "_init",
+        "_measure",
+        "_progress",
+        "precision",
+        "ragged",
+        "presets",
+    ],
     # the ∞-former as published: it names nothing of ours
     "core": ["core"],
     # our extensions, behind the core's seams

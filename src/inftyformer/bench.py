@@ -88,18 +88,19 @@ def benchmarks_dir() -> Path | None:
 
 
 def benchmark_scripts(root: Path | None = None) -> dict[str, Path]:
-    """The project's benchmark scripts by name: benchmarks/*.py of the source tree (`root`, by
-    default the checkout this package was loaded from) that run as a program (a top-level
-    `if __name__ == "__main__":`); helpers (names starting with _) and shared modules such as
-    experiment.py are not scripts."""
+    """The project's scripts by name: benchmarks/*.py (speed and cost) and experiments/*.py
+    (the measured rows behind docs/) of the source tree (`root`, by default the checkout this
+    package was loaded from) that run as a program (a top-level `if __name__ == "__main__":`);
+    helpers (names starting with _) and shared modules such as experiment.py are not scripts."""
     folder = benchmarks_dir() if root is None else root / "benchmarks"
     if folder is None or not folder.is_dir():
         return {}
-    return {
-        p.stem: p
-        for p in sorted(folder.glob("*.py"))
-        if BENCHMARK_NAME.fullmatch(p.stem) and p.is_file() and _runs_as_a_program(p)
-    }
+    found = {}
+    for where in (folder, folder.parent / "experiments"):
+        for p in sorted(where.glob("*.py")):
+            if BENCHMARK_NAME.fullmatch(p.stem) and p.is_file() and _runs_as_a_program(p):
+                found[p.stem] = p
+    return found
 
 
 def _runs_as_a_program(path: Path) -> bool:

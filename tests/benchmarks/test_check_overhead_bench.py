@@ -35,8 +35,9 @@ def test_summary_takes_medians_over_workers_and_ratios_over_the_first_tree():
 
 
 def test_report_renders_from_the_json_and_keeps_the_notes(tmp_path):
-    import _common as common
     from bench_check_overhead import summarize, write_report
+
+    from inftyformer import _measure as common
 
     workers = {"before": [worker(100, 1.5, 1.0)], "after": [worker(98, 1.47, 1.0)]}
     result = {

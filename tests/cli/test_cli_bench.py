@@ -29,7 +29,7 @@ def test_bad_benchmark_requests_fail_clearly():
 def test_scripts_are_found_in_the_checkout_and_helpers_are_not_scripts():
     from inftyformer.bench import benchmark_scripts, benchmarks_dir
 
-    assert benchmarks_dir() is not None and (benchmarks_dir() / "_common.py").is_file()
+    assert benchmarks_dir() is not None and (benchmarks_dir() / "bench_core.py").is_file()
     scripts = benchmark_scripts()
     assert {"bench_core", "bench_models", "compare_sorting"} <= set(scripts)
     assert not any(name.startswith("_") for name in scripts)

@@ -42,16 +42,35 @@ def test_the_adapter_preset_places_its_memory_by_the_bases_depth():
         preset_settings("adapter", "pretrained")
 
 
-def test_the_retrieval_preset_is_the_measured_row():
-    """The preset holds the settings of docs/passkey.md's row (xxiii), as the benchmark built
-    them (window and segment 256, every block)."""
+def test_the_retrieval_preset_and_the_passkey_rows_are_what_was_measured():
+    """docs/passkey.json records each memory row's settings as they ran: the retrieval preset
+    is row (xxiii)'s (window and segment 256, every block) and every row's preset-plus-overrides
+    is its record (the fill rows without num_samples and τ, which that squeeze no longer takes:
+    the code of the time required M = K and ignored τ)."""
+    import json
+    from pathlib import Path
+
     from _passkey_rows import MIXTURE
 
-    row = dict(MIXTURE["mixture-fill-ranks-before"])
+    measured = json.loads((Path(__file__).parents[2] / "docs" / "passkey.json").read_text())
     preset = preset_settings("retrieval", "pretrained")
-    assert {k: preset[k] for k in row} == row
-    assert (preset["segment_len"], preset["window"]) == (256, 256)
-    assert "memory_layers" not in preset  # every block
+    setup = measured["setup"]
+    assert (preset["segment_len"], preset["window"]) == (setup["segment_len"], setup["window"])
+    assert measured["rows"]["mixture-fill-ranks-before"]["memory_layers"] is None  # every block
+    checked = 0
+    for name, settings in MIXTURE.items():
+        if "settings" not in measured["rows"].get(name, {}):
+            continue
+        record = {k: tuple(v) if isinstance(v, list) else v
+                  for k, v in measured["rows"][name]["settings"].items()}  # fmt: skip
+        if record.get("squeeze") == "fill":
+            record.pop("num_samples"), record.pop("tau", None)
+        assert {"sink_edge": 0.01, **settings} == record, name  # 0.01: --heads-sink-edge
+        checked += 1
+    assert checked >= 10
+    assert MIXTURE["mixture-fill-ranks-before"] == {
+        k: v for k, v in preset.items() if k not in ("segment_len", "window")
+    }
 
 
 def test_presets_are_refused_for_the_other_kind_by_name():

@@ -52,7 +52,7 @@ def record_stream(model: MemoryLM, tokens: torch.Tensor, progress: bool = False)
         raise TypeError(
             f"model must be a MemoryLM (the native transformer, xl, compressive or infty), got "
             f"{type(model).__name__}: inspection does not follow a pretrained model's memory yet "
-            "(benchmarks/compare_pretrained.py measures its reads' σ, μ and size)"
+            "(experiments/compare_pretrained.py measures its reads' σ, μ and size)"
         )
     check_tensor("tokens", tokens, 2)
     c = model.config

@@ -1,9 +1,9 @@
 """One heads-read setting on a few pass-key distances and test-book windows, untrained: the quick
 probe behind the exploratory figures of docs/passkey.notes.md (the side-by-side is passkey.py).
 
-    python benchmarks/passkey_variant.py --distances 1500 \
+    python experiments/passkey_variant.py --distances 1500 \
         --set '{"num_basis": 2048, "num_samples": 2048, "widths": [0.00125, 0.0025], "tau": 0.75}'
-    python benchmarks/passkey_variant.py --distances 700 --docs 2 --doc-len 2048 \
+    python experiments/passkey_variant.py --distances 700 --docs 2 --doc-len 2048 \
         --rows window,full,variant
 
 The variant starts from row (xii)'s settings (memory_read = heads, density = mixture, β = 1,

@@ -11,9 +11,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import command_line, machine_info
-
 from inftyformer._files import write_atomic
+from inftyformer._measure import command_line, machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMAT = 2  # layout of the report JSON (format 1: the scripts before this module)

@@ -18,9 +18,9 @@ first test book: the size of the memory's read against the attention output it i
 where the densities sit (μ, σ). Writes OUT/pretrained.json, and renders from it alone
 OUT/pretrained.md (with the hand-kept notes of OUT/pretrained.notes.md) and OUT/pretrained.png.
 
-    python benchmarks/compare_pretrained.py                  # the documented experiment
-    python benchmarks/compare_pretrained.py --quick          # smoke run, tiny random model (~1 min)
-    python benchmarks/compare_pretrained.py --render-only    # re-render docs/ from the JSON
+    python experiments/compare_pretrained.py                  # the documented experiment
+    python experiments/compare_pretrained.py --quick          # smoke run, tiny random model
+    python experiments/compare_pretrained.py --render-only    # re-render docs/ from the JSON
 
 The base model: --base-model DIR (default: $INFTYFORMER_PRETRAINED, else models/smollm2-135m,
 made by `inftyformer convert-gguf smollm2 models/smollm2-135m`).
@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import experiment as ex
-from _common import pyplot
+
+from inftyformer._measure import pyplot
 
 NAME = "pretrained"
 LN2 = math.log(2)

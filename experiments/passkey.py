@@ -56,11 +56,11 @@ the answer's reads land: μ and σ mapped back to stream positions, per memory l
 Books: --docs windows of --doc-len tokens of the test books; NLL per position, bucketed, and
 the share of the window → full gap each row closes at positions ≥ 1K.
 
-    python benchmarks/passkey.py --facts-run runs/facts-token/last --lm-run runs/lm-plain \
+    python experiments/passkey.py --facts-run runs/facts-token/last --lm-run runs/lm-plain \
         --facts-start-run runs/facts-read/last --memory-layers "[15, 19, 23, 27]"
-    python benchmarks/passkey.py ... --rows window,full     # some rows; the others are kept
-    python benchmarks/passkey.py --quick                    # a tiny random model, seconds
-    python benchmarks/passkey.py --render-only
+    python experiments/passkey.py ... --rows window,full     # some rows; the others are kept
+    python experiments/passkey.py --quick                    # a tiny random model, seconds
+    python experiments/passkey.py --render-only
 
 Each row is written to OUT/passkey.rows/ROW.json as it finishes (two invocations with different
 --rows may run at once); OUT/passkey.json gathers them and OUT/passkey.md is rendered from it.

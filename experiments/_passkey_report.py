@@ -1,4 +1,4 @@
-"""The report of benchmarks/passkey.py: the rows' labels, gathering the rows' JSON files into
+"""The report of experiments/passkey.py: the rows' labels, gathering the rows' JSON files into
 passkey.json (rows measured before and not measured again are kept), and rendering passkey.md."""
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ both are re-exported here, so a script needs only `import experiment as ex`.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +49,8 @@ from _experiment_runs import (  # noqa: F401  (re-exported)
     train_spec,
 )
 
+from inftyformer._measure import default_base_model  # noqa: F401  (the scripts' name)
+
 
 def tiny_model_writer() -> Any:
     """`write_tiny_model` of the tests' fixtures (tests/tiny_pretrained.py), for the --quick runs:
@@ -60,16 +61,6 @@ def tiny_model_writer() -> Any:
     from tiny_pretrained import write_tiny_model
 
     return write_tiny_model
-
-
-def default_base_model() -> str:
-    """The pretrained model the comparisons use when no --base-model is given:
-    $INFTYFORMER_PRETRAINED, else models/smollm2-135m in the checkout (the README's conversion
-    command writes it there; git ignores it), else models/smollm2-135m beside the checkout."""
-    if os.environ.get("INFTYFORMER_PRETRAINED"):
-        return os.environ["INFTYFORMER_PRETRAINED"]
-    inside = ROOT / "models" / "smollm2-135m"
-    return str(inside if inside.is_dir() else ROOT.parent / "models" / "smollm2-135m")
 
 
 # --------------------------------------------------------------------------- variants

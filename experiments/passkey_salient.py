@@ -3,9 +3,9 @@ tokens chosen by the base's surprisal. The exploratory probe that came before th
 `keep_salient` (row xx of passkey.py), kept as its loop-by-loop reference: it stands in for the
 memory's pooling, with the salience of a separate windowed pass of the base.
 
-    python benchmarks/passkey_salient.py --distances 4000 --keys 3 --budget 256
-    python benchmarks/passkey_salient.py --distances 4000 --keys 3 --budget 0    # row (xix)
-    python benchmarks/passkey_salient.py --docs 2 --doc-len 4096 --distances 300 --keys 1
+    python experiments/passkey_salient.py --distances 4000 --keys 3 --budget 256
+    python experiments/passkey_salient.py --distances 4000 --keys 3 --budget 0    # row (xix)
+    python experiments/passkey_salient.py --docs 2 --doc-len 4096 --distances 300 --keys 1
 
 Row (xix) (`passkey.py`: a fill memory of K = 2,048 places, the first 64 and the last 1,024
 tokens one per place, every place at its own stream position) merges the tokens between the

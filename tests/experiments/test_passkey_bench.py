@@ -1,4 +1,4 @@
-"""benchmarks/passkey.py end to end on a tiny random model: every row sees the same prompts, the
+"""experiments/passkey.py end to end on a tiny random model: every row sees the same prompts, the
 untrained memory row equals the base with the same window (the read starts at zero), the heads
 row differs from it, and the report renders from its JSON."""
 

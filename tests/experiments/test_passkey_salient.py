@@ -1,4 +1,4 @@
-"""benchmarks/passkey_salient.py: with no place kept for salient tokens its places are the
+"""experiments/passkey_salient.py: with no place kept for salient tokens its places are the
 library's equal runs; with some, the most salient tokens keep a place each at their own index,
 as the library's `pool_salient` keeps them; the quick run writes its lines."""
 

@@ -1,4 +1,4 @@
-"""benchmarks/passkey_variant.py on a tiny random model: the variant's settings reach the model
+"""experiments/passkey_variant.py on a tiny random model: the variant's settings reach the model
 and change what it scores; the window row is the base's."""
 
 import json

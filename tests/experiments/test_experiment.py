@@ -1,4 +1,4 @@
-"""The pure parts of benchmarks/experiment.py: the memory-budget rule, the parameter matcher, the
+"""The pure parts of experiments/experiment.py: the memory-budget rule, the parameter matcher, the
 resumable results store and the worker pool, mean ± std, and that the committed reports render
 from their JSON."""
 
@@ -194,7 +194,7 @@ def test_a_full_disk_mid_write_keeps_the_old_results(tmp_path, monkeypatch):
     whole or not at all: a write that fails half-way leaves the old file and nothing beside it."""
     import errno
 
-    import _common
+    from inftyformer import _measure as _common
 
     def half_then_full(self, data, *args, **kwargs):
         with open(self, "wb") as f:

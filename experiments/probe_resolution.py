@@ -1,7 +1,7 @@
 """How much of a pass key the long-term memory still holds: the digits decoded from the memory's
 signal at the key's own tokens, against the same decoder on the states that went in.
 
-A ceiling for every read, trained or not: the reads of `benchmarks/passkey.py` can land on the key
+A ceiling for every read, trained or not: the reads of `experiments/passkey.py` can land on the key
 (density = content) and still not answer it, so this asks whether the answer is there at all.
 For each pass-key prompt of the facts task's test facts (five digits, d tokens before the
 question), the frozen base runs block by block with its window, exactly as the memory model feeds
@@ -18,8 +18,8 @@ A linear probe (multinomial logistic regression, standardised inputs, L2) is tra
 digits of half of the keys and tested on the other half: digit accuracy, and the share of keys
 with all five digits right. Writes docs/probe_resolution.{json,md}.
 
-    python benchmarks/probe_resolution.py                  # SmolLM2, block 15, d = 700, 1500, 4000
-    python benchmarks/probe_resolution.py --quick          # a tiny random model, seconds
+    python experiments/probe_resolution.py                  # SmolLM2, block 15, d = 700, 1500, 4000
+    python experiments/probe_resolution.py --quick          # a tiny random model, seconds
 """
 
 from __future__ import annotations

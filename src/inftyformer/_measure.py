@@ -1,6 +1,6 @@
-"""Shared helpers for the benchmark scripts: timing, resident memory, machine description, running a
-measurement in a fresh subprocess (own allocator settings, own peak RSS) and writing the results as
-JSON, Markdown and PNG.
+"""Shared helpers for the benchmark and experiment scripts (benchmarks/, experiments/): timing,
+resident memory, machine description, running a measurement in a fresh subprocess (own allocator
+settings, own peak RSS) and writing the results as JSON, Markdown and PNG.
 
 Benchmarks here run on shared, noisy CPUs: measure ratios against a baseline *in the same run*,
 interleave the variants, repeat and report medians (with min and quartiles), never single timings.
@@ -38,6 +38,20 @@ MALLOC_VARS = (
 
 
 # ----------------------------------------------------------------------------- timing
+# the source checkout this module was loaded from (src/inftyformer/_measure.py: parents[2])
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def default_base_model() -> str:
+    """The pretrained model the comparisons use when no --base-model is given:
+    $INFTYFORMER_PRETRAINED, else models/smollm2-135m in the checkout (the README's conversion
+    command writes it there; git ignores it), else models/smollm2-135m beside the checkout."""
+    if os.environ.get("INFTYFORMER_PRETRAINED"):
+        return os.environ["INFTYFORMER_PRETRAINED"]
+    inside = _ROOT / "models" / "smollm2-135m"
+    return str(inside if inside.is_dir() else _ROOT.parent / "models" / "smollm2-135m")
+
+
 def timed(fn: Callable[[], Any]) -> float:
     """Wall-clock seconds of one call."""
     start = time.perf_counter()

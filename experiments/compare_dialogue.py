@@ -16,9 +16,9 @@ BLEU (`inftyformer.metrics.dialogue_scores`). A control for (2): the same traine
 another movie's document in its memory (teacher-forced perplexity only). Writes OUT/dialogue.json
 and renders from it alone OUT/dialogue.md (with the hand-kept notes of OUT/dialogue.notes.md).
 
-    python benchmarks/compare_dialogue.py                  # the documented experiment
-    python benchmarks/compare_dialogue.py --quick          # smoke run, tiny random model (~2 min)
-    python benchmarks/compare_dialogue.py --render-only    # re-render docs/ from the JSON
+    python experiments/compare_dialogue.py                  # the documented experiment
+    python experiments/compare_dialogue.py --quick          # smoke run, tiny random model (~2 min)
+    python experiments/compare_dialogue.py --render-only    # re-render docs/ from the JSON
 
 The base model: --base-model DIR (default: $INFTYFORMER_PRETRAINED, else models/smollm2-135m,
 made by `inftyformer convert-gguf smollm2 models/smollm2-135m`).
@@ -286,7 +286,7 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
         "every row with",
         "",
         "```bash",
-        f"python benchmarks/compare_dialogue.py --eval-examples {facts['test_examples']} "
+        f"python experiments/compare_dialogue.py --eval-examples {facts['test_examples']} "
         "--runs-dir runs/compare_dialogue_full --out docs/dialogue_full",
         "```",
         "",

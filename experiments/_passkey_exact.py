@@ -1,4 +1,4 @@
-"""Row `exact` of benchmarks/passkey.py: the ceiling of the heads read. Every memory block's heads
+"""Row `exact` of experiments/passkey.py: the ceiling of the heads read. Every memory block's heads
 read the exact states its memory was given — a cache that grows with the stream, one place per
 token — instead of the continuous signal of N basis functions:
 

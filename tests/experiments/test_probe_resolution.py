@@ -1,4 +1,4 @@
-"""benchmarks/probe_resolution.py on a tiny random model: the probe decodes the stored states
+"""experiments/probe_resolution.py on a tiny random model: the probe decodes the stored states
 themselves better than chance, and the report renders from its JSON."""
 
 import json
