@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Protocol
@@ -210,6 +210,9 @@ class MemoryState:
     # the memory settings that give the numbers their meaning (`state_record.py`), kept like
     # `source`; None: not recorded (not checked)
     memory: dict[str, Any] | None = None
+    # the model call that returned this very object (a number of the model's own), which takes
+    # it back unchecked; any new state (replace, detach, to, reset, a file, by hand) has none
+    issued_by: int | None = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.salience is not None:

@@ -97,3 +97,23 @@ def test_the_newer_fields_of_a_state_are_checked_by_name():
     with pytest.raises(ValueError, match="window.surprisal must be finite and >= 0"):
         model(x, state=replace(state, window=window))
     model(x, state=state)  # the state itself is fine
+
+
+def test_a_state_the_model_returned_is_taken_back_without_a_second_check(monkeypatch):
+    """The state a call returned was checked when it was made: the next call takes that very
+    object back as it is; any other object (a copy by `replace`, `detach`, a file) is checked."""
+    import inftyformer.hf.memory as memories
+
+    model = tiny_memory_model("llama")
+    checked = []
+    check = memories.check_state
+    monkeypatch.setattr(memories, "check_state", lambda *a: checked.append(1) or check(*a))
+    state = model(ids()[:, :8]).state
+    state = model(ids()[:, 8:16], state=state).state
+    assert checked == []
+    model(ids()[:, 16:24], state=replace(state))
+    model(ids()[:, 16:24], state=state.detach())
+    assert checked == [1, 1]
+    other = tiny_memory_model("llama")  # another model of the same shapes: its states differ
+    other(ids()[:, :8], state=state)
+    assert checked == [1, 1, 1]

@@ -153,12 +153,18 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         designs: dict = {}  # the layers' bases are equal: one cache of design matrices G
         self.long_term = nn.ModuleList(LayerMemory(lt_config, designs) for _ in self.memory_blocks)
         self._owner = hooks.new_owner()  # a base wrapped twice: only the caller's hooks act
-        self._hooks = hooks.attach(
-            self._owner,
-            self._blocks(self.adapter.attention_inputs),
-            self._blocks(self.adapter.attention_outputs),
-        )
-        if config.adapter.heads_read:  # the base's heads read the memory (head_read.py)
+        # what every call wires the same way, found once: the modules each memory block's hooks
+        # sit on and, for the heads read, its attention modules and rotary embedding
+        a = config.adapter
+        self._norms = self._blocks(self.adapter.attention_inputs)
+        self._outputs = self._blocks(self.adapter.attention_outputs)
+        self._attentions = self._blocks(self.adapter.attentions) if a.heads_read else None
+        self._rotary = None
+        if a.positions != "window":  # each place at its own position
+            self._rotary = self.adapter.rotary_embedding(base_model)
+        self._salient = a.salience[0]  # the call's surprisal is wanted
+        self._hooks = hooks.attach(self._owner, self._norms, self._outputs)
+        if a.heads_read:  # the base's heads read the memory (head_read.py)
             base_model.set_attn_implementation(ATTENTION)
         if getattr(base_model, "generation_config", None) is not None:
             self.generation_config = copy.deepcopy(base_model.generation_config)
@@ -342,23 +348,23 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         # 2. the base model, with the reads added by the hooks
         call = hooks.Call(
             owner=self._owner,
-            norms=self._blocks(self.adapter.attention_inputs),
-            outputs=self._blocks(self.adapter.attention_outputs),
+            norms=self._norms,
+            outputs=self._outputs,
             layers=self.long_term,
             long_term=long_term,
             normed=[None] * self.num_layers,
             reads=[None] * self.num_layers,
             prepared=read_cache,
         )
-        if self.config.adapter.heads_read:
-            call.attentions = self._blocks(self.adapter.attentions)
+        if self._attentions is not None:  # the heads read
+            call.attentions = self._attentions
             call.token_mass = self.config.adapter.memory_read.token_mass
             call.window_mass = WindowMass({id(m) for m in call.attentions})
-        if self.config.adapter.positions != "window":  # each place at its own position
-            call.rotary, call.limit = self.adapter.rotary_embedding(self.base), limit
+        if self._rotary is not None:  # each place at its own position
+            call.rotary, call.limit = self._rotary, limit
             call.positions, call.past = inputs.position_ids, past
             call.ranks = self.config.adapter.positions == "ranks"
-        salient = self.config.adapter.salience[0] and not past  # the call's surprisal wanted
+        salient = self._salient and not past  # the call's surprisal wanted
         keep, extra = inputs.logits_to_keep(logits_to_keep, salient)
         with hooks.active(call):
             base_out = self.base(
@@ -384,6 +390,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             self, call, long_term, unused, inputs, state.window, batch, past, surprisal
         )
         kl, memory_loss = memories.kl_loss(self, per_token, zeros, labels, valid, kl_weights)
+        new_state.issued_by = self._owner  # taken back unchecked by the next call
         output = InftyformerOutput(
             logits=logits,
             state=new_state,
