@@ -89,13 +89,13 @@ def make_job(key: tuple, spec: dict[str, Any], runs_dir: Path, stem: str) -> Job
 
 
 def train_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """Train spec["model"] (of kind spec.get("model_kind", "native"): `inftyformer.models`) on
+    """Train spec["model"] (of kind spec.get("model_kind", "native"): `inftyformer.model_kinds`) on
     spec["task"] with spec["train"] (the library's Trainer). The trainer (model, optimiser) is
     freed before this returns, so that the caller can load the best checkpoint. JSON-able:
     time, best step and valid figure, the training loss and valid headline curves."""
     import torch
 
-    from inftyformer.models import config_from_dict
+    from inftyformer.model_kinds import config_from_dict
     from inftyformer.tasks import get_task
     from inftyformer.training import TrainConfig, Trainer, read_metrics
 
@@ -131,7 +131,7 @@ def train_spec(spec: dict[str, Any]) -> dict[str, Any]:
 def evaluate_model(spec: dict[str, Any], model: Any) -> dict[str, Any]:
     """Evaluate a loaded `model` (built from spec["model"]) on each of spec["evaluations"] with
     the task of spec["train"]["task"]: one model in memory for all of them."""
-    from inftyformer.models import config_from_dict
+    from inftyformer.model_kinds import config_from_dict
     from inftyformer.tasks import RunContext, Shard, get_task
 
     task_cls = get_task(spec["train"]["task"])

@@ -170,7 +170,7 @@ def run_row(spec: dict[str, Any]) -> dict[str, Any]:
     evaluated as it is. One model in memory at a time, every evaluation on it."""
     import torch
 
-    from inftyformer.models import build_model, config_from_dict
+    from inftyformer.model_kinds import build_model, config_from_dict
     from inftyformer.training import load_run
 
     torch.set_num_threads(1)
@@ -355,7 +355,7 @@ def tiny_chat_base(directory: Path) -> str:
 
 def data_facts(setup: Setup, data_dir: Path) -> dict[str, Any]:
     """What the report says about the data, read through the library."""
-    from inftyformer.models import PretrainedMemoryConfig
+    from inftyformer.model_kinds import PretrainedMemoryConfig
     from inftyformer.tasks import DialogueConfig, DialogueTask, RunContext
 
     settings = task_settings(setup, "memory", data_dir)

@@ -138,7 +138,7 @@ def run_row(spec: dict[str, Any]) -> dict[str, Any]:
     model, then diagnose the memory's reads."""
     import torch
 
-    from inftyformer.models import build_model, config_from_dict
+    from inftyformer.model_kinds import build_model, config_from_dict
     from inftyformer.training import load_run
 
     torch.set_num_threads(1)

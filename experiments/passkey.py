@@ -92,7 +92,7 @@ class Row:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from inftyformer.models import PretrainedMemoryConfig, build_model
+        from inftyformer.model_kinds import PretrainedMemoryConfig, build_model
         from inftyformer.training import load_run
 
         self.name, self.args, self.memory, self.run = name, args, None, None

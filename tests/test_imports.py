@@ -36,8 +36,8 @@ LAYERS = {
     # our extensions, behind the core's seams
     "extensions": ["extensions"],
     "memories": ["short_term_memory", "compressive_memory", "state", "state_record"],
-    "layers": ["relative_attention", "kl_term", "block", "config", "memory_settings"],
-    "models": ["model", "models", "streaming", "base_weights", "pretrained_config", ""],
+    "layers": ["relative_attention", "kl_term", "block", "model_config", "memory_settings"],
+    "models": ["model", "model_kinds", "streaming", "base_weights", "pretrained_config", ""],
     "pretrained": ["hf"],
     # hf.harness writes lm-evaluation-harness tasks over text files: it reads them as data/ does
     "tasks": ["data", "metrics", "tasks", "inspection", "hf.harness"],
@@ -156,7 +156,7 @@ def test_the_checks_can_fail():
     """The cycle finder and the layer order catch what they are meant to."""
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
-    assert layer("inftyformer.hf.lm") == "pretrained"
+    assert layer("inftyformer.hf.pretrained_lm") == "pretrained"
     assert layer("inftyformer.tasks.dialogue") == "tasks"
     assert layer("inftyformer.state") == "memories"
     assert layer("inftyformer") == "models"
@@ -164,7 +164,7 @@ def test_the_checks_can_fail():
     assert ORDER.index("models") < ORDER.index("pretrained") < ORDER.index("tasks")
 
 
-@pytest.mark.parametrize("name", ["inftyformer.models", "inftyformer.state"])
+@pytest.mark.parametrize("name", ["inftyformer.model_kinds", "inftyformer.state"])
 def test_models_and_state_reach_nothing_that_imports_them(name):
     reach, todo = set(), [name]
     while todo:

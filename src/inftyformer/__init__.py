@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "GaussianBasis": "core.basis",
     "CompressiveState": "compressive_memory",
-    "MODEL_TYPES": "config",
-    "ModelConfig": "config",
+    "MODEL_TYPES": "model_config",
+    "ModelConfig": "model_config",
     "continuous_softmax": "core.continuous_softmax",
     "variance_kl": "core.continuous_softmax",
     "LongTermAttention": "core.attention",
@@ -47,7 +47,6 @@ _EXPORTS = {
 
 if TYPE_CHECKING:  # what a type checker and an editor see
     from .compressive_memory import CompressiveState
-    from .config import MODEL_TYPES, ModelConfig
     from .core.attention import LongTermAttention, LongTermAttentionOutput
     from .core.basis import GaussianBasis
     from .core.config import LongTermConfig
@@ -55,6 +54,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see
     from .core.memory import LongTermMemory
     from .core.state import LongTermState
     from .model import IGNORE_INDEX, LMOutput, MemoryLM
+    from .model_config import MODEL_TYPES, ModelConfig
     from .short_term_memory import ShortTermState
     from .state import LayerState, MemoryState, load_state, save_state
     from .streaming import generate, stream_loss

@@ -38,11 +38,11 @@ from . import ragged
 from ._checks import STATE_MAGNITUDE, ValueChecks
 from ._init import init_projection
 from .compressive_memory import CompressiveMemory, CompressiveState
-from .config import ModelConfig
 from .core.attention import LongTermAttention
 from .core.memory import LongTermMemory, LongTermUpdate
 from .core.state import LongTermState
 from .kl_term import token_kl
+from .model_config import ModelConfig
 from .relative_attention import RelativeMultiHeadAttention
 from .short_term_memory import ShortTermMemory, ShortTermState
 from .state import LayerState

@@ -111,7 +111,7 @@ def test_generating_past_the_bases_positions_names_the_new_tokens(tmp_path, memo
     pytest.importorskip("transformers")
     from tiny_pretrained import write_tiny_model
 
-    from inftyformer.models import PretrainedMemoryConfig, build_model
+    from inftyformer.model_kinds import PretrainedMemoryConfig, build_model
 
     base = write_tiny_model(tmp_path / "base", "gpt2", max_positions=64)
     model = build_model(

@@ -17,8 +17,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def test_the_catalog_is_the_registry_and_the_configs():
-    from inftyformer.config import MODEL_TYPES
     from inftyformer.configure import DEFAULT_PRESET, DEFAULT_PRETRAINED_PRESET
+    from inftyformer.model_config import MODEL_TYPES
     from inftyformer.tasks import TASKS, get_task
     from inftyformer.training.config import TrainConfig
 

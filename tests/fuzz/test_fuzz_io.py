@@ -18,8 +18,8 @@ from safetensors.torch import load_file, save_file
 from tiny_models import MODEL_TYPES, V, tiny
 
 from inftyformer import MemoryLM
-from inftyformer.config import ModelConfig
 from inftyformer.configure import build_configs
+from inftyformer.model_config import ModelConfig
 from inftyformer.state import load_state, save_state
 from inftyformer.training.config import TrainConfig, field_types
 

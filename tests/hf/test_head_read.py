@@ -465,7 +465,7 @@ def test_the_run_config_takes_place_positions_to_the_model(tmp_path):
     model it builds, through to_dict/from_dict, and refuses it without a fill memory."""
     from tiny_pretrained import write_tiny_model
 
-    from inftyformer.models import PretrainedMemoryConfig, build_model
+    from inftyformer.model_kinds import PretrainedMemoryConfig, build_model
 
     path = str(write_tiny_model(tmp_path / "llama", "llama", max_positions=64))
     settings = dict(base_model=path, segment_len=8, window=8, memory_read="heads",

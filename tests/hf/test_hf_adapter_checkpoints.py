@@ -12,7 +12,7 @@ from test_hf_training import SETTINGS, run, save_pretrained, write_corpus
 
 from inftyformer import base_weights
 from inftyformer.base_weights import BaseMismatchError, BaseReference, weights_hash
-from inftyformer.models import PretrainedMemoryConfig, build_model
+from inftyformer.model_kinds import PretrainedMemoryConfig, build_model
 from inftyformer.training import (
     CheckpointError,
     load_checkpoint,
@@ -20,7 +20,7 @@ from inftyformer.training import (
     read_metrics,
     save_checkpoint,
 )
-from inftyformer.training.weights import relocate
+from inftyformer.training.checkpoint_weights import relocate
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,8 @@ from tiny_pretrained import write_tiny_model
 from inftyformer.data.corpus import load_split
 from inftyformer.data.tokenizer import BPETokenizer
 from inftyformer.hf import harness
-from inftyformer.hf.lm import PretrainedMemoryLM
-from inftyformer.models import PretrainedMemoryConfig
+from inftyformer.hf.pretrained_lm import PretrainedMemoryLM
+from inftyformer.model_kinds import PretrainedMemoryConfig
 from inftyformer.tasks.lm_eval import LMEvalConfig, evaluate_lm
 
 pytest.importorskip("lm_eval")

@@ -6,10 +6,10 @@ import torch
 from tiny_hf import L, V, tiny_memory_model
 from tiny_pretrained import write_tiny_model
 
-from inftyformer.hf.lm import PretrainedMemoryLM
 from inftyformer.hf.loss import HeadInputs, lean_head, lean_token_losses
+from inftyformer.hf.pretrained_lm import PretrainedMemoryLM
 from inftyformer.model import IGNORE_INDEX, token_losses
-from inftyformer.models import PretrainedMemoryConfig
+from inftyformer.model_kinds import PretrainedMemoryConfig
 
 
 def _through_lean(tensor: torch.Tensor) -> bool:

@@ -74,7 +74,7 @@ def test_bad_memory_layers_are_refused_by_name(layers, message):
 def test_the_run_config_checks_memory_layers_against_the_base(tmp_path):
     from tiny_pretrained import write_tiny_model
 
-    from inftyformer.models import PretrainedMemoryConfig
+    from inftyformer.model_kinds import PretrainedMemoryConfig
 
     path = str(write_tiny_model(tmp_path / "llama", "llama"))
     config = PretrainedMemoryConfig(base_model=path, memory_layers=[1, 0])

@@ -354,7 +354,7 @@ def test_inspection_refuses_a_pretrained_model_by_name(tmp_path):
     from tiny_pretrained import write_tiny_model
 
     from inftyformer.inspection import record_stream
-    from inftyformer.models import PretrainedMemoryConfig, build_model
+    from inftyformer.model_kinds import PretrainedMemoryConfig, build_model
 
     base = write_tiny_model(tmp_path / "base")
     model = build_model(PretrainedMemoryConfig(base_model=str(base), segment_len=16,

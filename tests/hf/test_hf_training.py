@@ -16,7 +16,7 @@ from tiny_pretrained import write_tiny_model
 from typer.testing import CliRunner
 
 from inftyformer.cli import app
-from inftyformer.models import PretrainedMemoryConfig, build_model
+from inftyformer.model_kinds import PretrainedMemoryConfig, build_model
 from inftyformer.training import load_checkpoint, read_metrics
 
 WORDS = "the of memory book long short continuous said and signal basis".split()

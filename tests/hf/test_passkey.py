@@ -5,7 +5,7 @@ import pytest
 from test_hf_training import save_pretrained
 
 from inftyformer.data import ByteTokenizer, load_tokenizer
-from inftyformer.models import PretrainedMemoryConfig, build_model
+from inftyformer.model_kinds import PretrainedMemoryConfig, build_model
 from inftyformer.tasks.passkey import NEEDLE, answer_of, make_example, passkey_accuracy
 
 

@@ -130,7 +130,7 @@ def test_the_floor_of_sigma_is_a_setting_of_both_model_configs(tmp_path):
     pytest.importorskip("transformers")
     from tiny_pretrained import write_tiny_model
 
-    from inftyformer.models import PretrainedMemoryConfig, build_model
+    from inftyformer.model_kinds import PretrainedMemoryConfig, build_model
 
     base = str(write_tiny_model(tmp_path / "base"))
     model = build_model(PretrainedMemoryConfig(base_model=base, segment_len=16, min_sigma_sq=1e-6))

@@ -7,8 +7,8 @@ import pytest
 import torch
 from tiny_models import MODEL_TYPES, V, tiny
 
-from inftyformer.config import ModelConfig
 from inftyformer.model import MemoryLM
+from inftyformer.model_config import ModelConfig
 from inftyformer.relative_attention import relative_shift, sinusoidal_encoding
 from inftyformer.state import MemoryState
 

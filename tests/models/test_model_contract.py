@@ -1,6 +1,7 @@
-"""Every registered model kind implements the model contract (`inftyformer.models.LanguageModel`),
-with the same signatures, and the tasks, the trainer and the command line call only the contract:
-no type tests on a model, no reaching inside a wrapper."""
+"""Every registered model kind implements the model contract
+(`inftyformer.model_kinds.LanguageModel`), with the same signatures, and the tasks, the trainer
+and the command line call only the contract: no type tests on a model, no reaching inside a
+wrapper."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from inftyformer.config import ModelConfig
-from inftyformer.models import MODEL_KINDS, LanguageModel, ModelKind, build_model, unwrap
+from inftyformer.model_config import ModelConfig
+from inftyformer.model_kinds import MODEL_KINDS, LanguageModel, ModelKind, build_model, unwrap
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "inftyformer"
 METHODS = ["forward", "init_state", "push", "generate", "param_groups"]
@@ -58,7 +59,7 @@ def test_a_native_model_through_the_contract():
 
 
 def test_registering_a_kind_twice_is_refused():
-    from inftyformer.models import register_model_kind
+    from inftyformer.model_kinds import register_model_kind
 
     with pytest.raises(ValueError, match="already registered"):
         register_model_kind(ModelKind("native", ModelConfig, "inftyformer.model:MemoryLM", ()))
@@ -80,7 +81,7 @@ def test_one_list_of_the_memory_settings_that_may_change():
     """Every kind lets the long-term memory's changeable settings change, and only settings its
     config has; they are settings of the memory (flat names of its strategies included)."""
     from inftyformer.core.config import CHANGEABLE_SETTINGS, LongTermConfig
-    from inftyformer.models import changeable_settings
+    from inftyformer.model_kinds import changeable_settings
 
     assert set(CHANGEABLE_SETTINGS) <= set(LongTermConfig.user_settings())
     for kind in MODEL_KINDS.values():

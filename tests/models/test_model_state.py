@@ -10,8 +10,8 @@ from safetensors.torch import save_file
 from tiny_models import MODEL_TYPES, V
 from tiny_models import tiny as _tiny
 
-from inftyformer.config import ModelConfig
 from inftyformer.model import MemoryLM
+from inftyformer.model_config import ModelConfig
 from inftyformer.state import MemoryState, load_state, save_state
 
 

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from inftyformer.cli import app
-from inftyformer.config import ModelConfig
 from inftyformer.core.density import PaperDensity
+from inftyformer.model_config import ModelConfig
 from inftyformer.presets import (
     PRESETS,
     every_fourth_from_the_middle,

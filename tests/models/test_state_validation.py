@@ -20,7 +20,6 @@ from inftyformer import (
     continuous_softmax,
     variance_kl,
 )
-from inftyformer.config import ModelConfig
 from inftyformer.core.ridge import (
     RidgeRegression,
     evaluate_signal,
@@ -28,6 +27,7 @@ from inftyformer.core.ridge import (
     ridge_design_matrix,
     segment_positions,
 )
+from inftyformer.model_config import ModelConfig
 from inftyformer.state import MemoryState
 
 BASIS = GaussianBasis(8, widths=(0.05, 0.1))

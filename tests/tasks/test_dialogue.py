@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from inftyformer.cli import app
 from inftyformer.metrics import bleu_from_statistics, bleu_statistics
 from inftyformer.model import IGNORE_INDEX, LMOutput, MemoryLM
-from inftyformer.models import build_model
+from inftyformer.model_kinds import build_model
 from inftyformer.tasks import DialogueConfig, DialogueTask, RunContext, Shard, get_task
 from inftyformer.tasks.chat import DEFAULT_INSTRUCTION, find_chat_template
 from inftyformer.tasks.dialogue_examples import generate_reply, pad_batch
@@ -454,7 +454,7 @@ def test_a_native_model_trains_through_the_command_line(data, tmp_path):
 
 
 def test_a_pretrained_model_with_a_chat_template_trains_and_evaluates(data, chat_model, tmp_path):
-    from inftyformer.models import PretrainedMemoryConfig
+    from inftyformer.model_kinds import PretrainedMemoryConfig
 
     model = PretrainedMemoryConfig(base_model=str(chat_model), segment_len=192, num_basis=8,
                                    num_samples=8, freeze_base=True)  # fmt: skip

@@ -134,7 +134,7 @@ def test_a_pretrained_base_trains_its_memory_on_facts(corpus, tmp_path):
     pytest.importorskip("transformers")
     from tiny_pretrained import write_tiny_model
 
-    from inftyformer.models import PretrainedMemoryConfig
+    from inftyformer.model_kinds import PretrainedMemoryConfig
 
     base = write_tiny_model(tmp_path / "base", "llama", max_positions=64)
     model = PretrainedMemoryConfig(
@@ -155,7 +155,7 @@ def test_the_heads_read_trains_on_facts_through_the_trainer(corpus, tmp_path):
     pytest.importorskip("transformers")
     from tiny_pretrained import write_tiny_model
 
-    from inftyformer.models import PretrainedMemoryConfig, build_model
+    from inftyformer.model_kinds import PretrainedMemoryConfig, build_model
     from inftyformer.training import load_run
 
     base = write_tiny_model(tmp_path / "base", "llama", max_positions=64)
@@ -241,7 +241,7 @@ def test_read_supervision_pulls_the_answers_reads_to_the_key(corpus, tmp_path, r
     pytest.importorskip("transformers")
     from tiny_pretrained import write_tiny_model
 
-    from inftyformer.models import PretrainedMemoryConfig, build_model
+    from inftyformer.model_kinds import PretrainedMemoryConfig, build_model
 
     base = write_tiny_model(tmp_path / "base", "llama", max_positions=64)
     config = PretrainedMemoryConfig(

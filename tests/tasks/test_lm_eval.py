@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from inftyformer.config import ModelConfig
 from inftyformer.data import ByteTokenizer, TokenizedCorpus, load_tokenizer, tokenize_documents
 from inftyformer.data.corpus import token_byte_lengths, truncate_documents, with_bos
+from inftyformer.model_config import ModelConfig
 from inftyformer.tasks.lm_eval import LMEvalConfig, evaluate_lm
 
 

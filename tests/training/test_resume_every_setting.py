@@ -15,7 +15,7 @@ import shutil
 import pytest
 from tiny_models import tiny, tiny_train
 
-from inftyformer.models import changeable_settings
+from inftyformer.model_kinds import changeable_settings
 from inftyformer.tasks import LMConfig
 from inftyformer.training import CheckpointError, Trainer, load_checkpoint
 from inftyformer.training.resume import MEMORY_BOUND, RESUME_FIXED
@@ -154,7 +154,7 @@ def test_a_pretrained_run_resumes_with_every_changeable_setting(tmp_path):
     pytest.importorskip("transformers")
     from tiny_pretrained import write_tiny_model
 
-    from inftyformer.models import PretrainedMemoryConfig
+    from inftyformer.model_kinds import PretrainedMemoryConfig
 
     base = write_tiny_model(tmp_path / "base", "llama", corpus=[WORDS] * 20, max_positions=64)
     task = LMConfig(data_dir=write_corpus(tmp_path / "corpus", WORDS), tokenizer=str(base))

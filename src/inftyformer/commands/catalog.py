@@ -14,7 +14,12 @@ TASK_SUMMARIES = {
     "recall": "associative recall across a gap of G filler tokens (how far the memory reaches)",
     "sorting": "the paper's sorting task (§4.1): sort 20 symbols by their count in a long sequence",
 }
-MODEL_TYPES = ("transformer", "xl", "compressive", "infty")  # `inftyformer.config.MODEL_TYPES`
+MODEL_TYPES = (
+    "transformer",
+    "xl",
+    "compressive",
+    "infty",
+)  # `inftyformer.model_config.MODEL_TYPES`
 DEFAULT_PRESET = "cpu-small"  # `inftyformer.configure.DEFAULT_PRESET`
 # with --base-model: `inftyformer.configure.DEFAULT_PRETRAINED_PRESET`
 DEFAULT_PRETRAINED_PRESET = "adapter"

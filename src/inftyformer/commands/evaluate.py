@@ -98,7 +98,7 @@ def run_evaluate(
 def preset_memory(preset: str, model_config) -> dict:
     """What preset `preset` changes in a trained model's settings (a ValueError from the
     model's config names any change a trained model cannot take)."""
-    from ..models import model_kind
+    from ..model_kinds import model_kind
     from ..presets import preset_changes
     from ..pretrained_config import base_blocks
 

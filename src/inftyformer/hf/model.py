@@ -40,7 +40,7 @@ the text that left the window:
    that left it waiting for the next call (`memory.py`).
 
 At initialisation the read's output projection is zero (weight and bias), so the logits equal
-the base model's exactly (`tests/hf`); W^Q, W^K, W^V ~ N(0, initializer_range²) (`weights.py`).
+the base model's exactly (`tests/hf`); W^Q, W^K, W^V ~ N(0, initializer_range²) (`init_weights.py`).
 
 The model's jobs, one module each (none imports this one; they are handed the model):
 
@@ -48,7 +48,7 @@ The model's jobs, one module each (none imports this one; they are handed the mo
     memory.py      an empty memory, a memory handed in, steps 1 and 3
     validation.py  what a call is handed, checked at the boundary
     generation.py  `generate` reading the memory, beams
-    weights.py     how the memory's weights start, whether loaded ones fit
+    init_weights.py how the memory's weights start, whether loaded ones fit
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ from ..model import token_losses
 from ..presets import preset_settings
 from ..pretrained_config import AdapterConfig
 from ..state import MemoryState
-from . import generation, hooks, validation, weights
+from . import generation, hooks, init_weights, validation
 from . import memory as memories
 from .adapters import BlockAdapter, adapter_for
 from .config import InftyformerConfig
@@ -178,13 +178,12 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
     # ------------------------------------------------------------------ initialisation
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
-        """`PreTrainedModel.from_pretrained`, refusing weights that do not fit the config: a
-        tensor missing from the files (e.g. the memory's, or a layer after the layer count in
-        config.json was raised) would otherwise be initialised at random without a word, and
-        an unexpected one (the layer count lowered) dropped (`weights.check_loaded`). An adapter
-        folder (`save_pretrained(..., adapter_only=True)`) loads on top of its base, from the
-        folder it names or from `base_model=DIR`, checked by its weights hash
-        (`saved_adapter.py`)."""
+        """`PreTrainedModel.from_pretrained`, refusing weights that do not fit the config: a tensor
+        missing from the files (e.g. the memory's, or a layer after the layer count in config.json
+        was raised) would otherwise be initialised at random without a word, and an unexpected one
+        (the layer count lowered) dropped (`init_weights.check_loaded`). An adapter folder
+        (`save_pretrained(..., adapter_only=True)`) loads on top of its base, from the folder it
+        names or from `base_model=DIR`, checked by its weights hash (`saved_adapter.py`)."""
         from .saved_adapter import is_adapter, load_adapter
 
         where = args[0] if args else kwargs.get("pretrained_model_name_or_path", "")
@@ -193,13 +192,13 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
             return load_adapter(where, add_long_term_memory, **kwargs)
         want_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
-        weights.check_loaded(where, model, info)
+        init_weights.check_loaded(where, model, info)
         return (model, info) if want_info else model
 
     def _init_weights(self, module: nn.Module) -> None:
-        """Only the memory's modules, by role (`weights.init_weights`): the base keeps its own
+        """Only the memory's modules, by role (`init_weights.init_weights`): the base keeps its own
         (pretrained) weights."""
-        weights.init_weights(self, module)
+        init_weights.init_weights(self, module)
 
     def save_pretrained(
         self, save_directory, *args, adapter_only: bool = False, base_model=None, **kwargs

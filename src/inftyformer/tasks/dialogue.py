@@ -71,7 +71,7 @@ from ..data.cmu_dog import (
 )
 from ..metrics import bleu_from_statistics, bleu_statistics
 from ..model import IGNORE_INDEX
-from ..models import unwrap
+from ..model_kinds import unwrap
 from .base import (
     Evaluation,
     Metric,

@@ -34,7 +34,7 @@ import torch
 
 from ..data.cmu_dog import DialogueExample
 from ..model import IGNORE_INDEX
-from ..models import LanguageModel
+from ..model_kinds import LanguageModel
 from .chat import ChatFormat, SpeakerMarks
 
 DOCUMENT_HEADER = "Document:\n"

@@ -56,7 +56,7 @@ from ..data import TextTokenizer, check_split, load_split
 from ..data.corpus import text_layout
 from ..data.paths import embedded_fallback_note, training_source
 from ..model import IGNORE_INDEX, token_losses
-from ..models import model_kind
+from ..model_kinds import model_kind
 from .base import (
     Metric,
     RunContext,

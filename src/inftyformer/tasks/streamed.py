@@ -18,7 +18,7 @@ from torch import nn
 
 from .._progress import progress as show_progress
 from ..data import check_split
-from ..models import unwrap
+from ..model_kinds import unwrap
 from .base import Evaluation, Shard, StepOutput, Task, add_sums, scored_sums
 
 

@@ -15,11 +15,11 @@ from .._checks import NonFiniteError
 from .._files import write_atomic
 from ..tasks import Shard, Task
 from .checkpoint import checkpoint_exists, load_checkpoint
+from .checkpoint_weights import load_model_tensors
 from .config import TrainConfig
 from .distributed import DistEnv, reduce_sums
 from .logger import MetricsLogger
 from .step import DivergedError
-from .weights import load_model_tensors
 
 
 class Evaluation:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..models import changeable_settings, config_from_dict, model_kind
+from ..model_kinds import changeable_settings, config_from_dict, model_kind
 from ..state_record import STATE_SETTINGS
 from ..tasks import Task, TaskConfig
 from .checkpoint import (
@@ -20,11 +20,11 @@ from .checkpoint import (
     clean_stale_files,
     load_checkpoint,
 )
+from .checkpoint_weights import check_base, relocate
 from .config import RUN_SETTINGS, TrainConfig
 from .distributed import DistEnv, barrier
 from .logger import CSV_NAME
 from .run_lock import RunLock
-from .weights import check_base, relocate
 
 RUN_FILES = ("best", "last")
 # model settings a run cannot take on resume even with --allow-changes: its data position

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..base_weights import BaseReference
-from ..models import model_kind
+from ..model_kinds import model_kind
 from ..tasks import Task, TaskConfig
 from .checkpoint import (
     Checkpoint,
@@ -23,10 +23,10 @@ from .checkpoint import (
     set_rng_state,
     unflatten_optimizer,
 )
+from .checkpoint_weights import CONFIG_KEY, META_KEY, load_model_tensors, model_tensors
 from .config import TrainConfig
 from .distributed import DistEnv, all_gather_object, barrier
 from .optim import SCHEDULE_KIND, lr_factor
-from .weights import CONFIG_KEY, META_KEY, load_model_tensors, model_tensors
 
 
 class RunState:

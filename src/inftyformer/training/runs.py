@@ -18,19 +18,19 @@ from typing import Any
 
 import torch
 
-from ..models import build_model, config_from_dict
+from ..model_kinds import build_model, config_from_dict
 from ..tasks import Evaluation, RunContext, Shard, Task, TaskConfig, get_task
 from .checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from .checkpoint_weights import check_base, load_model_tensors, relocate
 from .config import TrainConfig
 from .distributed import resolve_device
-from .weights import check_base, load_model_tensors, relocate
 
 
 @dataclass
 class SavedRun:
     """A trained model and the settings it was trained with."""
 
-    model: torch.nn.Module  # MemoryLM, or a pretrained model with memory (inftyformer.models)
+    model: torch.nn.Module  # MemoryLM, or a pretrained model with memory (inftyformer.model_kinds)
     model_config: Any
     train_config: TrainConfig
     task_config: TaskConfig

@@ -27,9 +27,10 @@ import torch
 from tqdm import tqdm
 
 from .._progress import progress
-from ..models import build_model
+from ..model_kinds import build_model
 from ..tasks import RunContext, Task, TaskConfig, get_task
 from .checkpoint import CheckpointError, rng_state
+from .checkpoint_weights import base_config, base_reference
 from .config import TrainConfig
 from .density import DensityMonitor
 from .distributed import DistEnv, all_reduce_sum, resolve_device, wrap_model
@@ -40,7 +41,6 @@ from .optim import build_optimizer, lr_factor, param_groups, rank_seed, seed_eve
 from .resume import RunDirectory
 from .run_state import RunState
 from .step import DivergedError, TrainStep
-from .weights import base_config, base_reference
 
 
 # --------------------------------------------------------------------------- pieces

@@ -1,6 +1,6 @@
 """`PretrainedMemoryLM`: a pretrained causal LM with long-term memory behind the `MemoryLM`
 contract, so that the tasks, the whole-document evaluation and the trainer use it like a native
-model (`inftyformer.models`):
+model (`inftyformer.model_kinds`):
 
     model(tokens, state=, targets=, reset=)   targets aligned with tokens (position t predicts
                                               targets[t], −100 ignored), explicit state
@@ -30,7 +30,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from ..model import IGNORE_INDEX, LMOutput, decay_groups, token_losses
-from ..models import PretrainedMemoryConfig
+from ..model_kinds import PretrainedMemoryConfig
 from ..state import MemoryState
 from .loss import HeadInputs, lean_head, lean_token_losses
 from .model import add_long_term_memory

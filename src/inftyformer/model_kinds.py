@@ -22,8 +22,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .config import MEMORY_SETTINGS, ModelConfig
 from .model import LMOutput
+from .model_config import MEMORY_SETTINGS, ModelConfig
 from .pretrained_config import PRETRAINED_MEMORY_SETTINGS, PretrainedMemoryConfig
 from .state import MemoryState
 
@@ -71,7 +71,7 @@ register_model_kind(
     ModelKind(
         "pretrained",
         PretrainedMemoryConfig,
-        "inftyformer.hf.lm:PretrainedMemoryLM",
+        "inftyformer.hf.pretrained_lm:PretrainedMemoryLM",
         PRETRAINED_MEMORY_SETTINGS,
         extra="hf",
         frozen_base=PretrainedMemoryConfig.frozen_base,
@@ -110,7 +110,7 @@ def build_model(config: Any) -> LanguageModel:
 
 
 class LanguageModel(Protocol):
-    """What every model kind implements (`MemoryLM`, `hf.lm.PretrainedMemoryLM`):
+    """What every model kind implements (`MemoryLM`, `hf.pretrained_lm.PretrainedMemoryLM`):
 
         model(tokens, state=, targets=, reset=, generator=) → LMOutput
             tokens [batch, L] one segment (L ≤ config.segment_len); targets [batch, L] aligned

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..base_weights import BaseReference, behaviour_config, check_config
-from ..models import frozen_base, model_kind
+from ..model_kinds import frozen_base, model_kind
 from .checkpoint import Checkpoint, CheckpointError
 
 META_KEY = "base"
