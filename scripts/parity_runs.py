@@ -45,7 +45,10 @@ def fill_samples() -> list[str]:
     """Code from before the squeezes were strategies wants num_samples = K for squeeze=fill."""
     import dataclasses
 
-    from inftyformer.core.config import LongTermConfig
+    try:
+        from inftyformer.core.config import LongTermConfig
+    except ImportError:  # before the core had a package of its own
+        from inftyformer.long_term_config import LongTermConfig
 
     old = "num_samples" in {f.name for f in dataclasses.fields(LongTermConfig)}
     return ["--set", "num_samples=32"] if old else []
