@@ -85,6 +85,7 @@ def runs(data: Path, llama: Path, gpt2: Path, chat: Path) -> dict[str, list[str]
             "--freeze-base",
             *books,
             *TINY_RETRIEVAL,
+            *fill_samples(),
             *FEW_BATCHES,
         ],  # fmt: skip
         "facts-llama": [
@@ -95,7 +96,7 @@ def runs(data: Path, llama: Path, gpt2: Path, chat: Path) -> dict[str, list[str]
             *books,
             *TINY_ADDED,
             "--set",
-            "distance=40",
+            "distance=80",
             "--set",
             "lead=4",
             *FEW_BATCHES,
@@ -114,6 +115,8 @@ def runs(data: Path, llama: Path, gpt2: Path, chat: Path) -> dict[str, list[str]
             "eval_examples=2",
             "--set",
             "max_new_tokens=4",
+            "--set",
+            "max_reply=8",
             *FEW_BATCHES,
         ],  # fmt: skip
     }
