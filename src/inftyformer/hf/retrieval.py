@@ -1,0 +1,443 @@
+"""Retrieval of exact past blocks chosen by the current queries, on a pretrained rotary causal LM
+(Llama family; ours, beside the paper's continuous memory: `docs/retrieval_cost.md`).
+
+Each call runs the base on its T ≤ L tokens only. In every block of the base, the call's queries
+attend, in one scaled-dot-product attention with the call's own keys (causal), to a context of
+
+    the stream's first S = sink_blocks · B tokens (the attention sink: where a pretrained model
+        parks attention it does not need),
+    R ≤ blocks · B tokens of past blocks, in stream order (from block `select_layer` on; below
+        it, none),
+    the most recent W … W + B − 1 tokens (the short-term window),
+
+packed in that order right before the call's tokens, which sit at positions P0 + t
+(P0 = S + blocks · B + W + B − 1): each context token at P0 − (the context tokens from it on).
+Keys are kept without their rotary positions and turned to these when read, so no position ever
+passes P0 + L however long the stream, and while everything read is contiguous in the stream
+(a stream shorter than the context) the distances are the true ones: the logits are the base's
+on the whole stream. Nothing is recomputed: the window is
+the keys and values each token got when it was read (a KV cache).
+
+Which blocks (read time, by the query): at block `select_layer`, every call scores all the
+stored tokens' keys against its own queries, q_t · R_Δ k_j / √d (the keys turned as if they sat
+at position S: every block at one distance), takes each block's best score over its tokens,
+the call's queries and the heads ("max"; or the mean over queries of the best over tokens and
+heads, "mean"), and reads the `blocks` best, with the same choice in every block from there on.
+The stored keys of `select_layer` stay in memory for that (2 · H_kv · d bytes per token); the
+blocks' keys and values of the retrieving layers are on disk (`block_store.py`).
+
+State (`RetrievalState`): explicit, per batch row, passed in and returned; `reset` clears rows.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .._checks import check_token_ids
+from ..pretrained_config import RetrievalConfig
+from .adapters import adapter_for
+from .block_store import BlockStore
+from .head_read import rotate_half
+
+ATTENTION = "inftyformer_retrieval"
+
+
+def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [b, H, T, d] turned by the rotary angles of its positions (cos, sin [b, T, d])."""
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+def unturn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The inverse of `turn`: x before its rotary positions."""
+    return x * cos[:, None] - rotate_half(x) * sin[:, None]
+
+
+@dataclass
+class RetrievalState:
+    """The memory of a batch of streams (L = the base's blocks, H_kv key/value heads, d).
+
+    window_k, window_v  [L, b, H_kv, W + B − 1, d]  the recent tokens' keys (before rotary)
+                        and values, right-aligned; window_len [b] how many are valid
+    sink_k, sink_v      [L, b, H_kv, S, d]  the stream's first S tokens; sink_len [b]
+    block_ids           [b, n] int64  each row's stored blocks (ids in `store`), oldest first;
+                        blocks [b] how many are valid
+    keys                [b, n · B, H_kv, d] float16  the stored tokens' keys at `select_layer`,
+                        turned to position S (what a call's queries score)
+    tokens              [b] int64  tokens read since the row's reset
+    store               the blocks' keys and values (shared by the states of one model)
+    """
+
+    window_k: torch.Tensor
+    window_v: torch.Tensor
+    window_len: torch.Tensor
+    sink_k: torch.Tensor
+    sink_v: torch.Tensor
+    sink_len: torch.Tensor
+    block_ids: torch.Tensor
+    blocks: torch.Tensor
+    keys: torch.Tensor
+    tokens: torch.Tensor
+    store: BlockStore = field(repr=False)
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    def reset(self, rows: torch.Tensor) -> RetrievalState:
+        """Clear the rows flagged by the bool mask `rows` [batch] (their document ended)."""
+        keep = ~rows.to(self.tokens.device)
+        return replace(
+            self,
+            window_len=self.window_len * keep,
+            sink_len=self.sink_len * keep,
+            blocks=self.blocks * keep,
+            tokens=self.tokens * keep,
+        )
+
+
+@dataclass
+class _Call:
+    """What the attention function needs during one call of the base."""
+
+    model: RetrievalLM
+    state: RetrievalState
+    layer_of: dict[int, int]  # id(attention module) → block index
+    cos: torch.Tensor  # the call's rotary angles  [b, T, d]
+    sin: torch.Tensor
+    new_k: dict[int, torch.Tensor] = field(default_factory=dict)  # before rotary [b, Hkv, T, d]
+    new_v: dict[int, torch.Tensor] = field(default_factory=dict)
+    selected: torch.Tensor | None = None  # [b, blocks] ids of the blocks read
+    selected_valid: torch.Tensor | None = None  # [b, blocks] bool
+
+
+_CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
+    "inftyformer_retrieval_call", default=None
+)
+
+
+def retrieval_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """The base's attention over [context; the call's tokens] (module doc): query [b, H, T, d]
+    and key/value [b, H_kv, T, d] of the call's tokens, turned to their positions P0 + t."""
+    call = _CALL.get()
+    if call is None or id(module) not in call.layer_of:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    layer = call.layer_of[id(module)]
+    call.new_k[layer] = unturn(key, call.cos, call.sin)  # kept before rotary
+    call.new_v[layer] = value
+    ctx_k, ctx_v, valid = call.model.context(call, layer, query)  # [b, Hkv, P0, d], [b, P0]
+    # the valid slots packed next to the call's first token (at P0): slot j at P0 − (valid
+    # slots from j on), so that what is read keeps its order without gaps
+    after = valid.flip(1).cumsum(1).flip(1)  # [b, P0]
+    cos, sin = call.model.rotary(key, (call.model.config.context - after).clamp(min=0))
+    ctx_k = turn(ctx_k.to(key.dtype), cos, sin)
+    T = query.shape[2]
+    causal = torch.ones(T, T, dtype=torch.bool, device=query.device).tril()
+    mask = torch.cat([valid[:, None, None, :].expand(-1, 1, T, -1),
+                      causal.expand(valid.shape[0], 1, T, T)], -1)  # fmt: skip
+    out = F.scaled_dot_product_attention(
+        query,
+        torch.cat([ctx_k, key], 2),
+        torch.cat([ctx_v.to(value.dtype), value], 2),
+        attn_mask=mask,
+        scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ATTENTION, retrieval_attention)
+AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+
+
+@dataclass
+class RetrievalOutput:
+    logits: torch.Tensor  # [batch, T, V]
+    state: RetrievalState
+
+
+class RetrievalLM(nn.Module):
+    """A rotary causal LM reading exact past blocks chosen by its queries (module doc)."""
+
+    def __init__(self, base: PreTrainedModel, config: RetrievalConfig | None = None, **settings):
+        super().__init__()
+        config = (config or RetrievalConfig()).replace(**settings)
+        adapter = adapter_for(type(base).__name__)
+        if not adapter.rotary:
+            raise ValueError(
+                f"retrieval turns stored keys to new positions: it needs rotary positions, and "
+                f"{type(base).__name__} has absolute ones"
+            )
+        self.base, self.config = base, config
+        self.attentions = adapter.attentions(base)
+        self.rotary = adapter.rotary_embedding(base)
+        text = base.config
+        self.num_layers = len(self.attentions)
+        self.kv_heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+        self.head_dim = int(
+            getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        )
+        select = self.num_layers // 2 if config.select_layer is None else config.select_layer
+        if select >= self.num_layers:
+            raise ValueError(f"select_layer must be below the base's {self.num_layers} blocks")
+        self.select_layer = select
+        limit = getattr(text, "max_position_embeddings", None)
+        if limit is not None and config.context + config.segment_len > int(limit):
+            raise ValueError(
+                f"the context ({config.context} positions) and a segment ({config.segment_len}) "
+                f"pass the base's {limit} positions: fewer blocks, a shorter window or segment"
+            )
+        self.retrieving = list(range(select, self.num_layers)) if config.blocks else []
+        self._layer_of = {id(m): i for i, m in enumerate(self.attentions)}
+        base.set_attn_implementation(ATTENTION)
+
+    def _param(self) -> torch.Tensor:
+        return next(self.base.parameters())
+
+    # ------------------------------------------------------------------ state
+    def init_state(self, batch_size: int) -> RetrievalState:
+        c, p = self.config, self._param()
+        L, H, d, B = self.num_layers, self.kv_heads, self.head_dim, c.block_size
+        zeros = lambda *shape, **kw: torch.zeros(*shape, device=p.device, **kw)  # noqa: E731
+        window = (L, batch_size, H, c.window + B - 1, d)
+        sink = (L, batch_size, H, c.sink_blocks * B, d)
+        count = dict(dtype=torch.int64)
+        return RetrievalState(
+            window_k=zeros(*window, dtype=p.dtype), window_v=zeros(*window, dtype=p.dtype),
+            window_len=zeros(batch_size, **count),
+            sink_k=zeros(*sink, dtype=p.dtype), sink_v=zeros(*sink, dtype=p.dtype),
+            sink_len=zeros(batch_size, **count),
+            block_ids=zeros(batch_size, 0, **count), blocks=zeros(batch_size, **count),
+            keys=zeros(batch_size, 0, H, d, dtype=torch.float16),
+            tokens=zeros(batch_size, **count),
+            store=BlockStore(self.retrieving, H, B, d, c.store_dir),
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ one call
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        state: RetrievalState | None = None,
+        reset: torch.Tensor | None = None,
+    ) -> RetrievalOutput:
+        """input_ids [batch, T] of any length (streamed in calls of at most segment_len)."""
+        vocab = int(self.base.config.vocab_size)
+        ids = check_token_ids("input_ids", input_ids, vocab, self._param().device)
+        batch = ids.shape[0]
+        if state is None:
+            state = self.init_state(batch)
+        elif state.batch_size != batch:
+            raise ValueError(f"state has {state.batch_size} rows, input_ids {batch}")
+        if reset is not None:
+            state = state.reset(reset)
+        L, logits = self.config.segment_len, []
+        for start in range(0, ids.shape[1], L):
+            out, state = self._call(ids[:, start : start + L], state)
+            logits.append(out)
+        return RetrievalOutput(torch.cat(logits, 1), state)
+
+    def _call(self, ids: torch.Tensor, state: RetrievalState) -> tuple[torch.Tensor, object]:
+        b, T = ids.shape
+        P0 = self.config.context
+        positions = torch.arange(P0, P0 + T, device=ids.device).expand(b, -1)
+        probe = self._param().new_zeros(1, 1, self.head_dim)
+        cos, sin = self.rotary(probe, positions)
+        call = _Call(self, state, self._layer_of, cos, sin)
+        token = _CALL.set(call)
+        try:
+            out = self.base(input_ids=ids, position_ids=positions, use_cache=False)
+        finally:
+            _CALL.reset(token)
+        return out.logits, self._written(call, T)
+
+    # ------------------------------------------------------------------ the context of a layer
+    def context(self, call: _Call, layer: int, query: torch.Tensor):
+        """The context slots of `layer` for this call: keys before rotary and values
+        [b, H_kv, P0, d], valid [b, P0] bool (module doc's layout)."""
+        c, s = self.config, call.state
+        B, S, R = c.block_size, c.sink_blocks * c.block_size, c.blocks * c.block_size
+        b, dev = s.batch_size, query.device
+        sink_valid = torch.arange(S, device=dev) < s.sink_len[:, None]
+        Wc = s.window_k.shape[3]
+        window_valid = torch.arange(Wc, device=dev) >= Wc - s.window_len[:, None]
+        parts_k, parts_v = [s.sink_k[layer]], [s.sink_v[layer]]
+        H, d = self.kv_heads, self.head_dim
+        if layer == self.select_layer and R:
+            call.selected, call.selected_valid = self.select(s, query)
+        if R and layer >= self.select_layer and call.selected is not None:
+            blocks = s.store.read(layer, call.selected.cpu()).to(dev, s.window_k.dtype)
+            # [b, k, 2, H, B, d] → [b, H, k·B, d]
+            k = blocks[:, :, 0].permute(0, 2, 1, 3, 4).reshape(b, H, -1, d)
+            v = blocks[:, :, 1].permute(0, 2, 1, 3, 4).reshape(b, H, -1, d)
+            got = call.selected_valid.repeat_interleave(B, 1)  # [b, k·B]
+            pad = R - k.shape[2]  # right-aligned: the blocks read end next to the window
+            parts_k.append(F.pad(k, (0, 0, pad, 0)))
+            parts_v.append(F.pad(v, (0, 0, pad, 0)))
+            picked = F.pad(got, (pad, 0))
+        else:
+            parts_k.append(s.window_k.new_zeros(b, H, R, d))
+            parts_v.append(s.window_v.new_zeros(b, H, R, d))
+            picked = torch.zeros(b, R, dtype=torch.bool, device=dev)
+        parts_k.append(s.window_k[layer])
+        parts_v.append(s.window_v[layer])
+        valid = torch.cat([sink_valid, picked, window_valid], 1)
+        return torch.cat(parts_k, 2), torch.cat(parts_v, 2), valid
+
+    @torch.no_grad()
+    def select(self, state: RetrievalState, query: torch.Tensor):
+        """The `blocks` stored blocks the call's queries [b, H, T, d] (turned to P0 + t) match
+        best (module doc): ids [b, k] in stream order and which are valid [b, k]."""
+        c = self.config
+        b, H, T, d = query.shape
+        B, n = c.block_size, state.block_ids.shape[1]
+        k = min(c.blocks, n)
+        dev = query.device
+        if k == 0:
+            return (torch.zeros(b, 0, dtype=torch.int64, device=dev),
+                    torch.zeros(b, 0, dtype=torch.bool, device=dev))  # fmt: skip
+        G = H // self.kv_heads
+        q = query.float().view(b, self.kv_heads, G, T, d) / math.sqrt(d)
+        best = []  # each stored token's best score  [b, tokens]
+        for part in state.keys.split(4096, 1):  # [b, n', Hkv, d]
+            s = torch.einsum("bhgtd,bnhd->bhgtn", q, part.float())
+            if c.score == "max":
+                best.append(s.amax((1, 2, 3)))
+            else:
+                best.append(s.amax((1, 2)).mean(1))
+        token = torch.cat(best, 1)  # [b, n·B]
+        score = token.view(b, n, B).amax(-1)  # [b, n]
+        stored = torch.arange(n, device=dev) < state.blocks[:, None].to(dev)
+        score = score.masked_fill(~stored, -math.inf)
+        top = score.topk(k, dim=1)
+        order = top.indices.sort(1).values  # stream order
+        valid = torch.gather(stored, 1, order)  # a row with fewer blocks: the rest unread
+        ids = torch.gather(state.block_ids.to(dev), 1, order)
+        return torch.where(valid, ids, 0), valid
+
+    # ------------------------------------------------------------------ the state after a call
+    @torch.no_grad()
+    def _written(self, call: _Call, T: int) -> RetrievalState:
+        """The window moves on; its oldest whole blocks go to the sink (the stream's first S
+        tokens), then to the store."""
+        c, s = self.config, call.state
+        B, W, S = c.block_size, c.window, c.sink_blocks * c.block_size
+        L, b, dev = self.num_layers, s.batch_size, s.window_len.device
+        new_k = torch.stack([call.new_k[i] for i in range(L)])  # [L, b, H, T, d]
+        new_v = torch.stack([call.new_v[i] for i in range(L)])
+        wk = torch.cat([s.window_k, new_k.to(s.window_k.dtype)], 3)  # right-aligned
+        wv = torch.cat([s.window_v, new_v.to(s.window_v.dtype)], 3)
+        length = s.window_len + T  # [b]
+        moved = (length - W).clamp(min=0) // B  # whole blocks that leave  [b]
+        width, Wc = wk.shape[3], s.window_k.shape[3]
+        start = width - length  # each row's oldest valid slot
+        M = int(moved.max())
+        sink_k, sink_v, sink_len = s.sink_k, s.sink_v, s.sink_len
+        block_ids, blocks, keys = s.block_ids, s.blocks, s.keys
+        if M:
+            m = torch.arange(M, device=dev)
+            slot = start[:, None, None] + m[None, :, None] * B + torch.arange(B, device=dev)
+            gather = slot.clamp(max=width - 1).reshape(1, b, 1, M * B, 1)
+            gather = gather.expand(L, b, wk.shape[2], M * B, wk.shape[4])
+            out_k = torch.gather(wk, 3, gather).view(L, b, -1, M, B, wk.shape[4])
+            out_v = torch.gather(wv, 3, gather).view(L, b, -1, M, B, wk.shape[4])
+            real = m[None, :] < moved[:, None]  # [b, M]
+            to_sink = real & (sink_len[:, None] // B + m[None, :] < c.sink_blocks)
+            to_store = real & ~to_sink
+            if S:  # blocks that fill the sink, in order
+                sink_k, sink_v, sink_len = self._fill_sink(s, out_k, out_v, to_sink)
+            if bool(to_store.any()):
+                block_ids, blocks, keys = self._store(s, out_k, out_v, to_store)
+        keep = (length - moved * B).clamp(max=width)
+        return replace(
+            s,
+            window_k=wk[:, :, :, -Wc:], window_v=wv[:, :, :, -Wc:],
+            window_len=keep.clamp(max=Wc),
+            sink_k=sink_k, sink_v=sink_v, sink_len=sink_len,
+            block_ids=block_ids, blocks=blocks, keys=keys, tokens=s.tokens + T,
+        )  # fmt: skip
+
+    def _fill_sink(self, s, out_k, out_v, to_sink):
+        B = self.config.block_size
+        sink_k, sink_v = s.sink_k.clone(), s.sink_v.clone()
+        first = s.sink_len // B  # each row's next sink block
+        for row, m in to_sink.nonzero().tolist():  # at most sink_blocks per row, ever
+            at = int(first[row]) + m  # the sink takes a row's first moved blocks
+            sink_k[:, row, :, at * B : (at + 1) * B] = out_k[:, row, :, m]
+            sink_v[:, row, :, at * B : (at + 1) * B] = out_v[:, row, :, m]
+        return sink_k, sink_v, s.sink_len + to_sink.sum(1) * B
+
+    def _store(self, s, out_k, out_v, to_store):
+        """Write the blocks leaving for the store (all rows at once) and record them."""
+        rows, ms = to_store.nonzero(as_tuple=True)  # row-major: each row's blocks in order
+        if self.retrieving:
+            pairs = {
+                layer: torch.stack([out_k[layer, rows, :, ms], out_v[layer, rows, :, ms]], 1)
+                for layer in self.retrieving
+            }  # [n, 2, H, B, d]
+            ids = s.store.append(pairs).to(s.blocks.device)
+        else:
+            ids = torch.full(rows.shape, -1, dtype=torch.int64, device=s.blocks.device)
+        per_row = to_store.sum(1)  # [b]
+        n = int((s.blocks + per_row).max())
+        block_ids = F.pad(s.block_ids, (0, n - s.block_ids.shape[1]), value=-1)
+        rank = s.blocks[rows] + (torch.cumsum(to_store, 1) - 1)[rows, ms]
+        block_ids = block_ids.index_put((rows, rank), ids)
+        # the select layer's keys, turned to position S (every stored block at one distance)
+        B, S = self.config.block_size, self.config.sink_blocks * self.config.block_size
+        keys = F.pad(s.keys, (0, 0, 0, 0, 0, n * B - s.keys.shape[1]))
+        if self.retrieving:
+            k = out_k[self.select_layer, rows, :, ms]  # [n', H, B, d]
+            probe = k.new_zeros(1, 1, self.head_dim)
+            cos, sin = self.rotary(probe, torch.full((1, B), S, device=k.device))
+            k = turn(k, cos, sin).transpose(1, 2).to(torch.float16)  # [n', B, H, d]
+            at = rank[:, None] * B + torch.arange(B, device=k.device)  # [n', B]
+            keys = keys.index_put((rows[:, None].expand_as(at), at), k)
+        return block_ids, s.blocks + per_row, keys
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        state: RetrievalState | None = None,
+        temperature: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, RetrievalState]:
+        """Continue `prompt` [batch, T]: it is read first (streamed), then one call per new
+        token; greedy at temperature 0. Returns the new tokens [batch, n] and the state."""
+        out = self(prompt, state)
+        logits, state = out.logits[:, -1], out.state
+        new = []
+        for _ in range(max_new_tokens):
+            if temperature > 0:
+                probs = torch.softmax(logits.float() / temperature, -1)
+                token = torch.multinomial(probs, 1, generator=generator)
+            else:
+                token = logits.argmax(-1, keepdim=True)
+            new.append(token)
+            out = self(token, state)
+            logits, state = out.logits[:, -1], out.state
+        return torch.cat(new, 1), state
+
+
+__all__ = ["RetrievalLM", "RetrievalOutput", "RetrievalState", "retrieval_attention"]

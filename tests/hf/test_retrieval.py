@@ -1,0 +1,138 @@
+"""Retrieval of exact past blocks (`inftyformer.hf.retrieval`): while everything read is the
+whole stream the logits are the base's on it, in calls of any length; the blocks read are those
+the queries match; rows reset alone; the store holds the blocks on disk."""
+
+import dataclasses
+
+import pytest
+import torch
+from tiny_hf import V, tiny_base
+
+from inftyformer.hf.retrieval import RetrievalLM
+from inftyformer.pretrained_config import RetrievalConfig
+
+POSITIONS = 512
+
+
+def model(**settings) -> RetrievalLM:
+    base = tiny_base("llama", max_position_embeddings=POSITIONS)
+    return RetrievalLM(base, **settings).eval()
+
+
+def tokens(batch: int = 2, length: int = 40, seed: int = 1) -> torch.Tensor:
+    return torch.randint(1, V, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("segment_len", [1, 7, 16])
+def test_a_window_holding_the_stream_reads_as_the_full_context(segment_len):
+    """A KV cache of the window, the call's tokens at P0 + t: the base's logits on the whole
+    stream, whatever the calls' length."""
+    ids = tokens()
+    full = tiny_base("llama", max_position_embeddings=POSITIONS)(ids).logits
+    m = model(block_size=8, blocks=0, sink_blocks=0, window=64, segment_len=segment_len)
+    torch.testing.assert_close(m(ids).logits, full, rtol=0, atol=2e-5)
+
+
+@torch.no_grad()
+def test_sink_blocks_and_window_together_read_as_the_full_context_while_they_hold_it():
+    """40 tokens in blocks of 8: the first block in the sink, two stored blocks (both read:
+    `blocks` = 2), the last 16 in the window; packed without gaps they are the whole stream at
+    its true distances, so the logits are the base's (to the float16 of the stored blocks)."""
+    ids = tokens()
+    full = tiny_base("llama", max_position_embeddings=POSITIONS)(ids).logits
+    m = model(block_size=8, blocks=2, sink_blocks=1, window=16, segment_len=8, select_layer=0)
+    out = m(ids)
+    s = out.state
+    assert s.sink_len.tolist() == [8, 8] and s.blocks.tolist() == [2, 2]
+    assert s.window_len.tolist() == [16, 16] and s.tokens.tolist() == [40, 40]
+    torch.testing.assert_close(out.logits, full, rtol=0, atol=1e-4)
+    # below the select layer nothing is retrieved: the first block reads only sink and window
+    later = model(block_size=8, blocks=2, sink_blocks=1, window=16, segment_len=8)
+    assert (later(ids).logits[:, 32:] - full[:, 32:]).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_the_blocks_read_are_those_the_queries_match():
+    """Three stored blocks; a query along a key of block 1 (and nothing else) selects it; with
+    two to read, the two best in stream order; a row with fewer blocks reads only those."""
+    m = model(block_size=4, blocks=1, sink_blocks=0, window=4, segment_len=4)
+    state = m.init_state(2)
+    H, d = m.kv_heads, m.head_dim
+    keys = torch.randn(2, 12, H, d, generator=torch.Generator().manual_seed(0)) * 0.1
+    keys[:, 6, 0] = 5.0 * torch.nn.functional.normalize(torch.ones(d), dim=0)
+    state = dataclasses.replace(
+        state, keys=keys.half(), block_ids=torch.tensor([[7, 8, 9], [7, 8, 9]]),
+        blocks=torch.tensor([3, 1]),
+    )  # fmt: skip
+    query = torch.zeros(2, m.base.config.num_attention_heads, 3, d)
+    query[:, 0, 1] = torch.nn.functional.normalize(torch.ones(d), dim=0)
+    ids, valid = m.select(state, query)
+    assert ids[0].tolist() == [8] and valid.tolist() == [[True], [True]]
+    assert ids[1].tolist() == [7]  # row 1 holds one block: it is read
+    two = RetrievalLM.__new__(RetrievalLM)
+    two.__dict__.update(m.__dict__)
+    two.config = m.config.replace(blocks=2)
+    ids, valid = two.select(state, query)
+    assert 8 in ids[0].tolist() and ids[0].tolist() == sorted(ids[0].tolist())  # in order
+    assert valid[0].all()
+    assert valid[1].tolist() == [True, False]
+
+
+@torch.no_grad()
+def test_a_reset_row_reads_as_a_new_stream():
+    ids = tokens(length=48)
+    m = model(block_size=8, blocks=2, sink_blocks=1, window=8, segment_len=8)
+    state = m(ids[:, :32]).state
+    out = m(ids[:, 32:], state=state, reset=torch.tensor([False, True]))
+    alone = model(block_size=8, blocks=2, sink_blocks=1, window=8, segment_len=8)(ids[1:, 32:])
+    torch.testing.assert_close(out.logits[1:], alone.logits, rtol=0, atol=2e-5)
+    assert out.state.tokens.tolist() == [48, 16]
+
+
+@torch.no_grad()
+def test_the_blocks_go_to_disk_and_the_memory_holds_only_their_scoring_keys():
+    m = model(block_size=8, blocks=2, sink_blocks=1, window=8, segment_len=16)
+    s = m(tokens(length=96)).state
+    # 96 tokens: 8 in the sink, 8–15 in the window, the rest stored in blocks of 8
+    assert s.blocks.tolist() == [10, 10] and s.store.count == 20
+    layers = len(m.retrieving)
+    assert s.store.disk_bytes() == 20 * layers * 2 * m.kv_heads * 8 * m.head_dim * 2
+    assert s.keys.shape == (2, 80, m.kv_heads, m.head_dim) and s.keys.dtype == torch.float16
+    folder = s.store.folder
+    assert folder.is_dir()
+    s.store.close()
+    assert not folder.exists()
+
+
+def test_settings_that_cannot_work_are_refused_by_name():
+    from tiny_hf import tiny_base as make
+
+    with pytest.raises(ValueError, match="rotary positions"):
+        RetrievalLM(make("gpt2"))
+    with pytest.raises(ValueError, match="pass the base's 512 positions"):
+        model(window=400, blocks=4, block_size=32)
+    with pytest.raises(ValueError, match="score must be one of"):
+        RetrievalConfig(score="sum")
+    with pytest.raises(ValueError, match="select_layer must be below"):
+        model(select_layer=2)
+    with pytest.raises(ValueError, match="input_ids"):
+        model(window=8, blocks=2, block_size=8, segment_len=8)(torch.tensor([[V + 5]]))
+
+
+@torch.no_grad()
+def test_greedy_generation_is_the_argmax_of_the_calls_it_makes():
+    """Generation reads the prompt, then one call per token: each new token is the argmax of
+    a separate forward over the same calls."""
+    ids = tokens(length=20)
+    settings = dict(block_size=4, blocks=2, sink_blocks=1, window=4, segment_len=8)
+    new, _ = model(**settings).generate(ids, max_new_tokens=5)
+    m = model(**settings)
+    out = m(ids)
+    state = out.state
+    logits = out.logits[:, -1]
+    for step in range(5):
+        token = logits.argmax(-1, keepdim=True)
+        assert torch.equal(token, new[:, step : step + 1])
+        out = m(token, state=state)
+        logits, state = out.logits[:, -1], out.state
