@@ -37,7 +37,15 @@ LAYERS = {
     "extensions": ["extensions"],
     "memories": ["short_term_memory", "compressive_memory", "state", "state_record"],
     "layers": ["relative_attention", "kl_term", "block", "model_config", "memory_settings"],
-    "models": ["model", "model_kinds", "streaming", "base_weights", "pretrained_config", ""],
+    "models": [
+        "model",
+        "model_kinds",
+        "streaming",
+        "base_weights",
+        "pretrained_config",
+        "retrieval_config",
+        "",
+    ],  # fmt: skip
     "pretrained": ["hf"],
     # hf.harness writes lm-evaluation-harness tasks over text files: it reads them as data/ does
     "tasks": ["data", "metrics", "tasks", "inspection", "hf.harness"],

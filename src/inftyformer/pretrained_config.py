@@ -327,52 +327,6 @@ def base_positions(config: dict[str, Any]) -> int | None:
     return None if limit is None else int(limit)
 
 
-# ---------------------------------------------------------------------- exact retrieval
-SCORES = ("max", "mean")
-
-
-@dataclass(frozen=True)
-class RetrievalConfig:
-    """Retrieval of exact past blocks by the current queries (`inftyformer.hf.retrieval`):
-    each call of at most `segment_len` tokens attends, in every block of the base, to the
-    stream's first `sink_blocks` blocks, to the `window` most recent tokens (kept as keys and
-    values, not recomputed) and, from block `select_layer` on, to the `blocks` blocks of B =
-    `block_size` tokens that the call's own queries at `select_layer` match best among all the
-    older ones (`score`: a block's score is the best match of any query and head with any of
-    its tokens, "max", or their mean over the call's queries, "mean"). The older blocks' keys and
-    values are kept on disk (`store_dir`, None: a temporary folder)."""
-
-    block_size: int = 64
-    blocks: int = 16
-    sink_blocks: int = 1
-    window: int = 1024
-    select_layer: int | None = None  # None: the middle block of the base
-    score: str = "max"
-    segment_len: int = 256
-    store_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        check_positive_int("block_size", self.block_size)
-        for name in ("blocks", "sink_blocks", "window"):
-            check_positive_int(name, getattr(self, name), minimum=0)
-        check_positive_int("segment_len", self.segment_len)
-        if self.select_layer is not None:
-            check_positive_int("select_layer", self.select_layer, minimum=0)
-        if self.score not in SCORES:
-            raise ValueError(f"score must be one of {SCORES}, got {self.score!r}")
-        if self.store_dir is not None and not isinstance(self.store_dir, str):
-            raise TypeError(f"store_dir must be a folder path or None, got {self.store_dir!r}")
-
-    @property
-    def context(self) -> int:
-        """P0: the positions before a call's first token (sink, retrieved blocks, window)."""
-        B = self.block_size
-        return (self.sink_blocks + self.blocks) * B + self.window + B - 1
-
-    def replace(self, **changes: Any) -> RetrievalConfig:
-        return dataclasses.replace(self, **changes)
-
-
 # ---------------------------------------------------------------------- a training run's model
 def takes_nested_adapter(cls: type) -> type:
     """Class decorator, over @dataclass, of `PretrainedMemoryConfig`: its constructor also
@@ -524,7 +478,6 @@ __all__ = [
     "PRETRAINED_LONG_TERM",
     "PRETRAINED_MEMORY_SETTINGS",
     "PretrainedMemoryConfig",
-    "RetrievalConfig",
     "base_blocks",
     "base_positions",
     "decide_lengths",

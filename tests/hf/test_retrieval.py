@@ -9,7 +9,7 @@ import torch
 from tiny_hf import V, tiny_base
 
 from inftyformer.hf.retrieval import RetrievalLM
-from inftyformer.pretrained_config import RetrievalConfig
+from inftyformer.retrieval_config import RetrievalConfig
 
 POSITIONS = 512
 

@@ -43,7 +43,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .._checks import check_token_ids
-from ..pretrained_config import RetrievalConfig
+from ..retrieval_config import RetrievalConfig
 from .adapters import adapter_for
 from .block_store import BlockStore
 from .head_read import rotate_half
