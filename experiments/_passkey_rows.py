@@ -9,7 +9,7 @@ from inftyformer.presets import preset_settings
 # the retrieval preset's memory (the benchmark's --segment-len and --window give the rest)
 RETRIEVAL = {
     k: v
-    for k, v in preset_settings("retrieval", "pretrained").items()
+    for k, v in preset_settings("salient-places", "pretrained").items()
     if k not in ("segment_len", "window")
 }
 

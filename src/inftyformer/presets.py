@@ -5,6 +5,8 @@ was measured.
     native       a model trained from scratch (`ModelConfig`): its size and memory
     pretrained   how the memory is added to a pretrained base (`AdapterConfig`); the blocks
                  with a memory may depend on the base's depth (`memory_layers` as a rule)
+    retrieval    what a pretrained base reads of its exact past, training-free
+                 (`RetrievalConfig`, `inftyformer.hf.retrieval`)
 
 `preset_settings(name, kind, blocks=…)` gives a preset's settings for a base of `blocks` blocks;
 `PretrainedMemoryConfig(base_model=DIR, preset="…")`, `add_long_term_memory(base, preset="…")`
@@ -17,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("native", "pretrained")
+KINDS = ("native", "pretrained", "retrieval")
 
 
 @dataclass(frozen=True)
@@ -104,13 +106,34 @@ register_preset(Preset(
     layers_rule="every fourth block from the middle",
 ))  # fmt: skip
 register_preset(Preset(
-    "retrieval", "pretrained",
+    "salient-places", "pretrained",
     "training-free: the base's heads read 2,048 exact places, salient ones kept by surprisal",
     dict(memory_read="heads", memory_positions="ranks", density="mixture", sharpness=1.0,
          sink_edge=0.0, min_sigma_sq=1e-6, num_basis=2048, widths=(0.0003,), squeeze="fill",
          edge_padding=False, keep_first=64, keep_last=1024, keep_salient=959, salient_before=2,
          segment_len=256, window=256),
     measured="docs/passkey.md (row xxiii)",
+))  # fmt: skip
+# the retrieval kind: a budget of 2,048 read places (sink + blocks + window) for every row
+register_preset(Preset(
+    "retrieval", "retrieval",
+    "the base reads its first 64 tokens, the 16 past blocks of 64 its queries match best and "
+    "the last 960 (2,048 places), every block from the first",
+    dict(block_size=64, blocks=16, sink_blocks=1, window=960, read_from=0, score="max",
+         segment_len=256),
+    measured="docs/retrieval.md",
+))  # fmt: skip
+register_preset(Preset(
+    "streaming", "retrieval",
+    "the StreamingLLM baseline at the retrieval budget: the first 64 tokens and the last 1,984",
+    dict(block_size=64, blocks=0, sink_blocks=1, window=1984, segment_len=256),
+    measured="docs/retrieval.md",
+))  # fmt: skip
+register_preset(Preset(
+    "window", "retrieval",
+    "the base with a KV cache of its last 2,048 tokens and nothing older",
+    dict(block_size=64, blocks=0, sink_blocks=0, window=2048, segment_len=256),
+    measured="docs/retrieval.md",
 ))  # fmt: skip
 
 

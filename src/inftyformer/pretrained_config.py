@@ -360,7 +360,7 @@ class PretrainedMemoryConfig:
     base at the run's `lr`), and the adapter (`AdapterConfig`, nested; its settings also by
     their flat names: ``PretrainedMemoryConfig(base_model=DIR, num_basis=256)``,
     ``config.num_basis``; or a preset's, `inftyformer.presets`, under the given ones:
-    ``PretrainedMemoryConfig(base_model=DIR, preset="retrieval", window=512)``)."""
+    ``PretrainedMemoryConfig(base_model=DIR, preset="salient-places", window=512)``)."""
 
     base_model: str  # directory of a Hugging Face causal LM (config.json, weights, tokenizer)
     memory: bool = True  # False: the base alone, for comparison (attends within its segment)

@@ -28,6 +28,7 @@ class RetrievalConfig:
     sink_blocks: int = 1
     window: int = 1024
     select_layer: int | None = None  # None: the middle block of the base
+    read_from: int | None = None  # None: select_layer (no block below it reads the store)
     score: str = "max"
     segment_len: int = 256
     store_dir: str | None = None
@@ -37,8 +38,9 @@ class RetrievalConfig:
         for name in ("blocks", "sink_blocks", "window"):
             check_positive_int(name, getattr(self, name), minimum=0)
         check_positive_int("segment_len", self.segment_len)
-        if self.select_layer is not None:
-            check_positive_int("select_layer", self.select_layer, minimum=0)
+        for name in ("select_layer", "read_from"):
+            if getattr(self, name) is not None:
+                check_positive_int(name, getattr(self, name), minimum=0)
         if self.score not in SCORES:
             raise ValueError(f"score must be one of {SCORES}, got {self.score!r}")
         if self.store_dir is not None and not isinstance(self.store_dir, str):

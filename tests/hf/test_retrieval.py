@@ -53,6 +53,31 @@ def test_sink_blocks_and_window_together_read_as_the_full_context_while_they_hol
 
 
 @torch.no_grad()
+def test_blocks_below_the_select_layer_read_the_last_choice_or_a_reselected_one():
+    """read_from = 0 with selection at block 1: the blocks below read what the previous call
+    chose, so a call after a new block was stored reads it only from block 1 (not the full
+    context: tokens 32-39 read no stored block in block 0, their choice came before any); with
+    `reselect` on every call each chooses first and every block reads its choice: the full
+    context again (the stored blocks all chosen)."""
+    ids = tokens(length=48)
+    full = tiny_base("llama", max_position_embeddings=POSITIONS)(ids).logits
+    settings = dict(block_size=8, blocks=2, sink_blocks=1, window=16, segment_len=8)
+    m = model(**settings, select_layer=1, read_from=0)
+    assert m.retrieving == [0, 1]
+    lagged = m(ids)
+    assert (lagged.logits[:, 32:] - full[:, 32:]).abs().max() > 1e-3
+    torch.testing.assert_close(lagged.logits[:, :32], full[:, :32], rtol=0, atol=1e-4)
+    state, logits = None, []
+    for start in range(0, 48, 8):
+        out = m(ids[:, start : start + 8], state=state, reselect=True)
+        state = out.state
+        logits.append(out.logits)
+    torch.testing.assert_close(torch.cat(logits, 1), full, rtol=0, atol=1e-4)
+    assert state.selected.shape == (2, 2) and state.chosen.all()
+    assert not state.reset(torch.tensor([True, False])).chosen[0].any()  # a reset row forgets
+
+
+@torch.no_grad()
 def test_the_blocks_read_are_those_the_queries_match():
     """Three stored blocks; a query along a key of block 1 (and nothing else) selects it; with
     two to read, the two best in stream order; a row with fewer blocks reads only those."""

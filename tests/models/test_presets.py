@@ -42,8 +42,8 @@ def test_the_adapter_preset_places_its_memory_by_the_bases_depth():
         preset_settings("adapter", "pretrained")
 
 
-def test_the_retrieval_preset_and_the_passkey_rows_are_what_was_measured():
-    """docs/passkey.json records each memory row's settings as they ran: the retrieval preset
+def test_the_salient_places_preset_and_the_passkey_rows_are_what_was_measured():
+    """docs/passkey.json records each memory row's settings as they ran: the salient-places preset
     is row (xxiii)'s (window and segment 256, every block) and every row's preset-plus-overrides
     is its record (the fill rows without num_samples and τ, which that squeeze no longer takes:
     the code of the time required M = K and ignored τ)."""
@@ -53,7 +53,7 @@ def test_the_retrieval_preset_and_the_passkey_rows_are_what_was_measured():
     from _passkey_rows import MIXTURE
 
     measured = json.loads((Path(__file__).parents[2] / "docs" / "passkey.json").read_text())
-    preset = preset_settings("retrieval", "pretrained")
+    preset = preset_settings("salient-places", "pretrained")
     setup = measured["setup"]
     assert (preset["segment_len"], preset["window"]) == (setup["segment_len"], setup["window"])
     assert measured["rows"]["mixture-fill-ranks-before"]["memory_layers"] is None  # every block
@@ -74,10 +74,23 @@ def test_the_retrieval_preset_and_the_passkey_rows_are_what_was_measured():
 
 
 def test_presets_are_refused_for_the_other_kind_by_name():
-    with pytest.raises(ValueError, match="unknown pretrained preset 'paper'.*retrieval"):
+    with pytest.raises(ValueError, match="unknown pretrained preset 'paper'.*salient-places"):
         get_preset("paper", "pretrained")
-    with pytest.raises(ValueError, match="unknown native preset 'retrieval'"):
-        ModelConfig.preset("retrieval")
+    with pytest.raises(ValueError, match="unknown native preset 'salient-places'"):
+        ModelConfig.preset("salient-places")
+    with pytest.raises(ValueError, match="unknown pretrained preset 'retrieval'"):
+        get_preset("retrieval", "pretrained")
+
+
+def test_the_retrieval_presets_build_their_config_at_one_budget():
+    from inftyformer.retrieval_config import RetrievalConfig
+
+    configs = {name: RetrievalConfig(**preset_settings(name, "retrieval"))
+               for name in ("retrieval", "streaming", "window")}  # fmt: skip
+    # each reads 2,048 places at most: sink + blocks + window
+    for config in configs.values():
+        assert (config.sink_blocks + config.blocks) * config.block_size + config.window == 2048
+    assert configs["retrieval"].read_from == 0 and configs["streaming"].blocks == 0
 
 
 def test_a_preset_applied_to_a_trained_model_changes_what_differs():
@@ -99,12 +112,12 @@ def test_every_door_takes_a_pretrained_preset(tmp_path):
     small = dict(num_basis=32, keep_first=2, keep_last=4, keep_salient=4, segment_len=8, window=8)
     base = str(write_tiny_model(tmp_path / "base", max_positions=64))
     model = add_long_term_memory(
-        AutoModelForCausalLM.from_pretrained(base), preset="retrieval", **small
+        AutoModelForCausalLM.from_pretrained(base), preset="salient-places", **small
     )
     adapter = model.config.adapter
     assert adapter.memory_read.kind == "heads" and adapter.positions == "ranks"
     assert adapter.long_term.squeeze.salient_before == 2 and adapter.long_term.num_basis == 32
-    config = PretrainedMemoryConfig(base_model=base, preset="retrieval", **small)
+    config = PretrainedMemoryConfig(base_model=base, preset="salient-places", **small)
     assert config.adapter == adapter.replace(
         long_term=dataclasses.replace(adapter.long_term, num_heads=None)  # the model's: unset
     )

@@ -459,7 +459,7 @@ def add_long_term_memory(
     `settings`: any `AdapterConfig` setting by its flat name: the memory's (num_basis, density,
     squeeze, tau, keep_first, …), the read's (memory_read, memory_positions, token_mass),
     segment_len, window and memory_layers; `preset`: a pretrained preset's settings
-    (`inftyformer.presets`, e.g. "retrieval") under them. The base's weights are used as they
+    (`inftyformer.presets`, e.g. "salient-places") under them. The base's weights are used as they
     are (not copied); right after wrapping, the logits equal the base's (the added read)."""
     if not isinstance(base, PreTrainedModel):
         raise TypeError(f"base must be a transformers PreTrainedModel, got {type(base).__name__}")

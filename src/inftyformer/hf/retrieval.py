@@ -72,6 +72,8 @@ class RetrievalState:
                         blocks [b] how many are valid
     keys                [b, n · B, H_kv, d] float16  the stored tokens' keys at `select_layer`,
                         turned to position S (what a call's queries score)
+    selected, chosen    [b, k] int64 / bool  the blocks the last call chose and which are valid
+                        (what the next call's blocks below `select_layer` read)
     tokens              [b] int64  tokens read since the row's reset
     store               the blocks' keys and values (shared by the states of one model)
     """
@@ -85,6 +87,8 @@ class RetrievalState:
     block_ids: torch.Tensor
     blocks: torch.Tensor
     keys: torch.Tensor
+    selected: torch.Tensor
+    chosen: torch.Tensor
     tokens: torch.Tensor
     store: BlockStore = field(repr=False)
 
@@ -100,6 +104,7 @@ class RetrievalState:
             window_len=self.window_len * keep,
             sink_len=self.sink_len * keep,
             blocks=self.blocks * keep,
+            chosen=self.chosen & keep[:, None],
             tokens=self.tokens * keep,
         )
 
@@ -117,6 +122,11 @@ class _Call:
     new_v: dict[int, torch.Tensor] = field(default_factory=dict)
     selected: torch.Tensor | None = None  # [b, blocks] ids of the blocks read
     selected_valid: torch.Tensor | None = None  # [b, blocks] bool
+    stop_after_select: bool = False  # a first pass that only chooses (`forward`'s reselect)
+
+
+class _Chosen(Exception):
+    """Ends a first pass once the call has chosen its blocks."""
 
 
 _CALL: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
@@ -142,6 +152,9 @@ def retrieval_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     layer = call.layer_of[id(module)]
+    if call.stop_after_select and layer == call.model.select_layer:
+        call.selected, call.selected_valid = call.model.select(call.state, query)
+        raise _Chosen
     call.new_k[layer] = unturn(key, call.cos, call.sin)  # kept before rotary
     call.new_v[layer] = value
     ctx_k, ctx_v, valid = call.model.context(call, layer, query)  # [b, Hkv, P0, d], [b, P0]
@@ -206,7 +219,9 @@ class RetrievalLM(nn.Module):
                 f"the context ({config.context} positions) and a segment ({config.segment_len}) "
                 f"pass the base's {limit} positions: fewer blocks, a shorter window or segment"
             )
-        self.retrieving = list(range(select, self.num_layers)) if config.blocks else []
+        first = select if config.read_from is None else min(config.read_from, select)
+        self.read_from = first
+        self.retrieving = list(range(first, self.num_layers)) if config.blocks else []
         self._layer_of = {id(m): i for i, m in enumerate(self.attentions)}
         base.set_attn_implementation(ATTENTION)
 
@@ -228,6 +243,8 @@ class RetrievalLM(nn.Module):
             sink_len=zeros(batch_size, **count),
             block_ids=zeros(batch_size, 0, **count), blocks=zeros(batch_size, **count),
             keys=zeros(batch_size, 0, H, d, dtype=torch.float16),
+            selected=zeros(batch_size, 0, **count),
+            chosen=zeros(batch_size, 0, dtype=torch.bool),
             tokens=zeros(batch_size, **count),
             store=BlockStore(self.retrieving, H, B, d, c.store_dir),
         )  # fmt: skip
@@ -238,8 +255,14 @@ class RetrievalLM(nn.Module):
         input_ids: torch.Tensor,
         state: RetrievalState | None = None,
         reset: torch.Tensor | None = None,
+        reselect: bool = False,
     ) -> RetrievalOutput:
-        """input_ids [batch, T] of any length (streamed in calls of at most segment_len)."""
+        """input_ids [batch, T] of any length (streamed in calls of at most segment_len).
+
+        reselect: the last call chooses its blocks with its own queries before any block reads
+        them (a first pass of the blocks below `select_layer`; 1.5 calls' cost): for a question
+        whose answer is read next. Otherwise the blocks below `select_layer` read what the
+        previous call chose."""
         vocab = int(self.base.config.vocab_size)
         ids = check_token_ids("input_ids", input_ids, vocab, self._param().device)
         batch = ids.shape[0]
@@ -250,17 +273,31 @@ class RetrievalLM(nn.Module):
         if reset is not None:
             state = state.reset(reset)
         L, logits = self.config.segment_len, []
-        for start in range(0, ids.shape[1], L):
-            out, state = self._call(ids[:, start : start + L], state)
+        starts = range(0, ids.shape[1], L)
+        for start in starts:
+            last = reselect and start == starts[-1]
+            out, state = self._call(ids[:, start : start + L], state, reselect=last)
             logits.append(out)
         return RetrievalOutput(torch.cat(logits, 1), state)
 
-    def _call(self, ids: torch.Tensor, state: RetrievalState) -> tuple[torch.Tensor, object]:
+    def _call(
+        self, ids: torch.Tensor, state: RetrievalState, reselect: bool = False
+    ) -> tuple[torch.Tensor, object]:
         b, T = ids.shape
         P0 = self.config.context
         positions = torch.arange(P0, P0 + T, device=ids.device).expand(b, -1)
         probe = self._param().new_zeros(1, 1, self.head_dim)
         cos, sin = self.rotary(probe, positions)
+        if reselect and self.read_from < self.select_layer and self.config.blocks:
+            first = _Call(self, state, self._layer_of, cos, sin, stop_after_select=True)
+            token = _CALL.set(first)
+            try:
+                self.base(input_ids=ids, position_ids=positions, use_cache=False)
+            except _Chosen:
+                pass
+            finally:
+                _CALL.reset(token)
+            state = replace(state, selected=first.selected, chosen=first.selected_valid)
         call = _Call(self, state, self._layer_of, cos, sin)
         token = _CALL.set(call)
         try:
@@ -283,12 +320,16 @@ class RetrievalLM(nn.Module):
         H, d = self.kv_heads, self.head_dim
         if layer == self.select_layer and R:
             call.selected, call.selected_valid = self.select(s, query)
-        if R and layer >= self.select_layer and call.selected is not None:
-            blocks = s.store.read(layer, call.selected.cpu()).to(dev, s.window_k.dtype)
+        ids, chosen = (
+            (call.selected, call.selected_valid) if layer >= self.select_layer
+            else (s.selected, s.chosen)
+        )  # fmt: skip
+        if R and layer >= self.read_from and ids is not None and ids.shape[1]:
+            blocks = s.store.read(layer, ids.cpu()).to(dev, s.window_k.dtype)
             # [b, k, 2, H, B, d] → [b, H, k·B, d]
             k = blocks[:, :, 0].permute(0, 2, 1, 3, 4).reshape(b, H, -1, d)
             v = blocks[:, :, 1].permute(0, 2, 1, 3, 4).reshape(b, H, -1, d)
-            got = call.selected_valid.repeat_interleave(B, 1)  # [b, k·B]
+            got = chosen.repeat_interleave(B, 1)  # [b, k·B]
             pad = R - k.shape[2]  # right-aligned: the blocks read end next to the window
             parts_k.append(F.pad(k, (0, 0, pad, 0)))
             parts_v.append(F.pad(v, (0, 0, pad, 0)))
@@ -373,7 +414,15 @@ class RetrievalLM(nn.Module):
             window_len=keep.clamp(max=Wc),
             sink_k=sink_k, sink_v=sink_v, sink_len=sink_len,
             block_ids=block_ids, blocks=blocks, keys=keys, tokens=s.tokens + T,
+            **self._carried(call, b),
         )  # fmt: skip
+
+    def _carried(self, call: _Call, b: int) -> dict[str, torch.Tensor]:
+        """The call's choice, for the next call's blocks below `select_layer`."""
+        s = call.state
+        if call.selected is None:  # nothing stored yet: nothing chosen
+            return dict(selected=s.selected[:, :0], chosen=s.chosen[:, :0])
+        return dict(selected=call.selected, chosen=call.selected_valid)
 
     def _fill_sink(self, s, out_k, out_v, to_sink):
         B = self.config.block_size
@@ -425,7 +474,7 @@ class RetrievalLM(nn.Module):
     ) -> tuple[torch.Tensor, RetrievalState]:
         """Continue `prompt` [batch, T]: it is read first (streamed), then one call per new
         token; greedy at temperature 0. Returns the new tokens [batch, n] and the state."""
-        out = self(prompt, state)
+        out = self(prompt, state, reselect=True)
         logits, state = out.logits[:, -1], out.state
         new = []
         for _ in range(max_new_tokens):

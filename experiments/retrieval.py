@@ -1,0 +1,306 @@
+"""Needles in a book: does a memory find the right fact among several like it, and a lone one?
+
+Two tasks in our own wording and filler (the test books), answers written by greedy generation
+(exact: the written tokens are the answer's):
+
+    multikey   RULER's niah_multikey: K needles "One of the special magic numbers for WORD is:
+               NNNNNNN." at random depths, then for each the question "What is the special magic
+               number for WORD mentioned in the provided text? The special magic number for WORD
+               mentioned in the provided text is:" (K − 1 distractors each; K questions per
+               passage, all asked from the same memory of the passage)
+    passkey    one "The pass key is NNNNN. Remember it. NNNNN is the pass key." at a random depth,
+               then "What is the pass key? The pass key is"
+
+Rows (the same passages for every row; each a preset of the retrieval kind but `full`):
+    full       the base alone on the whole passage (only where it fits its positions)
+    window     the base with a KV cache of its last 2,048 tokens
+    streaming  the first 64 tokens and the last 1,984 (StreamingLLM's sink + recent window)
+    retrieval  the first 64, the 16 past blocks of 64 the queries match best, the last 960
+
+    python experiments/retrieval.py --lengths 4096,8192 --passages 5        # cells, resumable
+    python experiments/retrieval.py --render-only
+    python experiments/retrieval.py --quick --out /tmp/r                    # tiny random model
+
+Each (task, row, length) cell is written to OUT/retrieval.cells/TASK-ROW-LENGTH.json as it
+finishes (a cell already there is skipped: a run spread over several sittings fills one table);
+OUT/retrieval.json gathers them and OUT/retrieval.md is rendered from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from inftyformer._measure import default_base_model, machine_info, write_json, write_text
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs"
+WORDS = (
+    "apple river candle garden silver window ladder forest pencil rabbit castle island winter "
+    "mirror violin button desert harbor jacket lemon marble needle orange pepper rocket saddle "
+    "tiger velvet walnut anchor basket copper dragon engine falcon ginger hammer iron jungle "
+    "kettle lantern meadow nickel oyster parrot quartz ribbon spider thunder tunnel umbrella"
+).split()
+NEEDLE = " One of the special magic numbers for {word} is: {number}."
+QUESTION = (
+    " What is the special magic number for {word} mentioned in the provided text? The special "
+    "magic number for {word} mentioned in the provided text is:"
+)
+PASSKEY = " The pass key is {number}. Remember it. {number} is the pass key."
+PASSKEY_QUESTION = " What is the pass key? The pass key is"
+ROWS = ("full", "window", "streaming", "retrieval")
+TASKS = ("multikey", "passkey")
+
+
+def filler_text(data_dir: Path | None) -> str:
+    """The test books of pg19-mini (or the embedded corpus's test book)."""
+    folder = None if data_dir is None else data_dir / "pg19-mini" / "test"
+    if folder is not None and folder.is_dir():
+        return "\n\n".join(p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.txt")))
+    from inftyformer.data.paths import EMBEDDED_CORPUS  # the embedded books
+
+    files = sorted(EMBEDDED_CORPUS.rglob("*.txt"))
+    return "\n\n".join(p.read_text(encoding="utf-8") for p in files)
+
+
+def single_token_words(tokenizer) -> list[str]:
+    return [w for w in WORDS if len(tokenizer.encode(" " + w).ids) == 1]
+
+
+def passages(
+    tokenizer, text: str, length: int, count: int, needles: int, seed: int, task: str = "multikey"
+):
+    """`count` passages of exactly `length` tokens, each with `needles` needles at random depths
+    (passkey: one) and their questions and answers: [(ids [length], [(question, answer ids)])]."""
+    ids = tokenizer.encode(text).ids
+    rng = random.Random(seed * 1_000_003 + length + (7 if task == "passkey" else 0))
+    words = single_token_words(tokenizer)
+    words = words if len(words) >= needles else list(WORDS)  # a small tokenizer: whole words
+    out = []
+    for _ in range(count):
+        if task == "passkey":
+            chosen, numbers = [None], [str(rng.randrange(10**4, 10**5))]
+            inserts = [tokenizer.encode(PASSKEY.format(number=numbers[0])).ids]
+        else:
+            chosen = rng.sample(words, needles)
+            numbers = [str(rng.randrange(10**6, 10**7)) for _ in chosen]
+            inserts = [tokenizer.encode(NEEDLE.format(word=w, number=n)).ids
+                       for w, n in zip(chosen, numbers, strict=True)]  # fmt: skip
+        room = length - sum(len(x) for x in inserts)
+        start = rng.randrange(0, len(ids) - room)
+        filler = ids[start : start + room]
+        depths = sorted(rng.uniform(0.05, 0.95) for _ in inserts)
+        passage, at = [], 0
+        for depth, needle in zip(depths, inserts, strict=True):
+            cut = int(depth * room)
+            passage += filler[at:cut] + needle
+            at = cut
+        passage += filler[at:]
+        ask = lambda w: PASSKEY_QUESTION if w is None else QUESTION.format(word=w)  # noqa: E731
+        questions = [
+            (tokenizer.encode(ask(w)).ids, tokenizer.encode(" " + n).ids)
+            for w, n in zip(chosen, numbers, strict=True)
+        ]
+        out.append((torch.tensor(passage), questions))
+    return out
+
+
+@torch.no_grad()
+def greedy_full(base, cache, question: torch.Tensor, count: int) -> torch.Tensor:
+    """The base's greedy continuation [b, count] of `question` [b, T] after its KV cache."""
+    import copy
+
+    cache, x, new = copy.deepcopy(cache), question, []
+    for _ in range(count):
+        out = base(x, past_key_values=cache, use_cache=True)
+        cache, x = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        new.append(x)
+    return torch.cat(new, 1)
+
+
+@torch.no_grad()
+def run_cell(task: str, row: str, length: int, args, base, tokenizer, text: str) -> dict:
+    """All passages of a cell as one batch; question j of every passage asked together (the
+    questions of a task have one length: the words are one token each)."""
+    from inftyformer.hf.retrieval import RetrievalLM
+    from inftyformer.presets import preset_settings
+
+    data = passages(tokenizer, text, length, args.passages, args.needles, args.seed, task)
+    limit = int(getattr(base.config, "max_position_embeddings", 1 << 30))
+    if row == "full" and length + 64 > limit:
+        return {"skipped": f"the passage does not fit the base's {limit} positions"}
+    start = time.perf_counter()
+    ids = torch.stack([passage for passage, _ in data])  # [passages, length]
+    if row == "full":
+        cache = base(ids, use_cache=True).past_key_values
+    else:
+        model = RetrievalLM(base, **preset_settings(row, "retrieval")).eval()
+        state = model(ids).state
+    samples = []
+    for j in range(len(data[0][1])):
+        rows = [questions[j] for _, questions in data]
+        groups: dict[int, list[int]] = {}  # passages whose question j has one length
+        for i, (question, _) in enumerate(rows):
+            groups.setdefault(len(question), []).append(i)
+        for members in groups.values():
+            question = torch.tensor([rows[i][0] for i in members])
+            count = max(len(rows[i][1]) for i in members)
+            if row == "full":
+                written = greedy_full(base, select_cache(cache, members), question, count)
+            else:
+                written, _ = model.generate(question, count, state=select_state(state, members))
+            for i, new in zip(members, written.tolist(), strict=True):
+                answer = rows[i][1]
+                samples.append({"answer": tokenizer.decode(answer),
+                                "written": tokenizer.decode(new[: len(answer)]),
+                                "exact": new[: len(answer)] == answer})  # fmt: skip
+    if row != "full":
+        state.store.close()
+    n, k = len(samples), sum(s["exact"] for s in samples)
+    return {
+        "exact": k / n, "samples": n, "right": k, "interval": wilson(k, n),
+        "seconds": time.perf_counter() - start, "answers": samples,
+    }  # fmt: skip
+
+
+def select_cache(cache, rows: list[int]):
+    """The base's KV cache of the batch rows `rows` (all: itself)."""
+    import copy
+
+    if rows == list(range(cache.layers[0].keys.shape[0])):
+        return cache
+    out = copy.deepcopy(cache)
+    for layer in out.layers:
+        layer.keys, layer.values = layer.keys[rows], layer.values[rows]
+    return out
+
+
+def select_state(state, rows: list[int]):
+    """The retrieval state of the batch rows `rows` (all: itself)."""
+    import dataclasses
+
+    if rows == list(range(state.batch_size)):
+        return state
+    at = torch.tensor(rows)
+    batch_first = ("window_len", "sink_len", "block_ids", "blocks", "keys", "selected",
+                   "chosen", "tokens")  # fmt: skip
+    changes = {name: getattr(state, name)[at] for name in batch_first}
+    for name in ("window_k", "window_v", "sink_k", "sink_v"):
+        changes[name] = getattr(state, name)[:, at]
+    return dataclasses.replace(state, **changes)
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> list[float]:
+    """The 95% Wilson interval of k successes in n."""
+    if n == 0:
+        return [0.0, 1.0]
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [max(0.0, centre - half), min(1.0, centre + half)]
+
+
+def render(data: dict) -> str:
+    setup = data["setup"]
+    lines = [
+        "# Needles in a book: the right fact among several like it, and a lone one",
+        "",
+        f"Base model `{setup['base_model']}`; passages of the test books, answers written by "
+        "greedy generation (exact: every written token the answer's), share of exact answers "
+        "[95% Wilson interval] (samples). multikey: "
+        f"{setup['needles']} needles per passage, one question per needle (the others its "
+        "distractors); passkey: one pass key per passage. Every row reads at most 2,048 places "
+        "but `full`. Rendered from `retrieval.json` by `experiments/retrieval.py`.",
+    ]
+    for task in TASKS:
+        keys = [k for k in data["cells"] if k.startswith(task + "-")]
+        if not keys:
+            continue
+        lengths = sorted({int(k.rsplit("-", 1)[1]) for k in keys})
+        lines += ["", f"## {task}", "",
+                  "| row | " + " | ".join(f"{n:,} tokens" for n in lengths) + " |",
+                  "|---|" + "---:|" * len(lengths)]  # fmt: skip
+        for row in ROWS:
+            cells = []
+            for n in lengths:
+                cell = data["cells"].get(f"{task}-{row}-{n}")
+                if cell is None:
+                    cells.append("–")
+                elif "skipped" in cell:
+                    cells.append("(beyond its positions)")
+                else:
+                    lo, hi = cell["interval"]
+                    cells.append(f"{cell['exact']:.2f} [{lo:.2f}, {hi:.2f}] ({cell['samples']})")
+            lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    lines += ["", f"Machine: {data['machine'].get('cpu', '?')}", ""]
+    return "\n".join(lines)
+
+
+def quick_model(folder: Path):
+    """A tiny random Llama and its tokenizer, written to `folder` (the --quick run)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_pretrained import write_tiny_model
+
+    words = " ".join(WORDS) + " One of the special magic numbers for is: What pass key 0123456789"
+    return write_tiny_model(folder, corpus=(words,) * 20, max_positions=4096)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--lengths", default="4096,8192")
+    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--passages", type=int, default=5)
+    p.add_argument("--needles", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--base-model", default=None)
+    p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--render-only", action="store_true")
+    p.add_argument("--quick", action="store_true", help="a tiny random model, 1 passage, 2,304")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    cells_dir = out / "retrieval.cells"
+    if args.quick:
+        args.base_model = str(quick_model(out / "quick-model"))
+        args.lengths, args.passages, args.needles = "2304", 1, 2
+    base_dir = args.base_model or default_base_model()
+    if not args.render_only:
+        from tokenizers import Tokenizer
+        from transformers import AutoModelForCausalLM
+
+        tokenizer = Tokenizer.from_file(str(Path(base_dir) / "tokenizer.json"))
+        data_dir = Path(args.data_dir)
+        text = filler_text(data_dir if data_dir.is_dir() and not args.quick else None)
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+        cells_dir.mkdir(parents=True, exist_ok=True)
+        for length in (int(x) for x in args.lengths.split(",")):
+            for task in args.tasks.split(","):
+                for row in args.rows.split(","):
+                    path = cells_dir / f"{task}-{row}-{length}.json"
+                    if path.exists():
+                        continue
+                    cell = run_cell(task, row, length, args, base, tokenizer, text)
+                    write_json(path, cell)
+                    summary = {k: v for k, v in cell.items() if k != "answers"}
+                    print(f"{task} {row} {length}: {summary}", flush=True)
+    cells = {p.stem: json.loads(p.read_text()) for p in sorted(cells_dir.glob("*.json"))}
+    setup = {"base_model": Path(base_dir).name, "needles": args.needles,
+             "passages": args.passages}  # fmt: skip
+    data = {"setup": setup, "cells": cells, "machine": machine_info()}
+    write_json(out / "retrieval.json", data)
+    write_text(out / "retrieval.md", render(data))
+
+
+if __name__ == "__main__":
+    main()
