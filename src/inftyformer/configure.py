@@ -4,7 +4,6 @@ KEY=VALUE` items (later wins). `inftyformer train` calls `build_configs`; nothin
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +40,18 @@ def split_settings(
     out: dict[str, dict[str, str]] = {group: {} for group in GROUPS}
     for item in items:
         if item.strip() in ("help", "list"):  # the whole list, on request
-            typer.echo(f"settings for --set KEY=VALUE (task {task!r}):")
+            from .settings_help import format_settings
+
+            typer.echo(
+                f"settings for --set KEY=VALUE (task {task!r}): name, type, default, meaning"
+            )
+            classes = {"model": model_cls or ModelConfig, "train": TrainConfig,
+                       "task": get_task(task).Config}  # fmt: skip
             for group in GROUPS:
-                names = ", ".join(sorted(keys[group])) or "none"
-                typer.echo(textwrap.fill(names, 100, initial_indent=f"  {group}: ",
-                                         subsequent_indent="    "))  # fmt: skip
+                typer.echo(f"  {group}:")
+                skip = frozenset({"task"}) if group == "train" else frozenset()
+                for line in format_settings(classes[group], skip=skip):
+                    typer.echo(line)
             raise typer.Exit(0)
         key, value = split_assignment(item)
         group, _, name = key.partition(".")

@@ -51,24 +51,24 @@ class ModelConfig(WithLongTerm):
     also go by their own names (`WithLongTerm`): ``ModelConfig(vocab_size=256, num_basis=256)``,
     ``config.replace(tau=0.5)``, ``config.num_basis``."""
 
-    vocab_size: int
-    model_type: str = "infty"
+    vocab_size: int  # tokens the model reads and predicts (the task's or tokenizer's)
+    model_type: str = "infty"  # transformer, xl, compressive or infty (the ∞-former)
     # ---- backbone
-    d_model: int = 128
-    n_layers: int = 3
-    n_heads: int = 4
-    d_ff: int = 512
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    layer_norm_eps: float = 1e-5
-    tie_embeddings: bool = True
+    d_model: int = 128  # width of the residual stream
+    n_layers: int = 3  # transformer blocks
+    n_heads: int = 4  # attention heads (also the memory's H)
+    d_ff: int = 512  # width of the feed-forward layer
+    dropout: float = 0.1  # on residual branches and embeddings
+    attention_dropout: float = 0.0  # on attention probabilities
+    layer_norm_eps: float = 1e-5  # ε of every LayerNorm
+    tie_embeddings: bool = True  # the output projection shares the token embedding
     # ---- segments and short-term (XL) memory
     segment_len: int = 128  # C: the most tokens per call, and the unit in which states leave
     mem_len: int = 128  # m: short-term memory of recent layer inputs (0 for "transformer")
     # ---- compressive memory (Rae et al. 2020)
     compression_rate: int = 4  # c: states per compressed slot (Conv1d kernel = stride = c)
     compressed_len: int = 128  # n_cm: compressed slots kept per layer (oldest dropped)
-    reconstruction_weight: float = 1.0
+    reconstruction_weight: float = 1.0  # weight of the compressive attention-reconstruction loss
     # ---- ∞-former long-term memory (paper §3): N, widths, λ, τ, M, … (`LongTermConfig`; its
     # dim e and heads H are the model's d_model and n_heads, `long_term_config()`)
     use_long_term: bool = True  # False: an "infty" model without long-term memory (= "xl")

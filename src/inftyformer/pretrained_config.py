@@ -69,8 +69,8 @@ class HeadsRead(Strategy):
     kind: ClassVar[str] = "heads"
     heads: ClassVar[bool] = True
 
-    memory_positions: str = "window"
-    token_mass: bool = False
+    memory_positions: str = "window"  # where the places sit for the heads: window, places, ranks
+    token_mass: bool = False  # a place's mass counts the tokens it stands for
 
     def __post_init__(self) -> None:
         if self.memory_positions not in MEMORY_POSITIONS:
@@ -365,10 +365,10 @@ class PretrainedMemoryConfig:
     base_model: str  # directory of a Hugging Face causal LM (config.json, weights, tokenizer)
     memory: bool = True  # False: the base alone, for comparison (attends within its segment)
     freeze_base: bool = False  # train the memory only (an adapter on a frozen model)
-    memory_lr: float = 2.5e-4
+    memory_lr: float = 2.5e-4  # learning rate of the memory's parameters (no weight decay)
     # the density heads w_μ, w_σ (None: memory_lr): at the paper's rate they barely move in a
     # short run (Adam moves a weight by about the learning rate per step), so reads stay flat
-    density_lr: float | None = None
+    density_lr: float | None = None  # learning rate of the density heads; None: memory_lr
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
     vocab_size: int = 0  # read from the base's config.json
 

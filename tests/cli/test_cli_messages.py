@@ -58,7 +58,8 @@ def test_unknown_setting_suggests_the_closest_names_and_lists_all_on_request():
     code, output = run("train", "sorting", "--set", "help")
     assert code == 0
     assert "model:" in output and "num_basis" in output and "warmup_steps" in output
-    assert "task: seq_len" in output and max(len(line) for line in output.splitlines()) <= 100
+    assert "  task:\n    seq_len: int = 512\n        T: symbols before the separator" in output
+    assert max(len(line) for line in output.splitlines()) <= 100
 
 
 def test_evaluate_help_promises_chance_only_where_it_is_printed():

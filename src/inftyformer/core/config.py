@@ -89,11 +89,11 @@ class LongTermConfig:
 
     dim: int | None = None  # e: size of the stored vectors, of the queries and of W^K, W^V
     num_heads: int | None = None  # H (head size d = e / H); None: the model's
-    num_basis: int = 256  # N
-    widths: tuple[float, ...] = (0.01, 0.05)
-    ridge_lambda: float = 1.0  # λ
-    edge_padding: bool = True
-    conv_gate: bool = True
+    num_basis: int = 256  # N: Gaussian basis functions of the memory's signal
+    widths: tuple[float, ...] = (0.01, 0.05)  # Gaussian RBF widths, N/len(widths) functions each
+    ridge_lambda: float = 1.0  # λ: ridge penalty of the fit B = Xᵀ Fᵀ(F Fᵀ + λI)⁻¹
+    edge_padding: bool = True  # centres also past [0, 1]: edges fitted as well
+    conv_gate: bool = True  # smooth the stored states with the small CNN before fitting (§3.3)
     sigma_0: float = 0.05  # σ₀ of the KL prior
     kl_weight: float = 1e-6  # weight of the reads' variance KL (toward σ₀) in the model's loss
     min_sigma_sq: float = 1e-4  # clamp on σ² (1e-6 is unsafe in float32)

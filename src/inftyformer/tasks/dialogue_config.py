@@ -31,9 +31,9 @@ class DialogueConfig(TaskConfig):
     max_reply: int = 64  # reply tokens (end of turn included) scored; room kept in the window
     eval_examples: int | None = 64  # fixed subset of the evaluation split; None: all
     generate: bool = True  # evaluation generates replies (else teacher forcing only)
-    top_p: float = 0.9
+    top_p: float = 0.9  # nucleus sampling: the smallest set of tokens with this mass
     temperature: float = 1.0  # 0: greedy
-    max_new_tokens: int = 50
+    max_new_tokens: int = 50  # the longest generated reply
     seed: int = 0  # the evaluation subset and the sampling
 
     def __post_init__(self) -> None:

@@ -64,32 +64,32 @@ class TrainConfig:
     What the task itself needs (sequence length, data, tokenizer, …) lives in the task's own
     settings (`inftyformer.tasks.Task.Config`)."""
 
-    task: str = "sorting"
-    steps: int = 600
-    batch_size: int = 8
+    task: str = "sorting"  # what to train on: sorting, recall, lm, facts or dialogue
+    steps: int = 600  # optimiser steps
+    batch_size: int = 8  # sequences per micro-batch
     grad_accum: int = 1  # micro-batches per optimiser step
-    lr: float = 1e-3
+    lr: float = 1e-3  # peak AdamW learning rate
     min_lr_ratio: float = 0.1  # the cosine decays to lr * min_lr_ratio
     warmup_steps: int = 50  # linear warm-up from 0, then cosine decay to `steps`
     weight_decay: float = 0.01  # AdamW; never on biases, norms and embeddings
-    beta1: float = 0.9
-    beta2: float = 0.98
-    adam_eps: float = 1e-8
+    beta1: float = 0.9  # AdamW β₁
+    beta2: float = 0.98  # AdamW β₂
+    adam_eps: float = 1e-8  # AdamW ε
     grad_clip: float = 1.0  # max global grad norm; 0 turns clipping off
     eval_every: int = 100  # steps between evaluations on the valid split
     eval_batches: int = 4  # batches of `batch_size` per evaluation
     test_batches: int = 16  # batches of `batch_size` for the final test evaluation
     patience: int = 0  # stop after this many evaluations without improvement; 0 = never
     save_every: int = 0  # steps between `last` checkpoints; 0 = at every evaluation
-    seed: int = 0
+    seed: int = 0  # seeds data order, initialisation and dropout
     device: str = "cpu"  # cpu, cuda, cuda:N, or auto
     # torch intra-op threads; 0 = torch's default (one per core). 1 by default: the models' small
     # kernels gain little from a second thread, and on a CPU whose cores are oversubscribed,
     # multi-threaded torch spins and runs several times slower
-    threads: int = 1
-    out_dir: str = "runs/sorting"
+    threads: int = 1  # torch CPU threads
+    out_dir: str = "runs/sorting"  # where checkpoints, metrics.csv and TensorBoard logs go
     log_every: int = 10  # steps between metric rows (CSV, TensorBoard)
-    tensorboard: bool = True
+    tensorboard: bool = True  # also write TensorBoard event files
     progress: bool = True  # tqdm progress bar
     halt_after: int = 0  # stop (with a checkpoint) once this step is reached; 0 = run to `steps`
 
