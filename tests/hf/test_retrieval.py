@@ -161,3 +161,12 @@ def test_greedy_generation_is_the_argmax_of_the_calls_it_makes():
         assert torch.equal(token, new[:, step : step + 1])
         out = m(token, state=state)
         logits, state = out.logits[:, -1], out.state
+
+
+def test_a_preset_of_the_retrieval_kind_with_settings_on_top():
+    m = model(preset="streaming", window=32, block_size=8)
+    assert (m.config.blocks, m.config.sink_blocks, m.config.window) == (0, 1, 32)
+    with pytest.raises(ValueError, match="unknown retrieval preset 'adapter'"):
+        model(preset="adapter")
+    with pytest.raises(ValueError, match="a config or a preset"):
+        model(config=RetrievalConfig(), preset="retrieval")

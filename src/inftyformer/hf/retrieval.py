@@ -191,8 +191,22 @@ class RetrievalOutput:
 class RetrievalLM(nn.Module):
     """A rotary causal LM reading exact past blocks chosen by its queries (module doc)."""
 
-    def __init__(self, base: PreTrainedModel, config: RetrievalConfig | None = None, **settings):
+    def __init__(
+        self,
+        base: PreTrainedModel,
+        config: RetrievalConfig | None = None,
+        preset: str | None = None,
+        **settings,
+    ):
+        """`config`, or a preset of the retrieval kind (`inftyformer presets`), with `settings`
+        on top: ``RetrievalLM(base, preset="retrieval", store_dir="/tmp/blocks")``."""
         super().__init__()
+        if preset is not None:
+            if config is not None:
+                raise ValueError("give a config or a preset, not both")
+            from ..presets import preset_settings
+
+            config = RetrievalConfig(**preset_settings(preset, "retrieval"))
         config = (config or RetrievalConfig()).replace(**settings)
         adapter = adapter_for(type(base).__name__)
         if not adapter.rotary:
