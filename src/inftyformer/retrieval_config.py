@@ -30,12 +30,13 @@ class RetrievalConfig:
     select_layer: int | None = None  # None: the middle block of the base
     read_from: int | None = None  # None: select_layer (no block below it reads the store)
     score: str = "max"
+    neighbours: int = 0  # each of the best blocks brings this many blocks right after it
     segment_len: int = 256
     store_dir: str | None = None
 
     def __post_init__(self) -> None:
         check_positive_int("block_size", self.block_size)
-        for name in ("blocks", "sink_blocks", "window"):
+        for name in ("blocks", "sink_blocks", "window", "neighbours"):
             check_positive_int(name, getattr(self, name), minimum=0)
         check_positive_int("segment_len", self.segment_len)
         for name in ("select_layer", "read_from"):

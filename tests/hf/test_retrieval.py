@@ -102,6 +102,13 @@ def test_the_blocks_read_are_those_the_queries_match():
     assert 8 in ids[0].tolist() and ids[0].tolist() == sorted(ids[0].tolist())  # in order
     assert valid[0].all()
     assert valid[1].tolist() == [True, False]
+    # with a neighbour each: the best block and the one after it, whatever that one scores
+    two.config = m.config.replace(blocks=2, neighbours=1)
+    keys[:, 0, 0] = 4.0 * torch.nn.functional.normalize(torch.ones(d), dim=0)  # second best
+    two_state = dataclasses.replace(state, keys=keys.half())
+    ids, valid = two.select(two_state, query)
+    assert ids[0].tolist() == [8, 9] and valid[0].all()
+    assert ids[1].tolist()[:1] == [7] and valid[1].tolist() == [True, False]
 
 
 @torch.no_grad()

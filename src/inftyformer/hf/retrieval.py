@@ -382,6 +382,12 @@ class RetrievalLM(nn.Module):
         score = token.view(b, n, B).amax(-1)  # [b, n]
         stored = torch.arange(n, device=dev) < state.blocks[:, None].to(dev)
         score = score.masked_fill(~stored, -math.inf)
+        if c.neighbours:  # the best blocks first, each with the blocks right after it
+            lead = score.topk(max(1, k // (1 + c.neighbours)), dim=1).indices  # [b, k']
+            follow = lead[:, :, None] + torch.arange(c.neighbours + 1, device=dev)  # [b, k', m]
+            follow = follow.flatten(1).clamp(max=n - 1)
+            first = torch.zeros_like(stored).scatter(1, follow, True) & stored
+            score = score.masked_fill(first, math.inf)  # then the next best fill what is left
         top = score.topk(k, dim=1)
         order = top.indices.sort(1).values  # stream order
         valid = torch.gather(stored, 1, order)  # a row with fewer blocks: the rest unread
