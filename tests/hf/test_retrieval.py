@@ -74,6 +74,17 @@ def test_blocks_below_the_select_layer_read_the_last_choice_or_a_reselected_one(
         logits.append(out.logits)
     torch.testing.assert_close(torch.cat(logits, 1), full, rtol=0, atol=1e-4)
     assert state.selected.shape == (2, 2) and state.chosen.all()
+    # keep_choice: the state's choice read in every block, nothing chosen anew: both stored
+    # blocks held as chosen after 40 tokens read as the full context
+    head = None
+    for start in range(0, 40, 8):
+        head = m(ids[:, start : start + 8], state=head, reselect=True).state
+    held = dataclasses.replace(head, selected=head.block_ids[:, :2], chosen=torch.ones(2, 2).bool())
+    out = m(ids[:, 40:], state=held, keep_choice=True)
+    torch.testing.assert_close(out.logits, full[:, 40:], rtol=0, atol=1e-4)
+    assert torch.equal(out.state.selected, held.selected)
+    lagged = m(ids[:, 40:], state=head, keep_choice=True)  # the last call's choice: one block
+    assert (lagged.logits - full[:, 40:]).abs().max() > 1e-3
     assert not state.reset(torch.tensor([True, False])).chosen[0].any()  # a reset row forgets
 
 

@@ -123,6 +123,7 @@ class _Call:
     selected: torch.Tensor | None = None  # [b, blocks] ids of the blocks read
     selected_valid: torch.Tensor | None = None  # [b, blocks] bool
     stop_after_select: bool = False  # a first pass that only chooses (`forward`'s reselect)
+    hold: bool = False  # every block reads the state's choice; nothing chosen (`keep_choice`)
 
 
 class _Chosen(Exception):
@@ -270,13 +271,15 @@ class RetrievalLM(nn.Module):
         state: RetrievalState | None = None,
         reset: torch.Tensor | None = None,
         reselect: bool = False,
+        keep_choice: bool = False,
     ) -> RetrievalOutput:
         """input_ids [batch, T] of any length (streamed in calls of at most segment_len).
 
         reselect: the last call chooses its blocks with its own queries before any block reads
         them (a first pass of the blocks below `select_layer`; 1.5 calls' cost): for a question
         whose answer is read next. Otherwise the blocks below `select_layer` read what the
-        previous call chose."""
+        previous call chose. keep_choice: every call reads, in every block, the blocks the
+        state holds as chosen and chooses none (an answer read with its question's blocks)."""
         vocab = int(self.base.config.vocab_size)
         ids = check_token_ids("input_ids", input_ids, vocab, self._param().device)
         batch = ids.shape[0]
@@ -290,19 +293,21 @@ class RetrievalLM(nn.Module):
         starts = range(0, ids.shape[1], L)
         for start in starts:
             last = reselect and start == starts[-1]
-            out, state = self._call(ids[:, start : start + L], state, reselect=last)
+            out, state = self._call(
+                ids[:, start : start + L], state, reselect=last, hold=keep_choice
+            )
             logits.append(out)
         return RetrievalOutput(torch.cat(logits, 1), state)
 
     def _call(
-        self, ids: torch.Tensor, state: RetrievalState, reselect: bool = False
+        self, ids: torch.Tensor, state: RetrievalState, reselect: bool = False, hold: bool = False
     ) -> tuple[torch.Tensor, object]:
         b, T = ids.shape
         P0 = self.config.context
         positions = torch.arange(P0, P0 + T, device=ids.device).expand(b, -1)
         probe = self._param().new_zeros(1, 1, self.head_dim)
         cos, sin = self.rotary(probe, positions)
-        if reselect and self.read_from < self.select_layer and self.config.blocks:
+        if reselect and not hold and self.read_from < self.select_layer and self.config.blocks:
             first = _Call(self, state, self._layer_of, cos, sin, stop_after_select=True)
             token = _CALL.set(first)
             try:
@@ -312,7 +317,7 @@ class RetrievalLM(nn.Module):
             finally:
                 _CALL.reset(token)
             state = replace(state, selected=first.selected, chosen=first.selected_valid)
-        call = _Call(self, state, self._layer_of, cos, sin)
+        call = _Call(self, state, self._layer_of, cos, sin, hold=hold)
         token = _CALL.set(call)
         try:
             out = self.base(input_ids=ids, position_ids=positions, use_cache=False)
@@ -332,10 +337,10 @@ class RetrievalLM(nn.Module):
         window_valid = torch.arange(Wc, device=dev) >= Wc - s.window_len[:, None]
         parts_k, parts_v = [s.sink_k[layer]], [s.sink_v[layer]]
         H, d = self.kv_heads, self.head_dim
-        if layer == self.select_layer and R:
+        if layer == self.select_layer and R and not call.hold:
             call.selected, call.selected_valid = self.select(s, query)
         ids, chosen = (
-            (call.selected, call.selected_valid) if layer >= self.select_layer
+            (call.selected, call.selected_valid) if layer >= self.select_layer and not call.hold
             else (s.selected, s.chosen)
         )  # fmt: skip
         if R and layer >= self.read_from and ids is not None and ids.shape[1]:
@@ -440,6 +445,8 @@ class RetrievalLM(nn.Module):
     def _carried(self, call: _Call, b: int) -> dict[str, torch.Tensor]:
         """The call's choice, for the next call's blocks below `select_layer`."""
         s = call.state
+        if call.hold:
+            return dict(selected=s.selected, chosen=s.chosen)
         if call.selected is None:  # nothing stored yet: nothing chosen
             return dict(selected=s.selected[:, :0], chosen=s.chosen[:, :0])
         return dict(selected=call.selected, chosen=call.selected_valid)
@@ -491,9 +498,12 @@ class RetrievalLM(nn.Module):
         state: RetrievalState | None = None,
         temperature: float = 0.0,
         generator: torch.Generator | None = None,
+        keep_choice: bool = False,
     ) -> tuple[torch.Tensor, RetrievalState]:
-        """Continue `prompt` [batch, T]: it is read first (streamed), then one call per new
-        token; greedy at temperature 0. Returns the new tokens [batch, n] and the state."""
+        """Continue `prompt` [batch, T]: it is read first (streamed; its last call chooses its
+        blocks first, `reselect`), then one call per new token; greedy at temperature 0.
+        keep_choice: the new tokens read the blocks the prompt's last call chose. Returns the
+        new tokens [batch, n] and the state."""
         out = self(prompt, state, reselect=True)
         logits, state = out.logits[:, -1], out.state
         new = []
@@ -504,7 +514,7 @@ class RetrievalLM(nn.Module):
             else:
                 token = logits.argmax(-1, keepdim=True)
             new.append(token)
-            out = self(token, state)
+            out = self(token, state, keep_choice=keep_choice)
             logits, state = out.logits[:, -1], out.state
         return torch.cat(new, 1), state
 
