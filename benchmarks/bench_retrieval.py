@@ -83,10 +83,10 @@ class Stream:
     @torch.no_grad()
     def step(self, ids: torch.Tensor) -> None:
         if self.row == "full":
-            out = self.base(ids, past_key_values=self.state, use_cache=True)
+            out = self.base(ids, past_key_values=self.state, use_cache=True, logits_to_keep=1)
             self.state = out.past_key_values
         else:
-            self.state = self.model(ids, state=self.state).state
+            self.state = self.model(ids, state=self.state, logits_to_keep=1).state
 
     def close(self) -> None:
         if self.row == "paper":
@@ -164,7 +164,7 @@ def time_generate(args, base) -> dict[str, Any]:
 
     prompt = book_ids(args.base_model, args.prompt, int(base.config.vocab_size))
     model = RetrievalLM(base, **preset_settings("retrieval", "retrieval"))
-    state = model(prompt[:, :-16]).state  # the prompt but its last call, read once
+    state = model(prompt[:, :-16], logits_to_keep=1).state  # the prompt but its last call
     tail, recent = prompt[:, -16:], prompt[:, -2048:]
     new = args.new_tokens
 
@@ -320,7 +320,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     common.write_json(out / f"{name}.json", data)
     plot(data, out / f"{name}.png")
-    common.write_text(out / f"{name}.md", render(data).replace("retrieval_cost", name))
+    page = render(data).replace("retrieval_cost", name)
+    common.write_text(out / f"{name}.md", page + "\n" + common.kept_notes(out / f"{name}.md"))
     print(render(data))
 
 

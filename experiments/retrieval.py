@@ -37,7 +37,13 @@ from pathlib import Path
 
 import torch
 
-from inftyformer._measure import default_base_model, machine_info, write_json, write_text
+from inftyformer._measure import (
+    default_base_model,
+    kept_notes,
+    machine_info,
+    write_json,
+    write_text,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs"
@@ -137,11 +143,11 @@ def run_cell(task: str, row: str, length: int, args, base, tokenizer, text: str)
         return {"skipped": f"the passage does not fit the base's {limit} positions"}
     start = time.perf_counter()
     ids = torch.stack([passage for passage, _ in data])  # [passages, length]
-    if row == "full":
-        cache = base(ids, use_cache=True).past_key_values
+    if row == "full":  # the last token's logits only: all of them are length × vocabulary
+        cache = base(ids, use_cache=True, logits_to_keep=1).past_key_values
     else:
         model = RetrievalLM(base, **preset_settings(row, "retrieval")).eval()
-        state = model(ids).state
+        state = model(ids, logits_to_keep=1).state
     samples = []
     for j in range(len(data[0][1])):
         rows = [questions[j] for _, questions in data]
@@ -299,7 +305,8 @@ def main(argv: list[str] | None = None) -> None:
              "passages": args.passages}  # fmt: skip
     data = {"setup": setup, "cells": cells, "machine": machine_info()}
     write_json(out / "retrieval.json", data)
-    write_text(out / "retrieval.md", render(data))
+    notes = kept_notes(out / "retrieval.md")  # the discussion written between its markers
+    write_text(out / "retrieval.md", render(data) + "\n" + notes + "\n")
 
 
 if __name__ == "__main__":

@@ -188,3 +188,20 @@ def test_a_preset_of_the_retrieval_kind_with_settings_on_top():
         model(preset="adapter")
     with pytest.raises(ValueError, match="a config or a preset"):
         model(config=RetrievalConfig(), preset="retrieval")
+
+
+@torch.no_grad()
+def test_logits_to_keep_gives_the_last_tokens_logits_only():
+    """A long stream's logits are its length × the vocabulary: keep the last few (equal to the
+    same tokens' logits of a run that keeps all), across call boundaries."""
+    ids = tokens(length=40)
+    m = model(block_size=8, blocks=2, sink_blocks=1, window=16, segment_len=8)
+    every = m(ids).logits
+    for keep in (1, 5, 8, 13, 40):
+        last = m(ids, logits_to_keep=keep).logits
+        assert last.shape == (2, keep, V)
+        torch.testing.assert_close(last, every[:, -keep:], rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="logits_to_keep must be ≥ 0"):
+        m(ids, logits_to_keep=-1)
+    with pytest.raises(TypeError, match="logits_to_keep must be an int"):
+        m(ids, logits_to_keep=2.0)

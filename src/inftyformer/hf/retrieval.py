@@ -272,6 +272,7 @@ class RetrievalLM(nn.Module):
         reset: torch.Tensor | None = None,
         reselect: bool = False,
         keep_choice: bool = False,
+        logits_to_keep: int = 0,
     ) -> RetrievalOutput:
         """input_ids [batch, T] of any length (streamed in calls of at most segment_len).
 
@@ -279,7 +280,9 @@ class RetrievalLM(nn.Module):
         them (a first pass of the blocks below `select_layer`; 1.5 calls' cost): for a question
         whose answer is read next. Otherwise the blocks below `select_layer` read what the
         previous call chose. keep_choice: every call reads, in every block, the blocks the
-        state holds as chosen and chooses none (an answer read with its question's blocks)."""
+        state holds as chosen and chooses none (an answer read with its question's blocks).
+        logits_to_keep: the logits of the last so many tokens only (0: all; a long stream's
+        logits are its length × the vocabulary, 12.9 GB at 64K tokens of SmolLM2)."""
         vocab = int(self.base.config.vocab_size)
         ids = check_token_ids("input_ids", input_ids, vocab, self._param().device)
         batch = ids.shape[0]
@@ -289,19 +292,30 @@ class RetrievalLM(nn.Module):
             raise ValueError(f"state has {state.batch_size} rows, input_ids {batch}")
         if reset is not None:
             state = state.reset(reset)
-        L, logits = self.config.segment_len, []
-        starts = range(0, ids.shape[1], L)
+        if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int):
+            raise TypeError(f"logits_to_keep must be an int, got {logits_to_keep!r}")
+        if logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep must be ≥ 0, got {logits_to_keep}")
+        L, n, logits = self.config.segment_len, ids.shape[1], []
+        keep_from = n - logits_to_keep if logits_to_keep else 0  # the first token with logits
+        starts = range(0, n, L)
         for start in starts:
             last = reselect and start == starts[-1]
-            out, state = self._call(
-                ids[:, start : start + L], state, reselect=last, hold=keep_choice
-            )
+            chunk = ids[:, start : start + L]
+            keep = max(0, start + chunk.shape[1] - max(keep_from, start))  # of this call's
+            out, state = self._call(chunk, state, reselect=last, hold=keep_choice, keep=keep)
             logits.append(out)
         return RetrievalOutput(torch.cat(logits, 1), state)
 
     def _call(
-        self, ids: torch.Tensor, state: RetrievalState, reselect: bool = False, hold: bool = False
+        self,
+        ids: torch.Tensor,
+        state: RetrievalState,
+        reselect: bool = False,
+        hold: bool = False,
+        keep: int | None = None,
     ) -> tuple[torch.Tensor, object]:
+        """One call of T ≤ segment_len tokens: the logits of its last `keep` (None: all)."""
         b, T = ids.shape
         P0 = self.config.context
         positions = torch.arange(P0, P0 + T, device=ids.device).expand(b, -1)
@@ -319,11 +333,13 @@ class RetrievalLM(nn.Module):
             state = replace(state, selected=first.selected, chosen=first.selected_valid)
         call = _Call(self, state, self._layer_of, cos, sin, hold=hold)
         token = _CALL.set(call)
-        try:
-            out = self.base(input_ids=ids, position_ids=positions, use_cache=False)
+        wanted = T if keep is None else keep
+        try:  # logits_to_keep = 0 is all of them for the base: ask for one and drop it
+            out = self.base(input_ids=ids, position_ids=positions, use_cache=False,
+                            logits_to_keep=max(wanted, 1))  # fmt: skip
         finally:
             _CALL.reset(token)
-        return out.logits, self._written(call, T)
+        return out.logits[:, out.logits.shape[1] - wanted :], self._written(call, T)
 
     # ------------------------------------------------------------------ the context of a layer
     def context(self, call: _Call, layer: int, query: torch.Tensor):
@@ -504,7 +520,7 @@ class RetrievalLM(nn.Module):
         blocks first, `reselect`), then one call per new token; greedy at temperature 0.
         keep_choice: the new tokens read the blocks the prompt's last call chose. Returns the
         new tokens [batch, n] and the state."""
-        out = self(prompt, state, reselect=True)
+        out = self(prompt, state, reselect=True, logits_to_keep=1)
         logits, state = out.logits[:, -1], out.state
         new = []
         for _ in range(max_new_tokens):
