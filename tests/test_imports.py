@@ -45,12 +45,21 @@ LAYERS = {
         "pretrained_config",
         "retrieval_config",
         "",
-    ],  # fmt: skip
+    ],
     "pretrained": ["hf"],
     # hf.harness writes lm-evaluation-harness tasks over text files: it reads them as data/ does
     "tasks": ["data", "metrics", "tasks", "inspection", "hf.harness"],
     "training": ["training"],
-    "interface": ["cli", "commands", "configure", "errors", "demo", "inspection_plots", "bench"],
+    "interface": [
+        "cli",
+        "commands",
+        "configure",
+        "errors",
+        "demo",
+        "inspection_plots",
+        "bench",
+        "settings_help",
+    ],
 }
 ORDER = list(LAYERS)
 

@@ -46,67 +46,9 @@ from .._checks import check_token_ids
 from ..retrieval_config import RetrievalConfig
 from .adapters import adapter_for
 from .block_store import BlockStore
-from .head_read import rotate_half
+from .retrieval_state import RetrievalState, turn, unturn, written
 
 ATTENTION = "inftyformer_retrieval"
-
-
-def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [b, H, T, d] turned by the rotary angles of its positions (cos, sin [b, T, d])."""
-    return x * cos[:, None] + rotate_half(x) * sin[:, None]
-
-
-def unturn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The inverse of `turn`: x before its rotary positions."""
-    return x * cos[:, None] - rotate_half(x) * sin[:, None]
-
-
-@dataclass
-class RetrievalState:
-    """The memory of a batch of streams (L = the base's blocks, H_kv key/value heads, d).
-
-    window_k, window_v  [L, b, H_kv, W + B − 1, d]  the recent tokens' keys (before rotary)
-                        and values, right-aligned; window_len [b] how many are valid
-    sink_k, sink_v      [L, b, H_kv, S, d]  the stream's first S tokens; sink_len [b]
-    block_ids           [b, n] int64  each row's stored blocks (ids in `store`), oldest first;
-                        blocks [b] how many are valid
-    keys                [b, n · B, H_kv, d] float16  the stored tokens' keys at `select_layer`,
-                        turned to position S (what a call's queries score)
-    selected, chosen    [b, k] int64 / bool  the blocks the last call chose and which are valid
-                        (what the next call's blocks below `select_layer` read)
-    tokens              [b] int64  tokens read since the row's reset
-    store               the blocks' keys and values (shared by the states of one model)
-    """
-
-    window_k: torch.Tensor
-    window_v: torch.Tensor
-    window_len: torch.Tensor
-    sink_k: torch.Tensor
-    sink_v: torch.Tensor
-    sink_len: torch.Tensor
-    block_ids: torch.Tensor
-    blocks: torch.Tensor
-    keys: torch.Tensor
-    selected: torch.Tensor
-    chosen: torch.Tensor
-    tokens: torch.Tensor
-    store: BlockStore = field(repr=False)
-
-    @property
-    def batch_size(self) -> int:
-        return self.tokens.shape[0]
-
-    def reset(self, rows: torch.Tensor) -> RetrievalState:
-        """Clear the rows flagged by the bool mask `rows` [batch] (their document ended)."""
-        keep = ~rows.to(self.tokens.device)
-        return replace(
-            self,
-            window_len=self.window_len * keep,
-            sink_len=self.sink_len * keep,
-            blocks=self.blocks * keep,
-            chosen=self.chosen & keep[:, None],
-            tokens=self.tokens * keep,
-        )
 
 
 @dataclass
@@ -339,7 +281,7 @@ class RetrievalLM(nn.Module):
                             logits_to_keep=max(wanted, 1))  # fmt: skip
         finally:
             _CALL.reset(token)
-        return out.logits[:, out.logits.shape[1] - wanted :], self._written(call, T)
+        return out.logits[:, out.logits.shape[1] - wanted :], written(self, call, T)
 
     # ------------------------------------------------------------------ the context of a layer
     def context(self, call: _Call, layer: int, query: torch.Tensor):
@@ -414,96 +356,6 @@ class RetrievalLM(nn.Module):
         valid = torch.gather(stored, 1, order)  # a row with fewer blocks: the rest unread
         ids = torch.gather(state.block_ids.to(dev), 1, order)
         return torch.where(valid, ids, 0), valid
-
-    # ------------------------------------------------------------------ the state after a call
-    @torch.no_grad()
-    def _written(self, call: _Call, T: int) -> RetrievalState:
-        """The window moves on; its oldest whole blocks go to the sink (the stream's first S
-        tokens), then to the store."""
-        c, s = self.config, call.state
-        B, W, S = c.block_size, c.window, c.sink_blocks * c.block_size
-        L, b, dev = self.num_layers, s.batch_size, s.window_len.device
-        new_k = torch.stack([call.new_k[i] for i in range(L)])  # [L, b, H, T, d]
-        new_v = torch.stack([call.new_v[i] for i in range(L)])
-        wk = torch.cat([s.window_k, new_k.to(s.window_k.dtype)], 3)  # right-aligned
-        wv = torch.cat([s.window_v, new_v.to(s.window_v.dtype)], 3)
-        length = s.window_len + T  # [b]
-        moved = (length - W).clamp(min=0) // B  # whole blocks that leave  [b]
-        width, Wc = wk.shape[3], s.window_k.shape[3]
-        start = width - length  # each row's oldest valid slot
-        M = int(moved.max())
-        sink_k, sink_v, sink_len = s.sink_k, s.sink_v, s.sink_len
-        block_ids, blocks, keys = s.block_ids, s.blocks, s.keys
-        if M:
-            m = torch.arange(M, device=dev)
-            slot = start[:, None, None] + m[None, :, None] * B + torch.arange(B, device=dev)
-            gather = slot.clamp(max=width - 1).reshape(1, b, 1, M * B, 1)
-            gather = gather.expand(L, b, wk.shape[2], M * B, wk.shape[4])
-            out_k = torch.gather(wk, 3, gather).view(L, b, -1, M, B, wk.shape[4])
-            out_v = torch.gather(wv, 3, gather).view(L, b, -1, M, B, wk.shape[4])
-            real = m[None, :] < moved[:, None]  # [b, M]
-            to_sink = real & (sink_len[:, None] // B + m[None, :] < c.sink_blocks)
-            to_store = real & ~to_sink
-            if S:  # blocks that fill the sink, in order
-                sink_k, sink_v, sink_len = self._fill_sink(s, out_k, out_v, to_sink)
-            if bool(to_store.any()):
-                block_ids, blocks, keys = self._store(s, out_k, out_v, to_store)
-        keep = (length - moved * B).clamp(max=width)
-        return replace(
-            s,
-            window_k=wk[:, :, :, -Wc:], window_v=wv[:, :, :, -Wc:],
-            window_len=keep.clamp(max=Wc),
-            sink_k=sink_k, sink_v=sink_v, sink_len=sink_len,
-            block_ids=block_ids, blocks=blocks, keys=keys, tokens=s.tokens + T,
-            **self._carried(call, b),
-        )  # fmt: skip
-
-    def _carried(self, call: _Call, b: int) -> dict[str, torch.Tensor]:
-        """The call's choice, for the next call's blocks below `select_layer`."""
-        s = call.state
-        if call.hold:
-            return dict(selected=s.selected, chosen=s.chosen)
-        if call.selected is None:  # nothing stored yet: nothing chosen
-            return dict(selected=s.selected[:, :0], chosen=s.chosen[:, :0])
-        return dict(selected=call.selected, chosen=call.selected_valid)
-
-    def _fill_sink(self, s, out_k, out_v, to_sink):
-        B = self.config.block_size
-        sink_k, sink_v = s.sink_k.clone(), s.sink_v.clone()
-        first = s.sink_len // B  # each row's next sink block
-        for row, m in to_sink.nonzero().tolist():  # at most sink_blocks per row, ever
-            at = int(first[row]) + m  # the sink takes a row's first moved blocks
-            sink_k[:, row, :, at * B : (at + 1) * B] = out_k[:, row, :, m]
-            sink_v[:, row, :, at * B : (at + 1) * B] = out_v[:, row, :, m]
-        return sink_k, sink_v, s.sink_len + to_sink.sum(1) * B
-
-    def _store(self, s, out_k, out_v, to_store):
-        """Write the blocks leaving for the store (all rows at once) and record them."""
-        rows, ms = to_store.nonzero(as_tuple=True)  # row-major: each row's blocks in order
-        if self.retrieving:
-            pairs = {
-                layer: torch.stack([out_k[layer, rows, :, ms], out_v[layer, rows, :, ms]], 1)
-                for layer in self.retrieving
-            }  # [n, 2, H, B, d]
-            ids = s.store.append(pairs).to(s.blocks.device)
-        else:
-            ids = torch.full(rows.shape, -1, dtype=torch.int64, device=s.blocks.device)
-        per_row = to_store.sum(1)  # [b]
-        n = int((s.blocks + per_row).max())
-        block_ids = F.pad(s.block_ids, (0, n - s.block_ids.shape[1]), value=-1)
-        rank = s.blocks[rows] + (torch.cumsum(to_store, 1) - 1)[rows, ms]
-        block_ids = block_ids.index_put((rows, rank), ids)
-        # the select layer's keys, turned to position S (every stored block at one distance)
-        B, S = self.config.block_size, self.config.sink_blocks * self.config.block_size
-        keys = F.pad(s.keys, (0, 0, 0, 0, 0, n * B - s.keys.shape[1]))
-        if self.retrieving:
-            k = out_k[self.select_layer, rows, :, ms]  # [n', H, B, d]
-            probe = k.new_zeros(1, 1, self.head_dim)
-            cos, sin = self.rotary(probe, torch.full((1, B), S, device=k.device))
-            k = turn(k, cos, sin).transpose(1, 2).to(torch.float16)  # [n', B, H, d]
-            at = rank[:, None] * B + torch.arange(B, device=k.device)  # [n', B]
-            keys = keys.index_put((rows[:, None].expand_as(at), at), k)
-        return block_ids, s.blocks + per_row, keys
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
