@@ -63,8 +63,9 @@ def reference(lm: RetrievalHarnessLM, text: str, count: int) -> list[int]:
     return new[0].tolist()
 
 
-def test_the_name_is_registered_with_lm_eval():
+def test_the_name_is_registered_with_lm_eval_beside_its_own_models():
     assert get_model(NAME) is RetrievalHarnessLM
+    assert get_model("hf").__name__ == "HFLM"  # lm_eval fills only an empty registry
 
 
 def test_generate_until_writes_what_generate_writes_past_the_base_positions(folder):

@@ -28,6 +28,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+# lm_eval's own models listed first: it lists them only into an empty registry
+import lm_eval.models  # noqa: F401
 import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
