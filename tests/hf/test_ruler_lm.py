@@ -20,6 +20,7 @@ from inftyformer.hf.ruler_lm import (  # noqa: E402
     RetrievalHarnessLM,
     cut_at_stops,
     generation_settings,
+    pick_device,
 )
 
 POSITIONS = 64  # the base's; every prompt is longer
@@ -166,3 +167,11 @@ def test_log_likelihood_requests_say_what_to_use_instead(folder):
     lm = harness_lm(folder)
     with pytest.raises(NotImplementedError, match="generation requests only"):
         lm.loglikelihood([request("a")])
+
+
+def test_a_cuda_device_where_there_is_none_is_the_cpu_as_for_lm_eval_hf_model():
+    """lm_eval's command line asks for cuda:0 unless told."""
+    assert pick_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert pick_device("cuda:0") == torch.device("cpu")
+        assert pick_device(None) == torch.device("cpu")

@@ -54,6 +54,15 @@ def cut_at_stops(text: str, stops: list[str]) -> str:
     return text
 
 
+def pick_device(device: str | None) -> torch.device:
+    """`device`, as lm_eval's hf model takes it: none, or a CUDA device where there is none
+    (lm_eval's command line asks for cuda:0 unless told), is CUDA where there is one, else the
+    CPU."""
+    if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
 def generation_settings(gen_kwargs: dict) -> tuple[list[str], int]:
     """(stop strings, max new tokens) of a request; sampling is refused (greedy only)."""
     settings = dict(gen_kwargs)
@@ -112,7 +121,7 @@ class RetrievalHarnessLM(LM):
         # the preset and settings checked before any weight is read
         config = RetrievalConfig(**preset_settings(preset, "retrieval")).replace(**settings)
         base = AutoModelForCausalLM.from_pretrained(str(pretrained), dtype=getattr(torch, dtype))
-        self._device = torch.device(device or "cpu")
+        self._device = pick_device(device)
         self.model = RetrievalLM(base.to(self.device), config).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or pretrained))
         self.eos_id = self.tokenizer.eos_token_id
@@ -200,4 +209,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["NAME", "RetrievalHarnessLM", "cut_at_stops", "generation_settings"]
+__all__ = ["NAME", "RetrievalHarnessLM", "cut_at_stops", "generation_settings", "pick_device"]
