@@ -152,7 +152,8 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
     n = len(answers)
     total = sum(a["score"] for a in answers)
     return {
-        "row": row, "task": name, "length": length, "model": model, "model_args": model_args,
+        "row": row, "task": name, "length": length, "model": model,
+        "model_args": model_args.replace(str(base_dir), "MODEL_DIR"),  # no path of this machine
         "score": total / n, "samples": n, "interval": wilson(total, n),
         "lm_eval_score": result["results"][name][f"{length},none"], "seconds": seconds,
         "lm_eval": lm_eval.__version__, "answers": answers,
@@ -165,12 +166,12 @@ def render(data: dict, notes: str = "") -> str:
         "# RULER through lm-evaluation-harness: the base, a KV cache and retrieval side by side",
         "",
         f"Base model `{setup['base_model']}`; lm_eval {setup['lm_eval']}'s RULER tasks (seed "
-        f"{setup['seed']}), the first {setup['limit']} prompts of each length (the same prompts "
-        "for every row). Each cell: RULER's score (the share of the expected strings found in "
-        "the greedy answer, averaged over prompts) [95% Wilson interval of that share over the "
-        "prompts] (prompts). Lengths in the base's tokens, prompt and answer (lm_eval's "
-        "`max_seq_lengths`). Every row reads at most 2,048 places but `full`. Rendered from "
-        "`ruler.json` by `experiments/ruler.py`.",
+        f"{setup['seed']}), the first {setup['limit']} prompts (at most) of each length (the "
+        "same prompts for every row). Each cell: RULER's score (the share of the expected "
+        "strings found in the greedy answer, averaged over prompts) [95% Wilson interval of "
+        "that share over the prompts] (prompts). Lengths in the base's tokens, prompt and "
+        "answer (lm_eval's `max_seq_lengths`). Every row reads at most 2,048 places but `full`. "
+        "Rendered from `ruler.json` by `experiments/ruler.py`.",
         "",
         "Rows: `full` the base alone (lm_eval's `hf` model); `window` a KV cache of the last "
         "2,048 tokens; `streaming` the first 64 and the last 1,984; `retrieval` the first 64, "
@@ -282,8 +283,11 @@ def main(argv: list[str] | None = None) -> None:
     cells = {p.stem: json.loads(p.read_text()) for p in sorted(cells_dir.glob("*.json"))}
     import lm_eval
 
-    setup = {"base_model": Path(base_dir).name, "limit": args.limit, "seed": args.seed,
-             "lengths": args.lengths, "lm_eval": lm_eval.__version__,
+    run = [c for c in cells.values() if "samples" in c]  # what the cells hold, not this call
+    lengths = sorted({c["length"] for c in run}) or [int(x) for x in args.lengths.split(",")]
+    setup = {"base_model": Path(base_dir).name, "seed": args.seed,
+             "limit": max((c["samples"] for c in run), default=args.limit),
+             "lengths": ",".join(map(str, lengths)), "lm_eval": lm_eval.__version__,
              "quick": args.quick}  # fmt: skip
     data = {"setup": setup, "cells": cells, "machine": machine_info()}
     write_json(out / "ruler.json", data)
