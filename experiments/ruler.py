@@ -60,6 +60,17 @@ LEFT_OUT = {
     "ruler_qa_squad": "the documents and questions are SQuAD v2's, downloaded at run time",
     "ruler_qa_hotpot": "the documents and questions are HotpotQA's, downloaded at run time",
 }
+BOOKS = (
+    "A haystack from the embedded books instead of the essays would need no change to lm_eval: "
+    "a task folder for `--include_path` whose task includes lm_eval's `niah_single_1.yaml` and "
+    "makes its data by lm_eval's own generator (`prepare_niah.generate_samples`, "
+    '`type_haystack="essay"`) from the books\' words. That generator, though, splits the '
+    "haystack into sentences with nltk's punkt_tab, which nltk's downloader fetches at run time "
+    "(Debian packages no copy): offline it stops with a LookupError, so no essay-haystack task "
+    "is run here. (lm_eval's RULER code also asks nltk's downloader for punkt_tab when it is "
+    "imported; offline nltk prints the failure, lm_eval then prints \"Downloaded punkt_tab\", "
+    "and the tasks run here never use it.)"
+)
 WHAT = {
     "niah_single_1": "one needle (word → 7-digit number) in a repeated filler of 5 sentences",
     "niah_multikey_2": "one needle among lines that are all needles of other keys",
@@ -205,6 +216,7 @@ def render(data: dict, notes: str = "") -> str:
     for why in dict.fromkeys(LEFT_OUT.values()):  # one line per reason
         names = ", ".join(f"`{t}`" for t, w in LEFT_OUT.items() if w == why)
         lines.append(f"- {names}: {why}")
+    lines += ["", BOOKS]
     lines += ["", "Commands:", "", "```",
               f"python experiments/ruler.py --lengths {setup['lengths']} --limit {setup['limit']}"
               + (" --quick" if setup.get("quick") else ""),

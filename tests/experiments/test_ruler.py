@@ -38,6 +38,7 @@ def test_the_page_renders_each_cell_from_the_json():
     assert "## niah_multikey_2" not in page  # no cell of it
     assert page.index("## niah_single_1") < page.index("## ruler_vt") < page.index("NOTES")
     assert "`niah_single_2`, `niah_single_3`, `niah_multikey_1`" in page  # left out, one reason
+    assert "embedded books" in page and "punkt_tab" in page  # why not a haystack of our own
 
 
 def test_rows_are_the_models_they_name(tmp_path):
