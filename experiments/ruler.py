@@ -68,7 +68,7 @@ BOOKS = (
     "haystack into sentences with nltk's punkt_tab, which nltk's downloader fetches at run time "
     "(Debian packages no copy): offline it stops with a LookupError, so no essay-haystack task "
     "is run here. (lm_eval's RULER code also asks nltk's downloader for punkt_tab when it is "
-    "imported; offline nltk prints the failure, lm_eval then prints \"Downloaded punkt_tab\", "
+    'imported; offline nltk prints the failure, lm_eval then prints "Downloaded punkt_tab", '
     "and the tasks run here never use it.)"
 )
 WHAT = {
@@ -278,6 +278,7 @@ def main(argv: list[str] | None = None) -> None:
         args.base_model = str(quick_model(out / "quick-model"))
         args.lengths, args.limit = "3072", 2
     base_dir = args.base_model or default_base_model()
+    ran = False  # a cell run by this call: the machine is this one, else the last run's
     if not args.render_only:
         cells_dir.mkdir(parents=True, exist_ok=True)
         for length in (int(x) for x in args.lengths.split(",")):
@@ -289,6 +290,7 @@ def main(argv: list[str] | None = None) -> None:
                         continue
                     made = made or ruler_task(task, length, base_dir, args.seed)
                     cell = run_cell(row, made, length, args, base_dir)
+                    ran = True
                     write_json(path, cell)
                     summary = {k: v for k, v in cell.items() if k not in ("answers", "model_args")}
                     print(f"{row} {task} {length}: {summary}", flush=True)
@@ -301,7 +303,11 @@ def main(argv: list[str] | None = None) -> None:
              "limit": max((c["samples"] for c in run), default=args.limit),
              "lengths": ",".join(map(str, lengths)), "lm_eval": lm_eval.__version__,
              "quick": args.quick}  # fmt: skip
-    data = {"setup": setup, "cells": cells, "machine": machine_info()}
+    last = out / "ruler.json"
+    machine = (
+        machine_info() if ran or not last.exists() else json.loads(last.read_text())["machine"]
+    )
+    data = {"setup": setup, "cells": cells, "machine": machine}
     write_json(out / "ruler.json", data)
     write_text(out / "ruler.md", render(data, kept_notes(out / "ruler.md")))
 
