@@ -271,6 +271,8 @@ def main(argv: list[str] | None = None) -> None:
             if x not in known:
                 why = f" ({LEFT_OUT[x]})" if x in LEFT_OUT else ""
                 p.error(f"unknown {name} {x!r}{why}; known: {', '.join(known)}")
+    if args.quick and Path(args.out).resolve() == OUT.resolve():
+        p.error("--quick needs an --out of its own (its tiny model's cells are not docs/'s)")
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     cells_dir = out / "ruler.cells"

@@ -69,6 +69,9 @@ def test_a_task_that_needs_a_download_is_refused_with_the_reason(tmp_path, capsy
     with pytest.raises(SystemExit):
         rr.main(["--rows", "paper", "--out", str(tmp_path), "--render-only"])
     assert "unknown row 'paper'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        rr.main(["--quick"])  # the tiny model's cells would land among docs/'s
+    assert "--quick needs an --out of its own" in capsys.readouterr().err
 
 
 @pytest.mark.slow
