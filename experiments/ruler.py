@@ -1,0 +1,318 @@
+"""RULER through lm-evaluation-harness: the base with its full context beside the retrieval-kind
+presets, on lm_eval's own `ruler` tasks that run offline.
+
+Rows (the same prompts for every row: lm_eval makes them from its seeds and the base's tokenizer):
+    full       the base alone, lm_eval's `hf` model (only where the length fits its positions)
+    window     the base with a KV cache of its last 2,048 tokens  (lm_eval model
+    streaming  the first 64 tokens and the last 1,984               "inftyformer-retrieval",
+    retrieval  the first 64, the 16 past blocks of 64 its queries   `inftyformer.hf.ruler_lm`)
+               match best and the last 960
+
+Tasks: lm_eval's RULER tasks whose data is made here without a download (`OFFLINE`); those left
+out and why: `LEFT_OUT`. Lengths: lm_eval's `max_seq_lengths` metadata (prompt and the
+answer's tokens, in the base's tokens); one length per lm_eval run, so that `--limit` takes
+that many prompts of it.
+
+    python experiments/ruler.py --lengths 4096,8192 --limit 25           # cells, resumable
+    python experiments/ruler.py --render-only
+    python experiments/ruler.py --quick --out /tmp/r                     # tiny random model
+
+Each (row, task, length) cell is written to OUT/ruler.cells/ROW-TASK-LENGTH.json as it finishes
+(a cell already there is skipped); OUT/ruler.json gathers them and OUT/ruler.md is rendered from
+it: RULER's score (the share of the expected strings in the answer, averaged over prompts) with
+the 95% Wilson interval of that share over the prompts, and the prompt count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from retrieval import wilson
+
+from inftyformer._measure import (
+    default_base_model,
+    kept_notes,
+    machine_info,
+    write_json,
+    write_text,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs"
+ROWS = ("full", "window", "streaming", "retrieval")
+TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt")
+OFFLINE = (*TASKS, "ruler_cwe", "ruler_fwe")
+ESSAYS = (
+    "the haystack is Paul Graham's essays, a Hugging Face Hub data set "
+    "(baber/paul_graham_essays) loaded at run time, split into sentences by nltk's punkt_tab, "
+    "itself downloaded at run time"
+)
+LEFT_OUT = {
+    "niah_single_2": ESSAYS,
+    "niah_single_3": ESSAYS,
+    "niah_multikey_1": ESSAYS,
+    "niah_multiquery": ESSAYS,
+    "niah_multivalue": ESSAYS,
+    "ruler_qa_squad": "the documents and questions are SQuAD v2's, downloaded at run time",
+    "ruler_qa_hotpot": "the documents and questions are HotpotQA's, downloaded at run time",
+}
+BOOKS = (
+    "A haystack from the embedded books instead of the essays would need no change to lm_eval: "
+    "a task folder for `--include_path` whose task includes lm_eval's `niah_single_1.yaml` and "
+    "makes its data by lm_eval's own generator (`prepare_niah.generate_samples`, "
+    '`type_haystack="essay"`) from the books\' words. That generator, though, splits the '
+    "haystack into sentences with nltk's punkt_tab, which nltk's downloader fetches at run time "
+    "(Debian packages no copy): offline it stops with a LookupError, so no essay-haystack task "
+    "is run here. (lm_eval's RULER code also asks nltk's downloader for punkt_tab when it is "
+    'imported; offline nltk prints the failure, lm_eval then prints "Downloaded punkt_tab", '
+    "and the tasks run here never use it.)"
+)
+WHAT = {
+    "niah_single_1": "one needle (word → 7-digit number) in a repeated filler of 5 sentences",
+    "niah_multikey_2": "one needle among lines that are all needles of other keys",
+    "niah_multikey_3": "as niah_multikey_2, keys and values UUIDs",
+    "ruler_vt": "variable tracking: the 5 variables of a chain of assignments in a filler",
+    "ruler_cwe": "common words: the 10 most frequent words of a numbered list",
+    "ruler_fwe": "frequent words: the 3 most frequent coded words of a text",
+}
+QUICK_CORPUS = (
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+    "A special magic number is hidden within the following text. Make sure to memorize it. I "
+    "will quiz you about the number afterwards. One of the special magic numbers for is: What "
+    "is mentioned in the provided text? 0123456789 Memorize and track the chain(s) of variable "
+    "assignment hidden in the following text. VAR ABCDEFGHIJKLMNOPQRSTUVWXYZ = Question: Find "
+    "all variables that are assigned the value in the text above. Answer: According to the "
+    "chain(s) of variable assignment in the text above, variables are assgined the value, they "
+    "are: abcdefghijklmnopqrstuvwxyz-"
+)
+
+
+def base_positions(base_dir: str | Path) -> int:
+    config = json.loads((Path(base_dir) / "config.json").read_text())
+    return int(config.get("max_position_embeddings") or 1 << 30)
+
+
+def model_of(row: str, base_dir: str) -> tuple[str, str]:
+    """lm_eval's model name and model_args for `row`."""
+    from inftyformer.hf.harness import check_model_dir
+
+    folder = check_model_dir(base_dir)
+    if row == "full":  # lm_eval's hf model, every position of the base
+        return "hf", f"pretrained={folder},dtype=float32,max_length={base_positions(folder)}"
+    import inftyformer.hf.ruler_lm as ruler_lm  # registers the model with lm_eval
+
+    return ruler_lm.NAME, f"pretrained={folder},preset={row}"
+
+
+def ruler_task(task: str, length: int, base_dir: str, seed: int):
+    """lm_eval's `task` with its prompts of `length` made (500, as lm_eval makes them) from the
+    seed and the base's tokenizer: made once, evaluated by every row."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)  # the seeds lm_eval sets before it makes a task's data
+    np.random.seed(seed)  # noqa: NPY002  (lm_eval's ruler_vt draws from numpy's global state)
+    torch.manual_seed(seed)
+    metadata = {"pretrained": str(base_dir), "max_seq_lengths": [length]}
+    return ruler_tasks(metadata).load([task])["tasks"][task]
+
+
+def ruler_tasks(metadata: dict | None = None):
+    """lm_eval's task manager over its ruler folder alone (indexing all of lm_eval's tasks takes
+    seconds, each time)."""
+    import lm_eval.tasks
+    from lm_eval.tasks import TaskManager
+
+    folder = Path(lm_eval.tasks.__file__).parent / "ruler"
+    return TaskManager(include_path=str(folder), include_defaults=False, metadata=metadata)
+
+
+def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
+    """One lm_eval run of `row` on `task` (`ruler_task`), the first `args.limit` prompts,
+    scored per prompt."""
+    import lm_eval
+
+    limit = base_positions(base_dir)
+    if row == "full" and length > limit:
+        return {"skipped": f"the prompts do not fit the base's {limit} positions"}
+    model, model_args = model_of(row, base_dir)
+    name = task.config.task
+    start = time.perf_counter()
+    result = lm_eval.simple_evaluate(
+        model=model, model_args=model_args, tasks=[task], limit=args.limit,
+        batch_size=args.batch_size, device="cpu", log_samples=True, bootstrap_iters=0,
+        task_manager=ruler_tasks(),
+        random_seed=args.seed, numpy_random_seed=args.seed, torch_random_seed=args.seed,
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    answers = [
+        {
+            "expected": s["doc"]["outputs"],
+            "written": s["filtered_resps"][0],
+            "score": float(s[str(length)]),
+            "ruler_length": s["doc"]["length"],
+            "prompt_hash": s["prompt_hash"],
+        }  # fmt: skip
+        for s in result["samples"][name]
+    ]
+    n = len(answers)
+    total = sum(a["score"] for a in answers)
+    return {
+        "row": row, "task": name, "length": length, "model": model,
+        "model_args": model_args.replace(str(base_dir), "MODEL_DIR"),  # no path of this machine
+        "score": total / n, "samples": n, "interval": wilson(total, n),
+        "lm_eval_score": result["results"][name][f"{length},none"], "seconds": seconds,
+        "lm_eval": lm_eval.__version__, "answers": answers,
+    }  # fmt: skip
+
+
+def render(data: dict, notes: str = "") -> str:
+    setup = data["setup"]
+    lines = [
+        "# RULER through lm-evaluation-harness: the base, a KV cache and retrieval side by side",
+        "",
+        f"Base model `{setup['base_model']}`; lm_eval {setup['lm_eval']}'s RULER tasks (seed "
+        f"{setup['seed']}), the first {setup['limit']} prompts (at most) of each length (the "
+        "same prompts for every row). Each cell: RULER's score (the share of the expected "
+        "strings found in the greedy answer, averaged over prompts) [95% Wilson interval of "
+        "that share over the prompts] (prompts). Lengths in the base's tokens, prompt and "
+        "answer (lm_eval's `max_seq_lengths`). Every row reads at most 2,048 places but `full`. "
+        "Rendered from `ruler.json` by `experiments/ruler.py`.",
+        "",
+        "Rows: `full` the base alone (lm_eval's `hf` model); `window` a KV cache of the last "
+        "2,048 tokens; `streaming` the first 64 and the last 1,984; `retrieval` the first 64, "
+        "the 16 past blocks of 64 its queries match best and the last 960 (lm_eval model "
+        "`inftyformer-retrieval`, `inftyformer.hf.ruler_lm`).",
+    ]
+    for task in OFFLINE:
+        keys = [k for k in data["cells"] if k.split("-", 1)[1].rsplit("-", 1)[0] == task]
+        if not keys:
+            continue
+        lengths = sorted({int(k.rsplit("-", 1)[1]) for k in keys})
+        lines += ["", f"## {task}", "", WHAT[task] + ".", "",
+                  "| row | " + " | ".join(f"{n:,} tokens" for n in lengths) + " |",
+                  "|---|" + "---:|" * len(lengths)]  # fmt: skip
+        for row in ROWS:
+            cells = []
+            for n in lengths:
+                cell = data["cells"].get(f"{row}-{task}-{n}")
+                if cell is None:
+                    cells.append("–")
+                elif "skipped" in cell:
+                    cells.append("(beyond its positions)")
+                else:
+                    lo, hi = cell["interval"]
+                    cells.append(f"{cell['score']:.2f} [{lo:.2f}, {hi:.2f}] ({cell['samples']})")
+            lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    lines += ["", "## What runs offline", "",
+              "Run here (data made by lm_eval from its seeds and the base's tokenizer, nothing "
+              "downloaded): " + ", ".join(f"`{t}`" for t in OFFLINE) + ".", "",
+              "Left out:"]  # fmt: skip
+    for why in dict.fromkeys(LEFT_OUT.values()):  # one line per reason
+        names = ", ".join(f"`{t}`" for t, w in LEFT_OUT.items() if w == why)
+        lines.append(f"- {names}: {why}")
+    lines += ["", BOOKS]
+    lines += ["", "Commands:", "", "```",
+              f"python experiments/ruler.py --lengths {setup['lengths']} --limit {setup['limit']}"
+              + (" --quick" if setup.get("quick") else ""),
+              "python -m inftyformer.hf.ruler_lm run --model inftyformer-retrieval \\",
+              "    --model_args pretrained=MODEL_DIR,preset=retrieval --tasks niah_single_1 \\",
+              "    --metadata '{\"max_seq_lengths\": [4096]}' --limit 5",
+              "```", "", f"Machine: {data['machine'].get('cpu', '?')}", ""]  # fmt: skip
+    if notes:
+        lines += [notes, ""]
+    return "\n".join(lines)
+
+
+def quick_model(folder: Path) -> Path:
+    """A tiny random Llama of 4,096 positions and its tokenizer (with an end-of-sequence token,
+    as lm_eval's hf model needs), written to `folder` (the --quick run)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_pretrained import write_tiny_model
+
+    path = write_tiny_model(
+        folder, corpus=(QUICK_CORPUS,) * 20, vocab_size=1000, max_positions=4096
+    )
+    settings = {"eos_token": "<|endoftext|>"}
+    (path / "tokenizer_config.json").write_text(json.dumps(settings), encoding="utf-8")
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--tasks", help=f"of {', '.join(OFFLINE)} (default {', '.join(TASKS)})")
+    p.add_argument("--lengths", default="4096,8192")
+    p.add_argument("--limit", type=int, default=25, help="prompts per task and length")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--base-model", default=None)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--render-only", action="store_true")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny random model, 2 prompts of 3,072 tokens, "
+        "niah_single_1 unless --tasks (its tokenizer is weak: lm_eval spins on ruler_vt's)",
+    )
+    args = p.parse_args(argv)
+    quick_tasks = "niah_single_1" if args.quick else ",".join(TASKS)
+    rows, tasks = args.rows.split(","), (args.tasks or quick_tasks).split(",")
+    for name, given, known in (("row", rows, ROWS), ("task", tasks, OFFLINE)):
+        for x in given:
+            if x not in known:
+                why = f" ({LEFT_OUT[x]})" if x in LEFT_OUT else ""
+                p.error(f"unknown {name} {x!r}{why}; known: {', '.join(known)}")
+    if args.quick and Path(args.out).resolve() == OUT.resolve():
+        p.error("--quick needs an --out of its own (its tiny model's cells are not docs/'s)")
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    cells_dir = out / "ruler.cells"
+    if args.quick:
+        args.base_model = str(quick_model(out / "quick-model"))
+        args.lengths, args.limit = "3072", 2
+    base_dir = args.base_model or default_base_model()
+    ran = False  # a cell run by this call: the machine is this one, else the last run's
+    if not args.render_only:
+        cells_dir.mkdir(parents=True, exist_ok=True)
+        for length in (int(x) for x in args.lengths.split(",")):
+            for task in tasks:
+                made = None
+                for row in rows:
+                    path = cells_dir / f"{row}-{task}-{length}.json"
+                    if path.exists():
+                        continue
+                    made = made or ruler_task(task, length, base_dir, args.seed)
+                    cell = run_cell(row, made, length, args, base_dir)
+                    ran = True
+                    write_json(path, cell)
+                    summary = {k: v for k, v in cell.items() if k not in ("answers", "model_args")}
+                    print(f"{row} {task} {length}: {summary}", flush=True)
+    cells = {p.stem: json.loads(p.read_text()) for p in sorted(cells_dir.glob("*.json"))}
+    import lm_eval
+
+    run = [c for c in cells.values() if "samples" in c]  # what the cells hold, not this call
+    lengths = sorted({c["length"] for c in run}) or [int(x) for x in args.lengths.split(",")]
+    setup = {"base_model": Path(base_dir).name, "seed": args.seed,
+             "limit": max((c["samples"] for c in run), default=args.limit),
+             "lengths": ",".join(map(str, lengths)), "lm_eval": lm_eval.__version__,
+             "quick": args.quick}  # fmt: skip
+    last = out / "ruler.json"
+    machine = (
+        machine_info() if ran or not last.exists() else json.loads(last.read_text())["machine"]
+    )
+    data = {"setup": setup, "cells": cells, "machine": machine}
+    write_json(out / "ruler.json", data)
+    write_text(out / "ruler.md", render(data, kept_notes(out / "ruler.md")))
+
+
+if __name__ == "__main__":
+    main()

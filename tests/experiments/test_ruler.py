@@ -1,0 +1,93 @@
+"""experiments/ruler.py: each row is the lm_eval model it names, a row beyond the base's positions
+is skipped, the page renders every cell from the JSON (RULER's score, Wilson interval, prompts),
+tasks that need a download are refused with the reason; the quick run fills every cell on the
+same prompts for every row and resumes.
+
+Needs the extra `inftyformer[eval]` (lm-eval 0.4.x); CI installs it."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+import ruler as rr  # noqa: E402
+
+
+def cell(score: float, n: int) -> dict:
+    return {"score": score, "samples": n, "interval": rr.wilson(score * n, n)}
+
+
+def test_the_page_renders_each_cell_from_the_json():
+    cells = {
+        "full-niah_single_1-4096": cell(0.6, 25),
+        "full-niah_single_1-16384": {"skipped": "beyond"},
+        "retrieval-niah_single_1-16384": cell(0.4, 25),
+        "window-ruler_vt-4096": cell(0.5, 10),  # vt: a share of 5 variables per prompt
+    }
+    data = {
+        "setup": {"base_model": "m", "limit": 25, "seed": 0, "lengths": "4096,16384",
+                  "lm_eval": "0.4.13"},
+        "cells": cells, "machine": {"cpu": "c"},
+    }  # fmt: skip
+    page = rr.render(data, "NOTES")
+    assert "| full | 0.60 [0.41, 0.77] (25) | (beyond its positions) |" in page
+    assert "| retrieval | – | 0.40 [0.23, 0.59] (25) |" in page
+    assert "| window | 0.50 [0.24, 0.76] (10) |" in page  # one length: the vt table's own
+    assert "## niah_multikey_2" not in page  # no cell of it
+    assert page.index("## niah_single_1") < page.index("## ruler_vt") < page.index("NOTES")
+    assert "`niah_single_2`, `niah_single_3`, `niah_multikey_1`" in page  # left out, one reason
+    assert "embedded books" in page and "punkt_tab" in page  # why not a haystack of our own
+
+
+def test_rows_are_the_models_they_name(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    assert rr.model_of("full", str(tmp_path)) == (
+        "hf", f"pretrained={tmp_path},dtype=float32,max_length=8192"
+    )  # fmt: skip
+    for row in ("window", "streaming", "retrieval"):
+        assert rr.model_of(row, str(tmp_path)) == (
+            "inftyformer-retrieval", f"pretrained={tmp_path},preset={row}"
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="cannot be passed in lm_eval's --model_args"):
+        rr.model_of("retrieval", str(tmp_path / "a,b"))
+
+
+def test_the_full_row_beyond_the_base_positions_is_skipped_without_a_run(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    args = SimpleNamespace(limit=1, seed=0, batch_size=1)
+    out = rr.run_cell("full", None, 16384, args, str(tmp_path))
+    assert out == {"skipped": "the prompts do not fit the base's 8192 positions"}
+
+
+def test_a_task_that_needs_a_download_is_refused_with_the_reason(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        rr.main(["--tasks", "niah_single_2", "--out", str(tmp_path), "--render-only"])
+    err = capsys.readouterr().err
+    assert "unknown task 'niah_single_2'" in err and "Paul Graham's essays" in err
+    with pytest.raises(SystemExit):
+        rr.main(["--rows", "paper", "--out", str(tmp_path), "--render-only"])
+    assert "unknown row 'paper'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        rr.main(["--quick"])  # the tiny model's cells would land among docs/'s
+    assert "--quick needs an --out of its own" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_quick_run_fills_every_cell_on_the_same_prompts_and_resumes(tmp_path):
+    pytest.importorskip("wonderwords")  # lm_eval's ruler extra: RULER's data needs it
+    rr.main(["--quick", "--out", str(tmp_path), "--threads", "1"])
+    data = json.loads((tmp_path / "ruler.json").read_text())
+    assert sorted(data["cells"]) == sorted(f"{row}-niah_single_1-3072" for row in rr.ROWS)
+    prompts = {tuple(a["prompt_hash"] for a in c["answers"]) for c in data["cells"].values()}
+    assert len(prompts) == 1 and len(next(iter(prompts))) == 2  # every row: the same 2 prompts
+    for c in data["cells"].values():
+        assert c["samples"] == 2 and c["score"] == pytest.approx(c["lm_eval_score"])
+        assert all(len(a["expected"]) == 1 and a["ruler_length"] <= 3072 for a in c["answers"])
+        assert c["model_args"].startswith("pretrained=MODEL_DIR,")  # no path of the machine
+    path = tmp_path / "ruler.cells" / "retrieval-niah_single_1-3072.json"
+    stamp = path.stat().st_mtime_ns
+    rr.main(["--quick", "--out", str(tmp_path), "--threads", "1"])  # everything there: skipped
+    assert path.stat().st_mtime_ns == stamp
+    assert "## niah_single_1" in (tmp_path / "ruler.md").read_text()
