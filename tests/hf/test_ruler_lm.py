@@ -109,8 +109,8 @@ def test_generation_stops_at_a_stop_string_and_cuts_it_off(folder):
     lm.model.forward = lambda ids, *a, **kw: calls.append(ids.shape[1]) or forward(ids, *a, **kw)
     (text,) = lm.generate_until([request(prompt, until=[stop], max_gen_toks=16)])
     assert text == full.split(stop, 1)[0]
-    prompt_calls = -(-len(lm.encode(prompt)) // 8)  # segment_len 8
-    assert len(calls) - prompt_calls == first - 1  # one call per token written after the first
+    assert calls[0] == len(lm.encode(prompt))  # the prompt in one forward (streamed inside)
+    assert len(calls) - 1 == first - 1  # then one call per token written after the first
     assert first <= k + 1 < 16
 
 

@@ -159,13 +159,11 @@ class RetrievalHarnessLM(LM):
     def continue_greedily(self, ids: torch.Tensor, stops: list[str], count: int) -> list[str]:
         """The greedy continuations of the prompts `ids` [b, T], each up to its first stop
         string or end-of-sequence token, at most `count` tokens."""
-        model, L = self.model, self.model.config.segment_len
+        model = self.model
         state = model.init_state(ids.shape[0])
-        try:
-            starts = range(0, ids.shape[1], L)
-            for start in starts:  # the prompt in RetrievalLM.forward's calls, last logits kept
-                out = model(ids[:, start : start + L], state, reselect=start == starts[-1])
-                logits, state = out.logits[:, -1], out.state
+        try:  # the prompt streamed, its last call choosing first, the last logits kept
+            out = model(ids, state, reselect=True, logits_to_keep=1)
+            logits, state = out.logits[:, -1], out.state
             written = [[] for _ in range(ids.shape[0])]
             done = [False] * ids.shape[0]
             for step in range(count):
