@@ -20,7 +20,7 @@ base with a KV cache of its last 2,048 tokens) in the same rounds. Rows:
     paper        the ∞-former's continuous memory added to the base (`paper-gpt2` preset,
                  untrained: cost only; to `--full-limit` tokens)
 
-Memory: each of the window, streaming and retrieval rows streams alone in a fresh process to the
+Memory: the window and retrieval rows each stream alone in a fresh process to the
 longest of `--memory-lengths`, its resident memory (VmRSS) recorded at every length; retrieval's
 blocks on disk are reported beside it (bytes per token).
 
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
                 "threads": args.threads,
             },
         )  # fmt: skip
-        for row in ("window", "streaming", "retrieval")
+        for row in ("window", "retrieval")
     }
     out = Path(args.out)
     common.write_json(out / f"{name}.json", data)

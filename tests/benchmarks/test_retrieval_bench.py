@@ -37,6 +37,6 @@ def test_a_tiny_run_writes_json_page_and_plot(tmp_path):
     br.main(["--tiny", "--out", str(tmp_path)])
     written = json.loads((tmp_path / "retrieval_cost_tiny.json").read_text())
     assert set(written["time"]["ms_per_token"]) == set(br.ROWS)
-    assert set(written["memory"]) == {"window", "streaming", "retrieval"}
+    assert set(written["memory"]) == {"window", "retrieval"}
     assert (tmp_path / "retrieval_cost_tiny.png").stat().st_size > 0
     assert "retrieval_cost_tiny.png" in (tmp_path / "retrieval_cost_tiny.md").read_text()
