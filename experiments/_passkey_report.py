@@ -74,7 +74,12 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
         "(the facts task's evaluation wording and five-digit keys, never trained); exact = every "
         "answer token is the argmax (greedy decoding would write the key), NLL = the answer's "
         "mean NLL per token (the digit prior: ln 10 ≈ 2.30). Rendered from "
-        f"`{NAME}.json` by `benchmarks/{NAME}.py`.",
+        f"`{NAME}.json` by `experiments/{NAME}.py`.",
+        "",
+        "This page is the history of how the continuous memory's training-free reading was "
+        "found (its best row is the `salient-places` preset). What retrieval finds today, "
+        "against the base's full context and at one budget with the peers, is "
+        "`docs/retrieval.md`.",
         "",
         "## Pass keys",
         "",
