@@ -8,7 +8,10 @@ Two tasks in our own wording and filler (the test books), answers written by gre
                number for WORD mentioned in the provided text? The special magic number for WORD
                mentioned in the provided text is:" (K − 1 distractors each; K questions per
                passage, all asked from the same memory of the passage)
-    passkey    one "The pass key is NNNNN. Remember it. NNNNN is the pass key." at a random depth,
+    passkey    the pass-key test (Mohtashami & Jaggi 2023): the passage opens with "There is an
+               important info hidden inside a lot of irrelevant text. Find it and memorize it.
+               I will quiz you about the important information there.", then one "The pass key
+               is NNNNN. Remember it. NNNNN is the pass key." at a random depth,
                then "What is the pass key? The pass key is"
 
 Rows (the same passages for every row; each a preset of the retrieval kind but `full`):
@@ -59,6 +62,10 @@ QUESTION = (
     "magic number for {word} mentioned in the provided text is:"
 )
 PASSKEY = " The pass key is {number}. Remember it. {number} is the pass key."
+PASSKEY_TASK = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize "
+    "it. I will quiz you about the important information there.\n\n"
+)
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
 ROWS = ("full", "window", "streaming", "retrieval")
 TASKS = ("multikey", "passkey")
@@ -98,11 +105,12 @@ def passages(
             numbers = [str(rng.randrange(10**6, 10**7)) for _ in chosen]
             inserts = [tokenizer.encode(NEEDLE.format(word=w, number=n)).ids
                        for w, n in zip(chosen, numbers, strict=True)]  # fmt: skip
-        room = length - sum(len(x) for x in inserts)
+        head = tokenizer.encode(PASSKEY_TASK).ids if task == "passkey" else []
+        room = length - sum(len(x) for x in inserts) - len(head)
         start = rng.randrange(0, len(ids) - room)
         filler = ids[start : start + room]
         depths = sorted(rng.uniform(0.05, 0.95) for _ in inserts)
-        passage, at = [], 0
+        passage, at = list(head), 0
         for depth, needle in zip(depths, inserts, strict=True):
             cut = int(depth * room)
             passage += filler[at:cut] + needle

@@ -28,6 +28,8 @@ def test_passages_are_the_stated_length_and_hold_each_answer(task):
         assert passage.shape == (300,)
         assert len(questions) == (1 if task == "passkey" else 3)
         ids = passage.tolist()
+        if task == "passkey":  # the test's instruction opens the passage
+            assert ids[:4] == tok.encode(rx.PASSKEY_TASK).ids[:4]
         for _, answer in questions:
             n = len(answer)
             assert n == (5 if task == "passkey" else 7)  # digits, one token each
