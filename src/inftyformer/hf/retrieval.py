@@ -66,6 +66,8 @@ class _Call:
     selected_valid: torch.Tensor | None = None  # [b, blocks] bool
     stop_after_select: bool = False  # a first pass that only chooses (`forward`'s reselect)
     hold: bool = False  # every block reads the state's choice; nothing chosen (`keep_choice`)
+    layouts: dict = field(default_factory=dict)  # id(valid) → its angles and mask
+    valids: dict = field(default_factory=dict)  # what a layer's valid slots depend on → them
 
 
 class _Chosen(Exception):
@@ -103,13 +105,21 @@ def retrieval_attention(
     ctx_k, ctx_v, valid = call.model.context(call, layer, query)  # [b, Hkv, P0, d], [b, P0]
     # the valid slots packed next to the call's first token (at P0): slot j at P0 − (valid
     # slots from j on), so that what is read keeps its order without gaps
-    after = valid.flip(1).cumsum(1).flip(1)  # [b, P0]
-    cos, sin = call.model.rotary(key, (call.model.config.context - after).clamp(min=0))
+    # (the layers of a call share a few layouts: their angles and mask made once each)
+    layout = call.layouts.get(id(valid))
+    if layout is None:
+        after = valid.flip(1).cumsum(1).flip(1)  # [b, P0]
+        cos, sin = call.model.rotary(key, (call.model.config.context - after).clamp(min=0))
+        T = query.shape[2]
+        if T == 1 and bool(valid.all()):
+            mask = None  # one query reading every slot: nothing to hide
+        else:
+            causal = torch.ones(T, T, dtype=torch.bool, device=query.device).tril()
+            mask = torch.cat([valid[:, None, None, :].expand(-1, 1, T, -1),
+                              causal.expand(valid.shape[0], 1, T, T)], -1)  # fmt: skip
+        layout = call.layouts[id(valid)] = (cos, sin, mask, valid)  # valid kept: its id stays
+    cos, sin, mask, _ = layout
     ctx_k = turn(ctx_k.to(key.dtype), cos, sin)
-    T = query.shape[2]
-    causal = torch.ones(T, T, dtype=torch.bool, device=query.device).tril()
-    mask = torch.cat([valid[:, None, None, :].expand(-1, 1, T, -1),
-                      causal.expand(valid.shape[0], 1, T, T)], -1)  # fmt: skip
     out = F.scaled_dot_product_attention(
         query,
         torch.cat([ctx_k, key], 2),
@@ -290,9 +300,6 @@ class RetrievalLM(nn.Module):
         c, s = self.config, call.state
         B, S, R = c.block_size, c.sink_blocks * c.block_size, c.blocks * c.block_size
         b, dev = s.batch_size, query.device
-        sink_valid = torch.arange(S, device=dev) < s.sink_len[:, None]
-        Wc = s.window_k.shape[3]
-        window_valid = torch.arange(Wc, device=dev) >= Wc - s.window_len[:, None]
         parts_k, parts_v = [s.sink_k[layer]], [s.sink_v[layer]]
         H, d = self.kv_heads, self.head_dim
         if layer == self.select_layer and R and not call.hold:
@@ -301,23 +308,33 @@ class RetrievalLM(nn.Module):
             (call.selected, call.selected_valid) if layer >= self.select_layer and not call.hold
             else (s.selected, s.chosen)
         )  # fmt: skip
-        if R and layer >= self.read_from and ids is not None and ids.shape[1]:
+        reads = bool(R and layer >= self.read_from and ids is not None and ids.shape[1])
+        if reads:
             blocks = s.store.read(layer, ids.cpu()).to(dev, s.window_k.dtype)
             # [b, k, 2, H, B, d] → [b, H, k·B, d]
             k = blocks[:, :, 0].permute(0, 2, 1, 3, 4).reshape(b, H, -1, d)
             v = blocks[:, :, 1].permute(0, 2, 1, 3, 4).reshape(b, H, -1, d)
-            got = chosen.repeat_interleave(B, 1)  # [b, k·B]
             pad = R - k.shape[2]  # right-aligned: the blocks read end next to the window
-            parts_k.append(F.pad(k, (0, 0, pad, 0)))
-            parts_v.append(F.pad(v, (0, 0, pad, 0)))
-            picked = F.pad(got, (pad, 0))
+            parts_k.append(F.pad(k, (0, 0, pad, 0)) if pad else k)
+            parts_v.append(F.pad(v, (0, 0, pad, 0)) if pad else v)
         else:
             parts_k.append(s.window_k.new_zeros(b, H, R, d))
             parts_v.append(s.window_v.new_zeros(b, H, R, d))
-            picked = torch.zeros(b, R, dtype=torch.bool, device=dev)
         parts_k.append(s.window_k[layer])
         parts_v.append(s.window_v[layer])
-        valid = torch.cat([sink_valid, picked, window_valid], 1)
+        # the valid slots depend on which choice is read (or none): one tensor per choice
+        source = id(chosen) if reads else None
+        valid = call.valids.get(source)
+        if valid is None:
+            sink_valid = torch.arange(S, device=dev) < s.sink_len[:, None]
+            Wc = s.window_k.shape[3]
+            window_valid = torch.arange(Wc, device=dev) >= Wc - s.window_len[:, None]
+            if reads:
+                got = chosen.repeat_interleave(B, 1)  # [b, k·B]
+                picked = F.pad(got, (R - got.shape[1], 0))
+            else:
+                picked = torch.zeros(b, R, dtype=torch.bool, device=dev)
+            valid = call.valids[source] = torch.cat([sink_valid, picked, window_valid], 1)
         return torch.cat(parts_k, 2), torch.cat(parts_v, 2), valid
 
     @torch.no_grad()
