@@ -256,6 +256,37 @@ def render(data: dict) -> str:
     return "\n".join(lines)
 
 
+def plot(data: dict, path: Path) -> bool:
+    """Exact against length per row, one panel per task, with the intervals; False: no cell."""
+    from inftyformer._measure import pyplot
+
+    tasks = [t for t in TASKS if any(k.startswith(t + "-") for k in data["cells"])]
+    if not tasks:
+        return False
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for row in ROWS:
+            points = sorted(
+                (int(k.rsplit("-", 1)[1]), c) for k, c in data["cells"].items()
+                if k.startswith(f"{task}-{row}-") and "exact" in c
+            )  # fmt: skip
+            if points:
+                xs = [n for n, _ in points]
+                ys = [c["exact"] for _, c in points]
+                low = [y - c["interval"][0] for y, (_, c) in zip(ys, points, strict=True)]
+                high = [c["interval"][1] - y for y, (_, c) in zip(ys, points, strict=True)]
+                err = [low, high]
+                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=row)
+        ax.set(xscale="log", xlabel="passage tokens", ylabel="exact", ylim=(-0.02, 1.02),
+               title=task)  # fmt: skip
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def quick_model(folder: Path):
     """A tiny random Llama and its tokenizer, written to `folder` (the --quick run)."""
     import sys
@@ -314,7 +345,10 @@ def main(argv: list[str] | None = None) -> None:
     data = {"setup": setup, "cells": cells, "machine": machine_info()}
     write_json(out / "retrieval.json", data)
     notes = kept_notes(out / "retrieval.md")  # the discussion written between its markers
-    write_text(out / "retrieval.md", render(data) + "\n" + notes + "\n")
+    picture = (
+        "![exact against length](retrieval.png)\n\n" if plot(data, out / "retrieval.png") else ""
+    )
+    write_text(out / "retrieval.md", render(data) + "\n" + picture + notes + "\n")
 
 
 if __name__ == "__main__":
