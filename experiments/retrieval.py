@@ -220,6 +220,27 @@ def wilson(k: int, n: int, z: float = 1.96) -> list[float]:
     return [max(0.0, centre - half), min(1.0, centre + half)]
 
 
+def score_table(cells: dict, key: str, lengths: list[int], score: str = "exact") -> list[str]:
+    """Markdown lines of a table: a row per ROWS entry, a column per length; the cell of row r
+    at length n is `cells[key.format(row=r, n=n)]` (missing: not run), its `score` shown with
+    its interval and samples."""
+    lines = ["| row | " + " | ".join(f"{n:,} tokens" for n in lengths) + " |",
+             "|---|" + "---:|" * len(lengths)]  # fmt: skip
+    for row in ROWS:
+        shown = []
+        for n in lengths:
+            cell = cells.get(key.format(row=row, n=n))
+            if cell is None:
+                shown.append("–")
+            elif "skipped" in cell:
+                shown.append("(beyond its positions)")
+            else:
+                lo, hi = cell["interval"]
+                shown.append(f"{cell[score]:.2f} [{lo:.2f}, {hi:.2f}] ({cell['samples']})")
+        lines.append(f"| {row} | " + " | ".join(shown) + " |")
+    return lines
+
+
 def render(data: dict) -> str:
     setup = data["setup"]
     lines = [
@@ -237,21 +258,8 @@ def render(data: dict) -> str:
         if not keys:
             continue
         lengths = sorted({int(k.rsplit("-", 1)[1]) for k in keys})
-        lines += ["", f"## {task}", "",
-                  "| row | " + " | ".join(f"{n:,} tokens" for n in lengths) + " |",
-                  "|---|" + "---:|" * len(lengths)]  # fmt: skip
-        for row in ROWS:
-            cells = []
-            for n in lengths:
-                cell = data["cells"].get(f"{task}-{row}-{n}")
-                if cell is None:
-                    cells.append("–")
-                elif "skipped" in cell:
-                    cells.append("(beyond its positions)")
-                else:
-                    lo, hi = cell["interval"]
-                    cells.append(f"{cell['exact']:.2f} [{lo:.2f}, {hi:.2f}] ({cell['samples']})")
-            lines.append(f"| {row} | " + " | ".join(cells) + " |")
+        lines += ["", f"## {task}", ""]
+        lines += score_table(data["cells"], task + "-{row}-{n}", lengths)
     lines += ["", f"Machine: {data['machine'].get('cpu', '?')}", ""]
     return "\n".join(lines)
 
@@ -320,6 +328,7 @@ def main(argv: list[str] | None = None) -> None:
         args.base_model = str(quick_model(out / "quick-model"))
         args.lengths, args.passages, args.needles = "2304", 1, 2
     base_dir = args.base_model or default_base_model()
+    ran = False  # a cell run by this call: the machine is this one, else the last run's
     if not args.render_only:
         from tokenizers import Tokenizer
         from transformers import AutoModelForCausalLM
@@ -337,13 +346,18 @@ def main(argv: list[str] | None = None) -> None:
                         continue
                     cell = run_cell(task, row, length, args, base, tokenizer, text)
                     write_json(path, cell)
+                    ran = True
                     summary = {k: v for k, v in cell.items() if k != "answers"}
                     print(f"{task} {row} {length}: {summary}", flush=True)
     cells = {p.stem: json.loads(p.read_text()) for p in sorted(cells_dir.glob("*.json"))}
     setup = {"base_model": Path(base_dir).name, "needles": args.needles,
              "passages": args.passages}  # fmt: skip
-    data = {"setup": setup, "cells": cells, "machine": machine_info()}
-    write_json(out / "retrieval.json", data)
+    last = out / "retrieval.json"
+    machine = (
+        machine_info() if ran or not last.exists() else json.loads(last.read_text())["machine"]
+    )
+    data = {"setup": setup, "cells": cells, "machine": machine}
+    write_json(last, data)
     notes = kept_notes(out / "retrieval.md")  # the discussion written between its markers
     picture = (
         "![exact against length](retrieval.png)\n\n" if plot(data, out / "retrieval.png") else ""

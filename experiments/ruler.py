@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from retrieval import wilson
+from retrieval import ROWS, score_table, wilson
 
 from inftyformer._measure import (
     default_base_model,
@@ -43,7 +43,6 @@ from inftyformer._measure import (
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs"
-ROWS = ("full", "window", "streaming", "retrieval")
 TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt")
 OFFLINE = (*TASKS, "ruler_cwe", "ruler_fwe")
 ESSAYS = (
@@ -194,21 +193,8 @@ def render(data: dict, notes: str = "") -> str:
         if not keys:
             continue
         lengths = sorted({int(k.rsplit("-", 1)[1]) for k in keys})
-        lines += ["", f"## {task}", "", WHAT[task] + ".", "",
-                  "| row | " + " | ".join(f"{n:,} tokens" for n in lengths) + " |",
-                  "|---|" + "---:|" * len(lengths)]  # fmt: skip
-        for row in ROWS:
-            cells = []
-            for n in lengths:
-                cell = data["cells"].get(f"{row}-{task}-{n}")
-                if cell is None:
-                    cells.append("–")
-                elif "skipped" in cell:
-                    cells.append("(beyond its positions)")
-                else:
-                    lo, hi = cell["interval"]
-                    cells.append(f"{cell['score']:.2f} [{lo:.2f}, {hi:.2f}] ({cell['samples']})")
-            lines.append(f"| {row} | " + " | ".join(cells) + " |")
+        lines += ["", f"## {task}", "", WHAT[task] + ".", ""]
+        lines += score_table(data["cells"], "{row}-" + task + "-{n}", lengths, score="score")
     lines += ["", "## What runs offline", "",
               "Run here (data made by lm_eval from its seeds and the base's tokenizer, nothing "
               "downloaded): " + ", ".join(f"`{t}`" for t in OFFLINE) + ".", "",
