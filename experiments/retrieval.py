@@ -168,7 +168,7 @@ def run_cell(task: str, row: str, length: int, args, base, tokenizer, text: str)
             if row == "full":
                 written = greedy_full(base, select_cache(cache, members), question, count)
             else:
-                written, _ = model.generate(question, count, state=select_state(state, members))
+                written, _ = model.generate(question, count, state=state.select_rows(members))
             for i, new in zip(members, written.tolist(), strict=True):
                 answer = rows[i][1]
                 samples.append({"answer": tokenizer.decode(answer),
@@ -193,21 +193,6 @@ def select_cache(cache, rows: list[int]):
     for layer in out.layers:
         layer.keys, layer.values = layer.keys[rows], layer.values[rows]
     return out
-
-
-def select_state(state, rows: list[int]):
-    """The retrieval state of the batch rows `rows` (all: itself)."""
-    import dataclasses
-
-    if rows == list(range(state.batch_size)):
-        return state
-    at = torch.tensor(rows)
-    batch_first = ("window_len", "sink_len", "block_ids", "blocks", "keys", "selected",
-                   "chosen", "tokens")  # fmt: skip
-    changes = {name: getattr(state, name)[at] for name in batch_first}
-    for name in ("window_k", "window_v", "sink_k", "sink_v"):
-        changes[name] = getattr(state, name)[:, at]
-    return dataclasses.replace(state, **changes)
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> list[float]:

@@ -205,3 +205,16 @@ def test_logits_to_keep_gives_the_last_tokens_logits_only():
         m(ids, logits_to_keep=-1)
     with pytest.raises(TypeError, match="logits_to_keep must be an int"):
         m(ids, logits_to_keep=2.0)
+
+
+@torch.no_grad()
+def test_the_state_of_some_rows_reads_as_those_rows_streamed_alone():
+    ids = tokens(length=48)
+    m = model(block_size=8, blocks=2, sink_blocks=1, window=16, segment_len=8)
+    both = m(ids[:, :40]).state
+    alone = m(ids[1:, :40]).state
+    picked = both.select_rows([1])
+    assert picked.batch_size == 1 and both.select_rows([0, 1]) is both
+    torch.testing.assert_close(
+        m(ids[1:, 40:], state=picked).logits, m(ids[1:, 40:], state=alone).logits, rtol=0, atol=1e-5
+    )

@@ -4,7 +4,7 @@ and the call's choice of blocks is carried to the next call."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -69,6 +69,18 @@ class RetrievalState:
             chosen=self.chosen & keep[:, None],
             tokens=self.tokens * keep,
         )
+
+    def select_rows(self, rows: list[int]) -> RetrievalState:
+        """The state of the batch rows `rows` only, in that order (the store is shared)."""
+        if list(rows) == list(range(self.batch_size)):
+            return self
+        at = torch.tensor(rows, device=self.tokens.device)
+        per_layer = ("window_k", "window_v", "sink_k", "sink_v")  # [L, b, …]
+        changes = {name: getattr(self, name)[:, at] for name in per_layer}
+        for f in fields(self):  # the others are batch first
+            if f.name not in per_layer and f.name != "store":
+                changes[f.name] = getattr(self, f.name)[at]
+        return replace(self, **changes)
 
 
 @torch.no_grad()
