@@ -18,9 +18,10 @@ that many prompts of it.
     python experiments/ruler.py --quick --out /tmp/r                     # tiny random model
 
 Each (row, task, length) cell is written to OUT/ruler.cells/ROW-TASK-LENGTH.json as it finishes
-(a cell already there is skipped); OUT/ruler.json gathers them and OUT/ruler.md is rendered from
-it: RULER's score (the share of the expected strings in the answer, averaged over prompts) with
-the 95% Wilson interval of that share over the prompts, and the prompt count.
+(a cell already there is skipped, unless it holds fewer prompts than --limit); OUT/ruler.json
+gathers them and OUT/ruler.md is rendered from it: RULER's score (the share of the expected
+strings in the answer, averaged over prompts) with the 95% Wilson
+interval of that share over the prompts, and the prompt count.
 """
 
 from __future__ import annotations
@@ -93,6 +94,13 @@ QUICK_CORPUS = (
 def base_positions(base_dir: str | Path) -> int:
     config = json.loads((Path(base_dir) / "config.json").read_text())
     return int(config.get("max_position_embeddings") or 1 << 30)
+
+
+def fewer(path: Path, limit: int) -> bool:
+    """A cell at `path` measured on fewer prompts than `limit` asks for (run again with more;
+    a skipped cell stays skipped)."""
+    cell = json.loads(path.read_text())
+    return "samples" in cell and cell["samples"] < limit
 
 
 def model_of(row: str, base_dir: str) -> tuple[str, str]:
@@ -274,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
                 made = None
                 for row in rows:
                     path = cells_dir / f"{row}-{task}-{length}.json"
-                    if path.exists():
+                    if path.exists() and not fewer(path, args.limit):
                         continue
                     made = made or ruler_task(task, length, base_dir, args.seed)
                     cell = run_cell(row, made, length, args, base_dir)
