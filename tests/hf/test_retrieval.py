@@ -218,3 +218,39 @@ def test_the_state_of_some_rows_reads_as_those_rows_streamed_alone():
     torch.testing.assert_close(
         m(ids[1:, 40:], state=picked).logits, m(ids[1:, 40:], state=alone).logits, rtol=0, atol=1e-5
     )
+
+
+@torch.no_grad()
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(block_size=4, blocks=2, sink_blocks=1, window=8, segment_len=16),
+        dict(block_size=4, blocks=3, sink_blocks=2, window=8, segment_len=6, read_from=0,
+             select_layer=1),
+    ],
+)  # fmt: skip
+def test_one_token_calls_in_a_run_read_as_calls_that_rebuild_their_context(settings):
+    """One-token calls keep the context turned once and move their queries (retrieval_decode):
+    through blocks leaving the window, the sink filling, choices changing, a run cut short by
+    segment_len, a state continued twice and a row reset, the logits are those of calls that
+    rebuild the context each time (the run dropped before each call)."""
+    m = model(**settings)
+    ids = tokens(length=90)
+    cached = m(ids[:, :10]).state
+    fresh, longest = cached, 0
+    for t in range(10, 90):
+        if t == 50:  # a state continued twice: the second continuation starts its own run
+            other = m(ids[:, t : t + 1], cached)
+            again = m(ids[:, t : t + 1], dataclasses.replace(cached, decode=None))
+            torch.testing.assert_close(other.logits, again.logits, rtol=0, atol=1e-5)
+        reset = torch.tensor([t == 70, False])  # a document ends in row 0
+        a = m(ids[:, t : t + 1], cached, reset=reset)
+        b = m(ids[:, t : t + 1], dataclasses.replace(fresh, decode=None), reset=reset)
+        torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=1e-5)
+        cached, fresh = a.state, b.state
+        longest = max(longest, cached.decode[1])
+    # the same memory (block ids differ: both wrote to one store, in turns)
+    for name in ("window_k", "window_v", "window_len", "sink_k", "keys", "blocks", "chosen"):
+        torch.testing.assert_close(getattr(cached, name), getattr(fresh, name), rtol=0, atol=1e-5)
+    assert longest >= 4  # calls did run on a kept context
+    assert cached.select_rows([1]).decode is None

@@ -26,6 +26,9 @@ heads, "mean"), and reads the `blocks` best, with the same choice in every block
 The stored keys of `select_layer` stay in memory for that (2 · H_kv · d bytes per token); the
 blocks' keys and values of the retrieving layers are on disk (`block_store.py`).
 
+One-token calls (decoding) run on a context turned once and queries that move on
+(`retrieval_decode.py`): the same scores without rebuilding the context each token.
+
 State (`RetrievalState`): explicit, per batch row, passed in and returned; `reset` clears rows.
 """
 
@@ -46,6 +49,7 @@ from .._checks import check_token_ids
 from ..retrieval_config import RetrievalConfig
 from .adapters import adapter_for
 from .block_store import BlockStore
+from .retrieval_decode import DecodeRun
 from .retrieval_state import RetrievalState, turn, unturn, written
 
 ATTENTION = "inftyformer_retrieval"
@@ -68,6 +72,8 @@ class _Call:
     hold: bool = False  # every block reads the state's choice; nothing chosen (`keep_choice`)
     layouts: dict = field(default_factory=dict)  # id(valid) → its angles and mask
     valids: dict = field(default_factory=dict)  # what a layer's valid slots depend on → them
+    at: int = 0  # a one-token call's place in its run: its token sits at P0 + at
+    run: DecodeRun | None = None  # the run of one-token calls this call extends
 
 
 class _Chosen(Exception):
@@ -102,14 +108,17 @@ def retrieval_attention(
         raise _Chosen
     call.new_k[layer] = unturn(key, call.cos, call.sin)  # kept before rotary
     call.new_v[layer] = value
+    if call.run is not None:  # one token of a run: the context turned once (retrieval_decode)
+        out = call.run.attend(call, layer, query, key, value, scaling)
+        if out is not None:
+            return out, None
     ctx_k, ctx_v, valid = call.model.context(call, layer, query)  # [b, Hkv, P0, d], [b, P0]
-    # the valid slots packed next to the call's first token (at P0): slot j at P0 − (valid
-    # slots from j on), so that what is read keeps its order without gaps
+    # the valid slots packed next to the call's first token (at P0 + at): slot j at
+    # P0 + at − (valid slots from j on), so that what is read keeps its order without gaps
     # (the layers of a call share a few layouts: their angles and mask made once each)
     layout = call.layouts.get(id(valid))
     if layout is None:
-        after = valid.flip(1).cumsum(1).flip(1)  # [b, P0]
-        cos, sin = call.model.rotary(key, (call.model.config.context - after).clamp(min=0))
+        cos, sin = call.model.layout_angles(key, valid, call.at)
         T = query.shape[2]
         if T == 1 and bool(valid.all()):
             mask = None  # one query reading every slot: nothing to hide
@@ -270,7 +279,8 @@ class RetrievalLM(nn.Module):
         """One call of T ≤ segment_len tokens: the logits of its last `keep` (None: all)."""
         b, T = ids.shape
         P0 = self.config.context
-        positions = torch.arange(P0, P0 + T, device=ids.device).expand(b, -1)
+        run, at = self._run(state) if T == 1 and not reselect else (None, 0)
+        positions = torch.arange(P0 + at, P0 + at + T, device=ids.device).expand(b, -1)
         probe = self._param().new_zeros(1, 1, self.head_dim)
         cos, sin = self.rotary(probe, positions)
         if reselect and not hold and self.read_from < self.select_layer and self.config.blocks:
@@ -283,7 +293,7 @@ class RetrievalLM(nn.Module):
             finally:
                 _CALL.reset(token)
             state = replace(state, selected=first.selected, chosen=first.selected_valid)
-        call = _Call(self, state, self._layer_of, cos, sin, hold=hold)
+        call = _Call(self, state, self._layer_of, cos, sin, hold=hold, at=at, run=run)
         token = _CALL.set(call)
         wanted = T if keep is None else keep
         try:  # logits_to_keep = 0 is all of them for the base: ask for one and drop it
@@ -291,7 +301,26 @@ class RetrievalLM(nn.Module):
                             logits_to_keep=max(wanted, 1))  # fmt: skip
         finally:
             _CALL.reset(token)
-        return out.logits[:, out.logits.shape[1] - wanted :], written(self, call, T)
+        state = written(self, call, T)
+        if run is not None:
+            run.used = at + 1
+        state = replace(state, decode=None if run is None else (run, at + 1))
+        return out.logits[:, out.logits.shape[1] - wanted :], state
+
+    def _run(self, state: RetrievalState) -> tuple[DecodeRun, int]:
+        """The run of one-token calls `state` extends, and its place in it; a new run when
+        the state's cannot be extended (`retrieval_decode`)."""
+        if state.decode is not None:
+            run, at = state.decode
+            if run.continues(state, at):
+                return run, at
+        return DecodeRun(DecodeRun.counters(state), self.config.segment_len), 0
+
+    def layout_angles(self, key: torch.Tensor, valid: torch.Tensor, at: int = 0):
+        """The rotary angles [b, P0, d] of the context slots packed right before the token
+        at P0 + at: slot j at P0 + at − (the valid slots from j on); `valid` [b, P0]."""
+        after = valid.flip(1).cumsum(1).flip(1)  # [b, P0]
+        return self.rotary(key, (self.config.context + at - after).clamp(min=0))
 
     # ------------------------------------------------------------------ the context of a layer
     def context(self, call: _Call, layer: int, query: torch.Tensor):
@@ -302,21 +331,11 @@ class RetrievalLM(nn.Module):
         b, dev = s.batch_size, query.device
         parts_k, parts_v = [s.sink_k[layer]], [s.sink_v[layer]]
         H, d = self.kv_heads, self.head_dim
-        if layer == self.select_layer and R and not call.hold:
-            call.selected, call.selected_valid = self.select(s, query)
-        ids, chosen = (
-            (call.selected, call.selected_valid) if layer >= self.select_layer and not call.hold
-            else (s.selected, s.chosen)
-        )  # fmt: skip
-        reads = bool(R and layer >= self.read_from and ids is not None and ids.shape[1])
+        ids, chosen, reads = self.choice(call, layer, query)
         if reads:
-            blocks = s.store.read(layer, ids.cpu()).to(dev, s.window_k.dtype)
-            # [b, k, 2, H, B, d] → [b, H, k·B, d]
-            k = blocks[:, :, 0].permute(0, 2, 1, 3, 4).reshape(b, H, -1, d)
-            v = blocks[:, :, 1].permute(0, 2, 1, 3, 4).reshape(b, H, -1, d)
-            pad = R - k.shape[2]  # right-aligned: the blocks read end next to the window
-            parts_k.append(F.pad(k, (0, 0, pad, 0)) if pad else k)
-            parts_v.append(F.pad(v, (0, 0, pad, 0)) if pad else v)
+            k, v = self.read_blocks(s, layer, ids)
+            parts_k.append(k)
+            parts_v.append(v)
         else:
             parts_k.append(s.window_k.new_zeros(b, H, R, d))
             parts_v.append(s.window_v.new_zeros(b, H, R, d))
@@ -336,6 +355,34 @@ class RetrievalLM(nn.Module):
                 picked = torch.zeros(b, R, dtype=torch.bool, device=dev)
             valid = call.valids[source] = torch.cat([sink_valid, picked, window_valid], 1)
         return torch.cat(parts_k, 2), torch.cat(parts_v, 2), valid
+
+    def choice(self, call: _Call, layer: int, query: torch.Tensor, choose: bool = True):
+        """The blocks `layer` reads in this call: ids [b, k], which are valid [b, k] and
+        whether it reads any; at `select_layer` the call chooses them first (`choose`)."""
+        s, R = call.state, self.config.blocks * self.config.block_size
+        if choose and layer == self.select_layer and R and not call.hold:
+            if call.at:  # a query of a run sits `at` past P0: scored as if at P0 (module doc)
+                angle = torch.full((1, 1), call.at, device=query.device)
+                query = unturn(query, *self.rotary(query.new_zeros(1, 1, self.head_dim), angle))
+            call.selected, call.selected_valid = self.select(s, query)
+        ids, chosen = (
+            (call.selected, call.selected_valid) if layer >= self.select_layer and not call.hold
+            else (s.selected, s.chosen)
+        )  # fmt: skip
+        reads = bool(R and layer >= self.read_from and ids is not None and ids.shape[1])
+        return ids, chosen, reads
+
+    def read_blocks(self, state: RetrievalState, layer: int, ids: torch.Tensor):
+        """The keys (before rotary) and values of the blocks `ids` [b, k] at `layer`, right-
+        aligned in the R = blocks · B slots that end next to the window: [b, H_kv, R, d]."""
+        R = self.config.blocks * self.config.block_size
+        b, H, d = state.batch_size, self.kv_heads, self.head_dim
+        blocks = state.store.read(layer, ids.cpu()).to(ids.device, state.window_k.dtype)
+        # [b, k, 2, H, B, d] → [b, H, k·B, d]
+        k = blocks[:, :, 0].permute(0, 2, 1, 3, 4).reshape(b, H, -1, d)
+        v = blocks[:, :, 1].permute(0, 2, 1, 3, 4).reshape(b, H, -1, d)
+        pad = R - k.shape[2]
+        return (F.pad(k, (0, 0, pad, 0)), F.pad(v, (0, 0, pad, 0))) if pad else (k, v)
 
     @torch.no_grad()
     def select(self, state: RetrievalState, query: torch.Tensor):

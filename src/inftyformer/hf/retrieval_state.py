@@ -38,6 +38,8 @@ class RetrievalState:
                         (what the next call's blocks below `select_layer` read)
     tokens              [b] int64  tokens read since the row's reset
     store               the blocks' keys and values (shared by the states of one model)
+    decode              the run of one-token calls this state extends and its place in it
+                        (`retrieval_decode`: derived, dropped by select_rows)
     """
 
     window_k: torch.Tensor
@@ -53,6 +55,7 @@ class RetrievalState:
     chosen: torch.Tensor
     tokens: torch.Tensor
     store: BlockStore = field(repr=False)
+    decode: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:
@@ -68,7 +71,7 @@ class RetrievalState:
             blocks=self.blocks * keep,
             chosen=self.chosen & keep[:, None],
             tokens=self.tokens * keep,
-        )
+        )  # a run of one-token calls goes on for the other rows: a reset row's counters end it
 
     def select_rows(self, rows: list[int]) -> RetrievalState:
         """The state of the batch rows `rows` only, in that order (the store is shared)."""
@@ -78,9 +81,9 @@ class RetrievalState:
         per_layer = ("window_k", "window_v", "sink_k", "sink_v")  # [L, b, …]
         changes = {name: getattr(self, name)[:, at] for name in per_layer}
         for f in fields(self):  # the others are batch first
-            if f.name not in per_layer and f.name != "store":
+            if f.name not in per_layer and f.name not in ("store", "decode"):
                 changes[f.name] = getattr(self, f.name)[at]
-        return replace(self, **changes)
+        return replace(self, **changes, decode=None)
 
 
 @torch.no_grad()
@@ -92,10 +95,15 @@ def written(model, call, T: int) -> RetrievalState:
     L, b, dev = model.num_layers, s.batch_size, s.window_len.device
     new_k = torch.stack([call.new_k[i] for i in range(L)])  # [L, b, H, T, d]
     new_v = torch.stack([call.new_v[i] for i in range(L)])
-    wk = torch.cat([s.window_k, new_k.to(s.window_k.dtype)], 3)  # right-aligned
-    wv = torch.cat([s.window_v, new_v.to(s.window_v.dtype)], 3)
     length = s.window_len + T  # [b]
     moved = (length - W).clamp(min=0) // B  # whole blocks that leave  [b]
+    if call.run is not None and not bool(moved.any()):  # a run's token: written in place
+        wk, wv = call.run.moved_window(s, new_k, new_v, call.at)
+        Wc = s.window_k.shape[3]
+        return replace(s, window_k=wk, window_v=wv, window_len=length.clamp(max=Wc),
+                       tokens=s.tokens + T, **_carried(call))  # fmt: skip
+    wk = torch.cat([s.window_k, new_k.to(s.window_k.dtype)], 3)  # right-aligned
+    wv = torch.cat([s.window_v, new_v.to(s.window_v.dtype)], 3)
     width, Wc = wk.shape[3], s.window_k.shape[3]
     start = width - length  # each row's oldest valid slot
     M = int(moved.max())
