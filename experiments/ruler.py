@@ -96,11 +96,13 @@ def base_positions(base_dir: str | Path) -> int:
     return int(config.get("max_position_embeddings") or 1 << 30)
 
 
-def fewer(path: Path, limit: int) -> bool:
-    """A cell at `path` measured on fewer prompts than `limit` asks for (run again with more;
-    a skipped cell stays skipped)."""
+def stale(path: Path, args) -> bool:
+    """A cell at `path` measured on fewer prompts than --limit asks for, or with answers of
+    another length than --max-gen-toks (run again; a skipped cell stays skipped)."""
     cell = json.loads(path.read_text())
-    return "samples" in cell and cell["samples"] < limit
+    if "samples" not in cell:
+        return False
+    return cell["samples"] < args.limit or cell.get("max_gen_toks") != args.max_gen_toks
 
 
 def model_of(row: str, base_dir: str) -> tuple[str, str]:
@@ -150,8 +152,9 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
     model, model_args = model_of(row, base_dir)
     name = task.config.task
     start = time.perf_counter()
+    cut = None if args.max_gen_toks is None else {"max_gen_toks": args.max_gen_toks}
     result = lm_eval.simple_evaluate(
-        model=model, model_args=model_args, tasks=[task], limit=args.limit,
+        model=model, model_args=model_args, tasks=[task], limit=args.limit, gen_kwargs=cut,
         batch_size=args.batch_size, device="cpu", log_samples=True, bootstrap_iters=0,
         task_manager=ruler_tasks(),
         random_seed=args.seed, numpy_random_seed=args.seed, torch_random_seed=args.seed,
@@ -174,8 +177,22 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
         "model_args": model_args.replace(str(base_dir), "MODEL_DIR"),  # no path of this machine
         "score": total / n, "samples": n, "interval": wilson(total, n),
         "lm_eval_score": result["results"][name][f"{length},none"], "seconds": seconds,
+        "max_gen_toks": args.max_gen_toks,
         "lm_eval": lm_eval.__version__, "answers": answers,
     }  # fmt: skip
+
+
+def cut_sentence(setup: dict) -> str:
+    """What the page says of the answers' length (`--max-gen-toks`)."""
+    cuts = setup.get("max_gen_toks") or [0]
+    if cuts == [0]:
+        return ""
+    said = " or ".join("the task's own" if n == 0 else f"{n:,}" for n in cuts)
+    return (
+        f" Answers cut at {said} new tokens (lm_eval's RULER tasks allow 128; a needle's value "
+        "is 7 digits or one UUID, and a model that answers goes on writing the haystack: the cut "
+        "saves the CPU that text, for every row alike)."
+    )
 
 
 def render(data: dict, notes: str = "") -> str:
@@ -189,7 +206,7 @@ def render(data: dict, notes: str = "") -> str:
         "strings found in the greedy answer, averaged over prompts) [95% Wilson interval of "
         "that share over the prompts] (prompts). Lengths in the base's tokens, prompt and "
         "answer (lm_eval's `max_seq_lengths`). Every row reads at most 2,048 places but `full`. "
-        "Rendered from `ruler.json` by `experiments/ruler.py`.",
+        "Rendered from `ruler.json` by `experiments/ruler.py`." + cut_sentence(setup),
         "",
         "Rows: `full` the base alone (lm_eval's `hf` model); `window` a KV cache of the last "
         "2,048 tokens; `streaming` the first 64 and the last 1,984; `retrieval` the first 64, "
@@ -213,6 +230,7 @@ def render(data: dict, notes: str = "") -> str:
     lines += ["", BOOKS]
     lines += ["", "Commands:", "", "```",
               f"python experiments/ruler.py --lengths {setup['lengths']} --limit {setup['limit']}"
+              + "".join(f" --max-gen-toks {n}" for n in setup.get("max_gen_toks", []) if n)
               + (" --quick" if setup.get("quick") else ""),
               "python -m inftyformer.hf.ruler_lm run --model inftyformer-retrieval \\",
               "    --model_args pretrained=MODEL_DIR,preset=retrieval --tasks niah_single_1 \\",
@@ -246,6 +264,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lengths", default="4096,8192")
     p.add_argument("--limit", type=int, default=25, help="prompts per task and length")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--max-gen-toks",
+        type=int,
+        default=None,
+        help="answers cut at this many new tokens (default: the task's, 128 for the needles)",
+    )
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--base-model", default=None)
     p.add_argument("--threads", type=int, default=2)
@@ -282,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
                 made = None
                 for row in rows:
                     path = cells_dir / f"{row}-{task}-{length}.json"
-                    if path.exists() and not fewer(path, args.limit):
+                    if path.exists() and not stale(path, args):
                         continue
                     made = made or ruler_task(task, length, base_dir, args.seed)
                     cell = run_cell(row, made, length, args, base_dir)
@@ -298,7 +322,8 @@ def main(argv: list[str] | None = None) -> None:
     setup = {"base_model": Path(base_dir).name, "seed": args.seed,
              "limit": max((c["samples"] for c in run), default=args.limit),
              "lengths": ",".join(map(str, lengths)), "lm_eval": lm_eval.__version__,
-             "quick": args.quick}  # fmt: skip
+             "quick": args.quick,
+             "max_gen_toks": sorted({c.get("max_gen_toks") or 0 for c in run})}  # fmt: skip
     last = out / "ruler.json"
     machine = (
         machine_info() if ran or not last.exists() else json.loads(last.read_text())["machine"]
