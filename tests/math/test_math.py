@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from scipy import integrate
 
 from inftyformer import GaussianBasis, continuous_softmax, variance_kl
+from inftyformer.core.basis import gaussian_density
 from inftyformer.core.ridge import (
     RidgeRegression,
     evaluate_signal,
@@ -29,6 +30,26 @@ def test_basis_placement_and_values():
     assert psi.shape == (1, 8)
     assert psi[0, 5].item() == pytest.approx(by_hand, rel=1e-6)
     assert torch.allclose(basis.float64(t), psi.double())
+
+
+def test_basis_has_no_subnormal_values_and_the_signal_is_unchanged():
+    # cpu-small's basis at the unbounded update's resampling positions u = i/M: in float32 the
+    # far tails of the narrow functions are subnormal; they are 0 now, and the resampled signal
+    # x̃ = Bᵀ ψ(u) equals the one from the unflushed ψ (the previous computation)
+    basis = GaussianBasis(128, widths=(0.01, 0.05))
+    u = torch.arange(1, 129, dtype=torch.float32) / 128
+    exact = gaussian_density(
+        u.unsqueeze(-1), basis.centers, basis.widths.square()
+    )  # ψ(u) as computed before  [M, N]
+    tiny = torch.finfo(torch.float32).tiny
+    subnormal = (exact > 0) & (exact < tiny)
+    assert subnormal.any()  # the case the flush exists for
+    psi = basis(u)
+    assert not ((psi > 0) & (psi < tiny)).any()
+    assert torch.equal(psi[~subnormal], exact[~subnormal])
+    assert (psi[subnormal] == 0).all()
+    B = torch.randn(3, 128, 16, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(evaluate_signal(B, basis, u), torch.matmul(exact, B), rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize(
