@@ -13,7 +13,7 @@ out and why: `LEFT_OUT`. Lengths: lm_eval's `max_seq_lengths` metadata (prompt a
 answer's tokens, in the base's tokens); one length per lm_eval run, so that `--limit` takes
 that many prompts of it.
 
-    python experiments/ruler.py --lengths 4096,8192 --limit 25           # cells, resumable
+    python experiments/ruler.py --lengths 4096,8192 --limit 25 --cache-dir runs/ruler-cache
     python experiments/ruler.py --render-only
     python experiments/ruler.py --quick --out /tmp/r                     # tiny random model
 
@@ -153,8 +153,12 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
     name = task.config.task
     start = time.perf_counter()
     cut = None if args.max_gen_toks is None else {"max_gen_toks": args.max_gen_toks}
+    answered = None  # lm_eval's cache of answers: a cell cut short resumes from its last prompt
+    if args.cache_dir:
+        answered = str(Path(args.cache_dir) / f"{row}-{name}-{length}")
     result = lm_eval.simple_evaluate(
         model=model, model_args=model_args, tasks=[task], limit=args.limit, gen_kwargs=cut,
+        use_cache=answered,
         batch_size=args.batch_size, device="cpu", log_samples=True, bootstrap_iters=0,
         task_manager=ruler_tasks(),
         random_seed=args.seed, numpy_random_seed=args.seed, torch_random_seed=args.seed,
@@ -269,6 +273,12 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=None,
         help="answers cut at this many new tokens (default: the task's, 128 for the needles)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        help="lm_eval's cache of each cell's answers (one sqlite file per cell): a run cut "
+        "short goes on from the prompts it answered",
     )
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--base-model", default=None)
