@@ -1,0 +1,514 @@
+"""Book perplexity by position: does reading chosen past blocks cost anything on ordinary text?
+
+Each of K held-out books' first T tokens is streamed through the base in calls of 256 tokens,
+and every token's negative log-likelihood (NLL, nats) given all that the row reads of its past
+is recorded. Rows (the same tokens for every row; each a preset of the retrieval kind but `full`):
+
+    full       the base alone with its HF KV cache (only the positions the base has)
+    window     the base with a KV cache of its last 2,048 tokens
+    streaming  the first 64 tokens and the last 1,984 (StreamingLLM's sink + recent window)
+    retrieval  the first 64, the 16 past blocks of 64 the queries match best, the last 960
+
+Perplexity is exp(mean NLL) over the tokens at positions [1K, 2K), [2K, 4K), [4K, 8K),
+[8K, 16K) and ≥ 1K of every book, pooled; its interval is a bootstrap over books (books drawn
+with replacement, the same draws for every row, so the ratio of two rows is paired).
+
+    python experiments/book_perplexity.py --books 4 --tokens 16384 --threads 1   # resumable
+    python experiments/book_perplexity.py --render-only
+    python experiments/book_perplexity.py --quick --out /tmp/b                    # tiny model
+
+Books: pg19-mini's test split, then its valid split (both held out from training here), in
+the order of its books.tsv. Each (row, book) cell is written to
+OUT/book_perplexity.cells/ROW-BOOK.json as it finishes: the NLL summed per block of 64
+predicted positions (a cell already there with the same settings is skipped);
+OUT/book_perplexity.json gathers the cells with the perplexities, intervals and ratios
+computed from them, and OUT/book_perplexity.md and .png are rendered from that JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import inspect
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from inftyformer._measure import (
+    command_line,
+    default_base_model,
+    kept_notes,
+    machine_info,
+    machine_markdown,
+    pyplot,
+    write_json,
+    write_text,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs"
+NAME = "book_perplexity"
+ROWS = ("full", "window", "streaming", "retrieval")
+SPLITS = ("test", "valid")  # held out, in this order
+BLOCK = 64  # predicted positions per stored NLL sum (the buckets' edges are multiples of it)
+SEGMENT = 256  # tokens per call
+BUCKETS = ((1024, 2048), (2048, 4096), (4096, 8192), (8192, 16384), (1024, None))
+WHAT = {
+    "full": "the base alone, its HF KV cache of every earlier token (calls of 256)",
+    "window": "a KV cache of the last 2,048 tokens",
+    "streaming": "the first 64 tokens and the last 1,984",
+    "retrieval": "the first 64, the 16 past blocks of 64 its queries match best, the last 960",
+}
+
+
+def bucket_name(bucket: tuple[int, int | None]) -> str:
+    lo, hi = bucket
+    k = lambda n: f"{n // 1024}K"  # noqa: E731
+    return f"≥{k(lo)}" if hi is None else f"[{k(lo)}, {k(hi)})"
+
+
+# --------------------------------------------------------------------------- books
+def held_out_books(folder: Path) -> list[dict]:
+    """The books of `folder`'s test split, then its valid split ({split}/{id}.txt): in the
+    order of its books.tsv (with their titles) when it has one, else by name."""
+    titles, order = {}, {}
+    table = folder / "books.tsv"
+    if table.exists():
+        with open(table, encoding="utf-8", newline="") as f:
+            for i, rec in enumerate(csv.DictReader(f, delimiter="\t")):
+                titles[(rec["split"], rec["id"])] = rec["title"]
+                order[(rec["split"], rec["id"])] = i
+    books = []
+    for split in SPLITS:
+        files = sorted((folder / split).glob("*.txt"))
+        files.sort(key=lambda p: order.get((split, p.stem), len(order)))
+        for path in files:
+            title = titles.get((split, path.stem), path.stem)
+            books.append({"split": split, "id": path.stem, "title": title, "path": path})
+    if not books:
+        raise SystemExit(f"no books in {folder}/{{{','.join(SPLITS)}}}/*.txt")
+    return books
+
+
+def book_tokens(tokenizer, book: dict, count: int) -> torch.Tensor:
+    """The first `count` tokens of `book` [1, count]; an error naming it when it is shorter."""
+    ids = tokenizer.encode(book["path"].read_text(encoding="utf-8")).ids
+    if len(ids) < count:
+        raise SystemExit(f"book {book['id']} ({book['title']}) has {len(ids)} tokens < {count}")
+    return torch.tensor([ids[:count]])
+
+
+# --------------------------------------------------------------------------- measuring
+def cache_keyword(base) -> str:
+    """The name under which this transformers' forward takes a KV cache (renamed in 5.x)."""
+    params = inspect.signature(base.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+@torch.no_grad()
+def token_nll(row: str, ids: torch.Tensor, base, progress: bool = False) -> torch.Tensor:
+    """NLL [n − 1] of ids[0, 1:] [1, n], each token given what `row` reads of its past;
+    the stream is fed in calls of SEGMENT tokens (its last token is never fed)."""
+    from tqdm import tqdm
+    from transformers import DynamicCache
+
+    from inftyformer.hf.retrieval import RetrievalLM
+
+    n = ids.shape[1]
+    if row == "full":
+        cache, key = DynamicCache(), cache_keyword(base)
+    else:
+        model, state = RetrievalLM(base, preset=row).eval(), None
+    nll = []
+    for start in tqdm(range(0, n - 1, SEGMENT), desc=row, leave=False, disable=not progress):
+        chunk = ids[:, start : min(start + SEGMENT, n - 1)]  # [1, t]
+        target = ids[:, start + 1 : start + 1 + chunk.shape[1]]  # [1, t]
+        if row == "full":
+            out = base(chunk, use_cache=True, **{key: cache})
+            cache = getattr(out, key)
+            logits = out.logits
+        else:
+            out = model(chunk, state)
+            logits, state = out.logits, out.state
+        nll.append(F.cross_entropy(logits[0].float(), target[0], reduction="none"))
+    if row != "full" and state is not None:
+        state.store.close()
+    return torch.cat(nll)
+
+
+def block_sums(nll: torch.Tensor) -> tuple[list[float], list[int]]:
+    """The NLL of predicted positions 1 … n − 1 summed per block of BLOCK positions
+    ([0, 64), [64, 128), …: the first block has 63) and the tokens of each block."""
+    padded = torch.cat([nll.new_zeros(1), nll]).double()  # position 0 predicts nothing
+    counts = torch.ones_like(padded)
+    counts[0] = 0
+    blocks = math.ceil(padded.numel() / BLOCK)
+    pad = blocks * BLOCK - padded.numel()
+    sums = F.pad(padded, (0, pad)).view(blocks, BLOCK).sum(1)
+    count = F.pad(counts, (0, pad)).view(blocks, BLOCK).sum(1)
+    return sums.tolist(), [int(c) for c in count.tolist()]
+
+
+def cell_settings(row: str, tokens: int, base_dir: str, positions: int) -> dict:
+    from inftyformer.presets import preset_settings
+
+    fed = min(tokens, positions) if row == "full" else tokens
+    preset = {} if row == "full" else preset_settings(row, "retrieval")
+    return {"base_model": Path(base_dir).name, "tokens": fed, "segment_len": SEGMENT,
+            "preset": preset}  # fmt: skip
+
+
+def run_cell(row: str, book: dict, settings: dict, base, tokenizer, progress: bool) -> dict:
+    ids = book_tokens(tokenizer, book, settings["tokens"])
+    wall, cpu = time.perf_counter(), time.process_time()
+    nll = token_nll(row, ids, base, progress)
+    seconds, cpu_seconds = time.perf_counter() - wall, time.process_time() - cpu
+    sums, counts = block_sums(nll)
+    return {
+        "row": row, "book": book["id"], "split": book["split"], "title": book["title"],
+        "settings": settings, "block": BLOCK, "nll_sum": sums, "count": counts,
+        "seconds": seconds, "cpu_seconds": cpu_seconds, "torch_threads": torch.get_num_threads(),
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- statistics
+def ratio_pairs(rows: list[str]) -> list[tuple[str, str]]:
+    """The rows compared: each with the window (the goal's reference), and retrieval with
+    streaming (what the chosen blocks add to the sink and the recent window)."""
+    pairs = [(r, "window") for r in rows if r != "window"]
+    return pairs + ([("retrieval", "streaming")] if {"retrieval", "streaming"} <= set(rows) else [])
+
+
+def bucket_nll(cell: dict, lo: int, hi: int | None) -> tuple[float, int] | None:
+    """(NLL sum, tokens) of the predicted positions [lo, hi) of a cell; None when the cell
+    does not reach hi (a bucket measured in part is not reported)."""
+    b = cell["block"]
+    reach = len(cell["count"]) * b
+    if hi is None:
+        hi = reach
+    if lo % b or hi % b or hi > reach or lo >= hi:
+        return None
+    sums, counts = cell["nll_sum"][lo // b : hi // b], cell["count"][lo // b : hi // b]
+    return float(sum(sums)), int(sum(counts))
+
+
+def summarise(
+    cells: dict, rows: list[str], books: list[str], tokens: int, resamples: int, seed: int
+) -> dict:
+    """Per row and bucket (the last one: positions ≥ 1K up to `tokens`, the books' length):
+    perplexity pooled over the books, a 95% bootstrap interval over
+    books, the per-book perplexities; per pair of `ratio_pairs` and bucket the ratio of
+    their perplexities (paired: the same book draws), with how many books have it below 1."""
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(books), size=(resamples, len(books)))  # the same for every row
+    rows_out, nlls = {}, {}
+    for row in rows:
+        rows_out[row] = {}
+        for bucket in BUCKETS:
+            lo, hi = bucket
+            got = [bucket_nll(cells[f"{row}-{b}"], lo, hi or tokens) for b in books]
+            if any(g is None for g in got):
+                continue
+            sums = np.array([g[0] for g in got])
+            counts = np.array([g[1] for g in got])
+            boot = sums[draws].sum(1) / counts[draws].sum(1)  # [resamples]
+            nlls[row, bucket] = (sums, counts, boot)
+            nll = sums.sum() / counts.sum()
+            rows_out[row][bucket_name(bucket)] = {
+                "ppl": math.exp(nll), "nll": nll, "tokens": int(counts.sum()),
+                "interval": np.exp(np.percentile(boot, [2.5, 97.5])).tolist(),
+                "per_book": np.exp(sums / counts).tolist(),
+            }  # fmt: skip
+    ratios = {}
+    for row, ref in ratio_pairs(rows):
+        ratios[f"{row}/{ref}"] = by = {}
+        for bucket in BUCKETS:
+            if (row, bucket) not in nlls or (ref, bucket) not in nlls:
+                continue
+            s, c, boot = nlls[row, bucket]
+            rs, rc, rboot = nlls[ref, bucket]
+            per_book = np.exp(s / c - rs / rc)
+            by[bucket_name(bucket)] = {
+                "ratio": math.exp(s.sum() / c.sum() - rs.sum() / rc.sum()),
+                "interval": np.exp(np.percentile(boot - rboot, [2.5, 97.5])).tolist(),
+                "per_book": per_book.tolist(), "books_below_1": int((per_book < 1).sum()),
+            }  # fmt: skip
+    return {"rows": rows_out, "ratios": ratios}
+
+
+def curve(cells: dict, row: str, books: list[str], resamples: int, seed: int) -> list[dict]:
+    """Mean NLL per power-of-two position bin [64, 128), [128, 256), … pooled over books, with
+    the bootstrap interval over books (the plot's points)."""
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(books), size=(resamples, len(books)))
+    out, lo = [], BLOCK
+    while True:
+        got = [bucket_nll(cells[f"{row}-{b}"], lo, 2 * lo) for b in books]
+        if any(g is None for g in got):
+            return out
+        sums, counts = np.array([g[0] for g in got]), np.array([g[1] for g in got])
+        boot = sums[draws].sum(1) / counts[draws].sum(1)
+        out.append({"from": lo, "to": 2 * lo, "nll": float(sums.sum() / counts.sum()),
+                    "interval": np.percentile(boot, [2.5, 97.5]).tolist()})  # fmt: skip
+        lo *= 2
+
+
+# --------------------------------------------------------------------------- report
+def verdict(data: dict) -> str:
+    """Whether retrieval's perplexity at positions ≥ 1K is no worse than the window's, read
+    from the ratio the JSON holds."""
+    r = data["results"]["ratios"].get("retrieval/window", {}).get(bucket_name(BUCKETS[-1]))
+    if r is None:
+        return "Not measured: no retrieval and window cells for every book at positions ≥ 1K."
+    lo, hi = r["interval"]
+    met = "met" if r["ratio"] <= 1 else "not met"
+    sure = (
+        "the whole interval lies below 1" if hi < 1
+        else "the whole interval lies above 1" if lo > 1
+        else "the interval holds 1"
+    )  # fmt: skip
+    n = len(r["per_book"])
+    return (
+        f"**Goal (retrieval no worse than the 2K window at positions ≥ 1K): {met}.** "
+        f"retrieval / window = {r['ratio']:.4f} [{lo:.4f}, {hi:.4f}] ({sure}); lower on "
+        f"{r['books_below_1']} of {n} books."
+    )
+
+
+def render(data: dict, notes: str = "") -> str:
+    s, res = data["setup"], data["results"]
+    names = [bucket_name(b) for b in BUCKETS]
+    boot = f"{s['resamples']:,} bootstrap draws of the {len(s['books'])} books (seed {s['seed']})"
+    lines = [
+        "# Book perplexity by position: the 2K window, StreamingLLM and retrieval",
+        "",
+        f"Base model `{s['base_model']}`; the first {s['tokens']:,} tokens of each of "
+        f"{len(s['books'])} held-out books, streamed in calls of {s['segment_len']} tokens; "
+        "every token's NLL given what the row reads of its past. Perplexity = exp(mean NLL) "
+        "over the tokens of every book at those positions (pooled; each book gives the same "
+        f"number) [95% interval: {boot}, books drawn with replacement, the same draws for "
+        "every row]. Every row reads at most 2,048 places but `full`. Rendered from "
+        f"`{NAME}.json` by `experiments/{NAME}.py`.",
+        "",
+        "Rows: " + "; ".join(f"`{r}` {WHAT[r]}" for r in s["rows"]) + ".",
+        "",
+        "Books: " + "; ".join(f"{b['title']} ({b['split']} {b['id']})" for b in s["books"]) + ".",
+        "",
+        verdict(data),
+        "",
+        "## Perplexity",
+        "",
+        "| row | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for row in s["rows"]:
+        shown = []
+        for bucket, name in zip(BUCKETS, names, strict=True):
+            c = res["rows"].get(row, {}).get(name)
+            beyond = row == "full" and s["full_tokens"] < min(bucket[1] or 1 << 30, s["tokens"])
+            if c is None:
+                shown.append("(beyond its positions)" if beyond else "–")
+            else:
+                shown.append(f"{c['ppl']:.3f} [{c['interval'][0]:.3f}, {c['interval'][1]:.3f}]")
+        lines.append(f"| {row} | " + " | ".join(shown) + " |")
+    lines += ["", "## Ratios", "",
+              "Perplexity of a row / perplexity of another on the same tokens [95% paired "
+              "bootstrap interval over books] (books where it is below 1).", "",
+              "| rows | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]  # fmt: skip
+    for pair, by in res["ratios"].items():
+        shown = []
+        for name in names:
+            r = by.get(name)
+            shown.append(
+                "–" if r is None else
+                f"{r['ratio']:.4f} [{r['interval'][0]:.4f}, {r['interval'][1]:.4f}] "
+                f"({r['books_below_1']}/{len(r['per_book'])})"
+            )  # fmt: skip
+        lines.append(f"| {pair} | " + " | ".join(shown) + " |")
+    last = bucket_name(BUCKETS[-1])
+    lines += ["", f"## Per book, positions {last}", "",
+              "| row | " + " | ".join(b["title"] for b in s["books"]) + " |",
+              "|---|" + "---:|" * len(s["books"])]  # fmt: skip
+    for row in s["rows"]:
+        c = res["rows"].get(row, {}).get(last)
+        if c is not None:
+            lines.append(f"| {row} | " + " | ".join(f"{p:.3f}" for p in c["per_book"]) + " |")
+    meta = data["meta"]
+    cpu = meta["cpu_seconds"]
+    lines += ["", f"![NLL against position]({NAME}.png)", "", "## How it was measured", "",
+              "```", meta["command"], "```", "",
+              f"- Cost: {len(data['cells'])} cells (one per row and book), "
+              f"{cpu / 60:.1f} CPU-minutes in all ({meta['threads']} torch thread), "
+              f"{meta['seconds'] / 60:.1f} min of wall time; NLL per block of {s['block']} "
+              f"predicted positions in `{NAME}.cells/`.",
+              machine_markdown(meta["machine"]), ""]  # fmt: skip
+    if notes:
+        lines += [notes, ""]
+    return "\n".join(lines)
+
+
+def plot(data: dict, path: Path) -> bool:
+    """Mean NLL per power-of-two position bin per row (left, with the bootstrap intervals over
+    books) and each row's difference from streaming's, the baseline at the same budget (right:
+    the window's, far above, left out); False: nothing to draw."""
+    curves = data["results"]["curves"]
+    if not any(curves.values()):
+        return False
+    plt = pyplot()
+    fig, (ax, dx) = plt.subplots(1, 2, figsize=(11, 4))
+    reference = {p["from"]: p["nll"] for p in curves.get("streaming", [])}
+    for row, points in curves.items():
+        if not points:
+            continue
+        xs = [math.sqrt(p["from"] * p["to"]) for p in points]
+        ys = [p["nll"] for p in points]
+        err = [[y - p["interval"][0] for y, p in zip(ys, points, strict=True)],
+               [p["interval"][1] - y for y, p in zip(ys, points, strict=True)]]  # fmt: skip
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=row)
+        dy = [(x, p["nll"] - reference[p["from"]])
+              for x, p in zip(xs, points, strict=True) if p["from"] in reference]  # fmt: skip
+        if row != "window" and dy:
+            dx.plot(*zip(*dy, strict=True), marker="o", label=row)
+        else:
+            dx.plot([], [])  # keep each row's colour
+    for a in (ax, dx):
+        a.axvline(2048, color="grey", lw=0.8, ls=":")
+        a.set(xscale="log", xlabel="position of the predicted token (bins [2^k, 2^(k+1)))")
+        a.legend()
+    ax.set(ylabel="mean NLL (nats/token)", title="NLL per position bin (95% over books)")
+    dx.set(ylabel="NLL − streaming's NLL", title="against streaming (the same 2,048 places)")
+    dx.axhline(0, color="grey", lw=0.8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def gather(cells_dir: Path, rows: list[str], books: list[dict], args, meta: dict) -> dict:
+    ids = [b["id"] for b in books]
+    cells = {}
+    for row in rows:
+        for b in ids:
+            path = cells_dir / f"{row}-{b}.json"
+            if not path.exists():
+                raise SystemExit(f"no cell {path}: run without --render-only to measure it")
+            cells[f"{row}-{b}"] = json.loads(path.read_text())
+    tokens = max(c["settings"]["tokens"] for c in cells.values())
+    results = summarise(cells, rows, ids, tokens, args.resamples, args.seed)
+    results["curves"] = {r: curve(cells, r, ids, args.resamples, args.seed) for r in rows}
+    setup = {
+        "base_model": next(iter(cells.values()))["settings"]["base_model"],
+        "tokens": tokens,
+        "full_tokens": min(c["settings"]["tokens"] for c in cells.values()),
+        "segment_len": SEGMENT, "block": BLOCK, "rows": rows,
+        "books": [{k: b[k] for k in ("split", "id", "title")} for b in books],
+        "buckets": [bucket_name(b) for b in BUCKETS], "resamples": args.resamples,
+        "seed": args.seed, "quick": args.quick,
+    }  # fmt: skip
+    meta = {**meta, "cpu_seconds": sum(c["cpu_seconds"] for c in cells.values()),
+            "seconds": sum(c["seconds"] for c in cells.values())}  # fmt: skip
+    return {"setup": setup, "results": results, "meta": meta, "cells": cells}
+
+
+# --------------------------------------------------------------------------- quick run
+def quick_model(folder: Path) -> Path:
+    """A tiny random Llama of 4,096 positions with a BPE of the embedded corpus's test book
+    (the --quick run)."""
+    import sys
+
+    from inftyformer.data.paths import EMBEDDED_CORPUS
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny_pretrained import write_tiny_model
+
+    text = next((EMBEDDED_CORPUS / "test").glob("*.txt")).read_text(encoding="utf-8")
+    return write_tiny_model(folder, corpus=(text[:20000],), max_positions=4096)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--books", type=int, default=4, help="how many held-out books (K)")
+    p.add_argument("--tokens", type=int, default=16384, help="tokens of each book (T)")
+    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--base-model", default=None)
+    p.add_argument("--data-dir", default=None, help="holds pg19-mini/ (default: the shared data)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--resamples", type=int, default=2000, help="bootstrap draws over books")
+    p.add_argument("--seed", type=int, default=0, help="of the bootstrap")
+    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--render-only", action="store_true")
+    p.add_argument("--quick", action="store_true",
+                   help="a tiny random model, the embedded corpus's 2 held-out books, 4,096 "
+                   "tokens each")  # fmt: skip
+    args = p.parse_args(argv)
+    rows = args.rows.split(",")
+    for row in rows:
+        if row not in ROWS:
+            p.error(f"unknown row {row!r}; known: {', '.join(ROWS)}")
+    if "window" not in rows:
+        p.error("the rows must include window (the others are compared with it)")
+    if args.tokens < 2 * BLOCK or args.tokens % BLOCK:
+        p.error(f"--tokens must be a multiple of {BLOCK}, at least {2 * BLOCK}")
+    if args.quick and Path(args.out).resolve() == OUT.resolve():
+        p.error("--quick needs an --out of its own (its tiny model's cells are not docs/'s)")
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    cells_dir = out / f"{NAME}.cells"
+    if args.quick:
+        from inftyformer.data.paths import EMBEDDED_CORPUS
+
+        args.base_model = str(quick_model(out / "quick-model"))
+        args.tokens, args.books, folder = 4096, 2, EMBEDDED_CORPUS
+    else:
+        from inftyformer.data import resolve_data_dir
+
+        folder = resolve_data_dir(args.data_dir) / "pg19-mini"
+    books = held_out_books(folder)
+    if args.books > len(books):
+        p.error(f"--books {args.books}: {folder} holds {len(books)} held-out books")
+    books = books[: args.books]
+    base_dir = args.base_model or default_base_model()
+    last = out / f"{NAME}.json"
+    previous = json.loads(last.read_text())["meta"] if last.exists() else None
+    ran = False
+    if not args.render_only:
+        from tokenizers import Tokenizer
+        from transformers import AutoModelForCausalLM
+
+        tokenizer = Tokenizer.from_file(str(Path(base_dir) / "tokenizer.json"))
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+        positions = int(getattr(base.config, "max_position_embeddings", None) or 1 << 30)
+        cells_dir.mkdir(parents=True, exist_ok=True)
+        for book in books:
+            for row in rows:
+                path = cells_dir / f"{row}-{book['id']}.json"
+                settings = cell_settings(row, args.tokens, base_dir, positions)
+                if path.exists() and json.loads(path.read_text())["settings"] == settings:
+                    continue
+                cell = run_cell(row, book, settings, base, tokenizer, progress=not args.quick)
+                write_json(path, cell)
+                ran = True
+                ppl = math.exp(sum(cell["nll_sum"]) / sum(cell["count"]))
+                print(f"{row} {book['id']}: ppl {ppl:.3f} over {settings['tokens']} tokens, "
+                      f"{cell['cpu_seconds']:.0f} CPU-s", flush=True)  # fmt: skip
+    # the command and machine of the run that measured the cells, not of one that renders
+    meta = (
+        {"command": command_line().replace(str(ROOT) + "/", ""), "machine": machine_info(),
+         "threads": args.threads}
+        if ran or previous is None else
+        {k: previous[k] for k in ("command", "machine", "threads")}
+    )  # fmt: skip
+    data = gather(cells_dir, rows, books, args, meta)
+    write_json(last, data)
+    notes = kept_notes(out / f"{NAME}.md")
+    plot(data, out / f"{NAME}.png")
+    write_text(out / f"{NAME}.md", render(data, notes))
+
+
+if __name__ == "__main__":
+    main()

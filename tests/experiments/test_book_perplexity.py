@@ -1,0 +1,105 @@
+"""experiments/book_perplexity.py: the NLL block sums and bucket sums by hand, the pooled
+perplexity, the paired ratio and their bootstrap intervals by hand; the quick run (a tiny random
+Llama on the embedded corpus's held-out books) gives the window row the full row's NLL while
+the window holds the whole past and not after, reports every bucket the books reach from the
+cells it wrote, renders the page from the JSON and resumes without measuring again."""
+
+import json
+import math
+
+import book_perplexity as bp
+import pytest
+import torch
+
+
+def cell(sums: list[float], counts: list[int]) -> dict:
+    return {"block": 64, "nll_sum": sums, "count": counts}
+
+
+def test_block_sums_by_hand():
+    nll = torch.arange(1, 130, dtype=torch.float32)  # NLL of positions 1 … 129 = the position
+    sums, counts = bp.block_sums(nll)
+    assert counts == [63, 64, 2]  # position 0 predicts nothing
+    assert sums == [sum(range(1, 64)), sum(range(64, 128)), 128 + 129]
+
+
+def test_a_bucket_the_cell_does_not_reach_is_not_reported():
+    c = cell([1.0, 2.0, 3.0, 4.0], [63, 64, 64, 64])  # positions up to 256
+    assert bp.bucket_nll(c, 64, 192) == (5.0, 128)
+    assert bp.bucket_nll(c, 128, 256) == (7.0, 128)
+    assert bp.bucket_nll(c, 128, 320) is None  # measured in part
+    assert bp.bucket_nll(c, 100, 192) is None  # not on a block's edge
+
+
+def test_pooled_perplexity_ratio_and_intervals_by_hand():
+    blocks = 1024 * 4 // 64  # positions up to 4K: buckets [1K, 2K), [2K, 4K) and ≥ 1K
+    counts = [63] + [64] * (blocks - 1)
+
+    def row(nll_a: float, nll_b: float) -> dict:  # two books, a flat NLL each
+        return {"a": cell([nll_a * n for n in counts], counts),
+                "b": cell([nll_b * n for n in counts], counts)}  # fmt: skip
+
+    rows = {"window": row(2.0, 3.0), "retrieval": row(1.9, 3.0)}
+    cells = {f"{r}-{b}": c for r, books in rows.items() for b, c in books.items()}
+    out = bp.summarise(cells, ["window", "retrieval"], ["a", "b"], 4096, 400, seed=0)
+    at = out["rows"]["window"]["≥1K"]
+    assert at["tokens"] == 2 * 3072 and at["ppl"] == pytest.approx(math.exp(2.5))
+    assert at["per_book"] == pytest.approx([math.exp(2.0), math.exp(3.0)])
+    lo, hi = at["interval"]  # some draws take one book twice: the interval spans both books
+    assert lo == pytest.approx(math.exp(2.0)) and hi == pytest.approx(math.exp(3.0))
+    assert "[4K, 8K)" not in out["rows"]["window"]  # the books end at 4K
+    r = out["ratios"]["retrieval/window"]["[1K, 2K)"]
+    assert r["ratio"] == pytest.approx(math.exp((1.9 + 3.0) / 2 - 2.5))
+    assert r["per_book"] == pytest.approx([math.exp(-0.1), 1.0]) and r["books_below_1"] == 1
+    assert r["interval"] == pytest.approx([math.exp(-0.1), 1.0])  # both books, or one twice
+    assert list(out["ratios"]) == ["retrieval/window"]  # no streaming row: no other pair
+
+
+def test_the_quick_run_window_is_the_full_context_while_it_holds_the_past(tmp_path):
+    bp.main(["--quick", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "book_perplexity.json").read_text())
+    books = [b["id"] for b in data["setup"]["books"]]
+    assert len(books) == 2 and data["setup"]["tokens"] == 4096
+    cells_dir = tmp_path / "book_perplexity.cells"
+    assert sorted(p.stem for p in cells_dir.glob("*.json")) == sorted(
+        f"{r}-{b}" for r in bp.ROWS for b in books
+    )
+    for book in books:
+        full = torch.tensor(data["cells"][f"full-{book}"]["nll_sum"])
+        window = torch.tensor(data["cells"][f"window-{book}"]["nll_sum"])
+        assert full.shape == window.shape == (4096 // 64,)
+        # positions < 2,048: the window holds every earlier token, the logits are the base's
+        torch.testing.assert_close(window[:32], full[:32], rtol=0, atol=1e-3)
+        assert (window[40:] - full[40:]).abs().max() > 1e-3  # later it reads only the last 2K
+    # the report's perplexities are the cells', per bucket the books reach
+    for row in bp.ROWS:
+        got = data["results"]["rows"][row]
+        assert sorted(got) == sorted(["[1K, 2K)", "[2K, 4K)", "≥1K"])
+        sums = [data["cells"][f"{row}-{b}"]["nll_sum"] for b in books]
+        want = math.exp(sum(sum(s[32:64]) for s in sums) / (2 * 2048))
+        assert got["[2K, 4K)"]["ppl"] == pytest.approx(want, rel=1e-12)
+        lo, hi = got["≥1K"]["interval"]
+        assert lo <= got["≥1K"]["ppl"] <= hi
+    pairs = {"full/window", "streaming/window", "retrieval/window", "retrieval/streaming"}
+    assert set(data["results"]["ratios"]) == pairs
+    page = (tmp_path / "book_perplexity.md").read_text()
+    assert "| row | [1K, 2K) | [2K, 4K) | [4K, 8K) | [8K, 16K) | ≥1K |" in page
+    assert "Goal (retrieval no worse than the 2K window at positions ≥ 1K)" in page
+    assert (tmp_path / "book_perplexity.png").stat().st_size > 0
+    # a second run finds every cell with its settings: nothing measured again
+    path = cells_dir / f"retrieval-{books[0]}.json"
+    stamp = path.stat().st_mtime_ns
+    bp.main(["--quick", "--out", str(tmp_path)])
+    assert path.stat().st_mtime_ns == stamp
+
+
+def test_bad_arguments_are_refused_with_the_reason(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bp.main(["--quick"])  # the tiny model's cells would land among docs/'s
+    assert "--quick needs an --out of its own" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bp.main(["--rows", "retrieval", "--out", str(tmp_path), "--render-only"])
+    assert "must include window" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bp.main(["--tokens", "1000", "--out", str(tmp_path), "--render-only"])
+    assert "multiple of 64" in capsys.readouterr().err
