@@ -205,13 +205,15 @@ def wilson(k: int, n: int, z: float = 1.96) -> list[float]:
     return [max(0.0, centre - half), min(1.0, centre + half)]
 
 
-def score_table(cells: dict, key: str, lengths: list[int], score: str = "exact") -> list[str]:
-    """Markdown lines of a table: a row per ROWS entry, a column per length; the cell of row r
+def score_table(
+    cells: dict, key: str, lengths: list[int], score: str = "exact", rows: tuple = ROWS
+) -> list[str]:
+    """Markdown lines of a table: a row per `rows` entry, a column per length; the cell of row r
     at length n is `cells[key.format(row=r, n=n)]` (missing: not run), its `score` shown with
     its interval and samples."""
     lines = ["| row | " + " | ".join(f"{n:,} tokens" for n in lengths) + " |",
              "|---|" + "---:|" * len(lengths)]  # fmt: skip
-    for row in ROWS:
+    for row in rows:
         shown = []
         for n in lengths:
             cell = cells.get(key.format(row=row, n=n))

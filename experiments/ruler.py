@@ -16,6 +16,11 @@ that many prompts of it.
     python experiments/ruler.py --lengths 4096,8192 --limit 25 --cache-dir runs/ruler-cache
     python experiments/ruler.py --render-only
     python experiments/ruler.py --quick --out /tmp/r                     # tiny random model
+    python experiments/ruler.py --dump-prompts runs/ruler-prompts.jsonl --lengths 4096
+
+Peer rows `kvpress_*` (NVIDIA's kvpress presses, each keeping 2,048 entries of the context) are
+run on the dumped prompts by `experiments/ruler_kvpress.py` in a virtualenv of their own
+(`scripts/kvpress_env.sh`); this script renders their cells beside the others.
 
 Each (row, task, length) cell is written to OUT/ruler.cells/ROW-TASK-LENGTH.json as it finishes
 (a cell already there is skipped, unless it holds fewer prompts than --limit); OUT/ruler.json
@@ -33,6 +38,7 @@ from pathlib import Path
 
 import torch
 from retrieval import ROWS, score_table, wilson
+from ruler_kvpress import KEPT, PRESSES
 
 from inftyformer._measure import (
     default_base_model,
@@ -141,6 +147,61 @@ def ruler_tasks(metadata: dict | None = None):
     return TaskManager(include_path=str(folder), include_defaults=False, metadata=metadata)
 
 
+def question_start(prompt: str) -> int:
+    """Where the question of a RULER prompt starts: after its last newline. Every template of
+    lm_eval's RULER tasks ends with the question on a line of its own, the answer's opening
+    (lm_eval's gen_prefix) after it: niah "What is the special magic number for KEY mentioned in
+    the provided text? The special magic number for KEY mentioned in the provided text is",
+    ruler_vt "Question: Find all variables that are assigned the value N in the text above.
+    Answer: ... they are:" (cwe and fwe: "Question: ..." too); all before it is the context."""
+    cut = prompt.rfind("\n")
+    if cut < 0:
+        raise ValueError("no newline in the prompt: RULER's question stands on a line of its own")
+    return cut + 1
+
+
+def prompt_records(task, length: int, limit: int, tokenizer) -> list[dict]:
+    """The first `limit` prompts of `task` (`ruler_task`) as lm_eval hands them to a model: the
+    request's text (its doc_to_text and gen_prefix joined by lm_eval itself), lm_eval's
+    prompt_hash of it, its tokens as lm_eval's hf model encodes them (no special token added),
+    how many of them are the context (the tokens that start before `question_start`), the
+    expected strings and the generation settings."""
+    import lm_eval
+    from lm_eval.utils import hash_string
+
+    task.build_all_requests(limit=limit, rank=0, world_size=1)
+    records = []
+    for instance in sorted(task.instances, key=lambda i: i.doc_id):
+        prompt, settings = instance.args
+        start = question_start(prompt)
+        encoded = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
+        context = next((i for i, (a, _) in enumerate(offsets) if a >= start), len(ids))
+        records.append({
+            "task": task.config.task, "length": length, "doc_id": instance.doc_id,
+            "prompt": prompt, "prompt_hash": hash_string(prompt), "question_start": start,
+            "input_ids": ids, "context_tokens": context, "expected": instance.doc["outputs"],
+            "ruler_length": instance.doc["length"], "generation": settings,
+            "lm_eval": lm_eval.__version__,
+        })  # fmt: skip
+    return records
+
+
+def dump_prompts(path: Path, tasks: list[str], lengths: list[int], args, base_dir: str) -> int:
+    """`prompt_records` of every (task, length) written to `path` as JSON lines, for a model run
+    outside lm_eval (`experiments/ruler_kvpress.py`); the count written."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
+    lines = []
+    for length in lengths:
+        for name in tasks:
+            made = ruler_task(name, length, base_dir, args.seed)
+            lines += [json.dumps(r) for r in prompt_records(made, length, args.limit, tokenizer)]
+    write_text(path, "".join(line + "\n" for line in lines))
+    return len(lines)
+
+
 def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
     """One lm_eval run of `row` on `task` (`ruler_task`), the first `args.limit` prompts,
     scored per prompt."""
@@ -199,23 +260,82 @@ def cut_sentence(setup: dict) -> str:
     )
 
 
+PEERS = tuple(PRESSES)  # kvpress's rows, run by experiments/ruler_kvpress.py in a venv of its own
+
+
+def peer_lines(cells: dict) -> list[str]:
+    """What the kvpress rows are and the commands that made them (none: no kvpress cell)."""
+    run = [c for c in cells.values() if c.get("row") in PEERS and "samples" in c]
+    if not run:
+        return []
+    tasks = ",".join(sorted({c["task"] for c in run}))
+    lengths = ",".join(str(n) for n in sorted({c["length"] for c in run}))
+    limit = max(c["samples"] for c in run)
+    versions = ", ".join(sorted({c["kvpress"] for c in run}))
+    shown = ", ".join(f"`{r}` {PRESSES[r]}" for r in PEERS if any(c["row"] == r for c in run))
+    return [
+        "",
+        "## The kvpress rows",
+        "",
+        f"Rows `kvpress_*`: presses of NVIDIA's kvpress {versions} ({shown}), on the same "
+        "prompts as the rows above (the same lm_eval requests: the same prompt_hash and tokens), "
+        "run by `experiments/ruler_kvpress.py` with the python of a virtualenv of their own "
+        "(kvpress pins transformers below 5.3; inftyformer does not depend on it). SnapKVPress "
+        "keeps what the attention of the context's last 64 tokens picks; ExpectedAttentionPress "
+        "what the queries of the next 512 positions are expected to attend, from the statistics "
+        "of the context's queries; KnormPress the keys of smallest norm, no query used; "
+        "StreamingLLMPress 4 sink tokens and the most recent.",
+        "",
+        f"Budget: each press keeps {KEPT:,} entries of the context in every layer "
+        f"(compression_ratio = 1 − {KEPT:,} / context tokens, per prompt). The context is the "
+        "prompt up to its last line; that line, the question and the answer's opening (lm_eval's "
+        "gen_prefix), is read after it uncompressed, at its own positions, then the answer "
+        "greedily (the task's max_gen_toks, the tokenizer's end of sequence), scored by RULER's "
+        "rule. So these rows read the question's few dozen places on top of their 2,048, where "
+        "the rows above count it within theirs; and, as in kvpress's own pipeline, the context "
+        "is read in one forward pass (every layer attending to all of it), the press choosing "
+        "what stays for the question and the answer without seeing the question, where the "
+        "`retrieval` row chooses its blocks with the question's own queries.",
+        "",
+        "```",
+        "bash scripts/kvpress_env.sh        # the virtualenv .venv-kvpress: kvpress, its "
+        "transformers, CPU torch",
+        f"python experiments/ruler.py --dump-prompts runs/ruler-prompts.jsonl --tasks {tasks} \\",
+        f"    --lengths {lengths} --limit {limit} --base-model MODEL_DIR",
+        ".venv-kvpress/bin/python experiments/ruler_kvpress.py --prompts runs/ruler-prompts.jsonl "
+        "\\",
+        f"    --base-model MODEL_DIR --limit {limit} --threads 1",
+        "```",
+    ]
+
+
 def render(data: dict, notes: str = "") -> str:
     setup = data["setup"]
+    peers = tuple(r for r in PEERS if any(c.get("row") == r for c in data["cells"].values()))
     lines = [
         "# RULER through lm-evaluation-harness: the base, a KV cache and retrieval side by side",
         "",
         f"Base model `{setup['base_model']}`; lm_eval {setup['lm_eval']}'s RULER tasks (seed "
-        f"{setup['seed']}), the first {setup['limit']} prompts (at most) of each length (the "
-        "same prompts for every row). Each cell: RULER's score (the share of the expected "
-        "strings found in the greedy answer, averaged over prompts) [95% Wilson interval of "
-        "that share over the prompts] (prompts). Lengths in the base's tokens, prompt and "
-        "answer (lm_eval's `max_seq_lengths`). Every row reads at most 2,048 places but `full`. "
-        "Rendered from `ruler.json` by `experiments/ruler.py`." + cut_sentence(setup),
+        f"{setup['seed']}), the first prompts of each length (the same prompts for every row; "
+        "how many: each cell's last number). Each cell: RULER's score (the share of the "
+        "expected strings found in the greedy answer, averaged over prompts) [95% Wilson "
+        "interval of that share over the prompts] (prompts). Lengths in the base's tokens, "
+        "prompt and answer (lm_eval's `max_seq_lengths`). Every row reads at most 2,048 places "
+        "but `full`"
+        + (" (the `kvpress_*` rows: 2,048 of the context, then the question)" if peers else "")
+        + ". Rendered from `ruler.json` by `experiments/ruler.py`."
+        + cut_sentence(setup),
         "",
         "Rows: `full` the base alone (lm_eval's `hf` model); `window` a KV cache of the last "
         "2,048 tokens; `streaming` the first 64 and the last 1,984; `retrieval` the first 64, "
         "the 16 past blocks of 64 its queries match best and the last 960 (lm_eval model "
-        "`inftyformer-retrieval`, `inftyformer.hf.ruler_lm`).",
+        "`inftyformer-retrieval`, `inftyformer.hf.ruler_lm`)."
+        + (
+            " Rows `kvpress_*`: NVIDIA's kvpress presses, each keeping 2,048 entries of the "
+            "context (below)."
+            if peers
+            else ""
+        ),
     ]
     for task in OFFLINE:
         keys = [k for k in data["cells"] if k.split("-", 1)[1].rsplit("-", 1)[0] == task]
@@ -223,7 +343,9 @@ def render(data: dict, notes: str = "") -> str:
             continue
         lengths = sorted({int(k.rsplit("-", 1)[1]) for k in keys})
         lines += ["", f"## {task}", "", WHAT[task] + ".", ""]
-        lines += score_table(data["cells"], "{row}-" + task + "-{n}", lengths, score="score")
+        rows = ROWS + peers
+        lines += score_table(data["cells"], "{row}-" + task + "-{n}", lengths, "score", rows)
+    lines += peer_lines(data["cells"])
     lines += ["", "## What runs offline", "",
               "Run here (data made by lm_eval from its seeds and the base's tokenizer, nothing "
               "downloaded): " + ", ".join(f"`{t}`" for t in OFFLINE) + ".", "",
@@ -286,6 +408,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--render-only", action="store_true")
     p.add_argument(
+        "--dump-prompts",
+        metavar="FILE",
+        help="write the first --limit prompts of each task and length as lm_eval gives them to "
+        "a model (JSON lines: text, tokens, context/question split, expected) and stop; the "
+        "input of experiments/ruler_kvpress.py",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help="a tiny random model, 2 prompts of 3,072 tokens, "
@@ -298,6 +427,8 @@ def main(argv: list[str] | None = None) -> None:
         for x in given:
             if x not in known:
                 why = f" ({LEFT_OUT[x]})" if x in LEFT_OUT else ""
+                if x in PEERS:
+                    why = " (a kvpress row: experiments/ruler_kvpress.py)"
                 p.error(f"unknown {name} {x!r}{why}; known: {', '.join(known)}")
     if args.quick and Path(args.out).resolve() == OUT.resolve():
         p.error("--quick needs an --out of its own (its tiny model's cells are not docs/'s)")
@@ -308,6 +439,11 @@ def main(argv: list[str] | None = None) -> None:
         args.base_model = str(quick_model(out / "quick-model"))
         args.lengths, args.limit = "3072", 2
     base_dir = args.base_model or default_base_model()
+    if args.dump_prompts:
+        lengths = [int(x) for x in args.lengths.split(",")]
+        count = dump_prompts(Path(args.dump_prompts), tasks, lengths, args, base_dir)
+        print(f"{count} prompts written to {args.dump_prompts}", flush=True)
+        return
     ran = False  # a cell run by this call: the machine is this one, else the last run's
     if not args.render_only:
         cells_dir.mkdir(parents=True, exist_ok=True)
@@ -327,7 +463,8 @@ def main(argv: list[str] | None = None) -> None:
     cells = {p.stem: json.loads(p.read_text()) for p in sorted(cells_dir.glob("*.json"))}
     import lm_eval
 
-    run = [c for c in cells.values() if "samples" in c]  # what the cells hold, not this call
+    # what lm_eval's cells hold, not this call (the kvpress rows: their own commands)
+    run = [c for c in cells.values() if "samples" in c and c.get("row") not in PEERS]
     lengths = sorted({c["length"] for c in run}) or [int(x) for x in args.lengths.split(",")]
     setup = {"base_model": Path(base_dir).name, "seed": args.seed,
              "limit": max((c["samples"] for c in run), default=args.limit),
