@@ -284,7 +284,10 @@ def peer_lines(cells: dict) -> list[str]:
         "keeps what the attention of the context's last 64 tokens picks; ExpectedAttentionPress "
         "what the queries of the next 512 positions are expected to attend, from the statistics "
         "of the context's queries; KnormPress the keys of smallest norm, no query used; "
-        "StreamingLLMPress 4 sink tokens and the most recent.",
+        "StreamingLLMPress 4 sink tokens and the most recent. Rows ending in `_q`: the press "
+        "reads all of the prompt but its last token, the question included (SnapKV's window is "
+        "then the question's, as its authors use it), and the last token is read after it from "
+        "the pressed cache.",
         "",
         f"Budget: each press keeps {KEPT:,} entries of the context in every layer "
         f"(compression_ratio = 1 − {KEPT:,} / context tokens, per prompt). The context is the "

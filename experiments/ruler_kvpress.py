@@ -55,7 +55,10 @@ PRESSES = {  # row -> kvpress's press
     "kvpress_expected": "ExpectedAttentionPress",  # attention expected of future queries
     "kvpress_knorm": "KnormPress",  # keys of small norm kept, no query used
     "kvpress_streaming": "StreamingLLMPress",  # 4 sink tokens and the most recent
+    "kvpress_snapkv_q": "SnapKVPress",  # the question in what is pressed: its window asks
+    "kvpress_expected_q": "ExpectedAttentionPress",
 }
+QUESTION_SEEN = ("kvpress_snapkv_q", "kvpress_expected_q")  # pressed: the prompt but its last
 DEFAULT_PRESSES = ("kvpress_snapkv", "kvpress_expected", "kvpress_knorm")
 CONTROL = re.compile(r"[\x00-\x1f]")
 
@@ -91,17 +94,27 @@ def cut_at_stops(text: str, stops: list[str]) -> str:
 
 
 @torch.no_grad()
-def answer(model, tokenizer, press, record: dict) -> tuple[str, int]:
-    """The greedy answer to `record`'s prompt with `press` on its context; (text, the entries
-    each layer's cache kept of the context)."""
+def pressed_tokens(row: str, record: dict) -> int:
+    """How many of the prompt's first tokens the press reads: the context (the question read
+    after, uncompressed), or for a row of QUESTION_SEEN all of the prompt but its last token (so
+    that SnapKV's window is the question's, as its authors meant; the last token is read after,
+    from the pressed cache, so no answer token is computed with the whole prompt in view)."""
+    return len(record["input_ids"]) - 1 if row in QUESTION_SEEN else record["context_tokens"]
+
+
+def answer(
+    model, tokenizer, press, record: dict, n: int, cut: int | None = None
+) -> tuple[str, int]:
+    """The greedy answer to `record`'s prompt with `press` on its first `n` tokens, at most
+    `cut` new tokens (None: the task's max_gen_toks); (text, the entries each layer's cache
+    kept of them)."""
     from transformers import DynamicCache
 
     ids = torch.tensor([record["input_ids"]])  # [1, T]
-    n = record["context_tokens"]
     settings = record["generation"]
     until = settings.get("until") or []
     stops = [until] if isinstance(until, str) else list(until)
-    count = int(settings.get("max_gen_toks") or 256)
+    count = cut or int(settings.get("max_gen_toks") or 256)
     cache = DynamicCache()
     with press(model):  # the context read whole; each layer's cache pressed as it is filled
         model.model(input_ids=ids[:, :n], past_key_values=cache)
@@ -124,7 +137,9 @@ def answer(model, tokenizer, press, record: dict) -> tuple[str, int]:
     return cut_at_stops(tokenizer.decode(written), stops), kept
 
 
-def run_cell(row: str, records: list[dict], model, tokenizer, positions: int) -> dict:
+def run_cell(
+    row: str, records: list[dict], model, tokenizer, positions: int, cut: int | None = None
+) -> dict:
     """One press on the prompts `records` (one task and length), scored per prompt."""
     task, length = records[0]["task"], records[0]["length"]
     name = PRESSES[row]
@@ -135,14 +150,15 @@ def run_cell(row: str, records: list[dict], model, tokenizer, positions: int) ->
     answers = []
     start = time.perf_counter()
     for i, record in enumerate(records):
-        ratio = compression_ratio(record["context_tokens"])
+        n = pressed_tokens(row, record)
+        ratio = compression_ratio(n)
         began = time.perf_counter()
-        text, kept = answer(model, tokenizer, make_press(row, ratio), record)
+        text, kept = answer(model, tokenizer, make_press(row, ratio), record, n, cut)
         score = ruler_score(text, record["expected"])
         answers.append({
             "expected": record["expected"], "written": text, "score": score,
             "ruler_length": record["ruler_length"], "prompt_hash": record["prompt_hash"],
-            "context_tokens": record["context_tokens"], "kept": kept,
+            "context_tokens": record["context_tokens"], "pressed_tokens": n, "kept": kept,
             "compression_ratio": ratio, "seconds": time.perf_counter() - began,
         })  # fmt: skip
         print(f"  {row} {task} {length} prompt {i + 1}/{len(records)}: score {score} "
@@ -155,8 +171,10 @@ def run_cell(row: str, records: list[dict], model, tokenizer, positions: int) ->
     return {
         "row": row, "task": task, "length": length, "model": f"kvpress {version} {name}",
         "model_args": f"pretrained=MODEL_DIR,dtype=float32,press={name},kept={KEPT},"
-        f"compression_ratio=1-{KEPT}/context_tokens,question=uncompressed",
+        f"compression_ratio=1-{KEPT}/pressed_tokens,"
+        + ("question=pressed" if row in QUESTION_SEEN else "question=uncompressed"),
         "score": total / n, "samples": n, "interval": wilson(total, n), "seconds": seconds,
+        "max_gen_toks": cut,
         "lm_eval": records[0].get("lm_eval"), "kvpress": version,
         "transformers": metadata.version("transformers"), "torch": torch.__version__,
         "answers": answers,
@@ -189,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lengths", help="of the dumped ones (default: all)")
     p.add_argument("--limit", type=int, default=25, help="prompts per task and length")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--max-gen-toks", type=int, default=None, help="as experiments/ruler.py's")
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args(argv)
     rows = args.presses.split(",")
@@ -225,9 +244,10 @@ def main(argv: list[str] | None = None) -> None:
             path = cells / f"{row}-{task}-{length}.json"
             if path.exists():
                 old = json.loads(path.read_text())
-                if "skipped" in old or old["samples"] >= len(records):
+                done = old.get("samples", 0) >= len(records)
+                if "skipped" in old or (done and old.get("max_gen_toks") == args.max_gen_toks):
                     continue
-            cell = run_cell(row, records, model, tokenizer, positions)
+            cell = run_cell(row, records, model, tokenizer, positions, args.max_gen_toks)
             write_json(path, cell)
             summary = {k: v for k, v in cell.items() if k not in ("answers", "model_args")}
             print(f"{row} {task} {length}: {summary}", flush=True)
