@@ -1,0 +1,190 @@
+"""Where the asked fact was when the retrieval preset answered: in a block it chose, in its
+window or sink, or not read at all, and how often the answer was right in each case.
+
+The multi-key needles of `experiments/retrieval.py` (the same passages, questions and greedy
+answers as its `retrieval` row): for each question, the question's call chooses its blocks
+(`reselect`, as `RetrievalLM.generate` does) and we look up where the needle's number lies in
+the stream: in the sink, in the window, in stored blocks the question chose (`chosen`: every
+token of the number; `partly`: some), or in stored blocks it did not choose (`missed`). Which
+of selection and reading fails, per length:
+
+    python experiments/retrieval_where.py --lengths 4096 --passages 5
+    python experiments/retrieval_where.py --quick --out /tmp/w       # tiny random model
+
+Cells OUT/retrieval_where.cells/LENGTH.json (a cell already there is skipped);
+OUT/retrieval_where.json gathers them; OUT/retrieval_where.md is rendered from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from retrieval import filler_text, passages, quick_model, wilson
+
+from inftyformer._measure import (
+    default_base_model,
+    kept_notes,
+    machine_info,
+    write_json,
+    write_text,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs"
+PLACES = ("sink", "window", "chosen", "partly", "missed", "unknown")
+
+
+def place_of(span: range, state, row: int, chosen: list[int], model) -> str:
+    """Where the tokens `span` of row `row`'s stream are read from after its prefill."""
+    c = model.config
+    B, S = c.block_size, int(state.sink_len[row])
+    length = int(state.tokens[row])
+    if span.start >= length - int(state.window_len[row]):
+        return "window"
+    if span.stop <= S:
+        return "sink"
+    stored = state.block_ids[row, : int(state.blocks[row])].tolist()
+    blocks = {(t - S) // B for t in span if t >= S and t < length - int(state.window_len[row])}
+    read = [stored[b] in chosen for b in blocks if b < len(stored)]
+    if read and all(read):
+        return "chosen"
+    return "partly" if any(read) else "missed"
+
+
+def find(passage: list[int], answer: list[int]) -> range | None:
+    """The tokens of the number `answer` in the passage (its first occurrence)."""
+    n = len(answer)
+    for t in range(len(passage) - n + 1):
+        if passage[t : t + n] == answer:
+            return range(t, t + n)
+    return None
+
+
+@torch.no_grad()
+def run_cell(length: int, args, base, tokenizer, text: str) -> dict:
+    from inftyformer.hf.retrieval import RetrievalLM
+
+    data = passages(tokenizer, text, length, args.passages, args.needles, args.seed)
+    start = time.perf_counter()
+    ids = torch.stack([passage for passage, _ in data])
+    model = RetrievalLM(base, preset="retrieval").eval()
+    state = model(ids, logits_to_keep=1).state
+    samples = []
+    for j in range(len(data[0][1])):
+        rows = [questions[j] for _, questions in data]
+        groups: dict[int, list[int]] = {}  # passages whose question j has one length
+        for i, (question, _) in enumerate(rows):
+            groups.setdefault(len(question), []).append(i)
+        for members in groups.values():
+            question = torch.tensor([rows[i][0] for i in members])
+            part = state.select_rows(members)
+            choice = model(question, part, reselect=True, logits_to_keep=1).state.selected
+            count = max(len(rows[i][1]) for i in members)
+            written, _ = model.generate(question, count, state=part)
+            for k, (i, new) in enumerate(zip(members, written.tolist(), strict=True)):
+                answer = rows[i][1]
+                span = find(data[i][0].tolist(), answer)
+                where = "unknown" if span is None else place_of(
+                    span, state, i, choice[k].tolist(), model
+                )  # fmt: skip
+                samples.append({"passage": i, "question": j, "where": where,
+                                "at": None if span is None else span.start,
+                                "exact": new[: len(answer)] == answer})  # fmt: skip
+    state.store.close()
+    return {"length": length, "samples": len(samples), "answers": samples,
+            "seconds": time.perf_counter() - start}  # fmt: skip
+
+
+def render(data: dict, notes: str = "") -> str:
+    setup = data["setup"]
+    lines = [
+        "# Where the asked fact was: chosen, in the window, or missed",
+        "",
+        f"Base model `{setup['base_model']}`; the `retrieval` preset on the multi-key needles of "
+        f"`experiments/retrieval.py` ({setup['needles']} needles per passage, "
+        f"{setup['passages']} passages, seed {setup['seed']}). For each question: where the "
+        "needle's number lies when the question's call has chosen its blocks, and whether the "
+        "greedy answer was exact. Cells: right / questions [95% Wilson interval of the share]. "
+        "Rendered from `retrieval_where.json` by `experiments/retrieval_where.py`.",
+        "",
+        "| length | " + " | ".join(PLACES) + " | all |",
+        "|---|" + "---:|" * (len(PLACES) + 1),
+    ]
+    for key in sorted(data["cells"], key=int):
+        answers = data["cells"][key]["answers"]
+        cells = []
+        for place in (*PLACES, None):
+            got = [a for a in answers if place is None or a["where"] == place]
+            if not got:
+                cells.append("–")
+                continue
+            right = sum(a["exact"] for a in got)
+            low, high = wilson(right, len(got))
+            cells.append(f"{right}/{len(got)} [{low:.2f}, {high:.2f}]")
+        lines.append(f"| {int(key):,} | " + " | ".join(cells) + " |")
+    lines += ["", "```", f"python experiments/retrieval_where.py --lengths "
+              f"{','.join(sorted(data['cells'], key=int))} --passages {setup['passages']}",
+              "```", "", f"Machine: {data['machine'].get('cpu', '?')}", ""]  # fmt: skip
+    if notes:
+        lines += [notes, ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lengths", default="4096")
+    p.add_argument("--passages", type=int, default=5)
+    p.add_argument("--needles", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--base-model", default=None)
+    p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--render-only", action="store_true")
+    p.add_argument("--quick", action="store_true", help="a tiny random model, 1 passage, 2,304")
+    args = p.parse_args(argv)
+    if args.quick and Path(args.out).resolve() == OUT.resolve():
+        p.error("--quick needs an --out of its own (its tiny model's cells are not docs/'s)")
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    cells_dir = out / "retrieval_where.cells"
+    if args.quick:
+        args.base_model = str(quick_model(out / "quick-model"))
+        args.lengths, args.passages, args.needles = "2304", 1, 2
+    base_dir = args.base_model or default_base_model()
+    ran = False
+    if not args.render_only:
+        from tokenizers import Tokenizer
+        from transformers import AutoModelForCausalLM
+
+        tokenizer = Tokenizer.from_file(str(Path(base_dir) / "tokenizer.json"))
+        data_dir = Path(args.data_dir)
+        text = filler_text(data_dir if data_dir.is_dir() and not args.quick else None)
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+        cells_dir.mkdir(parents=True, exist_ok=True)
+        for length in (int(x) for x in args.lengths.split(",")):
+            path = cells_dir / f"{length}.json"
+            if path.exists():
+                continue
+            cell = run_cell(length, args, base, tokenizer, text)
+            write_json(path, cell)
+            ran = True
+            print(f"{length}: {[(a['where'], a['exact']) for a in cell['answers']]}", flush=True)
+    cells = {p.stem: json.loads(p.read_text()) for p in sorted(cells_dir.glob("*.json"))}
+    last = out / "retrieval_where.json"
+    machine = (
+        machine_info() if ran or not last.exists() else json.loads(last.read_text())["machine"]
+    )
+    setup = {"base_model": Path(base_dir).name, "needles": args.needles,
+             "passages": args.passages, "seed": args.seed}  # fmt: skip
+    data = {"setup": setup, "cells": cells, "machine": machine}
+    write_json(last, data)
+    write_text(out / "retrieval_where.md", render(data, kept_notes(out / "retrieval_where.md")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""experiments/retrieval_where.py: where a span of the stream is read from after a prefill
+(sink, window, a chosen stored block, some of them, none), on a tiny model's real state."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import retrieval_where as rw
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hf"))
+from tiny_hf import V, tiny_base  # noqa: E402
+
+from inftyformer.hf.retrieval import RetrievalLM  # noqa: E402
+
+
+@torch.no_grad()
+def test_a_span_is_placed_where_the_state_reads_it():
+    # 40 tokens, blocks of 4: tokens 0-3 the sink, 4-23 five stored blocks, 24-39 the window
+    model = RetrievalLM(
+        tiny_base("llama", max_position_embeddings=512),
+        block_size=4, blocks=2, sink_blocks=1, window=16, segment_len=8,
+    ).eval()  # fmt: skip
+    ids = torch.randint(1, V, (1, 40), generator=torch.Generator().manual_seed(0))
+    state = model(ids).state
+    assert (int(state.sink_len[0]), int(state.blocks[0]), int(state.window_len[0])) == (4, 5, 16)
+    stored = state.block_ids[0].tolist()  # stream order: tokens 4-7, 8-11, …, 20-23
+    chosen = [stored[1], stored[2]]  # tokens 8-15
+    assert rw.place_of(range(1, 3), state, 0, chosen, model) == "sink"
+    assert rw.place_of(range(30, 35), state, 0, chosen, model) == "window"
+    assert rw.place_of(range(9, 14), state, 0, chosen, model) == "chosen"
+    assert rw.place_of(range(13, 18), state, 0, chosen, model) == "partly"
+    assert rw.place_of(range(17, 23), state, 0, chosen, model) == "missed"
+    state.store.close()
+
+
+@pytest.mark.parametrize(
+    "passage, answer, found",
+    [([5, 1, 2, 3, 1, 2], [1, 2], range(1, 3)), ([1, 2, 3], [2, 4], None), ([7], [7], range(0, 1))],
+)
+def test_find_gives_the_first_occurrence_of_the_number(passage, answer, found):
+    assert rw.find(passage, answer) == found
