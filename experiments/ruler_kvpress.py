@@ -138,7 +138,13 @@ def answer(
 
 
 def run_cell(
-    row: str, records: list[dict], model, tokenizer, positions: int, cut: int | None = None
+    row: str,
+    records: list[dict],
+    model,
+    tokenizer,
+    positions: int,
+    cut: int | None = None,
+    budget: int = KEPT,
 ) -> dict:
     """One press on the prompts `records` (one task and length), scored per prompt."""
     task, length = records[0]["task"], records[0]["length"]
@@ -151,7 +157,7 @@ def run_cell(
     start = time.perf_counter()
     for i, record in enumerate(records):
         n = pressed_tokens(row, record)
-        ratio = compression_ratio(n)
+        ratio = compression_ratio(n, budget)
         began = time.perf_counter()
         text, kept = answer(model, tokenizer, make_press(row, ratio), record, n, cut)
         score = ruler_score(text, record["expected"])
@@ -170,8 +176,8 @@ def run_cell(
     version = metadata.version("kvpress")
     return {
         "row": row, "task": task, "length": length, "model": f"kvpress {version} {name}",
-        "model_args": f"pretrained=MODEL_DIR,dtype=float32,press={name},kept={KEPT},"
-        f"compression_ratio=1-{KEPT}/pressed_tokens,"
+        "model_args": f"pretrained=MODEL_DIR,dtype=float32,press={name},kept={budget},"
+        f"compression_ratio=1-{budget}/pressed_tokens,"
         + ("question=pressed" if row in QUESTION_SEEN else "question=uncompressed"),
         "score": total / n, "samples": n, "interval": wilson(total, n), "seconds": seconds,
         "max_gen_toks": cut,
@@ -208,8 +214,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--limit", type=int, default=25, help="prompts per task and length")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-gen-toks", type=int, default=None, help="as experiments/ruler.py's")
+    p.add_argument(
+        "--kept",
+        type=int,
+        default=KEPT,
+        help="entries of the pressed tokens kept in every layer (the table's budget: "
+        f"{KEPT}; more, with an --out of its own, checks a press that fails at the budget)",
+    )
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args(argv)
+    if args.kept != KEPT and Path(args.out).resolve() == OUT.resolve():
+        p.error(f"--kept {args.kept} needs an --out of its own (docs/'s cells keep {KEPT})")
     rows = args.presses.split(",")
     for row in rows:
         if row not in PRESSES:
@@ -247,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
                 done = old.get("samples", 0) >= len(records)
                 if "skipped" in old or (done and old.get("max_gen_toks") == args.max_gen_toks):
                     continue
-            cell = run_cell(row, records, model, tokenizer, positions, args.max_gen_toks)
+            cell = run_cell(row, records, model, tokenizer, positions, args.max_gen_toks, args.kept)
             write_json(path, cell)
             summary = {k: v for k, v in cell.items() if k not in ("answers", "model_args")}
             print(f"{row} {task} {length}: {summary}", flush=True)
