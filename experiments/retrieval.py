@@ -253,29 +253,41 @@ def render(data: dict) -> str:
 
 def plot(data: dict, path: Path) -> bool:
     """Exact against length per row, one panel per task, with the intervals; False: no cell."""
+    panels = [(t, t + "-{row}-{n}") for t in TASKS]
+    return plot_scores(data["cells"], panels, ROWS, path, "exact", "passage tokens")
+
+
+def plot_scores(
+    cells: dict, panels: list, rows: tuple, path: Path, score: str, xlabel: str
+) -> bool:
+    """`score` against length per row with its interval, a panel per (title, key) of `panels`
+    that has a cell (`cells[key.format(row=r, n=n)]`, as `score_table` reads them); False:
+    no panel had one."""
     from inftyformer._measure import pyplot
 
-    tasks = [t for t in TASKS if any(k.startswith(t + "-") for k in data["cells"])]
-    if not tasks:
+    def points(key: str, row: str) -> list:
+        head = key.format(row=row, n="")
+        return sorted(
+            (int(k[len(head) :]), c) for k, c in cells.items()
+            if k.startswith(head) and k[len(head) :].isdigit() and score in c
+        )  # fmt: skip
+
+    shown = [(t, k) for t, k in panels if any(points(k, r) for r in rows)]
+    if not shown:
         return False
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), squeeze=False)
-    for ax, task in zip(axes[0], tasks, strict=True):
-        for row in ROWS:
-            points = sorted(
-                (int(k.rsplit("-", 1)[1]), c) for k, c in data["cells"].items()
-                if k.startswith(f"{task}-{row}-") and "exact" in c
-            )  # fmt: skip
-            if points:
-                xs = [n for n, _ in points]
-                ys = [c["exact"] for _, c in points]
-                low = [y - c["interval"][0] for y, (_, c) in zip(ys, points, strict=True)]
-                high = [c["interval"][1] - y for y, (_, c) in zip(ys, points, strict=True)]
-                err = [low, high]
-                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=row)
-        ax.set(xscale="log", xlabel="passage tokens", ylabel="exact", ylim=(-0.02, 1.02),
-               title=task)  # fmt: skip
-        ax.legend()
+    fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 3.6), squeeze=False)
+    for ax, (title, key) in zip(axes[0], shown, strict=True):
+        for row in rows:
+            got = points(key, row)
+            if got:
+                xs = [n for n, _ in got]
+                ys = [c[score] for _, c in got]
+                low = [y - c["interval"][0] for y, (_, c) in zip(ys, got, strict=True)]
+                high = [c["interval"][1] - y for y, (_, c) in zip(ys, got, strict=True)]
+                ax.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=3, label=row)
+        ax.set(xscale="log", xlabel=xlabel, ylabel=score, ylim=(-0.02, 1.02), title=title)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

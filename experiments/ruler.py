@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 import torch
-from retrieval import ROWS, score_table, wilson
+from retrieval import ROWS, plot_scores, score_table, wilson
 from ruler_kvpress import KEPT, PRESSES
 
 from inftyformer._measure import (
@@ -272,6 +272,7 @@ def peer_lines(cells: dict) -> list[str]:
     lengths = ",".join(str(n) for n in sorted({c["length"] for c in run}))
     limit = max(c["samples"] for c in run)
     versions = ", ".join(sorted({c["kvpress"] for c in run}))
+    presses = ",".join(r for r in PEERS if any(c["row"] == r for c in run))
     shown = ", ".join(f"`{r}` {PRESSES[r]}" for r in PEERS if any(c["row"] == r for c in run))
     return [
         "",
@@ -307,7 +308,7 @@ def peer_lines(cells: dict) -> list[str]:
         f"    --lengths {lengths} --limit {limit} --base-model MODEL_DIR",
         ".venv-kvpress/bin/python experiments/ruler_kvpress.py --prompts runs/ruler-prompts.jsonl "
         "\\",
-        f"    --base-model MODEL_DIR --limit {limit} --threads 1",
+        f"    --base-model MODEL_DIR --limit {limit} --threads 1 --presses {presses}",
         "```",
     ]
 
@@ -480,7 +481,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     data = {"setup": setup, "cells": cells, "machine": machine}
     write_json(out / "ruler.json", data)
-    write_text(out / "ruler.md", render(data, kept_notes(out / "ruler.md")))
+    peers = tuple(r for r in PEERS if any(c.get("row") == r for c in cells.values()))
+    panels = [(t, "{row}-" + t + "-{n}") for t in OFFLINE]
+    drawn = plot_scores(cells, panels, ROWS + peers, out / "ruler.png", "score", "prompt tokens")
+    picture = "![RULER's score against length](ruler.png)\n\n" if drawn else ""
+    write_text(out / "ruler.md", render(data, picture + kept_notes(out / "ruler.md")))
 
 
 if __name__ == "__main__":
