@@ -10,6 +10,7 @@ from typing import Any
 from ._checks import check_positive_int
 
 SCORES = ("max", "mean")
+DISTANCES = ("packed", "true")
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class RetrievalConfig:
     read_from: int | None = None  # None: select_layer (no block below it reads the store)
     score: str = "max"
     neighbours: int = 0  # each of the best blocks brings this many blocks right after it
+    # where the read slots sit: "packed" right before the call (every gap closed), or "true"
+    # at their distance in the stream while the base's positions hold it (packed beyond)
+    distances: str = "packed"
     segment_len: int = 256
     store_dir: str | None = None
 
@@ -42,6 +46,8 @@ class RetrievalConfig:
         for name in ("select_layer", "read_from"):
             if getattr(self, name) is not None:
                 check_positive_int(name, getattr(self, name), minimum=0)
+        if self.distances not in DISTANCES:
+            raise ValueError(f"distances must be one of {DISTANCES}, got {self.distances!r}")
         if self.score not in SCORES:
             raise ValueError(f"score must be one of {SCORES}, got {self.score!r}")
         if self.store_dir is not None and not isinstance(self.store_dir, str):
@@ -57,4 +63,4 @@ class RetrievalConfig:
         return dataclasses.replace(self, **changes)
 
 
-__all__ = ["SCORES", "RetrievalConfig"]
+__all__ = ["DISTANCES", "SCORES", "RetrievalConfig"]

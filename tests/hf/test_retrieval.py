@@ -254,3 +254,69 @@ def test_one_token_calls_in_a_run_read_as_calls_that_rebuild_their_context(setti
         torch.testing.assert_close(getattr(cached, name), getattr(fresh, name), rtol=0, atol=1e-5)
     assert longest >= 4  # calls did run on a kept context
     assert cached.select_rows([1]).decode is None
+
+
+@torch.no_grad()
+def test_true_distances_read_as_the_full_context_while_it_is_all_read():
+    """distances="true": the call's tokens as far on as the positions allow, every read slot
+    at its distance in the stream; while everything read is the whole stream, the base's own
+    logits (as the packed layout), in long calls and in one-token runs."""
+    ids = tokens()
+    full = tiny_base("llama", max_position_embeddings=POSITIONS)(ids).logits
+    settings = dict(block_size=8, blocks=2, sink_blocks=1, window=16, select_layer=0)
+    m = model(**settings, segment_len=8, distances="true")
+    assert m.anchor == POSITIONS - 8
+    torch.testing.assert_close(m(ids).logits, full, rtol=0, atol=1e-4)
+    state, logits = m(ids[:, :30]).state, []
+    for t in range(30, 40):  # one token at a time: runs of kept context
+        out = m(ids[:, t : t + 1], state)
+        logits.append(out.logits)
+        state = out.state
+    torch.testing.assert_close(torch.cat(logits, 1), full[:, 30:], rtol=0, atol=1e-4)
+
+
+@torch.no_grad()
+def test_true_distances_keep_the_gaps_packed_closes_and_pack_what_does_not_fit(monkeypatch):
+    """52 tokens read in blocks of 4, then a call of 4 reading one stored block: the sink
+    (tokens 0-3), the chosen block and the window (the last 8-11 tokens) at their distances
+    to the call's first token, gaps kept; with too few positions for those distances the
+    oldest slots are packed in order at the bottom (the sink at 0-3), the window still true."""
+    ids = tokens(length=56)
+    settings = dict(block_size=4, blocks=1, sink_blocks=1, window=8, segment_len=4,
+                    select_layer=0)  # fmt: skip
+    seen = []
+    original = RetrievalLM.slot_positions
+
+    def record(self, valid, at=0, call=None):
+        out = original(self, valid, at, call)
+        seen.append((valid, call, out))
+        return out
+
+    monkeypatch.setattr(RetrievalLM, "slot_positions", record)
+    for limit, fits in ((POSITIONS, True), (32, False)):
+        m = RetrievalLM(tiny_base("llama", max_position_embeddings=limit), **settings,
+                        distances="true").eval()  # fmt: skip
+        state = m(ids[:, :52]).state
+        seen.clear()
+        m(ids[:, 52:], state)
+        valid, call, pos = seen[-1]
+        A = m.anchor
+        assert A == limit - 4
+        stream = call.streams[id(valid)]
+        for row in range(2):
+            v = valid[row]
+            got, where = pos[row][v], stream[row][v]
+            assert bool((got[1:] > got[:-1]).all()) and int(got.min()) >= 0
+            assert where[:4].tolist() == [0, 1, 2, 3]  # the sink
+            assert where[-1] == 51 and int(v.sum()) == 4 + 4 + int(state.window_len[row])
+            true = A - (52 - where)
+            window = where >= 52 - int(state.window_len[row])
+            assert torch.equal(got[window], true[window])
+            if fits:
+                assert torch.equal(got, true)
+                assert int(where[4]) - 4 >= 4  # the chosen block is not the one after the sink
+            else:
+                assert got[:4].tolist() == [0, 1, 2, 3]
+        state.store.close()
+    packed = model(**settings)
+    assert packed.anchor == packed.config.context

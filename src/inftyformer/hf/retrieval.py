@@ -26,6 +26,11 @@ heads, "mean"), and reads the `blocks` best, with the same choice in every block
 The stored keys of `select_layer` stay in memory for that (2 · H_kv · d bytes per token); the
 blocks' keys and values of the retrieving layers are on disk (`block_store.py`).
 
+With `distances="true"` the call's tokens sit as far on as the base's positions allow and
+every read slot keeps its distance in the stream where that fits (the packed layout closes the
+gaps between a chosen block, the sink and the window; beyond the positions the oldest slots are
+packed in order below the rest).
+
 One-token calls (decoding) run on a context turned once and queries that move on
 (`retrieval_decode.py`): the same scores without rebuilding the context each token.
 
@@ -72,6 +77,7 @@ class _Call:
     hold: bool = False  # every block reads the state's choice; nothing chosen (`keep_choice`)
     layouts: dict = field(default_factory=dict)  # id(valid) → its angles and mask
     valids: dict = field(default_factory=dict)  # what a layer's valid slots depend on → them
+    streams: dict = field(default_factory=dict)  # id(valid) → the slots' stream indices
     at: int = 0  # a one-token call's place in its run: its token sits at P0 + at
     run: DecodeRun | None = None  # the run of one-token calls this call extends
 
@@ -118,7 +124,7 @@ def retrieval_attention(
     # (the layers of a call share a few layouts: their angles and mask made once each)
     layout = call.layouts.get(id(valid))
     if layout is None:
-        cos, sin = call.model.layout_angles(key, valid, call.at)
+        cos, sin = call.model.layout_angles(key, valid, call.at, call)
         T = query.shape[2]
         if T == 1 and bool(valid.all()):
             mask = None  # one query reading every slot: nothing to hide
@@ -190,6 +196,13 @@ class RetrievalLM(nn.Module):
             raise ValueError(f"select_layer must be below the base's {self.num_layers} blocks")
         self.select_layer = select
         limit = getattr(text, "max_position_embeddings", None)
+        if config.distances == "true" and limit is None:
+            raise ValueError("distances='true' needs the base's max_position_embeddings")
+        # the call's first token sits at P0 + at: right after the packed context, or as far on
+        # as the base's positions allow when the read slots keep their true distances
+        self.anchor = config.context if config.distances == "packed" else (
+            int(limit or 0) - config.segment_len
+        )  # fmt: skip
         if limit is not None and config.context + config.segment_len > int(limit):
             raise ValueError(
                 f"the context ({config.context} positions) and a segment ({config.segment_len}) "
@@ -278,9 +291,9 @@ class RetrievalLM(nn.Module):
     ) -> tuple[torch.Tensor, object]:
         """One call of T ≤ segment_len tokens: the logits of its last `keep` (None: all)."""
         b, T = ids.shape
-        P0 = self.config.context
         run, at = self._run(state) if T == 1 and not reselect else (None, 0)
-        positions = torch.arange(P0 + at, P0 + at + T, device=ids.device).expand(b, -1)
+        first = self.anchor + at
+        positions = torch.arange(first, first + T, device=ids.device).expand(b, -1)
         probe = self._param().new_zeros(1, 1, self.head_dim)
         cos, sin = self.rotary(probe, positions)
         if reselect and not hold and self.read_from < self.select_layer and self.config.blocks:
@@ -316,11 +329,24 @@ class RetrievalLM(nn.Module):
                 return run, at
         return DecodeRun(DecodeRun.counters(state), self.config.segment_len), 0
 
-    def layout_angles(self, key: torch.Tensor, valid: torch.Tensor, at: int = 0):
-        """The rotary angles [b, P0, d] of the context slots packed right before the token
-        at P0 + at: slot j at P0 + at − (the valid slots from j on); `valid` [b, P0]."""
-        after = valid.flip(1).cumsum(1).flip(1)  # [b, P0]
-        return self.rotary(key, (self.config.context + at - after).clamp(min=0))
+    def layout_angles(self, key: torch.Tensor, valid: torch.Tensor, at: int = 0, call=None):
+        """The rotary angles [b, P0, d] of the context slots of a call whose first token sits
+        at A = anchor + at; `valid` [b, P0]. Packed: slot j at A − (the valid slots from j on).
+        True distances (`call` given): slot j at A − min(δ_j, A − older_j), δ_j its distance in
+        the stream to the call's first token, older_j the valid slots before it: the stream's
+        own distances while they fit the positions, the older ones packed, in order, beyond."""
+        return self.rotary(key, self.slot_positions(valid, at, call))
+
+    def slot_positions(self, valid: torch.Tensor, at: int = 0, call=None) -> torch.Tensor:
+        """The positions [b, P0] of `layout_angles`."""
+        A = self.anchor + at
+        if self.config.distances == "packed":
+            after = valid.flip(1).cumsum(1).flip(1)  # [b, P0]
+            return (A - after).clamp(min=0)
+        stream = call.streams[id(valid)]  # [b, P0] each slot's index in the stream
+        delta = call.state.tokens[:, None].to(stream.device) - stream  # [b, P0] ≥ 1 if valid
+        older = valid.cumsum(1) - valid.long()
+        return (A - torch.minimum(delta, A - older)).clamp(min=0)
 
     # ------------------------------------------------------------------ the context of a layer
     def context(self, call: _Call, layer: int, query: torch.Tensor):
@@ -354,15 +380,37 @@ class RetrievalLM(nn.Module):
             else:
                 picked = torch.zeros(b, R, dtype=torch.bool, device=dev)
             valid = call.valids[source] = torch.cat([sink_valid, picked, window_valid], 1)
+            if c.distances == "true":
+                call.streams[id(valid)] = self._stream_index(s, ids if reads else None, dev)
         return torch.cat(parts_k, 2), torch.cat(parts_v, 2), valid
+
+    def _stream_index(self, s: RetrievalState, ids, dev) -> torch.Tensor:
+        """Each context slot's index in its row's stream [b, P0] (unread slots: anything): the
+        sink the stream's first S tokens, a stored block of rank r the B tokens from
+        S + r · B (blocks are stored in stream order once the sink is full), the window the
+        tokens right before the call."""
+        c = self.config
+        B, S, R = c.block_size, c.sink_blocks * c.block_size, c.blocks * c.block_size
+        b, Wc = s.batch_size, s.window_k.shape[3]
+        tokens = s.tokens.to(dev)
+        sink = torch.arange(S, device=dev).expand(b, -1)
+        window = tokens[:, None] - Wc + torch.arange(Wc, device=dev)
+        blocks = torch.zeros(b, R, dtype=torch.long, device=dev)
+        if ids is not None:
+            rank = (s.block_ids.to(dev)[:, :, None] == ids[:, None, :]).long().argmax(1)  # [b, k]
+            start = S + rank * B
+            tok = (start[:, :, None] + torch.arange(B, device=dev)).flatten(1)  # [b, k·B]
+            blocks[:, R - tok.shape[1] :] = tok
+        return torch.cat([sink, blocks, window], 1)
 
     def choice(self, call: _Call, layer: int, query: torch.Tensor, choose: bool = True):
         """The blocks `layer` reads in this call: ids [b, k], which are valid [b, k] and
         whether it reads any; at `select_layer` the call chooses them first (`choose`)."""
         s, R = call.state, self.config.blocks * self.config.block_size
         if choose and layer == self.select_layer and R and not call.hold:
-            if call.at:  # a query of a run sits `at` past P0: scored as if at P0 (module doc)
-                angle = torch.full((1, 1), call.at, device=query.device)
+            shift = self.anchor - self.config.context + call.at  # scored as if at P0
+            if shift:  # a query of a run sits `at` on, or past a true-distance context
+                angle = torch.full((1, 1), shift, device=query.device)
                 query = unturn(query, *self.rotary(query.new_zeros(1, 1, self.head_dim), angle))
             call.selected, call.selected_valid = self.select(s, query)
         ids, chosen = (
