@@ -19,6 +19,8 @@ Rows (the same passages for every row; each a preset of the retrieval kind but `
     window     the base with a KV cache of its last 2,048 tokens
     streaming  the first 64 tokens and the last 1,984 (StreamingLLM's sink + recent window)
     retrieval  the first 64, the 16 past blocks of 64 the queries match best, the last 960
+    retrieval-true  the same places, each at its distance in the stream where the base's
+               positions hold it (`retrieval` packs them right before the question)
 
     python experiments/retrieval.py --lengths 4096,8192 --passages 5        # cells, resumable
     python experiments/retrieval.py --render-only
@@ -67,7 +69,7 @@ PASSKEY_TASK = (
     "it. I will quiz you about the important information there.\n\n"
 )
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
-ROWS = ("full", "window", "streaming", "retrieval")
+ROWS = ("full", "window", "streaming", "retrieval", "retrieval-true")
 TASKS = ("multikey", "passkey")
 
 

@@ -332,8 +332,9 @@ def render(data: dict, notes: str = "") -> str:
         "",
         "Rows: `full` the base alone (lm_eval's `hf` model); `window` a KV cache of the last "
         "2,048 tokens; `streaming` the first 64 and the last 1,984; `retrieval` the first 64, "
-        "the 16 past blocks of 64 its queries match best and the last 960 (lm_eval model "
-        "`inftyformer-retrieval`, `inftyformer.hf.ruler_lm`)."
+        "the 16 past blocks of 64 its queries match best and the last 960; `retrieval-true` "
+        "the same places, each at its distance in the stream where the base's positions hold "
+        "it (lm_eval model `inftyformer-retrieval`, `inftyformer.hf.ruler_lm`)."
         + (
             " Rows `kvpress_*`: NVIDIA's kvpress presses, each keeping 2,048 entries of the "
             "context (below)."
@@ -342,7 +343,7 @@ def render(data: dict, notes: str = "") -> str:
         ),
     ]
     for task in OFFLINE:
-        keys = [k for k in data["cells"] if k.split("-", 1)[1].rsplit("-", 1)[0] == task]
+        keys = [k for k in data["cells"] if k.rsplit("-", 1)[0].endswith("-" + task)]
         if not keys:
             continue
         lengths = sorted({int(k.rsplit("-", 1)[1]) for k in keys})

@@ -124,6 +124,14 @@ register_preset(Preset(
     measured="docs/retrieval.md",
 ))  # fmt: skip
 register_preset(Preset(
+    "retrieval-true", "retrieval",
+    "the retrieval preset with every read place at its distance in the stream where the base's "
+    "positions hold it (the oldest packed beyond)",
+    dict(block_size=64, blocks=16, sink_blocks=1, window=960, read_from=0, score="max",
+         segment_len=256, distances="true"),
+    measured="docs/retrieval.md",
+))  # fmt: skip
+register_preset(Preset(
     "streaming", "retrieval",
     "the StreamingLLM baseline at the retrieval budget: the first 64 tokens and the last 1,984",
     dict(block_size=64, blocks=0, sink_blocks=1, window=1984, segment_len=256),
