@@ -307,37 +307,53 @@ def quick_model(folder: Path):
     return write_tiny_model(folder, corpus=(words,) * 20, max_positions=4096)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tasks", default=",".join(TASKS))
-    p.add_argument("--lengths", default="4096,8192")
-    p.add_argument("--rows", default=",".join(ROWS))
+def passage_arguments(p: argparse.ArgumentParser, threads: int) -> None:
+    """The passages' arguments (this script's and experiments/retrieval_where.py's)."""
     p.add_argument("--passages", type=int, default=5)
     p.add_argument("--needles", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--base-model", default=None)
     p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=threads)
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--render-only", action="store_true")
     p.add_argument("--quick", action="store_true", help="a tiny random model, 1 passage, 2,304")
+
+
+def run_setup(args) -> str:
+    """The base's folder (--quick: a tiny model written to OUT, with its short settings)."""
+    if args.quick:
+        args.base_model = str(quick_model(Path(args.out) / "quick-model"))
+        args.lengths, args.passages, args.needles = "2304", 1, 2
+    return args.base_model or default_base_model()
+
+
+def load_run(args, base_dir: str):
+    """The base's tokenizer, the filler text and the base (float32, eval)."""
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = Tokenizer.from_file(str(Path(base_dir) / "tokenizer.json"))
+    data_dir = Path(args.data_dir)
+    text = filler_text(data_dir if data_dir.is_dir() and not args.quick else None)
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+    return tokenizer, text, base
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--lengths", default="4096,8192")
+    p.add_argument("--rows", default=",".join(ROWS))
+    passage_arguments(p, threads=2)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     cells_dir = out / "retrieval.cells"
-    if args.quick:
-        args.base_model = str(quick_model(out / "quick-model"))
-        args.lengths, args.passages, args.needles = "2304", 1, 2
-    base_dir = args.base_model or default_base_model()
+    base_dir = run_setup(args)
     ran = False  # a cell run by this call: the machine is this one, else the last run's
     if not args.render_only:
-        from tokenizers import Tokenizer
-        from transformers import AutoModelForCausalLM
-
-        tokenizer = Tokenizer.from_file(str(Path(base_dir) / "tokenizer.json"))
-        data_dir = Path(args.data_dir)
-        text = filler_text(data_dir if data_dir.is_dir() and not args.quick else None)
-        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+        tokenizer, text, base = load_run(args, base_dir)
         cells_dir.mkdir(parents=True, exist_ok=True)
         for length in (int(x) for x in args.lengths.split(",")):
             for task in args.tasks.split(","):

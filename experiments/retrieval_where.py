@@ -23,10 +23,9 @@ import time
 from pathlib import Path
 
 import torch
-from retrieval import filler_text, passages, quick_model, wilson
+from retrieval import load_run, passage_arguments, passages, run_setup, wilson
 
 from inftyformer._measure import (
-    default_base_model,
     kept_notes,
     machine_info,
     write_json,
@@ -137,34 +136,17 @@ def render(data: dict, notes: str = "") -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", default="4096")
-    p.add_argument("--passages", type=int, default=5)
-    p.add_argument("--needles", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--base-model", default=None)
-    p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default=str(OUT))
-    p.add_argument("--render-only", action="store_true")
-    p.add_argument("--quick", action="store_true", help="a tiny random model, 1 passage, 2,304")
+    passage_arguments(p, threads=1)
     args = p.parse_args(argv)
     if args.quick and Path(args.out).resolve() == OUT.resolve():
         p.error("--quick needs an --out of its own (its tiny model's cells are not docs/'s)")
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     cells_dir = out / "retrieval_where.cells"
-    if args.quick:
-        args.base_model = str(quick_model(out / "quick-model"))
-        args.lengths, args.passages, args.needles = "2304", 1, 2
-    base_dir = args.base_model or default_base_model()
+    base_dir = run_setup(args)
     ran = False
     if not args.render_only:
-        from tokenizers import Tokenizer
-        from transformers import AutoModelForCausalLM
-
-        tokenizer = Tokenizer.from_file(str(Path(base_dir) / "tokenizer.json"))
-        data_dir = Path(args.data_dir)
-        text = filler_text(data_dir if data_dir.is_dir() and not args.quick else None)
-        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+        tokenizer, text, base = load_run(args, base_dir)
         cells_dir.mkdir(parents=True, exist_ok=True)
         for length in (int(x) for x in args.lengths.split(",")):
             path = cells_dir / f"{length}.json"
