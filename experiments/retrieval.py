@@ -140,6 +140,19 @@ def greedy_full(base, cache, question: torch.Tensor, count: int) -> torch.Tensor
     return torch.cat(new, 1)
 
 
+def question_groups(data: list):
+    """Question j of every passage of `data` (`passages`), asked together: (j, the passages
+    whose question j has one length, those questions [len(members), T], every passage's
+    (question, answer) j), j in order."""
+    for j in range(len(data[0][1])):
+        rows = [questions[j] for _, questions in data]
+        groups: dict[int, list[int]] = {}
+        for i, (question, _) in enumerate(rows):
+            groups.setdefault(len(question), []).append(i)
+        for members in groups.values():
+            yield j, members, torch.tensor([rows[i][0] for i in members]), rows
+
+
 @torch.no_grad()
 def run_cell(task: str, row: str, length: int, args, base, tokenizer, text: str) -> dict:
     """All passages of a cell as one batch; question j of every passage asked together (the
@@ -159,23 +172,17 @@ def run_cell(task: str, row: str, length: int, args, base, tokenizer, text: str)
         model = RetrievalLM(base, **preset_settings(row, "retrieval")).eval()
         state = model(ids, logits_to_keep=1).state
     samples = []
-    for j in range(len(data[0][1])):
-        rows = [questions[j] for _, questions in data]
-        groups: dict[int, list[int]] = {}  # passages whose question j has one length
-        for i, (question, _) in enumerate(rows):
-            groups.setdefault(len(question), []).append(i)
-        for members in groups.values():
-            question = torch.tensor([rows[i][0] for i in members])
-            count = max(len(rows[i][1]) for i in members)
-            if row == "full":
-                written = greedy_full(base, select_cache(cache, members), question, count)
-            else:
-                written, _ = model.generate(question, count, state=state.select_rows(members))
-            for i, new in zip(members, written.tolist(), strict=True):
-                answer = rows[i][1]
-                samples.append({"answer": tokenizer.decode(answer),
-                                "written": tokenizer.decode(new[: len(answer)]),
-                                "exact": new[: len(answer)] == answer})  # fmt: skip
+    for _, members, question, rows in question_groups(data):
+        count = max(len(rows[i][1]) for i in members)
+        if row == "full":
+            written = greedy_full(base, select_cache(cache, members), question, count)
+        else:
+            written, _ = model.generate(question, count, state=state.select_rows(members))
+        for i, new in zip(members, written.tolist(), strict=True):
+            answer = rows[i][1]
+            samples.append({"answer": tokenizer.decode(answer),
+                            "written": tokenizer.decode(new[: len(answer)]),
+                            "exact": new[: len(answer)] == answer})  # fmt: skip
     if row != "full":
         state.store.close()
     n, k = len(samples), sum(s["exact"] for s in samples)

@@ -23,7 +23,14 @@ import time
 from pathlib import Path
 
 import torch
-from retrieval import load_run, passage_arguments, passages, run_setup, wilson
+from retrieval import (
+    load_run,
+    passage_arguments,
+    passages,
+    question_groups,
+    run_setup,
+    wilson,
+)
 
 from inftyformer._measure import (
     kept_notes,
@@ -73,26 +80,20 @@ def run_cell(length: int, args, base, tokenizer, text: str) -> dict:
     model = RetrievalLM(base, preset="retrieval").eval()
     state = model(ids, logits_to_keep=1).state
     samples = []
-    for j in range(len(data[0][1])):
-        rows = [questions[j] for _, questions in data]
-        groups: dict[int, list[int]] = {}  # passages whose question j has one length
-        for i, (question, _) in enumerate(rows):
-            groups.setdefault(len(question), []).append(i)
-        for members in groups.values():
-            question = torch.tensor([rows[i][0] for i in members])
-            part = state.select_rows(members)
-            choice = model(question, part, reselect=True, logits_to_keep=1).state.selected
-            count = max(len(rows[i][1]) for i in members)
-            written, _ = model.generate(question, count, state=part)
-            for k, (i, new) in enumerate(zip(members, written.tolist(), strict=True)):
-                answer = rows[i][1]
-                span = find(data[i][0].tolist(), answer)
-                where = "unknown" if span is None else place_of(
-                    span, state, i, choice[k].tolist(), model
-                )  # fmt: skip
-                samples.append({"passage": i, "question": j, "where": where,
-                                "at": None if span is None else span.start,
-                                "exact": new[: len(answer)] == answer})  # fmt: skip
+    for j, members, question, rows in question_groups(data):
+        part = state.select_rows(members)
+        choice = model(question, part, reselect=True, logits_to_keep=1).state.selected
+        count = max(len(rows[i][1]) for i in members)
+        written, _ = model.generate(question, count, state=part)
+        for k, (i, new) in enumerate(zip(members, written.tolist(), strict=True)):
+            answer = rows[i][1]
+            span = find(data[i][0].tolist(), answer)
+            where = "unknown" if span is None else place_of(
+                span, state, i, choice[k].tolist(), model
+            )  # fmt: skip
+            samples.append({"passage": i, "question": j, "where": where,
+                            "at": None if span is None else span.start,
+                            "exact": new[: len(answer)] == answer})  # fmt: skip
     state.store.close()
     return {"length": length, "samples": len(samples), "answers": samples,
             "seconds": time.perf_counter() - start}  # fmt: skip
