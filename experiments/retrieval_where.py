@@ -6,9 +6,9 @@ answers as its `retrieval` row): for each question, the question's call chooses 
 (`reselect`, as `RetrievalLM.generate` does) and we look up where the needle's number lies in
 the stream: in the sink, in the window, in stored blocks the question chose (`chosen`: every
 token of the number; `partly`: some), or in stored blocks it did not choose (`missed`). Which
-of selection and reading fails, per length:
+of selection and reading fails, per preset and length:
 
-    python experiments/retrieval_where.py --lengths 4096 --passages 5
+    python experiments/retrieval_where.py --lengths 4096 --presets retrieval,retrieval-true
     python experiments/retrieval_where.py --quick --out /tmp/w       # tiny random model
 
 Cells OUT/retrieval_where.cells/LENGTH.json (a cell already there is skipped);
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from itertools import product
 from pathlib import Path
 
 import torch
@@ -71,13 +72,13 @@ def find(passage: list[int], answer: list[int]) -> range | None:
 
 
 @torch.no_grad()
-def run_cell(length: int, args, base, tokenizer, text: str) -> dict:
+def run_cell(preset: str, length: int, args, base, tokenizer, text: str) -> dict:
     from inftyformer.hf.retrieval import RetrievalLM
 
     data = passages(tokenizer, text, length, args.passages, args.needles, args.seed)
     start = time.perf_counter()
     ids = torch.stack([passage for passage, _ in data])
-    model = RetrievalLM(base, preset="retrieval").eval()
+    model = RetrievalLM(base, preset=preset).eval()
     state = model(ids, logits_to_keep=1).state
     samples = []
     for j, members, question, rows in question_groups(data):
@@ -95,7 +96,7 @@ def run_cell(length: int, args, base, tokenizer, text: str) -> dict:
                             "at": None if span is None else span.start,
                             "exact": new[: len(answer)] == answer})  # fmt: skip
     state.store.close()
-    return {"length": length, "samples": len(samples), "answers": samples,
+    return {"preset": preset, "length": length, "samples": len(samples), "answers": samples,
             "seconds": time.perf_counter() - start}  # fmt: skip
 
 
@@ -111,10 +112,11 @@ def render(data: dict, notes: str = "") -> str:
         "greedy answer was exact. Cells: right / questions [95% Wilson interval of the share]. "
         "Rendered from `retrieval_where.json` by `experiments/retrieval_where.py`.",
         "",
-        "| length | " + " | ".join(PLACES) + " | all |",
-        "|---|" + "---:|" * (len(PLACES) + 1),
+        "| preset | length | " + " | ".join(PLACES) + " | all |",
+        "|---|---:|" + "---:|" * (len(PLACES) + 1),
     ]
-    for key in sorted(data["cells"], key=int):
+    order = lambda k: (data["cells"][k]["preset"], data["cells"][k]["length"])  # noqa: E731
+    for key in sorted(data["cells"], key=order):
         answers = data["cells"][key]["answers"]
         cells = []
         for place in (*PLACES, None):
@@ -125,9 +127,12 @@ def render(data: dict, notes: str = "") -> str:
             right = sum(a["exact"] for a in got)
             low, high = wilson(right, len(got))
             cells.append(f"{right}/{len(got)} [{low:.2f}, {high:.2f}]")
-        lines.append(f"| {int(key):,} | " + " | ".join(cells) + " |")
+        cell = data["cells"][key]
+        lines.append(f"| {cell['preset']} | {cell['length']:,} | " + " | ".join(cells) + " |")
     lines += ["", "```", f"python experiments/retrieval_where.py --lengths "
-              f"{','.join(sorted(data['cells'], key=int))} --passages {setup['passages']}",
+              f"{','.join(sorted({str(c['length']) for c in data['cells'].values()}))} "
+              f"--presets {','.join(sorted({c['preset'] for c in data['cells'].values()}))} "
+              f"--passages {setup['passages']}",
               "```", "", f"Machine: {data['machine'].get('cpu', '?')}", ""]  # fmt: skip
     if notes:
         lines += [notes, ""]
@@ -137,8 +142,10 @@ def render(data: dict, notes: str = "") -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", default="4096")
+    p.add_argument("--presets", default="retrieval", help="of the retrieval kind, with blocks")
     passage_arguments(p, threads=1)
     args = p.parse_args(argv)
+    presets = args.presets.split(",")
     if args.quick and Path(args.out).resolve() == OUT.resolve():
         p.error("--quick needs an --out of its own (its tiny model's cells are not docs/'s)")
     torch.set_num_threads(args.threads)
@@ -149,11 +156,11 @@ def main(argv: list[str] | None = None) -> None:
     if not args.render_only:
         tokenizer, text, base = load_run(args, base_dir)
         cells_dir.mkdir(parents=True, exist_ok=True)
-        for length in (int(x) for x in args.lengths.split(",")):
-            path = cells_dir / f"{length}.json"
+        for length, preset in product(map(int, args.lengths.split(",")), presets):
+            path = cells_dir / f"{preset}-{length}.json"
             if path.exists():
                 continue
-            cell = run_cell(length, args, base, tokenizer, text)
+            cell = run_cell(preset, length, args, base, tokenizer, text)
             write_json(path, cell)
             ran = True
             print(f"{length}: {[(a['where'], a['exact']) for a in cell['answers']]}", flush=True)
