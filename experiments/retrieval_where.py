@@ -11,7 +11,7 @@ of selection and reading fails, per preset and length:
     python experiments/retrieval_where.py --lengths 4096 --presets retrieval,retrieval-true
     python experiments/retrieval_where.py --quick --out /tmp/w       # tiny random model
 
-Cells OUT/retrieval_where.cells/LENGTH.json (a cell already there is skipped);
+Cells OUT/retrieval_where.cells/PRESET-LENGTH.json (a cell already there is skipped);
 OUT/retrieval_where.json gathers them; OUT/retrieval_where.md is rendered from it.
 """
 
