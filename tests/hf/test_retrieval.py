@@ -157,6 +157,8 @@ def test_settings_that_cannot_work_are_refused_by_name():
         model(window=400, blocks=4, block_size=32)
     with pytest.raises(ValueError, match="score must be one of"):
         RetrievalConfig(score="sum")
+    with pytest.raises(ValueError, match="distances must be one of"):
+        RetrievalConfig(distances="exact")
     with pytest.raises(ValueError, match="select_layer must be below"):
         model(select_layer=2)
     with pytest.raises(ValueError, match="input_ids"):
