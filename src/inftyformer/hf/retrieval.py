@@ -55,7 +55,7 @@ from ..retrieval_config import RetrievalConfig
 from .adapters import adapter_for
 from .block_store import BlockStore
 from .retrieval_decode import DecodeRun
-from .retrieval_state import RetrievalState, turn, unturn, written
+from .retrieval_state import RetrievalState, stream_index, turn, unturn, written
 
 ATTENTION = "inftyformer_retrieval"
 
@@ -381,27 +381,8 @@ class RetrievalLM(nn.Module):
                 picked = torch.zeros(b, R, dtype=torch.bool, device=dev)
             valid = call.valids[source] = torch.cat([sink_valid, picked, window_valid], 1)
             if c.distances == "true":
-                call.streams[id(valid)] = self._stream_index(s, ids if reads else None, dev)
+                call.streams[id(valid)] = stream_index(self, s, ids if reads else None, dev)
         return torch.cat(parts_k, 2), torch.cat(parts_v, 2), valid
-
-    def _stream_index(self, s: RetrievalState, ids, dev) -> torch.Tensor:
-        """Each context slot's index in its row's stream [b, P0] (unread slots: anything): the
-        sink the stream's first S tokens, a stored block of rank r the B tokens from
-        S + r · B (blocks are stored in stream order once the sink is full), the window the
-        tokens right before the call."""
-        c = self.config
-        B, S, R = c.block_size, c.sink_blocks * c.block_size, c.blocks * c.block_size
-        b, Wc = s.batch_size, s.window_k.shape[3]
-        tokens = s.tokens.to(dev)
-        sink = torch.arange(S, device=dev).expand(b, -1)
-        window = tokens[:, None] - Wc + torch.arange(Wc, device=dev)
-        blocks = torch.zeros(b, R, dtype=torch.long, device=dev)
-        if ids is not None:
-            rank = (s.block_ids.to(dev)[:, :, None] == ids[:, None, :]).long().argmax(1)  # [b, k]
-            start = S + rank * B
-            tok = (start[:, :, None] + torch.arange(B, device=dev)).flatten(1)  # [b, k·B]
-            blocks[:, R - tok.shape[1] :] = tok
-        return torch.cat([sink, blocks, window], 1)
 
     def choice(self, call: _Call, layer: int, query: torch.Tensor, choose: bool = True):
         """The blocks `layer` reads in this call: ids [b, k], which are valid [b, k] and
