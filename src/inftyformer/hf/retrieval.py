@@ -110,6 +110,8 @@ def retrieval_attention(
         )
     layer = call.layer_of[id(module)]
     if call.stop_after_select and layer == call.model.select_layer:
+        # the queries at their own positions: with true distances (anchor past P0) a first
+        # pass scores at another distance than `choice` does (as measured; to align)
         call.selected, call.selected_valid = call.model.select(call.state, query)
         raise _Chosen
     call.new_k[layer] = unturn(key, call.cos, call.sin)  # kept before rotary
