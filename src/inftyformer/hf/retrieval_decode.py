@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .retrieval_state import turn
+
 
 @dataclass
 class _Layer:
@@ -113,7 +115,7 @@ class DecodeRun:
                 k, v = model.read_blocks(call.state, layer, ids)
                 S = model.config.sink_blocks * model.config.block_size
                 R = k.shape[2]
-                entry.k[:, :, S : S + R] = _turn(k.to(entry.k.dtype), entry.cos, entry.sin)
+                entry.k[:, :, S : S + R] = turn(k.to(entry.k.dtype), entry.cos, entry.sin)
                 entry.v[:, :, S : S + R] = v.to(entry.v.dtype)
                 entry.ids = ids
         entry.k[:, :, P0 + i] = key[:, :, 0].to(entry.k.dtype)  # turned at P0 + i by the base
@@ -141,7 +143,7 @@ class DecodeRun:
         b, H, _, d = ctx_k.shape
         k = ctx_k.new_empty(b, H, P0 + self.capacity, d)
         v = ctx_v.new_empty(b, H, P0 + self.capacity, d)
-        k[:, :, :P0] = _turn(ctx_k, cos, sin)
+        k[:, :, :P0] = turn(ctx_k, cos, sin)
         v[:, :, :P0] = ctx_v
         ids, chosen, reads = model.choice(call, layer, query, choose=False)
         S, R = c.sink_blocks * c.block_size, c.blocks * c.block_size
@@ -153,12 +155,6 @@ class DecodeRun:
                 mask[:, 0, 0, :P0] = valid
             got = self.masks[id(valid)] = (valid, mask)  # valid kept: its id stays
         return _Layer(k, v, got[1], reads, ids, chosen, cos[:, S : S + R], sin[:, S : S + R])
-
-
-def _turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    from .retrieval_state import turn
-
-    return turn(x, cos, sin)
 
 
 __all__ = ["DecodeRun"]
