@@ -322,3 +322,31 @@ def test_true_distances_keep_the_gaps_packed_closes_and_pack_what_does_not_fit(m
         state.store.close()
     packed = model(**settings)
     assert packed.anchor == packed.config.context
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("distances", ["packed", "true"])
+def test_a_questions_first_pass_scores_the_blocks_as_its_later_choice_does(distances, monkeypatch):
+    """`reselect`: a first pass chooses for the blocks below `select_layer`, then the call's
+    own pass chooses again at it. With the blocks below reading the same choice in both (all
+    stored blocks, held as chosen), both passes see the same hidden states, so they must score
+    with the same queries (turned back to P0 + t), whatever the layout the call reads."""
+    ids = tokens(length=48)
+    m = model(block_size=8, blocks=2, sink_blocks=1, window=16, segment_len=8,
+              select_layer=1, read_from=0, distances=distances)  # fmt: skip
+    state = m(ids[:, :40]).state
+    assert state.blocks.tolist() == [2, 2]
+    chosen = torch.ones(2, 2, dtype=torch.bool)
+    held = dataclasses.replace(state, selected=state.block_ids[:, :2], chosen=chosen)
+    queries = []
+    original = RetrievalLM.select
+
+    def record(self, s, query):
+        queries.append(query.clone())
+        return original(self, s, query)
+
+    monkeypatch.setattr(RetrievalLM, "select", record)
+    m(ids[:, 40:], held, reselect=True)
+    assert len(queries) == 2  # the first pass's, then the call's own
+    torch.testing.assert_close(queries[0], queries[1], rtol=0, atol=1e-5)
+    state.store.close()

@@ -110,8 +110,8 @@ def retrieval_attention(
         )
     layer = call.layer_of[id(module)]
     if call.stop_after_select and layer == call.model.select_layer:
-        # the queries at their own positions: with true distances (anchor past P0) a first
-        # pass scores at another distance than `choice` does (as measured; to align)
+        # scored as `choice` scores: the queries turned back to P0 + t
+        query = call.model.at_context_end(query, call.at)
         call.selected, call.selected_valid = call.model.select(call.state, query)
         raise _Chosen
     call.new_k[layer] = unturn(key, call.cos, call.sin)  # kept before rotary
@@ -391,17 +391,24 @@ class RetrievalLM(nn.Module):
         whether it reads any; at `select_layer` the call chooses them first (`choose`)."""
         s, R = call.state, self.config.blocks * self.config.block_size
         if choose and layer == self.select_layer and R and not call.hold:
-            shift = self.anchor - self.config.context + call.at  # scored as if at P0
-            if shift:  # a query of a run sits `at` on, or past a true-distance context
-                angle = torch.full((1, 1), shift, device=query.device)
-                query = unturn(query, *self.rotary(query.new_zeros(1, 1, self.head_dim), angle))
-            call.selected, call.selected_valid = self.select(s, query)
+            call.selected, call.selected_valid = self.select(s, self.at_context_end(query, call.at))
         ids, chosen = (
             (call.selected, call.selected_valid) if layer >= self.select_layer and not call.hold
             else (s.selected, s.chosen)
         )  # fmt: skip
         reads = bool(R and layer >= self.read_from and ids is not None and ids.shape[1])
         return ids, chosen, reads
+
+    def at_context_end(self, query: torch.Tensor, at: int = 0) -> torch.Tensor:
+        """The queries [b, H, T, d] of a call whose first token sits at anchor + at, turned
+        back to P0 + t (P0 = `context`): every choice scores the stored keys (turned to the
+        sink's end S) at the distances P0 − S + t, whatever the layout the call reads — a run's
+        later token, or the anchor past P0 of true distances."""
+        shift = self.anchor - self.config.context + at
+        if not shift:
+            return query
+        angle = torch.full((1, 1), shift, device=query.device)
+        return unturn(query, *self.rotary(query.new_zeros(1, 1, self.head_dim), angle))
 
     def read_blocks(self, state: RetrievalState, layer: int, ids: torch.Tensor):
         """The keys (before rotary) and values of the blocks `ids` [b, k] at `layer`, right-
