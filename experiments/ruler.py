@@ -7,6 +7,11 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
     streaming  the first 64 tokens and the last 1,984               "inftyformer-retrieval",
     retrieval  the first 64, the 16 past blocks of 64 its queries   `inftyformer.hf.ruler_lm`)
                match best and the last 960
+    retrieval-true  the same places, each at its distance in the stream where the base's
+               positions hold it
+    paper      the paper's memory in every block of the base (`paper-gpt2` preset, untrained),
+               saved as a memory model and run as a user runs one: lm_eval's `hf` model with
+               trust_remote_code (the folder made once under --models-dir)
 
 Tasks: lm_eval's RULER tasks whose data is made here without a download (`OFFLINE`); those left
 out and why: `LEFT_OUT`. Lengths: lm_eval's `max_seq_lengths` metadata (prompt and the
@@ -111,13 +116,41 @@ def stale(path: Path, args) -> bool:
     return cell["samples"] < args.limit or cell.get("max_gen_toks") != args.max_gen_toks
 
 
-def model_of(row: str, base_dir: str) -> tuple[str, str]:
-    """lm_eval's model name and model_args for `row`."""
+RULER_ROWS = (*ROWS, "paper")
+PAPER_PRESET = "paper-gpt2"
+WHOLE = 1 << 24  # lm_eval's max_length for a memory model: any prompt reaches it whole
+
+
+def paper_model(base_dir: str | Path, folder: Path) -> Path:
+    """The base with the paper's memory in every block (`PAPER_PRESET`, as wrapped: untrained)
+    saved with its tokenizer to `folder`, as lm_eval's hf model loads a memory model (made once;
+    a folder already holding one is used as it is)."""
+    if (folder / "config.json").is_file():
+        return folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from inftyformer.hf import add_long_term_memory
+
+    base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+    model = add_long_term_memory(base, preset=PAPER_PRESET)
+    model.save_pretrained(str(folder))
+    AutoTokenizer.from_pretrained(str(base_dir)).save_pretrained(str(folder))
+    return folder
+
+
+def model_of(row: str, base_dir: str, models_dir: str | Path | None = None) -> tuple[str, str]:
+    """lm_eval's model name and model_args for `row` (`paper`: its saved model, made in
+    `models_dir` if it is not there)."""
     from inftyformer.hf.harness import check_model_dir
 
     folder = check_model_dir(base_dir)
     if row == "full":  # lm_eval's hf model, every position of the base
         return "hf", f"pretrained={folder},dtype=float32,max_length={base_positions(folder)}"
+    if row == "paper":  # a memory model as a user runs one: the prompt streams through it
+        if models_dir is None:
+            raise ValueError("the paper row needs a folder for its saved model (--models-dir)")
+        saved = check_model_dir(paper_model(base_dir, Path(models_dir) / PAPER_PRESET))
+        return "hf", f"pretrained={saved},trust_remote_code=True,dtype=float32,max_length={WHOLE}"
     import inftyformer.hf.ruler_lm as ruler_lm  # registers the model with lm_eval
 
     return ruler_lm.NAME, f"pretrained={folder},preset={row}"
@@ -202,6 +235,13 @@ def dump_prompts(path: Path, tasks: list[str], lengths: list[int], args, base_di
     return len(lines)
 
 
+def without_paths(model_args: str, base_dir: str, models_dir: str | None) -> str:
+    """`model_args` with no path of this machine: MODEL_DIR, PAPER_DIR."""
+    if models_dir is not None:
+        model_args = model_args.replace(str(Path(models_dir) / PAPER_PRESET), "PAPER_DIR")
+    return model_args.replace(str(base_dir), "MODEL_DIR")
+
+
 def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
     """One lm_eval run of `row` on `task` (`ruler_task`), the first `args.limit` prompts,
     scored per prompt."""
@@ -210,7 +250,7 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
     limit = base_positions(base_dir)
     if row == "full" and length > limit:
         return {"skipped": f"the prompts do not fit the base's {limit} positions"}
-    model, model_args = model_of(row, base_dir)
+    model, model_args = model_of(row, base_dir, getattr(args, "models_dir", None))
     name = task.config.task
     start = time.perf_counter()
     cut = None if args.max_gen_toks is None else {"max_gen_toks": args.max_gen_toks}
@@ -239,7 +279,7 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
     total = sum(a["score"] for a in answers)
     return {
         "row": row, "task": name, "length": length, "model": model,
-        "model_args": model_args.replace(str(base_dir), "MODEL_DIR"),  # no path of this machine
+        "model_args": without_paths(model_args, base_dir, getattr(args, "models_dir", None)),
         "score": total / n, "samples": n, "interval": wilson(total, n),
         "lm_eval_score": result["results"][name][f"{length},none"], "seconds": seconds,
         "max_gen_toks": args.max_gen_toks,
@@ -334,7 +374,11 @@ def render(data: dict, notes: str = "") -> str:
         "2,048 tokens; `streaming` the first 64 and the last 1,984; `retrieval` the first 64, "
         "the 16 past blocks of 64 its queries match best and the last 960; `retrieval-true` "
         "the same places, each at its distance in the stream where the base's positions hold "
-        "it (lm_eval model `inftyformer-retrieval`, `inftyformer.hf.ruler_lm`)."
+        "it (lm_eval model `inftyformer-retrieval`, `inftyformer.hf.ruler_lm`); `paper` the "
+        "paper's memory in every block of the base (preset `paper-gpt2`, untrained: as wrapped, "
+        "it adds nothing to the base's logits, so it reads what the base reads in its window "
+        "of one segment before the segment), saved as a memory model and run by lm_eval's `hf` "
+        "model with trust_remote_code, every prompt streamed through the memory."
         + (
             " Rows `kvpress_*`: NVIDIA's kvpress presses, each keeping 2,048 entries of the "
             "context (below)."
@@ -348,7 +392,7 @@ def render(data: dict, notes: str = "") -> str:
             continue
         lengths = sorted({int(k.rsplit("-", 1)[1]) for k in keys})
         lines += ["", f"## {task}", "", WHAT[task] + ".", ""]
-        rows = ROWS + peers
+        rows = RULER_ROWS + peers
         lines += score_table(data["cells"], "{row}-" + task + "-{n}", lengths, "score", rows)
     lines += peer_lines(data["cells"])
     lines += ["", "## What runs offline", "",
@@ -390,7 +434,7 @@ def quick_model(folder: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--rows", default=",".join(RULER_ROWS))
     p.add_argument("--tasks", help=f"of {', '.join(OFFLINE)} (default {', '.join(TASKS)})")
     p.add_argument("--lengths", default="4096,8192")
     p.add_argument("--limit", type=int, default=25, help="prompts per task and length")
@@ -413,6 +457,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--render-only", action="store_true")
     p.add_argument(
+        "--models-dir",
+        default="runs/ruler-models",
+        help="where the paper row's saved memory model is made (once, ~0.6 GB for SmolLM2-135M)",
+    )
+    p.add_argument(
         "--dump-prompts",
         metavar="FILE",
         help="write the first --limit prompts of each task and length as lm_eval gives them to "
@@ -428,7 +477,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     quick_tasks = "niah_single_1" if args.quick else ",".join(TASKS)
     rows, tasks = args.rows.split(","), (args.tasks or quick_tasks).split(",")
-    for name, given, known in (("row", rows, ROWS), ("task", tasks, OFFLINE)):
+    for name, given, known in (("row", rows, RULER_ROWS), ("task", tasks, OFFLINE)):
         for x in given:
             if x not in known:
                 why = f" ({LEFT_OUT[x]})" if x in LEFT_OUT else ""
@@ -442,6 +491,7 @@ def main(argv: list[str] | None = None) -> None:
     cells_dir = out / "ruler.cells"
     if args.quick:
         args.base_model = str(quick_model(out / "quick-model"))
+        args.models_dir = str(out / "quick-models")
         args.lengths, args.limit = "3072", 2
     base_dir = args.base_model or default_base_model()
     if args.dump_prompts:

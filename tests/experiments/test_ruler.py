@@ -52,6 +52,16 @@ def test_rows_are_the_models_they_name(tmp_path):
         )  # fmt: skip
     with pytest.raises(ValueError, match="cannot be passed in lm_eval's --model_args"):
         rr.model_of("retrieval", str(tmp_path / "a,b"))
+    with pytest.raises(ValueError, match="--models-dir"):
+        rr.model_of("paper", str(tmp_path))
+    saved = tmp_path / "models" / rr.PAPER_PRESET
+    saved.mkdir(parents=True)
+    (saved / "config.json").write_text("{}")  # a folder already made is used as it is
+    model, args = rr.model_of("paper", str(tmp_path), tmp_path / "models")
+    assert model == "hf" and args.startswith(f"pretrained={saved},trust_remote_code=True,")
+    assert rr.without_paths(args, str(tmp_path), str(tmp_path / "models")).startswith(
+        "pretrained=PAPER_DIR,"
+    )
 
 
 def test_the_full_row_beyond_the_base_positions_is_skipped_without_a_run(tmp_path):
@@ -67,8 +77,8 @@ def test_a_task_that_needs_a_download_is_refused_with_the_reason(tmp_path, capsy
     err = capsys.readouterr().err
     assert "unknown task 'niah_single_2'" in err and "Paul Graham's essays" in err
     with pytest.raises(SystemExit):
-        rr.main(["--rows", "paper", "--out", str(tmp_path), "--render-only"])
-    assert "unknown row 'paper'" in capsys.readouterr().err
+        rr.main(["--rows", "trained", "--out", str(tmp_path), "--render-only"])
+    assert "unknown row 'trained'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         rr.main(["--quick"])  # the tiny model's cells would land among docs/'s
     assert "--quick needs an --out of its own" in capsys.readouterr().err
@@ -79,13 +89,13 @@ def test_the_quick_run_fills_every_cell_on_the_same_prompts_and_resumes(tmp_path
     pytest.importorskip("wonderwords")  # lm_eval's ruler extra: RULER's data needs it
     rr.main(["--quick", "--out", str(tmp_path), "--threads", "1"])
     data = json.loads((tmp_path / "ruler.json").read_text())
-    assert sorted(data["cells"]) == sorted(f"{row}-niah_single_1-3072" for row in rr.ROWS)
+    assert sorted(data["cells"]) == sorted(f"{row}-niah_single_1-3072" for row in rr.RULER_ROWS)
     prompts = {tuple(a["prompt_hash"] for a in c["answers"]) for c in data["cells"].values()}
     assert len(prompts) == 1 and len(next(iter(prompts))) == 2  # every row: the same 2 prompts
     for c in data["cells"].values():
         assert c["samples"] == 2 and c["score"] == pytest.approx(c["lm_eval_score"])
         assert all(len(a["expected"]) == 1 and a["ruler_length"] <= 3072 for a in c["answers"])
-        assert c["model_args"].startswith("pretrained=MODEL_DIR,")  # no path of the machine
+        assert c["model_args"].startswith(("pretrained=MODEL_DIR,", "pretrained=PAPER_DIR,"))
     path = tmp_path / "ruler.cells" / "retrieval-niah_single_1-3072.json"
     stamp = path.stat().st_mtime_ns
     rr.main(["--quick", "--out", str(tmp_path), "--threads", "1"])  # everything there: skipped
