@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 from retrieval import ROWS, plot_scores, score_table, wilson
-from ruler_kvpress import KEPT, PRESSES
+from ruler_kvpress import PRESSES, peer_lines
 
 from inftyformer._measure import (
     default_base_model,
@@ -301,56 +301,6 @@ def cut_sentence(setup: dict) -> str:
 
 
 PEERS = tuple(PRESSES)  # kvpress's rows, run by experiments/ruler_kvpress.py in a venv of its own
-
-
-def peer_lines(cells: dict) -> list[str]:
-    """What the kvpress rows are and the commands that made them (none: no kvpress cell)."""
-    run = [c for c in cells.values() if c.get("row") in PEERS and "samples" in c]
-    if not run:
-        return []
-    tasks = ",".join(sorted({c["task"] for c in run}))
-    lengths = ",".join(str(n) for n in sorted({c["length"] for c in run}))
-    limit = max(c["samples"] for c in run)
-    versions = ", ".join(sorted({c["kvpress"] for c in run}))
-    presses = ",".join(r for r in PEERS if any(c["row"] == r for c in run))
-    shown = ", ".join(f"`{r}` {PRESSES[r]}" for r in PEERS if any(c["row"] == r for c in run))
-    return [
-        "",
-        "## The kvpress rows",
-        "",
-        f"Rows `kvpress_*`: presses of NVIDIA's kvpress {versions} ({shown}), on the same "
-        "prompts as the rows above (the same lm_eval requests: the same prompt_hash and tokens), "
-        "run by `experiments/ruler_kvpress.py` with the python of a virtualenv of their own "
-        "(kvpress pins transformers below 5.3; inftyformer does not depend on it). SnapKVPress "
-        "keeps what the attention of the context's last 64 tokens picks; ExpectedAttentionPress "
-        "what the queries of the next 512 positions are expected to attend, from the statistics "
-        "of the context's queries; KnormPress the keys of smallest norm, no query used; "
-        "StreamingLLMPress 4 sink tokens and the most recent. Rows ending in `_q`: the press "
-        "reads all of the prompt but its last token, the question included (SnapKV's window is "
-        "then the question's, as its authors use it), and the last token is read after it from "
-        "the pressed cache.",
-        "",
-        f"Budget: each press keeps {KEPT:,} entries of the context in every layer "
-        f"(compression_ratio = 1 − {KEPT:,} / context tokens, per prompt). The context is the "
-        "prompt up to its last line; that line, the question and the answer's opening (lm_eval's "
-        "gen_prefix), is read after it uncompressed, at its own positions, then the answer "
-        "greedily (the task's max_gen_toks, the tokenizer's end of sequence), scored by RULER's "
-        "rule. So these rows read the question's few dozen places on top of their 2,048, where "
-        "the rows above count it within theirs; and, as in kvpress's own pipeline, the context "
-        "is read in one forward pass (every layer attending to all of it), the press choosing "
-        "what stays for the question and the answer without seeing the question, where the "
-        "`retrieval` row chooses its blocks with the question's own queries.",
-        "",
-        "```",
-        "bash scripts/kvpress_env.sh        # the virtualenv .venv-kvpress: kvpress, its "
-        "transformers, CPU torch",
-        f"python experiments/ruler.py --dump-prompts runs/ruler-prompts.jsonl --tasks {tasks} \\",
-        f"    --lengths {lengths} --limit {limit} --base-model MODEL_DIR",
-        ".venv-kvpress/bin/python experiments/ruler_kvpress.py --prompts runs/ruler-prompts.jsonl "
-        "\\",
-        f"    --base-model MODEL_DIR --limit {limit} --threads 1 --presses {presses}",
-        "```",
-    ]
 
 
 def render(data: dict, notes: str = "") -> str:
