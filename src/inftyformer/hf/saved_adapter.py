@@ -258,6 +258,8 @@ def load_adapter(
     config = InftyformerConfig.from_pretrained(directory)
     settings = {"adapter": config.adapter}
     base_options.pop("config", None)  # AutoModelForCausalLM passes the adapter's own
+    # and its internal flags (`_from_auto`, ...), which the call below sets again itself
+    base_options = {k: v for k, v in base_options.items() if not k.startswith("_")}
     base = AutoModelForCausalLM.from_pretrained(str(folder), **base_options)
     model = build(base, **settings)
     result = model.load_state_dict(load_file(directory / ADAPTER_WEIGHTS), strict=False)
