@@ -83,7 +83,10 @@ def test_rows_of_different_lengths_equal_separate_streams(squeeze, kept):
     assert batched.stored.tolist() == [32, 16, 32]
     for i in range(3):
         alone = run(torch.tensor([i]))
-        assert torch.allclose(batched.coefficients[i], alone.coefficients[0], atol=1e-4)
+        # float32 ridge solves of a batch and of one row round apart by ~1e-5 of the largest
+        # coefficient (the fit's conditioning; CPUs differ); another row's fit is off by O(1)
+        scale = alone.coefficients.abs().max()
+        assert torch.allclose(batched.coefficients[i], alone.coefficients[0], atol=2e-5 * scale)
 
 
 def test_states_saved_without_a_length_load_as_long():
