@@ -8,6 +8,8 @@ Two tasks in our own wording and filler (the test books), answers written by gre
                number for WORD mentioned in the provided text? The special magic number for WORD
                mentioned in the provided text is:" (K − 1 distractors each; K questions per
                passage, all asked from the same memory of the passage)
+    single     one needle in the multikey wording, no distractor (RULER's niah_single in a book):
+               the lone pass key in the wording this base answers
     passkey    the pass-key test (Mohtashami & Jaggi 2023): the passage opens with "There is an
                important info hidden inside a lot of irrelevant text. Find it and memorize it.
                I will quiz you about the important information there.", then one "The pass key
@@ -70,7 +72,7 @@ PASSKEY_TASK = (
 )
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
 ROWS = ("full", "window", "streaming", "retrieval", "retrieval-true")
-TASKS = ("multikey", "passkey")
+TASKS = ("multikey", "single", "passkey")
 
 
 def filler_text(data_dir: Path | None) -> str:
@@ -92,9 +94,11 @@ def passages(
     tokenizer, text: str, length: int, count: int, needles: int, seed: int, task: str = "multikey"
 ):
     """`count` passages of exactly `length` tokens, each with `needles` needles at random depths
-    (passkey: one) and their questions and answers: [(ids [length], [(question, answer ids)])]."""
+    (passkey, single: one) and their questions and answers:
+    [(ids [length], [(question, answer ids)])]."""
     ids = tokenizer.encode(text).ids
-    rng = random.Random(seed * 1_000_003 + length + (7 if task == "passkey" else 0))
+    rng = random.Random(seed * 1_000_003 + length + {"passkey": 7, "single": 13}.get(task, 0))
+    needles = 1 if task == "single" else needles
     words = single_token_words(tokenizer)
     words = words if len(words) >= needles else list(WORDS)  # a small tokenizer: whole words
     out = []
@@ -246,7 +250,8 @@ def render(data: dict) -> str:
         "greedy generation (exact: every written token the answer's), share of exact answers "
         "[95% Wilson interval] (samples). multikey: "
         f"{setup['needles']} needles per passage, one question per needle (the others its "
-        "distractors); passkey: one pass key per passage. Every row reads at most 2,048 places "
+        "distractors); single: one such needle per passage, no distractor; passkey: one pass "
+        "key per passage in the pass-key test's wording. Every row reads at most 2,048 places "
         "but `full`. Rendered from `retrieval.json` by `experiments/retrieval.py`.",
     ]
     for task in TASKS:

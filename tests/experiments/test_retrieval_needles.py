@@ -26,7 +26,7 @@ def test_passages_are_the_stated_length_and_hold_each_answer(task):
     assert len(data) == 2
     for passage, questions in data:
         assert passage.shape == (300,)
-        assert len(questions) == (1 if task == "passkey" else 3)
+        assert len(questions) == (3 if task == "multikey" else 1)  # single: no distractor
         ids = passage.tolist()
         if task == "passkey":  # the test's instruction opens the passage
             assert ids[:4] == tok.encode(rx.PASSKEY_TASK).ids[:4]
