@@ -1,6 +1,6 @@
 """Needles in a book: does a memory find the right fact among several like it, and a lone one?
 
-Two tasks in our own wording and filler (the test books), answers written by greedy generation
+Three tasks in our own wording and filler (the test books), answers written by greedy generation
 (exact: the written tokens are the answer's):
 
     multikey   RULER's niah_multikey: K needles "One of the special magic numbers for WORD is:
