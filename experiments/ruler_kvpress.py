@@ -24,12 +24,17 @@ token or the task's max_gen_toks, cut at the task's stop strings. RULER's score 
 (`ruler_score`) as lm_eval scores it.
 
 Each (press, task, length) cell is written to OUT/ruler.cells/ROW-TASK-LENGTH.json in the form
-of experiments/ruler.py's (a cell already there with at least --limit prompts is skipped).
+of experiments/ruler.py's (a cell already there with at least --limit prompts is skipped). Each
+prompt's answer is appended to OUT/ruler.cells/ROW-TASK-LENGTH.partial.jsonl as soon as it is
+written, so a run stopped or killed between prompts resumes at the next one (the file goes when
+its cell is written).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
 import re
 import sys
@@ -187,6 +192,50 @@ def answer(
     return cut_at_stops(tokenizer.decode(written), stops), kept
 
 
+def release_memory() -> None:
+    """Hand the freed heap back to the system between prompts: one prompt's forward pass leaves
+    hundreds of MB of freed attention temporaries that glibc keeps, and over a cell of 8K-token
+    prompts the process grew past the machine's RAM."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
+def resident_mb() -> float:
+    """The process's resident memory now, MB (0 where /proc is not there)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except OSError:
+        return 0.0
+    return pages * 4096 / 2**20
+
+
+def done_answers(partial: Path | None, records: list[dict], cut: int | None, budget: int) -> list:
+    """The answers a stopped run of this cell already wrote to `partial`, in prompt order, as
+    long as they are of the same prompts and settings (else none: the cell starts over)."""
+    if partial is None or not partial.exists():
+        return []
+    answers = []
+    for line in partial.read_text(encoding="utf-8").splitlines():
+        try:
+            answer_ = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by the kill: the prompt runs again
+            break
+        i = len(answers)
+        same = (
+            i < len(records)
+            and answer_.get("prompt_hash") == records[i]["prompt_hash"]
+            and answer_.get("max_gen_toks") == cut
+            and answer_.get("budget") == budget
+        )
+        if not same:
+            return []
+        answers.append(answer_)
+    return answers
+
+
 def run_cell(
     row: str,
     records: list[dict],
@@ -195,17 +244,27 @@ def run_cell(
     positions: int,
     cut: int | None = None,
     budget: int = KEPT,
+    partial: Path | None = None,
 ) -> dict:
-    """One press on the prompts `records` (one task and length), scored per prompt."""
+    """One press on the prompts `records` (one task and length), scored per prompt; each answer
+    appended to `partial` as it is written, and the answers already there reused."""
     task, length = records[0]["task"], records[0]["length"]
     name = PRESSES[row]
     if max(len(r["input_ids"]) + r["generation"].get("max_gen_toks", 0) for r in records) > (
         positions
     ):
         return {"skipped": f"the prompts do not fit the base's {positions} positions"}
-    answers = []
-    start = time.perf_counter()
+    answers = done_answers(partial, records, cut, budget)
+    if partial is not None:
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        with open(partial, "w", encoding="utf-8") as f:  # the usable lines only
+            f.writelines(json.dumps(a) + "\n" for a in answers)
+        if answers:
+            print(f"  {row} {task} {length}: {len(answers)} prompts done before", flush=True)
+    start = time.perf_counter() - sum(a["seconds"] for a in answers)
     for i, record in enumerate(records):
+        if i < len(answers):
+            continue
         n = pressed_tokens(row, record)
         ratio = compression_ratio(n, budget)
         began = time.perf_counter()
@@ -216,10 +275,17 @@ def run_cell(
             "ruler_length": record["ruler_length"], "prompt_hash": record["prompt_hash"],
             "context_tokens": record["context_tokens"], "pressed_tokens": n, "kept": kept,
             "compression_ratio": ratio, "seconds": time.perf_counter() - began,
+            "max_gen_toks": cut, "budget": budget,
         })  # fmt: skip
+        release_memory()
+        answers[-1]["rss_mb"] = round(resident_mb())  # after the prompt's temporaries are freed
+        if partial is not None:
+            with open(partial, "a", encoding="utf-8") as f:
+                f.write(json.dumps(answers[-1]) + "\n")
         print(f"  {row} {task} {length} prompt {i + 1}/{len(records)}: score {score} "
               f"kept {kept}/{record['context_tokens']} "
-              f"{answers[-1]['seconds']:.1f} s {text!r}", flush=True)  # fmt: skip
+              f"{answers[-1]['seconds']:.1f} s {text!r} rss {answers[-1]['rss_mb']} MB",
+              flush=True)  # fmt: skip
     seconds = time.perf_counter() - start
     n = len(answers)
     total = sum(a["score"] for a in answers)
@@ -312,8 +378,12 @@ def main(argv: list[str] | None = None) -> None:
                 done = old.get("samples", 0) >= len(records)
                 if "skipped" in old or (done and old.get("max_gen_toks") == args.max_gen_toks):
                     continue
-            cell = run_cell(row, records, model, tokenizer, positions, args.max_gen_toks, args.kept)
+            partial = cells / f"{row}-{task}-{length}.partial.jsonl"
+            cell = run_cell(
+                row, records, model, tokenizer, positions, args.max_gen_toks, args.kept, partial
+            )
             write_json(path, cell)
+            partial.unlink(missing_ok=True)
             summary = {k: v for k, v in cell.items() if k not in ("answers", "model_args")}
             print(f"{row} {task} {length}: {summary}", flush=True)
 

@@ -207,3 +207,40 @@ def test_the_snapkv_check_finds_the_value_and_renders_what_it_measured():
         and "everything else as the press chose: 2 of 2" in page
     )
     assert "in every prompt: (17, 1), (18, 2)." in page and "differ by at most 0 " in page
+
+
+def test_a_cell_killed_between_prompts_resumes_at_the_next_one(tmp_path, monkeypatch):
+    records = [
+        {"task": "niah_single_1", "length": 4096, "input_ids": [1] * 30, "context_tokens": 20,
+         "expected": [f"{i}{i}{i}"], "prompt_hash": f"h{i}", "ruler_length": 4096,
+         "generation": {"max_gen_toks": 8, "until": []}}
+        for i in range(4)
+    ]  # fmt: skip
+    asked: list[str] = []
+
+    def fake_answer(model, tokenizer, press, record, n, cut=None):
+        if len(asked) == 2 and not resumed:
+            raise KeyboardInterrupt  # the run is stopped while it answers the third prompt
+        asked.append(record["prompt_hash"])
+        return f" {record['expected'][0]}.", 20
+
+    monkeypatch.setattr(rk, "answer", fake_answer)
+    monkeypatch.setattr(rk, "make_press", lambda row, ratio: None)
+    monkeypatch.setattr(rk, "release_memory", lambda: None)
+    monkeypatch.setattr(rk.metadata, "version", lambda name: "0.0")
+    partial = tmp_path / "kvpress_knorm-niah_single_1-4096.partial.jsonl"
+    resumed = False
+    with pytest.raises(KeyboardInterrupt):
+        rk.run_cell("kvpress_knorm", records, None, None, 8192, 32, 2048, partial)
+    assert len(partial.read_text().splitlines()) == 2
+    with open(partial, "a") as f:
+        f.write('{"prompt_hash": "h2", "cut by the ki')  # a line half-written at the kill
+    resumed = True
+    cell = rk.run_cell("kvpress_knorm", records, None, None, 8192, 32, 2048, partial)
+    assert asked == ["h0", "h1", "h2", "h3"]  # each prompt answered once
+    assert [a["prompt_hash"] for a in cell["answers"]] == ["h0", "h1", "h2", "h3"]
+    assert cell["samples"] == 4 and cell["score"] == 1.0
+    # other settings than the stopped run's: its answers are not reused
+    asked.clear()
+    cell = rk.run_cell("kvpress_knorm", records, None, None, 8192, 64, 2048, partial)
+    assert asked == ["h0", "h1", "h2", "h3"]
