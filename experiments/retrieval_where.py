@@ -9,9 +9,12 @@ token of the number; `partly`: some), or in stored blocks it did not choose (`mi
 of selection and reading fails, per preset and length:
 
     python experiments/retrieval_where.py --lengths 4096 --presets retrieval,retrieval-true
+    python experiments/retrieval_where.py --tasks single --lengths 12288 --passages 25
     python experiments/retrieval_where.py --quick --out /tmp/w       # tiny random model
 
-Cells OUT/retrieval_where.cells/PRESET-LENGTH.json (a cell already there is skipped);
+The tasks are `experiments/retrieval.py`'s `multikey` and `single` (one needle, no distractor).
+Cells OUT/retrieval_where.cells/PRESET-LENGTH.json (multikey) and TASK-PRESET-LENGTH.json (a
+cell already there is skipped);
 OUT/retrieval_where.json gathers them; OUT/retrieval_where.md is rendered from it.
 """
 
@@ -72,10 +75,12 @@ def find(passage: list[int], answer: list[int]) -> range | None:
 
 
 @torch.no_grad()
-def run_cell(preset: str, length: int, args, base, tokenizer, text: str) -> dict:
+def run_cell(
+    preset: str, length: int, args, base, tokenizer, text: str, task: str = "multikey"
+) -> dict:
     from inftyformer.hf.retrieval import RetrievalLM
 
-    data = passages(tokenizer, text, length, args.passages, args.needles, args.seed)
+    data = passages(tokenizer, text, length, args.passages, args.needles, args.seed, task)
     start = time.perf_counter()
     ids = torch.stack([passage for passage, _ in data])
     model = RetrievalLM(base, preset=preset).eval()
@@ -96,7 +101,8 @@ def run_cell(preset: str, length: int, args, base, tokenizer, text: str) -> dict
                             "at": None if span is None else span.start,
                             "exact": new[: len(answer)] == answer})  # fmt: skip
     state.store.close()
-    return {"preset": preset, "length": length, "samples": len(samples), "answers": samples,
+    return {"task": task, "preset": preset, "length": length, "passages": len(data),
+            "needles": len(data[0][1]), "samples": len(samples), "answers": samples,
             "seconds": time.perf_counter() - start}  # fmt: skip
 
 
@@ -105,17 +111,23 @@ def render(data: dict, notes: str = "") -> str:
     lines = [
         "# Where the asked fact was: chosen, in the window, or missed",
         "",
-        f"Base model `{setup['base_model']}`; the `retrieval` preset on the multi-key needles of "
-        f"`experiments/retrieval.py` ({setup['needles']} needles per passage, "
-        f"{setup['passages']} passages, seed {setup['seed']}). For each question: where the "
+        f"Base model `{setup['base_model']}`; the `retrieval` presets on the needles of "
+        "`experiments/retrieval.py` (`multikey`: several needles per passage, one question per "
+        f"needle; `single`: one needle, no distractor; seed {setup['seed']}; passages and "
+        "needles per passage in the table). For each question: where the "
         "needle's number lies when the question's call has chosen its blocks, and whether the "
         "greedy answer was exact. Cells: right / questions [95% Wilson interval of the share]. "
         "Rendered from `retrieval_where.json` by `experiments/retrieval_where.py`.",
         "",
-        "| preset | length | " + " | ".join(PLACES) + " | all |",
-        "|---|---:|" + "---:|" * (len(PLACES) + 1),
+        "| task | passages × needles | preset | length | " + " | ".join(PLACES) + " | all |",
+        "|---|---|---|---:|" + "---:|" * (len(PLACES) + 1),
     ]
-    order = lambda k: (data["cells"][k]["preset"], data["cells"][k]["length"])  # noqa: E731
+    cells_ = data["cells"]
+    for cell in cells_.values():  # cells of before the task column: multikey, the setup's counts
+        cell.setdefault("task", "multikey")
+        cell.setdefault("passages", setup["passages"])
+        cell.setdefault("needles", setup["needles"])
+    order = lambda k: (cells_[k]["task"], cells_[k]["preset"], cells_[k]["length"])  # noqa: E731
     for key in sorted(data["cells"], key=order):
         answers = data["cells"][key]["answers"]
         cells = []
@@ -127,13 +139,17 @@ def render(data: dict, notes: str = "") -> str:
             right = sum(a["exact"] for a in got)
             low, high = wilson(right, len(got))
             cells.append(f"{right}/{len(got)} [{low:.2f}, {high:.2f}]")
-        cell = data["cells"][key]
-        lines.append(f"| {cell['preset']} | {cell['length']:,} | " + " | ".join(cells) + " |")
-    lines += ["", "```", f"python experiments/retrieval_where.py --lengths "
-              f"{','.join(sorted({str(c['length']) for c in data['cells'].values()}))} "
-              f"--presets {','.join(sorted({c['preset'] for c in data['cells'].values()}))} "
-              f"--passages {setup['passages']}",
-              "```", "", f"Machine: {data['machine'].get('cpu', '?')}", ""]  # fmt: skip
+        cell = cells_[key]
+        head = f"| {cell['task']} | {cell['passages']} × {cell['needles']} | {cell['preset']} | "
+        lines.append(head + f"{cell['length']:,} | " + " | ".join(cells) + " |")
+    lines += ["", "```"]
+    for task in sorted({c["task"] for c in cells_.values()}):
+        group = [c for c in cells_.values() if c["task"] == task]
+        lengths = ",".join(str(n) for n in sorted({c["length"] for c in group}))
+        lines.append(f"python experiments/retrieval_where.py --tasks {task} --lengths {lengths} "
+                     f"--presets {','.join(sorted({c['preset'] for c in group}))} "
+                     f"--passages {max(c['passages'] for c in group)}")  # fmt: skip
+    lines += ["```", "", f"Machine: {data['machine'].get('cpu', '?')}", ""]
     if notes:
         lines += [notes, ""]
     return "\n".join(lines)
@@ -143,9 +159,13 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", default="4096")
     p.add_argument("--presets", default="retrieval", help="of the retrieval kind, with blocks")
+    p.add_argument("--tasks", default="multikey", help="multikey, single")
     passage_arguments(p, threads=1)
     args = p.parse_args(argv)
     presets = args.presets.split(",")
+    for task in args.tasks.split(","):
+        if task not in ("multikey", "single"):
+            p.error(f"unknown task {task!r}; known: multikey, single")
     if args.quick and Path(args.out).resolve() == OUT.resolve():
         p.error("--quick needs an --out of its own (its tiny model's cells are not docs/'s)")
     torch.set_num_threads(args.threads)
@@ -156,11 +176,13 @@ def main(argv: list[str] | None = None) -> None:
     if not args.render_only:
         tokenizer, text, base = load_run(args, base_dir)
         cells_dir.mkdir(parents=True, exist_ok=True)
-        for length, preset in product(map(int, args.lengths.split(",")), presets):
-            path = cells_dir / f"{preset}-{length}.json"
+        tasks = args.tasks.split(",")
+        for task, length, preset in product(tasks, map(int, args.lengths.split(",")), presets):
+            name = f"{preset}-{length}" if task == "multikey" else f"{task}-{preset}-{length}"
+            path = cells_dir / f"{name}.json"
             if path.exists():
                 continue
-            cell = run_cell(preset, length, args, base, tokenizer, text)
+            cell = run_cell(preset, length, args, base, tokenizer, text, task)
             write_json(path, cell)
             ran = True
             print(f"{length}: {[(a['where'], a['exact']) for a in cell['answers']]}", flush=True)

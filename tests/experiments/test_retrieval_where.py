@@ -40,3 +40,25 @@ def test_a_span_is_placed_where_the_state_reads_it():
 )
 def test_find_gives_the_first_occurrence_of_the_number(passage, answer, found):
     assert rw.find(passage, answer) == found
+
+
+def test_the_page_gives_each_task_its_row_counts_and_command():
+    def cell(preset, where, exact, **more):
+        return {"preset": preset, "length": 4096, "answers": [{"where": where, "exact": exact}],
+                **more}  # fmt: skip
+
+    data = {
+        "setup": {"base_model": "b", "needles": 5, "passages": 5, "seed": 0},
+        "machine": {"cpu": "c"},
+        "cells": {
+            "retrieval-4096": cell("retrieval", "chosen", False),  # written before tasks: multikey
+            "single-retrieval-4096": cell(
+                "retrieval", "missed", True, task="single", passages=25, needles=1
+            ),
+        },
+    }
+    page = rw.render(data)
+    assert "| multikey | 5 × 5 | retrieval | 4,096 | – | – | 0/1" in page
+    assert "| single | 25 × 1 | retrieval | 4,096 | – | – | – | – | 1/1" in page
+    assert "--tasks single --lengths 4096 --presets retrieval --passages 25" in page
+    assert "--tasks multikey --lengths 4096 --presets retrieval --passages 5" in page
