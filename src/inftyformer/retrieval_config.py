@@ -11,6 +11,7 @@ from ._checks import check_positive_int
 
 SCORES = ("max", "mean")
 DISTANCES = ("packed", "true")
+ORDERS = ("stream", "score")
 
 
 @dataclass(frozen=True)
@@ -21,8 +22,10 @@ class RetrievalConfig:
     values, not recomputed) and, from block `select_layer` on, to the `blocks` blocks of B =
     `block_size` tokens that the call's own queries at `select_layer` match best among all the
     older ones (`score`: a block's score is the best match of any query and head with any of
-    its tokens, "max", or their mean over the call's queries, "mean"). The older blocks' keys and
-    values are kept on disk (`store_dir`, None: a temporary folder)."""
+    its tokens, "max", or their mean over the call's queries, "mean"). The chosen blocks are read
+    in stream order (`order="stream"`) or by score, the best right before the window
+    (`order="score"`, packed distances only). The older blocks' keys and values are kept on disk
+    (`store_dir`, None: a temporary folder)."""
 
     block_size: int = 64
     blocks: int = 16
@@ -35,6 +38,7 @@ class RetrievalConfig:
     # where the read slots sit: "packed" right before the call (every gap closed), or "true"
     # at their distance in the stream while the base's positions hold it (packed beyond)
     distances: str = "packed"
+    order: str = "stream"  # the chosen blocks in stream order, or the best nearest the window
     segment_len: int = 256
     store_dir: str | None = None
 
@@ -48,6 +52,13 @@ class RetrievalConfig:
                 check_positive_int(name, getattr(self, name), minimum=0)
         if self.distances not in DISTANCES:
             raise ValueError(f"distances must be one of {DISTANCES}, got {self.distances!r}")
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
+        if self.order == "score" and self.distances != "packed":
+            raise ValueError(
+                "order='score' moves the chosen blocks out of stream order: it needs "
+                "distances='packed' (with 'true' each block sits at its distance in the stream)"
+            )
         if self.score not in SCORES:
             raise ValueError(f"score must be one of {SCORES}, got {self.score!r}")
         if self.store_dir is not None and not isinstance(self.store_dir, str):
@@ -63,4 +74,4 @@ class RetrievalConfig:
         return dataclasses.replace(self, **changes)
 
 
-__all__ = ["DISTANCES", "SCORES", "RetrievalConfig"]
+__all__ = ["DISTANCES", "ORDERS", "SCORES", "RetrievalConfig"]

@@ -350,3 +350,32 @@ def test_a_questions_first_pass_scores_the_blocks_as_its_later_choice_does(dista
     assert len(queries) == 2  # the first pass's, then the call's own
     torch.testing.assert_close(queries[0], queries[1], rtol=0, atol=1e-5)
     state.store.close()
+
+
+@torch.no_grad()
+def test_order_score_reads_the_best_block_last_and_needs_packed_distances():
+    """Two stored blocks chosen of three: in stream order [8, 9]; by score the best (block 8)
+    is read last, nearest the window: [9, 8]; a whole stream reads the same blocks either way,
+    only their places differ."""
+    m = model(block_size=4, blocks=2, sink_blocks=0, window=4, segment_len=4)
+    state = m.init_state(1)
+    H, d = m.kv_heads, m.head_dim
+    keys = torch.randn(1, 12, H, d, generator=torch.Generator().manual_seed(0)) * 0.1
+    unit = torch.nn.functional.normalize(torch.ones(d), dim=0)
+    keys[:, 6, 0], keys[:, 9, 0] = 5.0 * unit, 4.0 * unit  # block 1 best, block 2 second
+    state = dataclasses.replace(
+        state, keys=keys.half(), block_ids=torch.tensor([[7, 8, 9]]), blocks=torch.tensor([3])
+    )
+    query = torch.zeros(1, m.base.config.num_attention_heads, 3, d)
+    query[:, 0, 1] = unit
+    assert m.select(state, query)[0].tolist() == [[8, 9]]
+    by_score = model(block_size=4, blocks=2, sink_blocks=0, window=4, segment_len=4, order="score")
+    assert by_score.select(state, query)[0].tolist() == [[9, 8]]
+    ids = tokens(length=48)
+    stream, scored = m(ids), by_score(ids)
+    assert torch.equal(stream.state.selected.sort(1).values, scored.state.selected.sort(1).values)
+    assert (stream.logits[:, -4:] - scored.logits[:, -4:]).abs().max() > 1e-4
+    with pytest.raises(ValueError, match="order='score'.*distances='packed'"):
+        RetrievalConfig(order="score", distances="true")
+    with pytest.raises(ValueError, match="order must be one of"):
+        RetrievalConfig(order="best")

@@ -22,7 +22,8 @@ Which blocks (read time, by the query): at block `select_layer`, every call scor
 stored tokens' keys against its own queries, q_t · R_Δ k_j / √d (the keys turned as if they sat
 at position S: every block at one distance), takes each block's best score over its tokens,
 the call's queries and the heads ("max"; or the mean over queries of the best over tokens and
-heads, "mean"), and reads the `blocks` best, with the same choice in every block from there on.
+heads, "mean"), and reads the `blocks` best, with the same choice in every block from there on
+(in stream order; `order="score"`: the best last, nearest the window).
 The stored keys of `select_layer` stay in memory for that (2 · H_kv · d bytes per token); the
 blocks' keys and values of the retrieving layers are on disk (`block_store.py`).
 
@@ -425,7 +426,8 @@ class RetrievalLM(nn.Module):
     @torch.no_grad()
     def select(self, state: RetrievalState, query: torch.Tensor):
         """The `blocks` stored blocks the call's queries [b, H, T, d] (turned to P0 + t) match
-        best (module doc): ids [b, k] in stream order and which are valid [b, k]."""
+        best (module doc): ids [b, k] in stream order (or by rising score, `order="score"`)
+        and which are valid [b, k]."""
         c = self.config
         b, H, T, d = query.shape
         B, n = c.block_size, state.block_ids.shape[1]
@@ -453,8 +455,11 @@ class RetrievalLM(nn.Module):
             follow = follow.flatten(1).clamp(max=n - 1)
             first = torch.zeros_like(stored).scatter(1, follow, True) & stored
             score = score.masked_fill(first, math.inf)  # then the next best fill what is left
-        top = score.topk(k, dim=1)
-        order = top.indices.sort(1).values  # stream order
+        top = score.topk(k, dim=1)  # best first
+        if c.order == "score":  # the best read last, right before the window
+            order = top.indices.flip(1)
+        else:
+            order = top.indices.sort(1).values  # stream order
         valid = torch.gather(stored, 1, order)  # a row with fewer blocks: the rest unread
         ids = torch.gather(state.block_ids.to(dev), 1, order)
         return torch.where(valid, ids, 0), valid
