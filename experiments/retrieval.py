@@ -23,6 +23,8 @@ Rows (the same passages for every row; each a preset of the retrieval kind but `
     retrieval  the first 64, the 16 past blocks of 64 the queries match best, the last 960
     retrieval-true  the same places, each at its distance in the stream where the base's
                positions hold it (`retrieval` packs them right before the question)
+    retrieval-scored  the `retrieval` preset with its chosen blocks by rising score, the best
+               right before the window (`order="score"`)
 
     python experiments/retrieval.py --lengths 4096,8192 --passages 5        # cells, resumable
     python experiments/retrieval.py --render-only
@@ -71,7 +73,8 @@ PASSKEY_TASK = (
     "it. I will quiz you about the important information there.\n\n"
 )
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
-ROWS = ("full", "window", "streaming", "retrieval", "retrieval-true")
+ROWS = ("full", "window", "streaming", "retrieval", "retrieval-true", "retrieval-scored")
+VARIANTS = {"retrieval-scored": ("retrieval", {"order": "score"})}  # row: (preset, on top)
 TASKS = ("multikey", "single", "passkey")
 
 
@@ -173,7 +176,8 @@ def run_cell(task: str, row: str, length: int, args, base, tokenizer, text: str)
     if row == "full":  # the last token's logits only: all of them are length × vocabulary
         cache = base(ids, use_cache=True, logits_to_keep=1).past_key_values
     else:
-        model = RetrievalLM(base, **preset_settings(row, "retrieval")).eval()
+        preset, on_top = VARIANTS.get(row, (row, {}))
+        model = RetrievalLM(base, **preset_settings(preset, "retrieval"), **on_top).eval()
         state = model(ids, logits_to_keep=1).state
     samples = []
     for _, members, question, rows in question_groups(data):
