@@ -73,8 +73,9 @@ PASSKEY_TASK = (
     "it. I will quiz you about the important information there.\n\n"
 )
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
-ROWS = ("full", "window", "streaming", "retrieval", "retrieval-true", "retrieval-scored")
+PRESET_ROWS = ("full", "window", "streaming", "retrieval", "retrieval-true")  # RULER's too
 VARIANTS = {"retrieval-scored": ("retrieval", {"order": "score"})}  # row: (preset, on top)
+ROWS = (*PRESET_ROWS, *VARIANTS)
 TASKS = ("multikey", "single", "passkey")
 
 

@@ -42,7 +42,8 @@ import time
 from pathlib import Path
 
 import torch
-from retrieval import ROWS, plot_scores, score_table, wilson
+from retrieval import PRESET_ROWS as ROWS
+from retrieval import plot_scores, score_table, wilson
 from ruler_kvpress import PRESSES, peer_lines
 
 from inftyformer._measure import (
