@@ -46,6 +46,7 @@ from inftyformer._measure import (
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs"
 PLACES = ("sink", "window", "chosen", "partly", "missed", "unknown")
+TASKS = ("multikey", "single")  # of experiments/retrieval.py's: those with a word's number
 
 
 def place_of(span: range, state, row: int, chosen: list[int], model) -> str:
@@ -159,13 +160,13 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", default="4096")
     p.add_argument("--presets", default="retrieval", help="of the retrieval kind, with blocks")
-    p.add_argument("--tasks", default="multikey", help="multikey, single")
+    p.add_argument("--tasks", default="multikey", help=", ".join(TASKS))
     passage_arguments(p, threads=1)
     args = p.parse_args(argv)
     presets = args.presets.split(",")
     for task in args.tasks.split(","):
-        if task not in ("multikey", "single"):
-            p.error(f"unknown task {task!r}; known: multikey, single")
+        if task not in TASKS:
+            p.error(f"unknown task {task!r}; known: {', '.join(TASKS)}")
     if args.quick and Path(args.out).resolve() == OUT.resolve():
         p.error("--quick needs an --out of its own (its tiny model's cells are not docs/'s)")
     torch.set_num_threads(args.threads)

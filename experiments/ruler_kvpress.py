@@ -51,7 +51,7 @@ except ImportError:
     sys.path.insert(0, str(ROOT / "src"))
 from retrieval import wilson  # noqa: E402
 
-from inftyformer._measure import write_json  # noqa: E402
+from inftyformer._measure import rss_mb, write_json  # noqa: E402
 
 OUT = ROOT / "docs"
 KEPT = 2048  # the places every compressed row of the table reads
@@ -202,15 +202,6 @@ def release_memory() -> None:
         pass
 
 
-def resident_mb() -> float:
-    """The process's resident memory now, MB (0 where /proc is not there)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except OSError:
-        return 0.0
-    return pages * 4096 / 2**20
-
-
 def done_answers(partial: Path | None, records: list[dict], cut: int | None, budget: int) -> list:
     """The answers a stopped run of this cell already wrote to `partial`, in prompt order, as
     long as they are of the same prompts and settings (else none: the cell starts over)."""
@@ -277,7 +268,7 @@ def run_cell(
             "max_gen_toks": cut, "budget": budget,
         })  # fmt: skip
         release_memory()
-        answers[-1]["rss_mb"] = round(resident_mb())  # after the prompt's temporaries are freed
+        answers[-1]["rss_mb"] = round(rss_mb())  # after the prompt's temporaries are freed
         if partial is not None:
             with open(partial, "a", encoding="utf-8") as f:
                 f.write(json.dumps(answers[-1]) + "\n")
