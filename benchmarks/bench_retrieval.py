@@ -83,8 +83,8 @@ class Stream:
     @torch.no_grad()
     def step(self, ids: torch.Tensor) -> None:
         if self.row == "full":
-            out = self.base(ids, past_key_values=self.state, use_cache=True, logits_to_keep=1)
-            self.state = out.past_key_values
+            out = self.base(ids, cache=self.state, use_cache=True, logits_to_keep=1)
+            self.state = out.cache
         else:
             self.state = self.model(ids, state=self.state, logits_to_keep=1).state
 
@@ -170,7 +170,7 @@ def time_generate(args, base) -> dict[str, Any]:
     model = RetrievalLM(base, **preset_settings("retrieval", "retrieval"))
     state = model(prompt[:, :-1], logits_to_keep=1).state
     recent = prompt[:, -2048:]
-    filled = base(recent[:, :-1], use_cache=True, logits_to_keep=1).past_key_values
+    filled = base(recent[:, :-1], use_cache=True, logits_to_keep=1).cache
     new, cache = args.new_tokens, {}
 
     def ours():
@@ -178,7 +178,7 @@ def time_generate(args, base) -> dict[str, Any]:
 
     def theirs():
         mask = torch.ones_like(recent)
-        base.generate(recent, attention_mask=mask, past_key_values=cache["kv"], max_new_tokens=new,
+        base.generate(recent, attention_mask=mask, cache=cache["kv"], max_new_tokens=new,
                       min_new_tokens=new, do_sample=False, pad_token_id=0)  # fmt: skip
 
     def fresh():

@@ -142,8 +142,8 @@ def greedy_full(base, cache, question: torch.Tensor, count: int) -> torch.Tensor
 
     cache, x, new = copy.deepcopy(cache), question, []
     for _ in range(count):
-        out = base(x, past_key_values=cache, use_cache=True)
-        cache, x = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        out = base(x, cache=cache, use_cache=True)
+        cache, x = out.cache, out.logits[:, -1:].argmax(-1)
         new.append(x)
     return torch.cat(new, 1)
 
@@ -175,7 +175,7 @@ def run_cell(task: str, row: str, length: int, args, base, tokenizer, text: str)
     start = time.perf_counter()
     ids = torch.stack([passage for passage, _ in data])  # [passages, length]
     if row == "full":  # the last token's logits only: all of them are length × vocabulary
-        cache = base(ids, use_cache=True, logits_to_keep=1).past_key_values
+        cache = base(ids, use_cache=True, logits_to_keep=1).cache
     else:
         preset, on_top = VARIANTS.get(row, (row, {}))
         model = RetrievalLM(base, **preset_settings(preset, "retrieval"), **on_top).eval()
