@@ -25,6 +25,8 @@ Rows (the same passages for every row; each a preset of the retrieval kind but `
                positions hold it (`retrieval` packs them right before the question)
     retrieval-scored  the `retrieval` preset with its chosen blocks by rising score, the best
                right before the window (`order="score"`)
+    retrieval-near  as `retrieval-scored` with a shorter window and more blocks at the same
+               budget (the first 64, 24 blocks, the last 448): the best block nearer the question
 
     python experiments/retrieval.py --lengths 4096,8192 --passages 5        # cells, resumable
     python experiments/retrieval.py --render-only
@@ -74,7 +76,10 @@ PASSKEY_TASK = (
 )
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
 PRESET_ROWS = ("full", "window", "streaming", "retrieval", "retrieval-true")  # RULER's too
-VARIANTS = {"retrieval-scored": ("retrieval", {"order": "score"})}  # row: (preset, on top)
+VARIANTS = {  # row: (preset, settings on top)
+    "retrieval-scored": ("retrieval", {"order": "score"}),
+    "retrieval-near": ("retrieval", {"order": "score", "window": 448, "blocks": 24}),
+}
 ROWS = (*PRESET_ROWS, *VARIANTS)
 TASKS = ("multikey", "single", "passkey")
 
@@ -95,12 +100,13 @@ def single_token_words(tokenizer) -> list[str]:
 
 
 def passages(
-    tokenizer, text: str, length: int, count: int, needles: int, seed: int, task: str = "multikey"
-):
-    """`count` passages of exactly `length` tokens, each with `needles` needles at random depths
-    (passkey, single: one) and their questions and answers:
+    tokenizer, filler: list[int], length: int, count: int, needles: int, seed: int,
+    task: str = "multikey",
+):  # fmt: skip
+    """`count` passages of exactly `length` tokens cut from the `filler` token ids, each with
+    `needles` needles at random depths (passkey, single: one) and their questions and answers:
     [(ids [length], [(question, answer ids)])]."""
-    ids = tokenizer.encode(text).ids
+    ids = filler
     rng = random.Random(seed * 1_000_003 + length + {"passkey": 7, "single": 13}.get(task, 0))
     needles = 1 if task == "single" else needles
     words = single_token_words(tokenizer)
@@ -162,13 +168,13 @@ def question_groups(data: list):
 
 
 @torch.no_grad()
-def run_cell(task: str, row: str, length: int, args, base, tokenizer, text: str) -> dict:
+def run_cell(task: str, row: str, length: int, args, base, tokenizer, filler: list[int]) -> dict:
     """All passages of a cell as one batch; question j of every passage asked together (the
     questions of a task have one length: the words are one token each)."""
     from inftyformer.hf.retrieval import RetrievalLM
     from inftyformer.presets import preset_settings
 
-    data = passages(tokenizer, text, length, args.passages, args.needles, args.seed, task)
+    data = passages(tokenizer, filler, length, args.passages, args.needles, args.seed, task)
     limit = int(getattr(base.config, "max_position_embeddings", 1 << 30))
     if row == "full" and length + 64 > limit:
         return {"skipped": f"the passage does not fit the base's {limit} positions"}
@@ -178,7 +184,8 @@ def run_cell(task: str, row: str, length: int, args, base, tokenizer, text: str)
         cache = base(ids, use_cache=True, logits_to_keep=1).cache
     else:
         preset, on_top = VARIANTS.get(row, (row, {}))
-        model = RetrievalLM(base, **preset_settings(preset, "retrieval"), **on_top).eval()
+        settings = {**preset_settings(preset, "retrieval"), **on_top}
+        model = RetrievalLM(base, **settings).eval()
         state = model(ids, logits_to_keep=1).state
     samples = []
     for _, members, question, rows in question_groups(data):
@@ -346,7 +353,8 @@ def run_setup(args) -> str:
 
 
 def load_run(args, base_dir: str):
-    """The base's tokenizer, the filler text and the base (float32, eval)."""
+    """The base's tokenizer, the filler's token ids (the books encoded once per run, not once
+    per cell) and the base (float32, eval)."""
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
@@ -354,7 +362,7 @@ def load_run(args, base_dir: str):
     data_dir = Path(args.data_dir)
     text = filler_text(data_dir if data_dir.is_dir() and not args.quick else None)
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
-    return tokenizer, text, base
+    return tokenizer, tokenizer.encode(text).ids, base
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -370,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
     base_dir = run_setup(args)
     ran = False  # a cell run by this call: the machine is this one, else the last run's
     if not args.render_only:
-        tokenizer, text, base = load_run(args, base_dir)
+        tokenizer, filler, base = load_run(args, base_dir)
         cells_dir.mkdir(parents=True, exist_ok=True)
         for length in (int(x) for x in args.lengths.split(",")):
             for task in args.tasks.split(","):
@@ -378,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
                     path = cells_dir / f"{task}-{row}-{length}.json"
                     if path.exists():
                         continue
-                    cell = run_cell(task, row, length, args, base, tokenizer, text)
+                    cell = run_cell(task, row, length, args, base, tokenizer, filler)
                     write_json(path, cell)
                     ran = True
                     summary = {k: v for k, v in cell.items() if k != "answers"}

@@ -77,11 +77,11 @@ def find(passage: list[int], answer: list[int]) -> range | None:
 
 @torch.no_grad()
 def run_cell(
-    preset: str, length: int, args, base, tokenizer, text: str, task: str = "multikey"
+    preset: str, length: int, args, base, tokenizer, filler: list[int], task: str = "multikey"
 ) -> dict:
     from inftyformer.hf.retrieval import RetrievalLM
 
-    data = passages(tokenizer, text, length, args.passages, args.needles, args.seed, task)
+    data = passages(tokenizer, filler, length, args.passages, args.needles, args.seed, task)
     start = time.perf_counter()
     ids = torch.stack([passage for passage, _ in data])
     model = RetrievalLM(base, preset=preset).eval()
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     base_dir = run_setup(args)
     ran = False
     if not args.render_only:
-        tokenizer, text, base = load_run(args, base_dir)
+        tokenizer, filler, base = load_run(args, base_dir)
         cells_dir.mkdir(parents=True, exist_ok=True)
         tasks = args.tasks.split(",")
         for task, length, preset in product(tasks, map(int, args.lengths.split(",")), presets):
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
             path = cells_dir / f"{name}.json"
             if path.exists():
                 continue
-            cell = run_cell(preset, length, args, base, tokenizer, text, task)
+            cell = run_cell(preset, length, args, base, tokenizer, filler, task)
             write_json(path, cell)
             ran = True
             print(f"{length}: {[(a['where'], a['exact']) for a in cell['answers']]}", flush=True)
