@@ -100,13 +100,12 @@ def single_token_words(tokenizer) -> list[str]:
 
 
 def passages(
-    tokenizer, filler: list[int], length: int, count: int, needles: int, seed: int,
+    tokenizer, filler_ids: list[int], length: int, count: int, needles: int, seed: int,
     task: str = "multikey",
 ):  # fmt: skip
-    """`count` passages of exactly `length` tokens cut from the `filler` token ids, each with
+    """`count` passages of exactly `length` tokens cut from the `filler_ids`, each with
     `needles` needles at random depths (passkey, single: one) and their questions and answers:
     [(ids [length], [(question, answer ids)])]."""
-    ids = filler
     rng = random.Random(seed * 1_000_003 + length + {"passkey": 7, "single": 13}.get(task, 0))
     needles = 1 if task == "single" else needles
     words = single_token_words(tokenizer)
@@ -123,8 +122,8 @@ def passages(
                        for w, n in zip(chosen, numbers, strict=True)]  # fmt: skip
         head = tokenizer.encode(PASSKEY_TASK).ids if task == "passkey" else []
         room = length - sum(len(x) for x in inserts) - len(head)
-        start = rng.randrange(0, len(ids) - room)
-        filler = ids[start : start + room]
+        start = rng.randrange(0, len(filler_ids) - room)
+        filler = filler_ids[start : start + room]
         depths = sorted(rng.uniform(0.05, 0.95) for _ in inserts)
         passage, at = list(head), 0
         for depth, needle in zip(depths, inserts, strict=True):
@@ -172,7 +171,6 @@ def run_cell(task: str, row: str, length: int, args, base, tokenizer, filler: li
     """All passages of a cell as one batch; question j of every passage asked together (the
     questions of a task have one length: the words are one token each)."""
     from inftyformer.hf.retrieval import RetrievalLM
-    from inftyformer.presets import preset_settings
 
     data = passages(tokenizer, filler, length, args.passages, args.needles, args.seed, task)
     limit = int(getattr(base.config, "max_position_embeddings", 1 << 30))
@@ -184,8 +182,7 @@ def run_cell(task: str, row: str, length: int, args, base, tokenizer, filler: li
         cache = base(ids, use_cache=True, logits_to_keep=1).cache
     else:
         preset, on_top = VARIANTS.get(row, (row, {}))
-        settings = {**preset_settings(preset, "retrieval"), **on_top}
-        model = RetrievalLM(base, **settings).eval()
+        model = RetrievalLM(base, preset=preset, **on_top).eval()
         state = model(ids, logits_to_keep=1).state
     samples = []
     for _, members, question, rows in question_groups(data):
