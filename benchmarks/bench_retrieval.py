@@ -17,12 +17,13 @@ base with a KV cache of its last 2,048 tokens) in the same rounds. Rows:
     full         the base with its whole past in its KV cache (to `--full-limit` tokens)
     streaming    the `streaming` preset (first 64 + last 1,984)
     retrieval    the `retrieval` preset (first 64 + 16 chosen blocks of 64 + last 960)
+    retrieval-near, retrieval-true   those presets, when --rows names them
     paper        the ∞-former's continuous memory added to the base (`paper-gpt2` preset,
                  untrained: cost only; to `--full-limit` tokens)
 
-Memory: the window and retrieval rows each stream alone in a fresh process to the
-longest of `--memory-lengths`, its resident memory (VmRSS) recorded at every length; retrieval's
-blocks on disk are reported beside it (bytes per token).
+Memory: the window and retrieval rows (and retrieval-near when --rows names it) each stream
+alone in a fresh process to the longest of `--memory-lengths`, its resident memory (VmRSS)
+recorded at every length; retrieval's blocks on disk are reported beside it (bytes per token).
 
 Generation: ms per new token of `generate` (greedy, batch 1) after a prompt of `--prompt` tokens:
 the retrieval preset's (it chooses its blocks for the prompt's last call first) against the base's
@@ -45,6 +46,10 @@ from inftyformer import _measure as common
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = ("window-256", "window", "full", "streaming", "retrieval", "paper")
 LIMITED = ("full", "paper")  # rows read only to --full-limit tokens
+# rows that are presets of the retrieval kind (`inftyformer presets`); --rows may add one of
+# those not in ROWS, e.g. retrieval-near
+RETRIEVAL_KIND = ("window", "streaming", "retrieval", "retrieval-true", "retrieval-near")
+MEMORY_ROWS = ("window", "retrieval", "retrieval-near")  # each alone in a process, when in --rows
 
 
 def book_ids(tokenizer_dir: str, count: int, vocab: int) -> torch.Tensor:
@@ -71,7 +76,7 @@ class Stream:
         self.row, self.base, self.state = row, base, None
         if row == "window-256":
             self.model = RetrievalLM(base, blocks=0, sink_blocks=0, window=256)
-        elif row in ("window", "streaming", "retrieval"):
+        elif row in RETRIEVAL_KIND:
             self.model = RetrievalLM(base, **preset_settings(row, "retrieval"))
         elif row == "paper":
             from inftyformer.hf import add_long_term_memory
@@ -288,9 +293,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--parts", default="time,generate,memory",
                    help="measure these; keep the others from the JSON there")  # fmt: skip
     p.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
+    p.add_argument("--name", default="retrieval_cost", help="OUT/NAME.{json,md,png}")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    name = "retrieval_cost"
+    name = args.name
     if args.tiny:
         sys.path.insert(0, str(ROOT / "tests"))
         import tempfile
@@ -305,6 +311,12 @@ def main(argv: list[str] | None = None) -> None:
     args.base_model = args.base_model or common.default_base_model()
     args.lengths = [int(x) for x in args.lengths.split(",")]
     args.rows = args.rows.split(",")
+    for row in args.rows:
+        if row not in (*ROWS, *RETRIEVAL_KIND):
+            known = ", ".join(dict.fromkeys(ROWS + RETRIEVAL_KIND))
+            p.error(f"unknown row {row!r}; known: {known}")
+    if "time" in args.parts.split(",") and "window" not in args.rows:
+        p.error("the rows must include window (the ratios are against it)")
     base = load_base(args)
     data: dict[str, Any] = {
         "command": common.command_line(), "machine": common.machine_info(),
@@ -338,7 +350,8 @@ def main(argv: list[str] | None = None) -> None:
                     "threads": args.threads,
                 },
             )  # fmt: skip
-            for row in ("window", "retrieval")
+            for row in MEMORY_ROWS
+            if row in args.rows
         }
     out = Path(args.out)
     common.write_json(out / f"{name}.json", data)

@@ -51,7 +51,7 @@ from inftyformer._measure import (
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs"
 NAME = "book_perplexity"
-ROWS = ("full", "window", "streaming", "retrieval")
+ROWS = ("full", "window", "streaming", "retrieval", "retrieval-near")
 SPLITS = ("test", "valid")  # held out, in this order
 BLOCK = 64  # predicted positions per stored NLL sum (the buckets' edges are multiples of it)
 SEGMENT = 256  # tokens per call
@@ -61,6 +61,8 @@ WHAT = {
     "window": "a KV cache of the last 2,048 tokens",
     "streaming": "the first 64 tokens and the last 1,984",
     "retrieval": "the first 64, the 16 past blocks of 64 its queries match best, the last 960",
+    "retrieval-near": "the first 64, the 24 past blocks of 64 its queries match best (the best "
+    "last), the last 448",
 }
 
 
@@ -176,10 +178,14 @@ def run_cell(row: str, book: dict, settings: dict, base, tokenizer, progress: bo
 
 # --------------------------------------------------------------------------- statistics
 def ratio_pairs(rows: list[str]) -> list[tuple[str, str]]:
-    """The rows compared: each with the window (the goal's reference), and retrieval with
-    streaming (what the chosen blocks add to the sink and the recent window)."""
+    """The rows compared: each with the window (the goal's reference), retrieval with
+    streaming (what the chosen blocks add to the sink and the recent window) and retrieval-near
+    with retrieval (what a shorter window and more blocks change)."""
     pairs = [(r, "window") for r in rows if r != "window"]
-    return pairs + ([("retrieval", "streaming")] if {"retrieval", "streaming"} <= set(rows) else [])
+    for pair in (("retrieval", "streaming"), ("retrieval-near", "retrieval")):
+        if set(pair) <= set(rows):
+            pairs.append(pair)
+    return pairs
 
 
 def bucket_nll(cell: dict, lo: int, hi: int | None) -> tuple[float, int] | None:

@@ -25,8 +25,9 @@ Rows (the same passages for every row; each a preset of the retrieval kind but `
                positions hold it (`retrieval` packs them right before the question)
     retrieval-scored  the `retrieval` preset with its chosen blocks by rising score, the best
                right before the window (`order="score"`)
-    retrieval-near  as `retrieval-scored` with a shorter window and more blocks at the same
-               budget (the first 64, 24 blocks, the last 448): the best block nearer the question
+    retrieval-near  the preset of that name: as `retrieval-scored` with a shorter window and
+               more blocks at the same budget (the first 64, 24 blocks, the last 448): the best
+               block nearer the question
 
     python experiments/retrieval.py --lengths 4096,8192 --passages 5        # cells, resumable
     python experiments/retrieval.py --render-only
@@ -75,10 +76,9 @@ PASSKEY_TASK = (
     "it. I will quiz you about the important information there.\n\n"
 )
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
-PRESET_ROWS = ("full", "window", "streaming", "retrieval", "retrieval-true")  # RULER's too
-VARIANTS = {  # row: (preset, settings on top)
+PRESET_ROWS = ("full", "window", "streaming", "retrieval", "retrieval-true", "retrieval-near")
+VARIANTS = {  # row: (preset, settings on top); PRESET_ROWS are RULER's rows too
     "retrieval-scored": ("retrieval", {"order": "score"}),
-    "retrieval-near": ("retrieval", {"order": "score", "window": 448, "blocks": 24}),
 }
 ROWS = (*PRESET_ROWS, *VARIANTS)
 TASKS = ("multikey", "single", "passkey")

@@ -9,6 +9,8 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
                match best and the last 960
     retrieval-true  the same places, each at its distance in the stream where the base's
                positions hold it
+    retrieval-near  the first 64, the 24 past blocks of 64 its queries match best (the best
+               last, right before the window) and the last 448
     paper      the paper's memory in every block of the base (`paper-gpt2` preset, untrained),
                saved as a memory model and run as a user runs one: lm_eval's `hf` model with
                trust_remote_code (the folder made once under --models-dir)
@@ -50,6 +52,8 @@ from inftyformer._measure import (
     default_base_model,
     kept_notes,
     machine_info,
+    peak_rss_mb,
+    reset_peak_rss,
     write_json,
     write_text,
 )
@@ -253,6 +257,7 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
         return {"skipped": f"the prompts do not fit the base's {limit} positions"}
     model, model_args = model_of(row, base_dir, getattr(args, "models_dir", None))
     name = task.config.task
+    from_start = not reset_peak_rss()  # the cell's own peak where the kernel allows it
     start = time.perf_counter()
     cut = None if args.max_gen_toks is None else {"max_gen_toks": args.max_gen_toks}
     answered = None  # lm_eval's cache of answers: a cell cut short resumes from its last prompt
@@ -266,6 +271,7 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
         random_seed=args.seed, numpy_random_seed=args.seed, torch_random_seed=args.seed,
     )  # fmt: skip
     seconds = time.perf_counter() - start
+    peak = {"peak_rss_mb": round(peak_rss_mb(), 1), "peak_rss_from_process_start": from_start}
     answers = [
         {
             "expected": s["doc"]["outputs"],
@@ -283,7 +289,7 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
         "model_args": without_paths(model_args, base_dir, getattr(args, "models_dir", None)),
         "score": total / n, "samples": n, "interval": wilson(total, n),
         "lm_eval_score": result["results"][name][f"{length},none"], "seconds": seconds,
-        "max_gen_toks": args.max_gen_toks,
+        "max_gen_toks": args.max_gen_toks, **peak,
         "lm_eval": lm_eval.__version__, "answers": answers,
     }  # fmt: skip
 
@@ -325,7 +331,9 @@ def render(data: dict, notes: str = "") -> str:
         "2,048 tokens; `streaming` the first 64 and the last 1,984; `retrieval` the first 64, "
         "the 16 past blocks of 64 its queries match best and the last 960; `retrieval-true` "
         "the same places, each at its distance in the stream where the base's positions hold "
-        "it (lm_eval model `inftyformer-retrieval`, `inftyformer.hf.ruler_lm`); `paper` the "
+        "it; `retrieval-near` the first 64, the 24 past blocks of 64 its queries match best "
+        "(the best last) and the last 448 (lm_eval model `inftyformer-retrieval`, "
+        "`inftyformer.hf.ruler_lm`, with the row's preset); `paper` the "
         "paper's memory in every block of the base (preset `paper-gpt2`, untrained: as wrapped, "
         "it adds nothing to the base's logits, so it reads what the base reads in its window "
         "of one segment before the segment), saved as a memory model and run by lm_eval's `hf` "

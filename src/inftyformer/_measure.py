@@ -125,6 +125,18 @@ def peak_rss_mb() -> float:
     return (kb if kb is not None else _maxrss_kb()) / 1024.0
 
 
+def reset_peak_rss() -> bool:
+    """Set this process's peak RSS (VmHWM) back to its current RSS, so that `peak_rss_mb`
+    measures what comes after (Linux: "5" written to /proc/self/clear_refs). False where the
+    kernel does not allow it: the peak then counts from the process's start."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
 def _maxrss_kb() -> float:
     value = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return value / 1024.0 if sys.platform == "darwin" else float(value)

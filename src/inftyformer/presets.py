@@ -132,6 +132,14 @@ register_preset(Preset(
     measured="docs/retrieval.md",
 ))  # fmt: skip
 register_preset(Preset(
+    "retrieval-near", "retrieval",
+    "the first 64 tokens, the 24 past blocks of 64 its queries match best read by rising score "
+    "(the best right before the window) and the last 448 (2,048 places)",
+    dict(block_size=64, blocks=24, sink_blocks=1, window=448, read_from=0, score="max",
+         order="score", segment_len=256),
+    measured="docs/retrieval.md",
+))  # fmt: skip
+register_preset(Preset(
     "streaming", "retrieval",
     "the StreamingLLM baseline at the retrieval budget: the first 64 tokens and the last 1,984",
     dict(block_size=64, blocks=0, sink_blocks=1, window=1984, segment_len=256),

@@ -40,3 +40,11 @@ def test_a_tiny_run_writes_json_page_and_plot(tmp_path):
     assert set(written["memory"]) == {"window", "retrieval"}
     assert (tmp_path / "retrieval_cost_tiny.png").stat().st_size > 0
     assert "retrieval_cost_tiny.png" in (tmp_path / "retrieval_cost_tiny.md").read_text()
+
+
+def test_an_unknown_row_and_a_time_run_without_the_window_are_refused(capsys):
+    for argv, said in ((["--rows", "window,nope"], "unknown row 'nope'"),
+                       (["--rows", "retrieval-near"], "must include window")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            br.main(argv)
+        assert said in capsys.readouterr().err

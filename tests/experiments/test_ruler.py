@@ -96,6 +96,7 @@ def test_the_quick_run_fills_every_cell_on_the_same_prompts_and_resumes(tmp_path
         assert c["samples"] == 2 and c["score"] == pytest.approx(c["lm_eval_score"])
         assert all(len(a["expected"]) == 1 and a["ruler_length"] <= 3072 for a in c["answers"])
         assert c["model_args"].startswith(("pretrained=MODEL_DIR,", "pretrained=PAPER_DIR,"))
+        assert c["peak_rss_mb"] > 0  # the cell's own peak (RSS reset before it, on Linux)
     path = tmp_path / "ruler.cells" / "retrieval-niah_single_1-3072.json"
     stamp = path.stat().st_mtime_ns
     rr.main(["--quick", "--out", str(tmp_path), "--threads", "1"])  # everything there: skipped

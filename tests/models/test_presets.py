@@ -86,11 +86,14 @@ def test_the_retrieval_presets_build_their_config_at_one_budget():
     from inftyformer.retrieval_config import RetrievalConfig
 
     configs = {name: RetrievalConfig(**preset_settings(name, "retrieval"))
-               for name in ("retrieval", "streaming", "window")}  # fmt: skip
+               for name in ("retrieval", "retrieval-near", "streaming", "window")}  # fmt: skip
     # each reads 2,048 places at most: sink + blocks + window
     for config in configs.values():
         assert (config.sink_blocks + config.blocks) * config.block_size + config.window == 2048
     assert configs["retrieval"].read_from == 0 and configs["streaming"].blocks == 0
+    # retrieval-near: the best block last, beside a shorter window
+    near = configs["retrieval-near"]
+    assert near.order == "score" and (near.blocks, near.window) == (24, 448)
 
 
 def test_a_preset_applied_to_a_trained_model_changes_what_differs():
