@@ -9,7 +9,7 @@ from typing import Any
 
 from ._checks import check_positive_int
 
-SCORES = ("max", "mean")
+SCORES = ("max", "mean", "attention")
 DISTANCES = ("packed", "true")
 ORDERS = ("stream", "score")
 
@@ -22,7 +22,9 @@ class RetrievalConfig:
     values, not recomputed) and, from block `select_layer` on, to the `blocks` blocks of B =
     `block_size` tokens that the call's own queries at `select_layer` match best among all the
     older ones (`score`: a block's score is the best match of any query and head with any of
-    its tokens, "max", or their mean over the call's queries, "mean"). The chosen blocks are read
+    its tokens, "max", or their mean over the call's queries, "mean", or the best attention
+    weight any query and head gives one of its tokens attending over all the stored tokens,
+    "attention"). The chosen blocks are read
     in stream order (`order="stream"`) or by score, the best right before the window
     (`order="score"`, packed distances only). The older blocks' keys and values are kept on disk
     (`store_dir`, None: a temporary folder)."""

@@ -41,6 +41,21 @@ def test_the_page_renders_each_cell_from_the_json():
     assert "embedded books" in page and "punkt_tab" in page  # why not a haystack of our own
 
 
+def test_the_memory_table_shows_each_cells_peak_and_a_rows_change_with_length():
+    def at(row: str, n: int, mb: float | None) -> dict:
+        c = {"row": row, "task": "niah_single_1", "length": n, **cell(1.0, 3)}
+        return c if mb is None else {**c, "peak_rss_mb": mb}
+
+    cells = {"a": at("retrieval", 8192, 1000.0), "b": at("retrieval", 32768, 1100.0),
+             "c": at("window", 32768, 990.0), "d": at("full", 4096, None)}  # fmt: skip
+    lines = rr.memory_lines(cells)
+    assert "| row | 8,192 tokens | 32,768 tokens | first → last |" in lines
+    assert "| retrieval | 1,000 | 1,100 | +10.0% |" in lines
+    assert "| window | – | 990 | – |" in lines
+    assert not any(line.startswith("| full") for line in lines)  # no peak recorded: no row
+    assert rr.memory_lines({"d": at("full", 4096, None)}) == []
+
+
 def test_rows_are_the_models_they_name(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
     assert rr.model_of("full", str(tmp_path)) == (

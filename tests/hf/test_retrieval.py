@@ -379,3 +379,69 @@ def test_order_score_reads_the_best_block_last_and_needs_packed_distances():
         RetrievalConfig(order="score", distances="true")
     with pytest.raises(ValueError, match="order must be one of"):
         RetrievalConfig(order="best")
+
+
+@torch.no_grad()
+def test_attention_score_is_each_blocks_best_softmax_weight_over_the_store():
+    """score="attention" by hand: each query and head's softmax over every stored token (rows'
+    unstored blocks left out), a block's score the log of its best weight; the store read in
+    parts of 4,096 tokens gives the one-pass result."""
+    m = model(block_size=64, blocks=2, sink_blocks=0, window=4, segment_len=4, score="attention")
+    H, d, G = m.kv_heads, m.head_dim, m.base.config.num_attention_heads // m.kv_heads
+    g = torch.Generator().manual_seed(3)
+    n, T = 80, 2  # 5,120 stored tokens: two parts
+    keys = torch.randn(2, n * 64, H, d, generator=g)
+    q = torch.randn(2, H, G, T, d, generator=g)
+    stored = torch.arange(n) < torch.tensor([[n], [50]])  # row 1 holds 50 blocks
+    got = m.attention_score(q, keys, stored)
+    for row, count in ((0, n), (1, 50)):
+        s = torch.einsum("hgtd,nhd->hgtn", q[row], keys[row, : count * 64])
+        weight = s.log_softmax(-1).unflatten(-1, (count, 64)).amax(-1).amax((0, 1, 2))
+        torch.testing.assert_close(got[row, :count], weight, rtol=0, atol=1e-4)
+    assert torch.isinf(got[1, 50:]).all()
+
+
+@torch.no_grad()
+def test_attention_score_prefers_the_block_one_query_matches_alone():
+    """One query matches blocks 0 and 2 alike and strongly, another block 1 alone and less:
+    "max" reads the strong pair's first, "attention" the block matched alone."""
+    m = model(block_size=4, blocks=1, sink_blocks=0, window=4, segment_len=4)
+    state = m.init_state(1)
+    H, d = m.kv_heads, m.head_dim
+    keys = torch.zeros(1, 12, H, d)
+    a, b = torch.eye(d)[0], torch.eye(d)[1]
+    keys[0, 1, 0], keys[0, 9, 0] = 8.0 * a, 7.9 * a  # blocks 0 and 2: the shared word
+    keys[0, 5, 0] = 6.0 * b  # block 1: the asked key
+    state = dataclasses.replace(
+        state, keys=keys.half(), block_ids=torch.tensor([[7, 8, 9]]), blocks=torch.tensor([3])
+    )
+    query = torch.zeros(1, m.base.config.num_attention_heads, 2, d)
+    query[0, 0, 0], query[0, 0, 1] = a * d**0.5, b * d**0.5  # scores 8 and 6 after the scale
+    assert m.select(state, query)[0].tolist() == [[7]]
+    attention = model(block_size=4, blocks=1, sink_blocks=0, window=4, segment_len=4,
+                      score="attention")  # fmt: skip
+    assert attention.select(state, query)[0].tolist() == [[8]]
+    with pytest.raises(ValueError, match="score must be one of"):
+        RetrievalConfig(score="best")
+
+
+@torch.no_grad()
+def test_order_score_reads_a_best_block_and_its_neighbour_last_in_stream_order():
+    """Four stored blocks, three read, one neighbour each: the best block (8) brings the one
+    after it (9, whatever it scores), the next best (10) fills the rest. By rising score the
+    pair is read last, the best block before its neighbour as in the stream: [10, 8, 9]."""
+    m = model(block_size=4, blocks=3, sink_blocks=0, window=4, segment_len=4, neighbours=1,
+              order="score")  # fmt: skip
+    state = m.init_state(1)
+    H, d = m.kv_heads, m.head_dim
+    keys = torch.randn(1, 16, H, d, generator=torch.Generator().manual_seed(0)) * 0.1
+    unit = torch.nn.functional.normalize(torch.ones(d), dim=0)
+    keys[:, 6, 0], keys[:, 13, 0] = 5.0 * unit, 4.0 * unit  # block 1 best, block 3 second
+    state = dataclasses.replace(
+        state, keys=keys.half(), block_ids=torch.tensor([[7, 8, 9, 10]]), blocks=torch.tensor([4])
+    )
+    query = torch.zeros(1, m.base.config.num_attention_heads, 3, d)
+    query[:, 0, 1] = unit
+    assert m.select(state, query)[0].tolist() == [[10, 8, 9]]
+    stream = model(block_size=4, blocks=3, sink_blocks=0, window=4, segment_len=4, neighbours=1)
+    assert stream.select(state, query)[0].tolist() == [[8, 9, 10]]

@@ -22,8 +22,10 @@ Which blocks (read time, by the query): at block `select_layer`, every call scor
 stored tokens' keys against its own queries, q_t · R_Δ k_j / √d (the keys turned as if they sat
 at position S: every block at one distance), takes each block's best score over its tokens,
 the call's queries and the heads ("max"; or the mean over queries of the best over tokens and
-heads, "mean"), and reads the `blocks` best, with the same choice in every block from there on
-(in stream order; `order="score"`: the best last, nearest the window).
+heads, "mean"; or the best attention weight a query and head gives one of its tokens attending
+over all the stored tokens, "attention": a query matching many blocks alike counts less than one
+matching a single block), and reads the `blocks` best, with the same choice in every block
+from there on (in stream order; `order="score"`: the best last, nearest the window).
 The stored keys of `select_layer` stay in memory for that (2 · H_kv · d bytes per token); the
 blocks' keys and values of the retrieving layers are on disk (`block_store.py`).
 
@@ -438,31 +440,66 @@ class RetrievalLM(nn.Module):
                     torch.zeros(b, 0, dtype=torch.bool, device=dev))  # fmt: skip
         G = H // self.kv_heads
         q = query.float().view(b, self.kv_heads, G, T, d) / math.sqrt(d)
-        best = []  # each stored token's best score  [b, tokens]
-        for part in state.keys.split(4096, 1):  # [b, n', Hkv, d]
-            s = torch.einsum("bhgtd,bnhd->bhgtn", q, part.float())
-            if c.score == "max":
-                best.append(s.amax((1, 2, 3)))
-            else:
-                best.append(s.amax((1, 2)).mean(1))
-        token = torch.cat(best, 1)  # [b, n·B]
-        score = token.view(b, n, B).amax(-1)  # [b, n]
-        stored = torch.arange(n, device=dev) < state.blocks[:, None].to(dev)
+        stored = torch.arange(n, device=dev) < state.blocks[:, None].to(dev)  # [b, n]
+        if c.score == "attention":
+            score = self.attention_score(q, state.keys, stored)
+        else:
+            best = []  # each stored token's best score  [b, tokens]
+            for part in state.keys.split(4096, 1):  # [b, n', Hkv, d]
+                s = torch.einsum("bhgtd,bnhd->bhgtn", q, part.float())
+                if c.score == "max":
+                    best.append(s.amax((1, 2, 3)))
+                else:
+                    best.append(s.amax((1, 2)).mean(1))
+            token = torch.cat(best, 1)  # [b, n·B]
+            score = token.view(b, n, B).amax(-1)  # [b, n]
         score = score.masked_fill(~stored, -math.inf)
+        rank = score  # what orders the chosen blocks with order="score"  [b, n]
         if c.neighbours:  # the best blocks first, each with the blocks right after it
-            lead = score.topk(max(1, k // (1 + c.neighbours)), dim=1).indices  # [b, k']
-            follow = lead[:, :, None] + torch.arange(c.neighbours + 1, device=dev)  # [b, k', m]
+            m = c.neighbours + 1
+            lead = score.topk(max(1, k // m), dim=1)  # [b, k']
+            follow = lead.indices[:, :, None] + torch.arange(m, device=dev)  # [b, k', m]
             follow = follow.flatten(1).clamp(max=n - 1)
             first = torch.zeros_like(stored).scatter(1, follow, True) & stored
+            # a neighbour ranks with its lead (the best lead holding it), read right after it
+            group = torch.full_like(score, -math.inf).scatter_reduce(
+                1, follow, lead.values.repeat_interleave(m, 1), "amax"
+            )  # fmt: skip
+            rank = torch.maximum(score, group)
             score = score.masked_fill(first, math.inf)  # then the next best fill what is left
         top = score.topk(k, dim=1)  # best first
-        if c.order == "score":  # the best read last, right before the window
-            order = top.indices.flip(1)
-        else:
-            order = top.indices.sort(1).values  # stream order
+        order = top.indices.sort(1).values  # stream order
+        if c.order == "score":  # by rising rank, the best read last, right before the window
+            rising = torch.gather(rank, 1, order).sort(dim=1, stable=True).indices
+            order = torch.gather(order, 1, rising)  # ties (a lead, its neighbours): stream order
         valid = torch.gather(stored, 1, order)  # a row with fewer blocks: the rest unread
         ids = torch.gather(state.block_ids.to(dev), 1, order)
         return torch.where(valid, ids, 0), valid
+
+    def attention_score(
+        self, q: torch.Tensor, keys: torch.Tensor, stored: torch.Tensor
+    ) -> torch.Tensor:
+        """score="attention": each block's best attention weight from any of the call's queries
+        and heads when that query attends over every stored token alone,
+        max_{h,t} max_{j ∈ block} exp(q_ht · k_j − log Σ_{j' stored} exp(q_ht · k_j')),
+        in logs. A query that matches many blocks alike (a word every needle shares) spreads its
+        weight over them; one that matches a single block (the asked key) gives it nearly all.
+        q [b, Hkv, G, T, d] (scaled), keys [b, n·B, Hkv, d], stored [b, n] → [b, n]; one pass
+        over the keys in parts of 4,096 tokens, keeping each part's log-sum-exp and its blocks'
+        best raw scores per query ([b, Hkv, G, T, n]: B times smaller than the scores)."""
+        B = self.config.block_size
+        b, n = stored.shape
+        valid = stored.repeat_interleave(B, 1)  # [b, n·B]
+        lse, block_max = [], []
+        for part, ok in zip(keys.split(4096, 1), valid.split(4096, 1), strict=True):
+            s = torch.einsum("bhgtd,bnhd->bhgtn", q, part.float())  # [b, Hkv, G, T, n']
+            s = s.masked_fill(~ok[:, None, None, None], -math.inf)
+            lse.append(torch.logsumexp(s, -1))  # [b, Hkv, G, T]
+            block_max.append(s.unflatten(-1, (-1, B)).amax(-1))  # [b, Hkv, G, T, n'/B]
+        total = torch.logsumexp(torch.stack(lse, -1), -1)  # [b, Hkv, G, T]
+        weight = torch.cat(block_max, -1) - total[..., None]  # log attention, [b, Hkv, G, T, n]
+        weight = weight.masked_fill(weight.isnan(), -math.inf)  # nothing stored: −inf − (−inf)
+        return weight.amax((1, 2, 3))  # [b, n]
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
