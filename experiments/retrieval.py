@@ -28,6 +28,11 @@ Rows (the same passages for every row; each a preset of the retrieval kind but `
     retrieval-near  the preset of that name: as `retrieval-scored` with a shorter window and
                more blocks at the same budget (the first 64, 24 blocks, the last 448): the best
                block nearer the question
+    near-attention  `retrieval-near` with score="attention": a block ranked by the best
+               softmax weight any query and head gives it over the whole store (a word every
+               needle shares counts less than the asked key)
+    near-attention-4, -n1, -8n1  that with 4 blocks; with each best block's next block
+               (neighbours=1); both with 8 blocks
 
     python experiments/retrieval.py --lengths 4096,8192 --passages 5        # cells, resumable
     python experiments/retrieval.py --render-only
@@ -79,6 +84,10 @@ PASSKEY_QUESTION = " What is the pass key? The pass key is"
 PRESET_ROWS = ("full", "window", "streaming", "retrieval", "retrieval-true", "retrieval-near")
 VARIANTS = {  # row: (preset, settings on top); PRESET_ROWS are RULER's rows too
     "retrieval-scored": ("retrieval", {"order": "score"}),
+    "near-attention": ("retrieval-near", {"score": "attention"}),
+    "near-attention-4": ("retrieval-near", {"score": "attention", "blocks": 4}),
+    "near-attention-n1": ("retrieval-near", {"score": "attention", "neighbours": 1}),
+    "near-attention-8n1": ("retrieval-near", {"score": "attention", "neighbours": 1, "blocks": 8}),
 }
 ROWS = (*PRESET_ROWS, *VARIANTS)
 TASKS = ("multikey", "single", "passkey")
