@@ -352,22 +352,29 @@ def test_a_questions_first_pass_scores_the_blocks_as_its_later_choice_does(dista
     state.store.close()
 
 
+def scored_state(m: RetrievalLM, block_ids: list[int], strong: dict[int, float]):
+    """One row's state holding blocks `block_ids` of 4 tokens (small random keys; at token t
+    of `strong`, kv head 0, a unit key scaled by strong[t]) and a query along that unit key."""
+    state = m.init_state(1)
+    H, d, n = m.kv_heads, m.head_dim, 4 * len(block_ids)
+    keys = torch.randn(1, n, H, d, generator=torch.Generator().manual_seed(0)) * 0.1
+    unit = torch.nn.functional.normalize(torch.ones(d), dim=0)
+    for t, scale in strong.items():
+        keys[:, t, 0] = scale * unit
+    state = dataclasses.replace(state, keys=keys.half(), block_ids=torch.tensor([block_ids]),
+                                blocks=torch.tensor([len(block_ids)]))  # fmt: skip
+    query = torch.zeros(1, m.base.config.num_attention_heads, 3, d)
+    query[:, 0, 1] = unit
+    return state, query
+
+
 @torch.no_grad()
 def test_order_score_reads_the_best_block_last_and_needs_packed_distances():
     """Two stored blocks chosen of three: in stream order [8, 9]; by score the best (block 8)
     is read last, nearest the window: [9, 8]; a whole stream reads the same blocks either way,
     only their places differ."""
     m = model(block_size=4, blocks=2, sink_blocks=0, window=4, segment_len=4)
-    state = m.init_state(1)
-    H, d = m.kv_heads, m.head_dim
-    keys = torch.randn(1, 12, H, d, generator=torch.Generator().manual_seed(0)) * 0.1
-    unit = torch.nn.functional.normalize(torch.ones(d), dim=0)
-    keys[:, 6, 0], keys[:, 9, 0] = 5.0 * unit, 4.0 * unit  # block 1 best, block 2 second
-    state = dataclasses.replace(
-        state, keys=keys.half(), block_ids=torch.tensor([[7, 8, 9]]), blocks=torch.tensor([3])
-    )
-    query = torch.zeros(1, m.base.config.num_attention_heads, 3, d)
-    query[:, 0, 1] = unit
+    state, query = scored_state(m, [7, 8, 9], {6: 5.0, 9: 4.0})  # block 1 best, block 2 second
     assert m.select(state, query)[0].tolist() == [[8, 9]]
     by_score = model(block_size=4, blocks=2, sink_blocks=0, window=4, segment_len=4, order="score")
     assert by_score.select(state, query)[0].tolist() == [[9, 8]]
@@ -432,16 +439,7 @@ def test_order_score_reads_a_best_block_and_its_neighbour_last_in_stream_order()
     pair is read last, the best block before its neighbour as in the stream: [10, 8, 9]."""
     m = model(block_size=4, blocks=3, sink_blocks=0, window=4, segment_len=4, neighbours=1,
               order="score")  # fmt: skip
-    state = m.init_state(1)
-    H, d = m.kv_heads, m.head_dim
-    keys = torch.randn(1, 16, H, d, generator=torch.Generator().manual_seed(0)) * 0.1
-    unit = torch.nn.functional.normalize(torch.ones(d), dim=0)
-    keys[:, 6, 0], keys[:, 13, 0] = 5.0 * unit, 4.0 * unit  # block 1 best, block 3 second
-    state = dataclasses.replace(
-        state, keys=keys.half(), block_ids=torch.tensor([[7, 8, 9, 10]]), blocks=torch.tensor([4])
-    )
-    query = torch.zeros(1, m.base.config.num_attention_heads, 3, d)
-    query[:, 0, 1] = unit
+    state, query = scored_state(m, [7, 8, 9, 10], {6: 5.0, 13: 4.0})  # block 1, then block 3
     assert m.select(state, query)[0].tolist() == [[10, 8, 9]]
     stream = model(block_size=4, blocks=3, sink_blocks=0, window=4, segment_len=4, neighbours=1)
     assert stream.select(state, query)[0].tolist() == [[8, 9, 10]]
