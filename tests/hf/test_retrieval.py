@@ -443,3 +443,24 @@ def test_order_score_reads_a_best_block_and_its_neighbour_last_in_stream_order()
     assert m.select(state, query)[0].tolist() == [[10, 8, 9]]
     stream = model(block_size=4, blocks=3, sink_blocks=0, window=4, segment_len=4, neighbours=1)
     assert stream.select(state, query)[0].tolist() == [[8, 9, 10]]
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("score", ["max", "mean", "attention"])
+def test_select_reads_the_best_blocks_by_block_scores(score):
+    """What `select` reads is the top `blocks` of `block_scores` under the config's score (a
+    real state: 12 blocks stored of 4 tokens, random queries)."""
+    m = model(block_size=4, blocks=3, sink_blocks=1, window=8, segment_len=8, score=score)
+    state = m(tokens(batch=2, length=64)).state
+    query = torch.randn(2, m.base.config.num_attention_heads, 5, m.head_dim)
+    scores = m.block_scores(state, query)  # [2, n]
+    ids, valid = m.select(state, query)
+    for row in range(2):
+        best = scores[row].topk(3).indices
+        assert sorted(ids[row].tolist()) == sorted(state.block_ids[row, best].tolist())
+        assert valid[row].all()
+    other = "max" if score != "max" else "attention"
+    assert not torch.equal(m.block_scores(state, query, other), scores)
+    with pytest.raises(ValueError, match="score must be one of"):
+        m.block_scores(state, query, "best")
+    state.store.close()

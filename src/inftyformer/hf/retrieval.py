@@ -54,7 +54,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .._checks import check_token_ids
-from ..retrieval_config import RetrievalConfig
+from ..retrieval_config import SCORES, RetrievalConfig
 from .adapters import adapter_for
 from .block_store import BlockStore
 from .retrieval_decode import DecodeRun
@@ -431,29 +431,14 @@ class RetrievalLM(nn.Module):
         best (module doc): ids [b, k] in stream order (or by rising score, `order="score"`)
         and which are valid [b, k]."""
         c = self.config
-        b, H, T, d = query.shape
-        B, n = c.block_size, state.block_ids.shape[1]
+        b, n = query.shape[0], state.block_ids.shape[1]
         k = min(c.blocks, n)
         dev = query.device
         if k == 0:
             return (torch.zeros(b, 0, dtype=torch.int64, device=dev),
                     torch.zeros(b, 0, dtype=torch.bool, device=dev))  # fmt: skip
-        G = H // self.kv_heads
-        q = query.float().view(b, self.kv_heads, G, T, d) / math.sqrt(d)
         stored = torch.arange(n, device=dev) < state.blocks[:, None].to(dev)  # [b, n]
-        if c.score == "attention":
-            score = self.attention_score(q, state.keys, stored)
-        else:
-            best = []  # each stored token's best score  [b, tokens]
-            for part in state.keys.split(4096, 1):  # [b, n', Hkv, d]
-                s = torch.einsum("bhgtd,bnhd->bhgtn", q, part.float())
-                if c.score == "max":
-                    best.append(s.amax((1, 2, 3)))
-                else:
-                    best.append(s.amax((1, 2)).mean(1))
-            token = torch.cat(best, 1)  # [b, n·B]
-            score = token.view(b, n, B).amax(-1)  # [b, n]
-        score = score.masked_fill(~stored, -math.inf)
+        score = self.block_scores(state, query)
         rank = score  # what orders the chosen blocks with order="score"  [b, n]
         if c.neighbours:  # the best blocks first, each with the blocks right after it
             m = c.neighbours + 1
@@ -475,6 +460,37 @@ class RetrievalLM(nn.Module):
         valid = torch.gather(stored, 1, order)  # a row with fewer blocks: the rest unread
         ids = torch.gather(state.block_ids.to(dev), 1, order)
         return torch.where(valid, ids, 0), valid
+
+    @torch.no_grad()
+    def block_scores(
+        self, state: RetrievalState, query: torch.Tensor, score: str | None = None
+    ) -> torch.Tensor:
+        """Every stored block's score [b, n] under the call's queries [b, H, T, d] (turned to
+        P0 + t) by `score` (default: the config's; module doc), −inf where a row holds no
+        block: what `select` ranks."""
+        c = self.config
+        score = score or c.score
+        if score not in SCORES:
+            raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+        b, H, T, d = query.shape
+        B, n = c.block_size, state.block_ids.shape[1]
+        dev = query.device
+        G = H // self.kv_heads
+        q = query.float().view(b, self.kv_heads, G, T, d) / math.sqrt(d)
+        stored = torch.arange(n, device=dev) < state.blocks[:, None].to(dev)  # [b, n]
+        if score == "attention":
+            out = self.attention_score(q, state.keys, stored)
+        else:
+            best = []  # each stored token's best score  [b, tokens]
+            for part in state.keys.split(4096, 1):  # [b, n', Hkv, d]
+                s = torch.einsum("bhgtd,bnhd->bhgtn", q, part.float())
+                if score == "max":
+                    best.append(s.amax((1, 2, 3)))
+                else:
+                    best.append(s.amax((1, 2)).mean(1))
+            token = torch.cat(best, 1)  # [b, n·B]
+            out = token.view(b, n, B).amax(-1)  # [b, n]
+        return out.masked_fill(~stored, -math.inf)
 
     def attention_score(
         self, q: torch.Tensor, keys: torch.Tensor, stored: torch.Tensor
