@@ -11,9 +11,8 @@ import retrieval_rank as rk
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hf"))
-from tiny_hf import V, tiny_base  # noqa: E402
+from tiny_hf import forty_token_retrieval  # noqa: E402
 
-from inftyformer.hf.retrieval import RetrievalLM  # noqa: E402
 from inftyformer.retrieval_config import SCORES  # noqa: E402
 
 
@@ -28,13 +27,8 @@ def test_rank_is_the_best_slot_of_the_asked_number_against_the_other_needles():
 
 @torch.no_grad()
 def test_needle_slots_are_the_stored_blocks_holding_each_number():
-    # 40 tokens, blocks of 4: tokens 0-3 the sink, 4-23 five stored blocks, 24-39 the window
-    model = RetrievalLM(
-        tiny_base("llama", max_position_embeddings=512),
-        block_size=4, blocks=2, sink_blocks=1, window=16, segment_len=8,
-    ).eval()  # fmt: skip
-    ids = torch.randint(1, V, (1, 40), generator=torch.Generator().manual_seed(0))
-    state = model(ids).state
+    # tokens 0-3 the sink, 4-23 five stored blocks of 4, 24-39 the window
+    _, ids, state = forty_token_retrieval()
     passage = ids[0].tolist()
     answers = [passage[9:11], passage[14:18], passage[30:32], passage[1:3]]
     got = rk.needle_slots(passage, answers, state, 0, 4)

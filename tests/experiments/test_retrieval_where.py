@@ -9,20 +9,13 @@ import retrieval_where as rw
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hf"))
-from tiny_hf import V, tiny_base  # noqa: E402
-
-from inftyformer.hf.retrieval import RetrievalLM  # noqa: E402
+from tiny_hf import forty_token_retrieval  # noqa: E402
 
 
 @torch.no_grad()
 def test_a_span_is_placed_where_the_state_reads_it():
-    # 40 tokens, blocks of 4: tokens 0-3 the sink, 4-23 five stored blocks, 24-39 the window
-    model = RetrievalLM(
-        tiny_base("llama", max_position_embeddings=512),
-        block_size=4, blocks=2, sink_blocks=1, window=16, segment_len=8,
-    ).eval()  # fmt: skip
-    ids = torch.randint(1, V, (1, 40), generator=torch.Generator().manual_seed(0))
-    state = model(ids).state
+    # tokens 0-3 the sink, 4-23 five stored blocks of 4, 24-39 the window
+    model, ids, state = forty_token_retrieval()
     assert (int(state.sink_len[0]), int(state.blocks[0]), int(state.window_len[0])) == (4, 5, 16)
     stored = state.block_ids[0].tolist()  # stream order: tokens 4-7, 8-11, …, 20-23
     chosen = [stored[1], stored[2]]  # tokens 8-15

@@ -79,3 +79,17 @@ def with_settings(model, **changes):
     other = InftyformerForCausalLM(config).eval()
     other.load_state_dict(model.state_dict())
     return other
+
+
+@torch.no_grad()
+def forty_token_retrieval():
+    """A tiny Llama with retrieval that has read 40 random tokens in blocks of 4: tokens 0-3
+    the sink, 4-23 five stored blocks, 24-39 the window. (model, ids [1, 40], state)."""
+    from inftyformer.hf.retrieval import RetrievalLM
+
+    model = RetrievalLM(
+        tiny_base("llama", max_position_embeddings=512),
+        block_size=4, blocks=2, sink_blocks=1, window=16, segment_len=8,
+    ).eval()  # fmt: skip
+    ids = torch.randint(1, V, (1, 40), generator=torch.Generator().manual_seed(0))
+    return model, ids, model(ids).state
