@@ -42,13 +42,14 @@ from typing import Any
 import torch
 
 from inftyformer import _measure as common
+from inftyformer.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = ("window-256", "window", "full", "streaming", "retrieval", "paper")
 LIMITED = ("full", "paper")  # rows read only to --full-limit tokens
 # rows that are presets of the retrieval kind (`inftyformer presets`); --rows may add one of
 # those not in ROWS, e.g. retrieval-near
-RETRIEVAL_KIND = ("window", "streaming", "retrieval", "retrieval-true", "retrieval-near")
+RETRIEVAL_KIND = tuple(p.name for p in PRESETS.values() if p.kind == "retrieval")
 MEMORY_ROWS = ("window", "retrieval", "retrieval-near")  # each alone in a process, when in --rows
 
 
