@@ -169,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--presets", default="retrieval-near")
     passage_arguments(p, threads=1)
     args = p.parse_args(argv)
+    if args.quick and Path(args.out).resolve() == OUT.resolve():
+        p.error("--quick needs an --out of its own (its tiny model's cells are not docs/'s)")
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     cells_dir = out / f"{NAME}.cells"

@@ -52,3 +52,9 @@ def test_a_quick_run_ranks_every_stored_question_under_every_score_and_resumes(t
     stamp = path.stat().st_mtime_ns
     rk.main(["--quick", "--out", str(tmp_path)])  # the cell is there: skipped
     assert path.stat().st_mtime_ns == stamp
+
+
+def test_a_quick_run_into_docs_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        rk.main(["--quick"])
+    assert "--quick needs an --out of its own" in capsys.readouterr().err
