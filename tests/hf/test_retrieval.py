@@ -9,6 +9,7 @@ import torch
 from tiny_hf import V, tiny_base
 
 from inftyformer.hf.retrieval import RetrievalLM
+from inftyformer.hf.retrieval_scores import attention_score
 from inftyformer.retrieval_config import RetrievalConfig
 
 POSITIONS = 512
@@ -400,7 +401,7 @@ def test_attention_score_is_each_blocks_best_softmax_weight_over_the_store():
     keys = torch.randn(2, n * 64, H, d, generator=g)
     q = torch.randn(2, H, G, T, d, generator=g)
     stored = torch.arange(n) < torch.tensor([[n], [50]])  # row 1 holds 50 blocks
-    got = m.attention_score(q, keys, stored)
+    got = attention_score(q, keys, stored, 64)
     for row, count in ((0, n), (1, 50)):
         s = torch.einsum("hgtd,nhd->hgtn", q[row], keys[row, : count * 64])
         weight = s.log_softmax(-1).unflatten(-1, (count, 64)).amax(-1).amax((0, 1, 2))

@@ -43,7 +43,6 @@ State (`RetrievalState`): explicit, per batch row, passed in and returned; `rese
 from __future__ import annotations
 
 import contextvars
-import math
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -54,10 +53,11 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .._checks import check_token_ids
-from ..retrieval_config import SCORES, RetrievalConfig
+from ..retrieval_config import RetrievalConfig
 from .adapters import adapter_for
 from .block_store import BlockStore
 from .retrieval_decode import DecodeRun
+from .retrieval_scores import block_scores, choose
 from .retrieval_state import RetrievalState, stream_index, turn, unturn, written
 
 ATTENTION = "inftyformer_retrieval"
@@ -438,25 +438,8 @@ class RetrievalLM(nn.Module):
             return (torch.zeros(b, 0, dtype=torch.int64, device=dev),
                     torch.zeros(b, 0, dtype=torch.bool, device=dev))  # fmt: skip
         stored = torch.arange(n, device=dev) < state.blocks[:, None].to(dev)  # [b, n]
-        score = self.block_scores(state, query)
-        rank = score  # what orders the chosen blocks with order="score"  [b, n]
-        if c.neighbours:  # the best blocks first, each with the blocks right after it
-            m = c.neighbours + 1
-            lead = score.topk(max(1, k // m), dim=1)  # [b, k']
-            follow = lead.indices[:, :, None] + torch.arange(m, device=dev)  # [b, k', m]
-            follow = follow.flatten(1).clamp(max=n - 1)
-            first = torch.zeros_like(stored).scatter(1, follow, True) & stored
-            # a neighbour ranks with its lead (the best lead holding it), read right after it
-            group = torch.full_like(score, -math.inf).scatter_reduce(
-                1, follow, lead.values.repeat_interleave(m, 1), "amax"
-            )  # fmt: skip
-            rank = torch.maximum(score, group)
-            score = score.masked_fill(first, math.inf)  # then the next best fill what is left
-        top = score.topk(k, dim=1)  # best first
-        order = top.indices.sort(1).values  # stream order
-        if c.order == "score":  # by rising rank, the best read last, right before the window
-            rising = torch.gather(rank, 1, order).sort(dim=1, stable=True).indices
-            order = torch.gather(order, 1, rising)  # ties (a lead, its neighbours): stream order
+        score = block_scores(query, state.keys, stored, self.kv_heads, c.block_size, c.score)
+        order = choose(score, stored, k, c.neighbours, c.order == "score")  # [b, k]
         valid = torch.gather(stored, 1, order)  # a row with fewer blocks: the rest unread
         ids = torch.gather(state.block_ids.to(dev), 1, order)
         return torch.where(valid, ids, 0), valid
@@ -468,54 +451,10 @@ class RetrievalLM(nn.Module):
         """Every stored block's score [b, n] under the call's queries [b, H, T, d] (turned to
         P0 + t) by `score` (default: the config's; module doc), −inf where a row holds no
         block: what `select` ranks."""
-        c = self.config
-        score = score or c.score
-        if score not in SCORES:
-            raise ValueError(f"score must be one of {SCORES}, got {score!r}")
-        b, H, T, d = query.shape
-        B, n = c.block_size, state.block_ids.shape[1]
-        dev = query.device
-        G = H // self.kv_heads
-        q = query.float().view(b, self.kv_heads, G, T, d) / math.sqrt(d)
-        stored = torch.arange(n, device=dev) < state.blocks[:, None].to(dev)  # [b, n]
-        if score == "attention":
-            out = self.attention_score(q, state.keys, stored)
-        else:
-            best = []  # each stored token's best score  [b, tokens]
-            for part in state.keys.split(4096, 1):  # [b, n', Hkv, d]
-                s = torch.einsum("bhgtd,bnhd->bhgtn", q, part.float())
-                if score == "max":
-                    best.append(s.amax((1, 2, 3)))
-                else:
-                    best.append(s.amax((1, 2)).mean(1))
-            token = torch.cat(best, 1)  # [b, n·B]
-            out = token.view(b, n, B).amax(-1)  # [b, n]
-        return out.masked_fill(~stored, -math.inf)
-
-    def attention_score(
-        self, q: torch.Tensor, keys: torch.Tensor, stored: torch.Tensor
-    ) -> torch.Tensor:
-        """score="attention": each block's best attention weight from any of the call's queries
-        and heads when that query attends over every stored token alone,
-        max_{h,t} max_{j ∈ block} exp(q_ht · k_j − log Σ_{j' stored} exp(q_ht · k_j')),
-        in logs. A query that matches many blocks alike (a word every needle shares) spreads its
-        weight over them; one that matches a single block (the asked key) gives it nearly all.
-        q [b, Hkv, G, T, d] (scaled), keys [b, n·B, Hkv, d], stored [b, n] → [b, n]; one pass
-        over the keys in parts of 4,096 tokens, keeping each part's log-sum-exp and its blocks'
-        best raw scores per query ([b, Hkv, G, T, n]: B times smaller than the scores)."""
-        B = self.config.block_size
-        b, n = stored.shape
-        valid = stored.repeat_interleave(B, 1)  # [b, n·B]
-        lse, block_max = [], []
-        for part, ok in zip(keys.split(4096, 1), valid.split(4096, 1), strict=True):
-            s = torch.einsum("bhgtd,bnhd->bhgtn", q, part.float())  # [b, Hkv, G, T, n']
-            s = s.masked_fill(~ok[:, None, None, None], -math.inf)
-            lse.append(torch.logsumexp(s, -1))  # [b, Hkv, G, T]
-            block_max.append(s.unflatten(-1, (-1, B)).amax(-1))  # [b, Hkv, G, T, n'/B]
-        total = torch.logsumexp(torch.stack(lse, -1), -1)  # [b, Hkv, G, T]
-        weight = torch.cat(block_max, -1) - total[..., None]  # log attention, [b, Hkv, G, T, n]
-        weight = weight.masked_fill(weight.isnan(), -math.inf)  # nothing stored: −inf − (−inf)
-        return weight.amax((1, 2, 3))  # [b, n]
+        n = state.block_ids.shape[1]
+        stored = torch.arange(n, device=query.device) < state.blocks[:, None].to(query.device)
+        return block_scores(query, state.keys, stored, self.kv_heads, self.config.block_size,
+                            score or self.config.score)  # fmt: skip
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()

@@ -1,0 +1,97 @@
+"""Which stored blocks a retrieval memory reads (`retrieval.py`, module doc "Which blocks"):
+each block's score [b, n] against a call's queries under "max", "mean" or "attention" (the
+stored keys read in parts of `PART` tokens, so that no [queries × all tokens] tensor is ever
+whole), and the `k` blocks chosen by it, in the order they are read."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..retrieval_config import SCORES
+
+PART = 4096  # stored tokens scored at once
+
+
+def block_scores(
+    query: torch.Tensor, keys: torch.Tensor, stored: torch.Tensor, kv_heads: int, block: int,
+    score: str,
+) -> torch.Tensor:  # fmt: skip
+    """Every stored block's score [b, n] under the queries [b, H, T, d] (the grouped-query
+    heads kept grouped over `kv_heads`), against the stored keys [b, n·B, Hkv, d] of blocks of
+    B = `block` tokens; −inf where `stored` [b, n] is False (a row holding fewer blocks).
+
+        max        the block's best q · k / √d over the call's queries, heads and its tokens
+        mean       the mean over the call's queries of the best over heads and its tokens
+        attention  `attention_score`"""
+    if score not in SCORES:
+        raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    b, H, T, d = query.shape
+    n = stored.shape[1]
+    q = query.float().view(b, kv_heads, H // kv_heads, T, d) / math.sqrt(d)
+    if score == "attention":
+        out = attention_score(q, keys, stored, block)
+    else:
+        best = []  # each stored token's best score  [b, tokens]
+        for part in keys.split(PART, 1):  # [b, n', Hkv, d]
+            s = torch.einsum("bhgtd,bnhd->bhgtn", q, part.float())
+            best.append(s.amax((1, 2, 3)) if score == "max" else s.amax((1, 2)).mean(1))
+        out = torch.cat(best, 1).view(b, n, block).amax(-1)  # [b, n]
+    return out.masked_fill(~stored, -math.inf)
+
+
+def attention_score(
+    q: torch.Tensor, keys: torch.Tensor, stored: torch.Tensor, block: int
+) -> torch.Tensor:
+    """score="attention": each block's best attention weight from any of the call's queries
+    and heads when that query attends over every stored token alone,
+    max_{h,t} max_{j ∈ block} exp(q_ht · k_j − log Σ_{j' stored} exp(q_ht · k_j')),
+    in logs. A query that matches many blocks alike (a word every needle shares) spreads its
+    weight over them; one that matches a single block (the asked key) gives it nearly all.
+    q [b, Hkv, G, T, d] (scaled), keys [b, n·B, Hkv, d], stored [b, n] → [b, n]; one pass
+    over the keys in parts, keeping each part's log-sum-exp and its blocks' best raw scores
+    per query ([b, Hkv, G, T, n]: B times smaller than the scores)."""
+    valid = stored.repeat_interleave(block, 1)  # [b, n·B]
+    lse, block_max = [], []
+    for part, ok in zip(keys.split(PART, 1), valid.split(PART, 1), strict=True):
+        s = torch.einsum("bhgtd,bnhd->bhgtn", q, part.float())  # [b, Hkv, G, T, n']
+        s = s.masked_fill(~ok[:, None, None, None], -math.inf)
+        lse.append(torch.logsumexp(s, -1))  # [b, Hkv, G, T]
+        block_max.append(s.unflatten(-1, (-1, block)).amax(-1))  # [b, Hkv, G, T, n'/B]
+    total = torch.logsumexp(torch.stack(lse, -1), -1)  # [b, Hkv, G, T]
+    weight = torch.cat(block_max, -1) - total[..., None]  # log attention, [b, Hkv, G, T, n]
+    weight = weight.masked_fill(weight.isnan(), -math.inf)  # nothing stored: −inf − (−inf)
+    return weight.amax((1, 2, 3))  # [b, n]
+
+
+def choose(
+    score: torch.Tensor, stored: torch.Tensor, k: int, neighbours: int = 0, by_score: bool = False
+) -> torch.Tensor:
+    """The `k` best blocks [b, k] by `score` [b, n] (`stored` [b, n]: a row's blocks; where
+    it holds fewer than k, unstored ones fill the rest): with `neighbours`, the best k / (1 +
+    neighbours) first, each with the blocks right after it, then the next best. In stream
+    order, or (`by_score`) by rising score, the best read last, a lead's neighbours right
+    after it as in the stream."""
+    n = score.shape[1]
+    rank = score  # what orders the chosen blocks by_score  [b, n]
+    if neighbours:
+        m = neighbours + 1
+        lead = score.topk(max(1, k // m), dim=1)  # [b, k']
+        follow = lead.indices[:, :, None] + torch.arange(m, device=score.device)  # [b, k', m]
+        follow = follow.flatten(1).clamp(max=n - 1)
+        first = torch.zeros_like(stored).scatter(1, follow, True) & stored
+        # a neighbour ranks with its lead (the best lead holding it), read right after it
+        group = torch.full_like(score, -math.inf).scatter_reduce(
+            1, follow, lead.values.repeat_interleave(m, 1), "amax"
+        )  # fmt: skip
+        rank = torch.maximum(score, group)
+        score = score.masked_fill(first, math.inf)  # then the next best fill what is left
+    order = score.topk(k, dim=1).indices.sort(1).values  # stream order
+    if by_score:  # by rising rank, the best read last, right before the window
+        rising = torch.gather(rank, 1, order).sort(dim=1, stable=True).indices
+        order = torch.gather(order, 1, rising)  # ties (a lead, its neighbours): stream order
+    return order
+
+
+__all__ = ["PART", "attention_score", "block_scores", "choose"]
