@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 import torch
+from _ruler_report import cut_sentence, memory_lines
 from retrieval import PRESET_ROWS as ROWS
 from retrieval import plot_scores, score_table, wilson
 from ruler_kvpress import PRESSES, peer_lines
@@ -294,48 +295,7 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
     }  # fmt: skip
 
 
-def cut_sentence(setup: dict) -> str:
-    """What the page says of the answers' length (`--max-gen-toks`)."""
-    cuts = setup.get("max_gen_toks") or [0]
-    if cuts == [0]:
-        return ""
-    said = " or ".join("the task's own" if n == 0 else f"{n:,}" for n in cuts)
-    return (
-        f" Answers cut at {said} new tokens (lm_eval's RULER tasks allow 128; a needle's value "
-        "is 7 digits or one UUID, and a model that answers goes on writing the haystack: the cut "
-        "saves the CPU that text, for every row alike)."
-    )
-
-
 PEERS = tuple(PRESSES)  # kvpress's rows, run by experiments/ruler_kvpress.py in a venv of its own
-
-
-def memory_lines(cells: dict) -> list[str]:
-    """A table of each cell's peak resident memory (MiB) by row and length, per task, for the
-    cells that recorded it; the change from a row's shortest length to its longest."""
-    measured = [c for c in cells.values() if c.get("peak_rss_mb")]
-    if not measured:
-        return []
-    lines = ["", "## Peak resident memory", "",
-             "MiB, the peak of each cell's lm_eval run (the process's peak set back to its "
-             "resident memory before the cell: model, prompts and generation); first → last: "
-             "the change from a row's shortest length to its longest.", ""]  # fmt: skip
-    for task in OFFLINE:
-        here = [c for c in measured if c["task"] == task]
-        if not here:
-            continue
-        lengths = sorted({c["length"] for c in here})
-        lines += [f"{task}:", "",
-                  "| row | " + " | ".join(f"{n:,} tokens" for n in lengths) + " | first → last |",
-                  "|---|" + "---:|" * (len(lengths) + 1)]  # fmt: skip
-        for row in dict.fromkeys(c["row"] for c in here):
-            by = {c["length"]: c["peak_rss_mb"] for c in here if c["row"] == row}
-            got = [by[n] for n in lengths if n in by]
-            change = f"{got[-1] / got[0] - 1:+.1%}" if len(got) > 1 else "–"
-            shown = [f"{by[n]:,.0f}" if n in by else "–" for n in lengths]
-            lines.append(f"| {row} | " + " | ".join(shown) + f" | {change} |")
-        lines.append("")
-    return lines[:-1]
 
 
 def render(data: dict, notes: str = "") -> str:
@@ -381,7 +341,7 @@ def render(data: dict, notes: str = "") -> str:
         lines += ["", f"## {task}", "", WHAT[task] + ".", ""]
         rows = RULER_ROWS + peers
         lines += score_table(data["cells"], "{row}-" + task + "-{n}", lengths, "score", rows)
-    lines += memory_lines(data["cells"])
+    lines += memory_lines(data["cells"], OFFLINE)
     lines += peer_lines(data["cells"])
     lines += ["", "## What runs offline", "",
               "Run here (data made by lm_eval from its seeds and the base's tokenizer, nothing "

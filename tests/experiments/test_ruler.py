@@ -48,12 +48,12 @@ def test_the_memory_table_shows_each_cells_peak_and_a_rows_change_with_length():
 
     cells = {"a": at("retrieval", 8192, 1000.0), "b": at("retrieval", 32768, 1100.0),
              "c": at("window", 32768, 990.0), "d": at("full", 4096, None)}  # fmt: skip
-    lines = rr.memory_lines(cells)
+    lines = rr.memory_lines(cells, rr.OFFLINE)
     assert "| row | 8,192 tokens | 32,768 tokens | first → last |" in lines
     assert "| retrieval | 1,000 | 1,100 | +10.0% |" in lines
     assert "| window | – | 990 | – |" in lines
     assert not any(line.startswith("| full") for line in lines)  # no peak recorded: no row
-    assert rr.memory_lines({"d": at("full", 4096, None)}) == []
+    assert rr.memory_lines({"d": at("full", 4096, None)}, rr.OFFLINE) == []
 
 
 def test_rows_are_the_models_they_name(tmp_path):
