@@ -18,9 +18,10 @@ def cut_sentence(setup: dict) -> str:
 
 
 def memory_lines(cells: dict, tasks: tuple[str, ...]) -> list[str]:
-    """A table of each cell's peak resident memory (MiB) by row and length, per task, for the
-    cells that recorded it (`tasks` in this order); the change from a row's shortest length to
-    its longest."""
+    """Tables of each cell's peak resident memory (MiB) by row and length, per task, for the
+    cells that recorded it (`tasks` in this order), and of what the cell's run added above its
+    resident memory at the start (lm_eval's task data made, no model yet) where the cells
+    recorded that; the change from a row's shortest length to its longest."""
     measured = [c for c in cells.values() if c.get("peak_rss_mb")]
     if not measured:
         return []
@@ -28,19 +29,31 @@ def memory_lines(cells: dict, tasks: tuple[str, ...]) -> list[str]:
              "MiB, the peak of each cell's lm_eval run (the process's peak set back to its "
              "resident memory before the cell: model, prompts and generation); first → last: "
              "the change from a row's shortest length to its longest.", ""]  # fmt: skip
+    added = [c for c in measured if c.get("rss_start_mb")]
+    if added:
+        lines[-1:] = [
+            lines[-1][:-1] + " Added: the peak less the resident memory at the cell's start "
+            "(lm_eval's task, its prompts of the length, already made; no model yet): what "
+            "loading the model and answering added.", ""]  # fmt: skip
     for task in tasks:
-        here = [c for c in measured if c["task"] == task]
-        if not here:
-            continue
-        lengths = sorted({c["length"] for c in here})
-        lines += [f"{task}:", "",
-                  "| row | " + " | ".join(f"{n:,} tokens" for n in lengths) + " | first → last |",
-                  "|---|" + "---:|" * (len(lengths) + 1)]  # fmt: skip
-        for row in dict.fromkeys(c["row"] for c in here):
-            by = {c["length"]: c["peak_rss_mb"] for c in here if c["row"] == row}
-            got = [by[n] for n in lengths if n in by]
-            change = f"{got[-1] / got[0] - 1:+.1%}" if len(got) > 1 else "–"
-            shown = [f"{by[n]:,.0f}" if n in by else "–" for n in lengths]
-            lines.append(f"| {row} | " + " | ".join(shown) + f" | {change} |")
-        lines.append("")
+        lines += _memory_table(measured, task, "peak", lambda c: c["peak_rss_mb"])
+        lines += _memory_table(added, task, "added", lambda c: c["peak_rss_mb"] - c["rss_start_mb"])
     return lines[:-1]
+
+
+def _memory_table(cells: list[dict], task: str, what: str, value) -> list[str]:
+    """One task's table of `value(cell)` (MiB) by row and length, titled `task` (`what`)."""
+    here = [c for c in cells if c["task"] == task]
+    if not here:
+        return []
+    lengths = sorted({c["length"] for c in here})
+    lines = [f"{task}, {what}:", "",
+             "| row | " + " | ".join(f"{n:,} tokens" for n in lengths) + " | first → last |",
+             "|---|" + "---:|" * (len(lengths) + 1)]  # fmt: skip
+    for row in dict.fromkeys(c["row"] for c in here):
+        by = {c["length"]: value(c) for c in here if c["row"] == row}
+        got = [by[n] for n in lengths if n in by]
+        change = f"{got[-1] / got[0] - 1:+.1%}" if len(got) > 1 else "–"
+        shown = [f"{by[n]:,.0f}" if n in by else "–" for n in lengths]
+        lines.append(f"| {row} | " + " | ".join(shown) + f" | {change} |")
+    return lines + [""]

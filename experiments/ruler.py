@@ -55,6 +55,7 @@ from inftyformer._measure import (
     machine_info,
     peak_rss_mb,
     reset_peak_rss,
+    rss_mb,
     write_json,
     write_text,
 )
@@ -259,6 +260,7 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
     model, model_args = model_of(row, base_dir, getattr(args, "models_dir", None))
     name = task.config.task
     from_start = not reset_peak_rss()  # the cell's own peak where the kernel allows it
+    before = rss_mb()  # lm_eval's task data (its prompts of this length) made, no model yet
     start = time.perf_counter()
     cut = None if args.max_gen_toks is None else {"max_gen_toks": args.max_gen_toks}
     answered = None  # lm_eval's cache of answers: a cell cut short resumes from its last prompt
@@ -272,7 +274,8 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
         random_seed=args.seed, numpy_random_seed=args.seed, torch_random_seed=args.seed,
     )  # fmt: skip
     seconds = time.perf_counter() - start
-    peak = {"peak_rss_mb": round(peak_rss_mb(), 1), "peak_rss_from_process_start": from_start}
+    peak = {"peak_rss_mb": round(peak_rss_mb(), 1), "peak_rss_from_process_start": from_start,
+            "rss_start_mb": round(before, 1)}  # fmt: skip
     answers = [
         {
             "expected": s["doc"]["outputs"],

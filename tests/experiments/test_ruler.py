@@ -54,6 +54,23 @@ def test_the_memory_table_shows_each_cells_peak_and_a_rows_change_with_length():
     assert "| window | – | 990 | – |" in lines
     assert not any(line.startswith("| full") for line in lines)  # no peak recorded: no row
     assert rr.memory_lines({"d": at("full", 4096, None)}, rr.OFFLINE) == []
+    assert not any("added" in line for line in lines)  # no cell recorded its start
+
+
+def test_the_memory_table_shows_what_a_cells_run_added_above_its_start():
+    def at(row: str, n: int, peak: float, start: float | None) -> dict:
+        c = {"row": row, "task": "niah_single_1", "length": n, **cell(1.0, 3), "peak_rss_mb": peak}
+        return c if start is None else {**c, "rss_start_mb": start}
+
+    cells = {"a": at("retrieval", 8192, 2000.0, 1200.0),
+             "b": at("retrieval", 32768, 2300.0, 1480.0),
+             "c": at("window", 8192, 1900.0, None)}  # fmt: skip
+    lines = rr.memory_lines(cells, rr.OFFLINE)
+    assert lines.index("niah_single_1, peak:") < lines.index("niah_single_1, added:")
+    added = lines[lines.index("niah_single_1, added:") :]
+    assert "| retrieval | 800 | 820 | +2.5% |" in added  # 2000 − 1200, 2300 − 1480
+    assert not any(line.startswith("| window") for line in added)  # its start not recorded
+    assert "| window | 1,900 | – | – |" in lines  # its peak is shown
 
 
 def test_rows_are_the_models_they_name(tmp_path):
