@@ -25,16 +25,14 @@ def memory_lines(cells: dict, tasks: tuple[str, ...]) -> list[str]:
     measured = [c for c in cells.values() if c.get("peak_rss_mb")]
     if not measured:
         return []
+    added = [c for c in measured if c.get("rss_start_mb")]
     lines = ["", "## Peak resident memory", "",
              "MiB, the peak of each cell's lm_eval run (the process's peak set back to its "
              "resident memory before the cell: model, prompts and generation); first → last: "
-             "the change from a row's shortest length to its longest.", ""]  # fmt: skip
-    added = [c for c in measured if c.get("rss_start_mb")]
-    if added:
-        lines[-1:] = [
-            lines[-1][:-1] + " Added: the peak less the resident memory at the cell's start "
-            "(lm_eval's task, its prompts of the length, already made; no model yet): what "
-            "loading the model and answering added.", ""]  # fmt: skip
+             "the change from a row's shortest length to its longest."
+             + (" Added: the peak less the resident memory at the cell's start (lm_eval's "
+                "task, its prompts of the length, already made; no model yet): what loading "
+                "the model and answering added." if added else ""), ""]  # fmt: skip
     for task in tasks:
         lines += _memory_table(measured, task, "peak", lambda c: c["peak_rss_mb"])
         lines += _memory_table(added, task, "added", lambda c: c["peak_rss_mb"] - c["rss_start_mb"])

@@ -71,6 +71,8 @@ def test_the_memory_table_shows_what_a_cells_run_added_above_its_start():
     assert "| retrieval | 800 | 820 | +2.5% |" in added  # 2000 − 1200, 2300 − 1480
     assert not any(line.startswith("| window") for line in added)  # its start not recorded
     assert "| window | 1,900 | – | – |" in lines  # its peak is shown
+    said = next(line for line in lines if line.startswith("MiB, the peak"))
+    assert "Added: the peak less" in said  # one paragraph
 
 
 def test_rows_are_the_models_they_name(tmp_path):
