@@ -8,6 +8,7 @@ import pytest
 import torch
 from tiny_hf import V, tiny_base
 
+from inftyformer.hf import retrieval_state
 from inftyformer.hf.retrieval import RetrievalLM
 from inftyformer.hf.retrieval_scores import attention_score
 from inftyformer.retrieval_config import RetrievalConfig
@@ -142,7 +143,8 @@ def test_the_blocks_go_to_disk_and_the_memory_holds_only_their_scoring_keys():
     assert s.blocks.tolist() == [10, 10] and s.store.count == 20
     layers = len(m.retrieving)
     assert s.store.disk_bytes() == 20 * layers * 2 * m.kv_heads * 8 * m.head_dim * 2
-    assert s.keys.shape == (2, 80, m.kv_heads, m.head_dim) and s.keys.dtype == torch.float16
+    keys = torch.cat(s.keys, 1)
+    assert keys.shape == (2, 80, m.kv_heads, m.head_dim) and keys.dtype == torch.float16
     folder = s.store.folder
     assert folder.is_dir()
     s.store.close()
@@ -211,6 +213,45 @@ def test_logits_to_keep_gives_the_last_tokens_logits_only():
 
 
 @torch.no_grad()
+def test_put_keys_writes_as_one_tensor_would_and_copies_only_the_chunks_it_touches():
+    g = torch.Generator().manual_seed(0)
+    dense = torch.randn(2, 20, 3, 4, generator=g)
+    chunks = tuple(dense.split(8, 1))  # 8 + 8 + 4 tokens
+    rows = torch.tensor([[0, 0], [1, 1]])
+    at = torch.tensor([[18, 19], [22, 23]])  # the partial last chunk, then past it
+    k = torch.randn(2, 2, 3, 4, generator=g)
+    got = retrieval_state.put_keys(chunks, 2, 24, 8, (rows, at), k)
+    want = torch.nn.functional.pad(dense, (0, 0, 0, 0, 0, 4)).index_put((rows, at), k)
+    assert [c.shape[1] for c in got] == [8, 8, 8]
+    assert torch.equal(torch.cat(got, 1), want)
+    assert got[0] is chunks[0] and got[1] is chunks[1]  # untouched: shared, not copied
+    assert torch.equal(torch.cat(chunks, 1), dense)  # the old state's keys unchanged
+    again = retrieval_state.put_keys(got, 2, 24, 8, (rows, at - 16), -k)  # back at the start
+    assert again[1] is got[1] and again[2] is got[2]  # only the first chunk copied
+    assert torch.equal(torch.cat(again, 1), want.index_put((rows, at - 16), -k))
+
+
+@torch.no_grad()
+def test_keys_in_small_chunks_read_as_keys_in_one(monkeypatch):
+    """The in-memory keys split into chunks of 2 blocks (many chunks, blocks stored across
+    their edges, a row reset to rank 0) give the logits of chunks larger than the stream."""
+    ids = tokens(length=120)
+    settings = dict(block_size=4, blocks=3, sink_blocks=1, window=8, segment_len=12)
+    reset = torch.tensor([False, True])
+
+    def run() -> tuple[torch.Tensor, tuple]:
+        m = model(**settings)
+        state = m(ids[:, :72]).state
+        out = m(ids[:, 72:], state=state, reset=reset)
+        return torch.cat([m(ids[:, :72]).logits, out.logits], 1), out.state.keys
+
+    whole, keys = run()
+    monkeypatch.setattr(retrieval_state, "CHUNK_BLOCKS", 2)
+    chunked, small = run()
+    assert len(keys) == 1 and len(small) > 4 and all(c.shape[1] <= 8 for c in small)
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=0)
+
+
 def test_the_state_of_some_rows_reads_as_those_rows_streamed_alone():
     ids = tokens(length=48)
     m = model(block_size=8, blocks=2, sink_blocks=1, window=16, segment_len=8)

@@ -236,7 +236,7 @@ class RetrievalLM(nn.Module):
             sink_k=zeros(*sink, dtype=p.dtype), sink_v=zeros(*sink, dtype=p.dtype),
             sink_len=zeros(batch_size, **count),
             block_ids=zeros(batch_size, 0, **count), blocks=zeros(batch_size, **count),
-            keys=zeros(batch_size, 0, H, d, dtype=torch.float16),
+            keys=(),
             selected=zeros(batch_size, 0, **count),
             chosen=zeros(batch_size, 0, dtype=torch.bool),
             tokens=zeros(batch_size, **count),

@@ -6,6 +6,7 @@ whole), and the `k` blocks chosen by it, in the order they are read."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -14,13 +15,22 @@ from ..retrieval_config import SCORES
 PART = 4096  # stored tokens scored at once
 
 
+def parts(keys: torch.Tensor | Sequence[torch.Tensor], block: int) -> list[torch.Tensor]:
+    """The stored keys [b, n·B, Hkv, d], or their chunks (`RetrievalState.keys`), in parts
+    of whole blocks of at most about `PART` tokens, in stream order."""
+    if isinstance(keys, torch.Tensor):
+        return list(keys.split(max(1, PART // block) * block, 1))
+    return [p for chunk in keys for p in parts(chunk, block)]
+
+
 def block_scores(
-    query: torch.Tensor, keys: torch.Tensor, stored: torch.Tensor, kv_heads: int, block: int,
-    score: str,
+    query: torch.Tensor, keys: torch.Tensor | Sequence[torch.Tensor], stored: torch.Tensor,
+    kv_heads: int, block: int, score: str,
 ) -> torch.Tensor:  # fmt: skip
     """Every stored block's score [b, n] under the queries [b, H, T, d] (the grouped-query
     heads kept grouped over `kv_heads`), against the stored keys [b, n·B, Hkv, d] of blocks of
-    B = `block` tokens; −inf where `stored` [b, n] is False (a row holding fewer blocks).
+    B = `block` tokens (or their chunks along the tokens, `RetrievalState.keys`); −inf where
+    `stored` [b, n] is False (a row holding fewer blocks).
 
         max        the block's best q · k / √d over the call's queries, heads and its tokens
         mean       the mean over the call's queries of the best over heads and its tokens
@@ -29,12 +39,18 @@ def block_scores(
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
     b, H, T, d = query.shape
     n = stored.shape[1]
+    split = parts(keys, block)
+    if sum(p.shape[1] for p in split) != n * block:
+        raise ValueError(f"{n} blocks of {block} stored, but keys for "
+                         f"{sum(p.shape[1] for p in split)} tokens")  # fmt: skip
+    if n == 0:
+        return torch.zeros(b, 0, device=query.device)
     q = query.float().view(b, kv_heads, H // kv_heads, T, d) / math.sqrt(d)
     if score == "attention":
-        out = attention_score(q, keys, stored, block)
+        out = attention_score(q, split, stored, block)
     else:
         best = []  # each stored token's best score  [b, tokens]
-        for part in keys.split(PART, 1):  # [b, n', Hkv, d]
+        for part in split:  # [b, n', Hkv, d]
             s = torch.einsum("bhgtd,bnhd->bhgtn", q, part.float())
             best.append(s.amax((1, 2, 3)) if score == "max" else s.amax((1, 2)).mean(1))
         out = torch.cat(best, 1).view(b, n, block).amax(-1)  # [b, n]
@@ -42,19 +58,23 @@ def block_scores(
 
 
 def attention_score(
-    q: torch.Tensor, keys: torch.Tensor, stored: torch.Tensor, block: int
-) -> torch.Tensor:
+    q: torch.Tensor, keys: torch.Tensor | Sequence[torch.Tensor], stored: torch.Tensor,
+    block: int,
+) -> torch.Tensor:  # fmt: skip
     """score="attention": each block's best attention weight from any of the call's queries
     and heads when that query attends over every stored token alone,
     max_{h,t} max_{j ∈ block} exp(q_ht · k_j − log Σ_{j' stored} exp(q_ht · k_j')),
     in logs. A query that matches many blocks alike (a word every needle shares) spreads its
     weight over them; one that matches a single block (the asked key) gives it nearly all.
-    q [b, Hkv, G, T, d] (scaled), keys [b, n·B, Hkv, d], stored [b, n] → [b, n]; one pass
+    q [b, Hkv, G, T, d] (scaled), keys [b, n·B, Hkv, d] (or `parts`), stored [b, n] →
+    [b, n]; one pass
     over the keys in parts, keeping each part's log-sum-exp and its blocks' best raw scores
     per query ([b, Hkv, G, T, n]: B times smaller than the scores)."""
     valid = stored.repeat_interleave(block, 1)  # [b, n·B]
     lse, block_max = [], []
-    for part, ok in zip(keys.split(PART, 1), valid.split(PART, 1), strict=True):
+    split = parts(keys, block)
+    sizes = [p.shape[1] for p in split]
+    for part, ok in zip(split, valid.split(sizes, 1), strict=True):
         s = torch.einsum("bhgtd,bnhd->bhgtn", q, part.float())  # [b, Hkv, G, T, n']
         s = s.masked_fill(~ok[:, None, None, None], -math.inf)
         lse.append(torch.logsumexp(s, -1))  # [b, Hkv, G, T]
@@ -94,4 +114,4 @@ def choose(
     return order
 
 
-__all__ = ["PART", "attention_score", "block_scores", "choose"]
+__all__ = ["PART", "attention_score", "block_scores", "choose", "parts"]

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from .block_store import BlockStore
 from .head_read import rotate_half
 
+CHUNK_BLOCKS = 64  # stored blocks per chunk of the in-memory keys (4,096 tokens in blocks of 64)
+
 
 def turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [b, H, T, d] turned by the rotary angles of its positions (cos, sin [b, T, d])."""
@@ -32,8 +34,10 @@ class RetrievalState:
     sink_k, sink_v      [L, b, H_kv, S, d]  the stream's first S tokens; sink_len [b]
     block_ids           [b, n] int64  each row's stored blocks (ids in `store`), oldest first;
                         blocks [b] how many are valid
-    keys                [b, n · B, H_kv, d] float16  the stored tokens' keys at `select_layer`,
-                        turned to position S (what a call's queries score)
+    keys                chunks [b, ≤ CHUNK_BLOCKS · B, H_kv, d] float16, together [b, n · B,
+                        H_kv, d]: the stored tokens' keys at `select_layer`, turned to position
+                        S (what a call's queries score); a store copies only the chunks it
+                        writes to, so storing a block costs the same however long the stream
     selected, chosen    [b, k] int64 / bool  the blocks the last call chose and which are valid
                         (what the next call's blocks below `select_layer` read)
     tokens              [b] int64  tokens read since the row's reset
@@ -50,7 +54,7 @@ class RetrievalState:
     sink_len: torch.Tensor
     block_ids: torch.Tensor
     blocks: torch.Tensor
-    keys: torch.Tensor
+    keys: tuple[torch.Tensor, ...]
     selected: torch.Tensor
     chosen: torch.Tensor
     tokens: torch.Tensor
@@ -80,8 +84,9 @@ class RetrievalState:
         at = torch.tensor(rows, device=self.tokens.device)
         per_layer = ("window_k", "window_v", "sink_k", "sink_v")  # [L, b, …]
         changes = {name: getattr(self, name)[:, at] for name in per_layer}
+        changes["keys"] = tuple(chunk[at] for chunk in self.keys)
         for f in fields(self):  # the others are batch first
-            if f.name not in per_layer and f.name not in ("store", "decode"):
+            if f.name not in per_layer and f.name not in ("keys", "store", "decode"):
                 changes[f.name] = getattr(self, f.name)[at]
         return replace(self, **changes, decode=None)
 
@@ -193,15 +198,50 @@ def _store(model, s, out_k, out_v, to_store):
     block_ids = block_ids.index_put((rows, rank), ids)
     # the select layer's keys, turned to position S (every stored block at one distance)
     B, S = model.config.block_size, model.config.sink_blocks * model.config.block_size
-    keys = F.pad(s.keys, (0, 0, 0, 0, 0, n * B - s.keys.shape[1]))
+    keys = s.keys
     if model.retrieving:
         k = out_k[model.select_layer, rows, :, ms]  # [n', H, B, d]
         probe = k.new_zeros(1, 1, model.head_dim)
         cos, sin = model.rotary(probe, torch.full((1, B), S, device=k.device))
         k = turn(k, cos, sin).transpose(1, 2).to(torch.float16)  # [n', B, H, d]
         at = rank[:, None] * B + torch.arange(B, device=k.device)  # [n', B]
-        keys = keys.index_put((rows[:, None].expand_as(at), at), k)
+        place = (rows[:, None].expand_as(at), at)
+        keys = put_keys(keys, s.batch_size, n * B, CHUNK_BLOCKS * B, place, k)
     return block_ids, s.blocks + per_row, keys
 
 
-__all__ = ["RetrievalState", "stream_index", "turn", "unturn", "written"]
+def put_keys(
+    chunks: tuple[torch.Tensor, ...], batch: int, length: int, chunk: int,
+    place: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """The keys `chunks` (each [batch, ≤ chunk, H, d]) grown to `length` tokens in chunks of
+    `chunk`, with k [*at.shape, H, d] written at the token places `place` = (rows, at): new
+    tensors for the chunks written to or grown, the others shared with `chunks` (a state is
+    never changed in place)."""
+    rows, at = place
+    out, fresh = list(chunks), set()
+    if length > sum(c.shape[1] for c in chunks):  # the partial last chunk and new ones
+        grow = len(out) - 1 if out and out[-1].shape[1] < chunk else len(out)
+        tail = k.new_zeros(batch, length - grow * chunk, *k.shape[-2:])
+        if grow < len(out):
+            tail[:, : out[grow].shape[1]] = out[grow]
+        out[grow:] = tail.split(chunk, 1)
+        fresh = set(range(grow, len(out)))
+    index = at // chunk  # each place's chunk
+    for j in index.unique().tolist():  # the few chunks a store writes to
+        if j not in fresh:
+            out[j] = out[j].clone()
+        here = index == j
+        out[j].index_put_((rows[here], at[here] - j * chunk), k[here])
+    return tuple(out)
+
+
+__all__ = [
+    "CHUNK_BLOCKS",
+    "RetrievalState",
+    "put_keys",
+    "stream_index",
+    "turn",
+    "unturn",
+    "written",
+]
