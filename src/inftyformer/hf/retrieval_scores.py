@@ -40,9 +40,9 @@ def block_scores(
     b, H, T, d = query.shape
     n = stored.shape[1]
     split = parts(keys, block)
-    if sum(p.shape[1] for p in split) != n * block:
-        raise ValueError(f"{n} blocks of {block} stored, but keys for "
-                         f"{sum(p.shape[1] for p in split)} tokens")  # fmt: skip
+    tokens = sum(p.shape[1] for p in split)
+    if tokens != n * block:
+        raise ValueError(f"{n} blocks of {block} stored, but keys for {tokens} tokens")
     if n == 0:
         return torch.zeros(b, 0, device=query.device)
     q = query.float().view(b, kv_heads, H // kv_heads, T, d) / math.sqrt(d)
@@ -66,10 +66,9 @@ def attention_score(
     max_{h,t} max_{j ∈ block} exp(q_ht · k_j − log Σ_{j' stored} exp(q_ht · k_j')),
     in logs. A query that matches many blocks alike (a word every needle shares) spreads its
     weight over them; one that matches a single block (the asked key) gives it nearly all.
-    q [b, Hkv, G, T, d] (scaled), keys [b, n·B, Hkv, d] (or `parts`), stored [b, n] →
-    [b, n]; one pass
-    over the keys in parts, keeping each part's log-sum-exp and its blocks' best raw scores
-    per query ([b, Hkv, G, T, n]: B times smaller than the scores)."""
+    q [b, Hkv, G, T, d] (scaled), keys [b, n·B, Hkv, d] (or their chunks), stored [b, n] →
+    [b, n]; one pass over the keys in `parts`, keeping each part's log-sum-exp and its blocks'
+    best raw scores per query ([b, Hkv, G, T, n]: B times smaller than the scores)."""
     valid = stored.repeat_interleave(block, 1)  # [b, n·B]
     lse, block_max = [], []
     split = parts(keys, block)
