@@ -10,7 +10,7 @@ from tiny_hf import V, tiny_base
 
 from inftyformer.hf import retrieval_state
 from inftyformer.hf.retrieval import RetrievalLM
-from inftyformer.hf.retrieval_scores import attention_score
+from inftyformer.hf.retrieval_scores import attention_score, block_scores
 from inftyformer.retrieval_config import RetrievalConfig
 
 POSITIONS = 512
@@ -229,6 +229,43 @@ def test_put_keys_writes_as_one_tensor_would_and_copies_only_the_chunks_it_touch
     again = retrieval_state.put_keys(got, 2, 24, 8, (rows, at - 16), -k)  # back at the start
     assert again[1] is got[1] and again[2] is got[2]  # only the first chunk copied
     assert torch.equal(torch.cat(again, 1), want.index_put((rows, at - 16), -k))
+
+
+@torch.no_grad()
+def test_put_keys_makes_every_chunk_at_its_full_size():
+    """A partial chunk, grown or copied, is a view of a tensor of the chunk's full size: one
+    size of tensor however full, so the allocator reuses their holes store after store."""
+    full = 8 * 3 * 4 * 2  # a chunk's 8 tokens of [3, 4] float16, per row
+    k = torch.ones(1, 2, 3, 4, dtype=torch.float16)
+    rows, at = torch.zeros(1, 2, dtype=torch.long), torch.tensor([[0, 1]])
+    one = retrieval_state.put_keys((), 1, 2, 8, (rows, at), k)  # 2 tokens
+    two = retrieval_state.put_keys(one, 1, 4, 8, (rows, at + 2), 2 * k)  # grown to 4
+    three = retrieval_state.put_keys(two, 1, 4, 8, (rows, at), 3 * k)  # copied, not grown
+    for keys, tokens in ((one, 2), (two, 4), (three, 4)):
+        assert keys[0].shape[1] == tokens and keys[0].untyped_storage().nbytes() == full
+    assert three[0][0, :, 0, 0].tolist() == [3, 3, 2, 2]
+    assert two[0][0, :, 0, 0].tolist() == [1, 1, 2, 2]  # the older state unchanged
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("score", ["max", "mean"])
+def test_block_scores_by_hand_over_chunks_of_unequal_sizes(score):
+    """Score "max": a block's best q · k / √d over queries, heads and its tokens; "mean": its
+    best token's mean over the queries of the best over heads. The keys in chunks of 3 and 1
+    blocks (parts of unequal sizes through one buffer), row 1 holding 3 of the 4 blocks."""
+    g = torch.Generator().manual_seed(5)
+    b, Hkv, G, T, d, B = 2, 2, 3, 5, 8, 4
+    query = torch.randn(b, Hkv * G, T, d, generator=g)
+    keys = torch.randn(b, 4 * B, Hkv, d, generator=g).half()
+    stored = torch.tensor([[True] * 4, [True] * 3 + [False]])
+    got = block_scores(query, keys.split([3 * B, B], 1), stored, Hkv, B, score)
+    q = query.view(b, Hkv, G, T, d)
+    s = torch.einsum("bhgtd,bnhd->bhgtn", q, keys.float()) / d**0.5  # [b, Hkv, G, T, 4B]
+    token = s.amax((1, 2, 3)) if score == "max" else s.amax((1, 2)).mean(1)  # [b, 4B]
+    want = token.unflatten(-1, (4, B)).amax(-1)  # each block's best token  [b, 4]
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(got[1, :3], want[1, :3], rtol=0, atol=1e-5)
+    assert got[1, 3] == -float("inf")
 
 
 @torch.no_grad()

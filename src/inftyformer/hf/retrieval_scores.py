@@ -6,7 +6,7 @@ whole), and the `k` blocks chosen by it, in the order they are read."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -33,7 +33,8 @@ def block_scores(
     `stored` [b, n] is False (a row holding fewer blocks).
 
         max        the block's best q · k / √d over the call's queries, heads and its tokens
-        mean       the mean over the call's queries of the best over heads and its tokens
+        mean       the best over its tokens of the mean over the call's queries of the best
+                   over heads
         attention  `attention_score`"""
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
@@ -50,11 +51,32 @@ def block_scores(
         out = attention_score(q, split, stored, block)
     else:
         best = []  # each stored token's best score  [b, tokens]
-        for part in split:  # [b, n', Hkv, d]
-            s = torch.einsum("bhgtd,bnhd->bhgtn", q, part.float())
+        for s in part_scores(q, split):  # [b, Hkv, G, T, n']
             best.append(s.amax((1, 2, 3)) if score == "max" else s.amax((1, 2)).mean(1))
         out = torch.cat(best, 1).view(b, n, block).amax(-1)  # [b, n]
     return out.masked_fill(~stored, -math.inf)
+
+
+def part_scores(q: torch.Tensor, split: Sequence[torch.Tensor]) -> Iterator[torch.Tensor]:
+    """q · k [b, Hkv, G, T, n'] of the queries q [b, Hkv, G, T, d] (scaled) against each part
+    [b, n', Hkv, d] of the stored keys in turn, each written over the last (use one before
+    asking for the next). The scores and the keys in float32 live in two buffers made once per
+    call at the largest part's size: the same sizes call after call however long the stream,
+    where a part's own tensors would grow a little every call (the last part fills up) and
+    leave the allocator a hole too small for the next call's, the process's resident memory
+    creeping up with the stream."""
+    b, Hkv, G, T, d = q.shape
+    width = max((p.shape[1] for p in split), default=0)
+    scores = q.new_empty(b * Hkv * G * T * width)
+    keys = q.new_empty(b * Hkv * width * d)
+    queries = q.reshape(b, Hkv, G * T, d)
+    for part in split:
+        m = part.shape[1]
+        k = keys[: b * Hkv * m * d].view(b, Hkv, m, d)
+        k.copy_(part.transpose(1, 2))  # float16 → float32, heads first
+        s = scores[: b * Hkv * G * T * m].view(b, Hkv, G * T, m)
+        torch.matmul(queries, k.transpose(-1, -2), out=s)
+        yield s.view(b, Hkv, G, T, m)
 
 
 def attention_score(
@@ -73,9 +95,8 @@ def attention_score(
     lse, block_max = [], []
     split = parts(keys, block)
     sizes = [p.shape[1] for p in split]
-    for part, ok in zip(split, valid.split(sizes, 1), strict=True):
-        s = torch.einsum("bhgtd,bnhd->bhgtn", q, part.float())  # [b, Hkv, G, T, n']
-        s = s.masked_fill(~ok[:, None, None, None], -math.inf)
+    for s, ok in zip(part_scores(q, split), valid.split(sizes, 1), strict=True):
+        s.masked_fill_(~ok[:, None, None, None], -math.inf)  # [b, Hkv, G, T, n']
         lse.append(torch.logsumexp(s, -1))  # [b, Hkv, G, T]
         block_max.append(s.unflatten(-1, (-1, block)).amax(-1))  # [b, Hkv, G, T, n'/B]
     total = torch.logsumexp(torch.stack(lse, -1), -1)  # [b, Hkv, G, T]
@@ -113,4 +134,4 @@ def choose(
     return order
 
 
-__all__ = ["PART", "attention_score", "block_scores", "choose", "parts"]
+__all__ = ["PART", "attention_score", "block_scores", "choose", "part_scores", "parts"]

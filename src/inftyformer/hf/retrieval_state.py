@@ -220,17 +220,23 @@ def put_keys(
     never changed in place)."""
     rows, at = place
     out, fresh = list(chunks), set()
+
+    def room(tokens: int) -> torch.Tensor:  # a chunk of `tokens`, made at the chunk's full size
+        # (every chunk tensor one size, however full: the allocator reuses their holes
+        # instead of growing the heap by a slightly larger tensor at each store)
+        return k.new_zeros(batch, chunk, *k.shape[-2:])[:, :tokens]
+
     if length > sum(c.shape[1] for c in chunks):  # the partial last chunk and new ones
         grow = len(out) - 1 if out and out[-1].shape[1] < chunk else len(out)
-        tail = k.new_zeros(batch, length - grow * chunk, *k.shape[-2:])
+        tail = [room(min(chunk, length - a)) for a in range(grow * chunk, length, chunk)]
         if grow < len(out):
-            tail[:, : out[grow].shape[1]] = out[grow]
-        out[grow:] = tail.split(chunk, 1)
+            tail[0][:, : out[grow].shape[1]] = out[grow]
+        out[grow:] = tail
         fresh = set(range(grow, len(out)))
     index = at // chunk  # each place's chunk
     for j in index.unique().tolist():  # the few chunks a store writes to
         if j not in fresh:
-            out[j] = out[j].clone()
+            out[j] = room(out[j].shape[1]).copy_(out[j])
         here = index == j
         out[j].index_put_((rows[here], at[here] - j * chunk), k[here])
     return tuple(out)
