@@ -50,10 +50,11 @@ def block_scores(
     if score == "attention":
         out = attention_score(q, split, stored, block)
     else:
-        best = []  # each stored token's best score  [b, tokens]
+        best = []  # each part's blocks' scores  [b, n'/B]
         for s in part_scores(q, split):  # [b, Hkv, G, T, n']
-            best.append(s.amax((1, 2, 3)) if score == "max" else s.amax((1, 2)).mean(1))
-        out = torch.cat(best, 1).view(b, n, block).amax(-1)  # [b, n]
+            token = s.amax((1, 2, 3)) if score == "max" else s.amax((1, 2)).mean(1)  # [b, n']
+            best.append(token.unflatten(1, (-1, block)).amax(-1))
+        out = torch.cat(best, 1)  # [b, n]
     return out.masked_fill(~stored, -math.inf)
 
 
