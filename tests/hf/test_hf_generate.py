@@ -98,7 +98,8 @@ def test_a_long_prompt_goes_into_the_memory_first(arch, window):
     """A prompt of 100 tokens (more than the base's 64 positions): generate equals streaming all
     but its last part (4 tokens: 100 = 12·8 + 4) into the memory, then generating from that part
     with the memory; the returned sequences hold the whole prompt. max_length counts the whole
-    prompt, as HF's does; beams and several sequences per prompt get the prompt too."""
+    prompt, as HF's does; beams and several sequences per prompt get the prompt too; the head's
+    calls compute no logits beyond one position each."""
     model = tiny_memory_model(arch, window=window)
     memory = stream(model, 2)
     prompt = torch.randint(1, V, (2, 100), generator=torch.Generator().manual_seed(10))
@@ -127,6 +128,13 @@ def test_a_long_prompt_goes_into_the_memory_first(arch, window):
     assert beams.shape == (4, 103) and torch.equal(beams[:, :100], prompt.repeat_interleave(2, 0))
     with pytest.raises(ValueError, match="attention_mask must have the shape of input_ids"):
         model.generate(prompt, attention_mask=torch.ones(2, 99, dtype=torch.long))
+    # the 12 calls streaming the prompt's head ask the base for one position's logits each
+    asked = []
+    model.base.register_forward_pre_hook(
+        lambda module, args, kwargs: asked.append(kwargs["logits_to_keep"]), with_kwargs=True
+    )
+    model.generate(prompt, state=memory, max_new_tokens=1, do_sample=False)
+    assert asked[:12] == [1] * 12
 
 
 @torch.no_grad()

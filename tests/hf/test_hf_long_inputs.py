@@ -185,6 +185,31 @@ def test_cache_and_logits_to_keep_on_a_long_call(arch):
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("side", ["none", "left"])
+def test_logits_to_keep_computes_only_the_kept_places_logits(arch, side):
+    """logits_to_keep=k on a long call: the last k columns' logits as the call keeping all gives
+    them (a left-padded row's too, its tokens streamed from its first one), and every call before
+    the first kept place asks the base for one position's logits, not segment × vocabulary."""
+    model = tiny_memory_model(arch)
+    ids = tokens(2, T)
+    mask = torch.ones(2, T, dtype=torch.long)
+    if side == "left":
+        mask[1, :30] = 0  # row 1: 70 tokens, streamed at places 0 … 69
+    every = model(ids, attention_mask=mask).logits
+    asked = []
+    model.base.register_forward_pre_hook(
+        lambda module, args, kwargs: asked.append(kwargs["logits_to_keep"]), with_kwargs=True
+    )
+    for k in (1, 5, 13):
+        asked.clear()
+        kept = model(ids, attention_mask=mask, logits_to_keep=k).logits
+        assert kept.shape == (2, k, V)
+        torch.testing.assert_close(kept, every[:, -k:], rtol=0, atol=1e-5)
+        first = (T if side == "none" else 70) - k  # the first stream place kept
+        assert asked[: first // L] == [1] * (first // L) and max(asked) < 2 * L
+
+
+@torch.no_grad()
 def test_bad_long_inputs_give_clear_errors(arch):
     model = tiny_memory_model(arch)
     ids = tokens(2, T)

@@ -61,6 +61,7 @@ def generate(
                 reset=reset,
                 attention_mask=None if mask is None else mask[:, :cut],
                 use_cache=False,
+                logits_to_keep=1,  # only the state is wanted, not cut × vocabulary logits
             ).state
         reset, ids = None, ids[:, cut:]
         count_from_the_cut(model, kwargs, cut)

@@ -110,27 +110,38 @@ def stream_forward(
         targets = None if targets is None else targets.gather(1, order)
         scored = None if scored is None else scored.gather(1, order)
     mask = None if valid is None else valid.long()
+    inverse = None if order is None else order.argsort(dim=1)  # caller's column → stream place
+    # the first stream place whose logits are kept: a call before it computes none (a long
+    # prompt's logits are its length × the vocabulary, 6.4 GB at 32K tokens of SmolLM2)
+    first = 0
+    if logits_to_keep and targets is None:
+        first = max(0, length - logits_to_keep)
+        if inverse is not None:  # the caller's last columns, wherever each row's tokens went
+            first = int(inverse[:, -logits_to_keep:].min())
 
     def options(start: int, stop: int) -> dict[str, Any]:  # only the last call keeps a cache
         weights = {} if scored is None else {"kl_weights": scored[:, start:stop]}
-        return {"use_cache": use_cache if stop == length else False, **weights, **kwargs}
+        keep = {} if not first else {"logits_to_keep": max(1, stop - max(start, first))}
+        return {"use_cache": use_cache if stop == length else False, **weights, **keep, **kwargs}
 
     logits, losses, kls, memory_losses, counts, out = [], [], [], [], [], None
     calls = segment_calls(model, ids, state, None, reset, generator, mask, options)
     for start, stop, out in calls:
-        logits.append(out.logits)
+        kept = max(0, stop - max(start, first))  # of this call's places  (0: its one dropped)
+        logits.append(out.logits[:, out.logits.shape[1] - kept :])
         kls.append(out.kl)
         memory_losses.append(out.memory_loss)
         counts.append(1.0 if scored is None else float(scored[:, start:stop].sum()))
         if targets is not None:
             losses.append(token_losses(out.logits, targets[:, start:stop])[0])
-    all_logits = torch.cat(logits, dim=1)
+    all_logits = torch.cat(logits, dim=1)  # of stream places first … length − 1
     token_loss = torch.cat(losses, dim=1) if losses else None
-    if order is not None:  # back to the caller's columns
-        inverse = order.argsort(dim=1)
-        all_logits = all_logits.gather(1, inverse[..., None].expand_as(all_logits))
+    if inverse is not None:  # back to the caller's columns (the kept ones)
+        columns = inverse[:, -logits_to_keep:] if logits_to_keep else inverse  # [batch, kept]
+        where = (columns - first)[..., None].expand(-1, -1, all_logits.shape[-1])
+        all_logits = all_logits.gather(1, where)
         token_loss = None if token_loss is None else token_loss.gather(1, inverse)
-    if logits_to_keep:
+    elif logits_to_keep:
         all_logits = all_logits[:, -logits_to_keep:]
     # each call's terms are means over its scored positions: weighed by their number
     share = torch.tensor(counts, dtype=torch.float64)
