@@ -197,18 +197,22 @@ def time_generate(args, base) -> dict[str, Any]:
 
 def plot(data: dict[str, Any], path: Path) -> None:
     plt = common.pyplot()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    memory = data.get("memory", {})  # a run of --parts time alone has none
+    fig, axes = plt.subplots(1, 2 if memory else 1, figsize=(10 if memory else 5, 4), squeeze=False)
+    a = axes[0][0]
     for row, values in data["time"]["ms_per_token"].items():
         if values:
             xs = sorted(int(n) for n in values)
             a.plot(xs, [values[str(n)] for n in xs], marker="o", label=row)
     a.set(xscale="log", xlabel="tokens read", ylabel="ms / token", title="time per token")
     a.legend()
-    for row, m in data["memory"].items():
-        xs = sorted(int(n) for n in m["rss_mb"])
-        b.plot(xs, [m["rss_mb"][str(n)] for n in xs], marker="o", label=row)
-    b.set(xscale="log", xlabel="tokens read", ylabel="resident MiB", title="memory (VmRSS)")
-    b.legend()
+    if memory:
+        b = axes[0][1]
+        for row, m in memory.items():
+            xs = sorted(int(n) for n in m["rss_mb"])
+            b.plot(xs, [m["rss_mb"][str(n)] for n in xs], marker="o", label=row)
+        b.set(xscale="log", xlabel="tokens read", ylabel="resident MiB", title="memory (VmRSS)")
+        b.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -239,8 +243,9 @@ def render(data: dict[str, Any]) -> str:
                 cells.append("–")
         rows.append([row, *cells])
     lines.append(common.markdown_table(["row", *(f"{n:,}" for n in lengths)], rows))
-    lines += ["", "## Resident memory (MiB, each row alone in its own process)", ""]
-    mem = data["memory"]
+    mem = data.get("memory") or {}
+    if mem:
+        lines += ["", "## Resident memory (MiB, each row alone in its own process)", ""]
     mlen = sorted({int(n) for m in mem.values() for n in m["rss_mb"]})
     mrows = []
     for row, m in mem.items():
@@ -250,8 +255,9 @@ def render(data: dict[str, Any]) -> str:
         per_token = m["disk_bytes"] / m["tokens"] if m["tokens"] else 0
         mrows.append([row, *(f"{v:.0f}" if v else "–" for v in values), growth,
                       f"{per_token / 1024:.1f} KiB"])  # fmt: skip
-    head = ["row", *(f"{n:,}" for n in mlen), "first → last", "disk per token"]
-    lines.append(common.markdown_table(head, mrows))
+    if mem:
+        head = ["row", *(f"{n:,}" for n in mlen), "first → last", "disk per token"]
+        lines.append(common.markdown_table(head, mrows))
     if data.get("generate"):
         g = data["generate"]
         ours, theirs = g["retrieval"]["median_ms"], g["base-2k"]["median_ms"]
