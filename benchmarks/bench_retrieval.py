@@ -218,6 +218,24 @@ def plot(data: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def memory_lines(mem: dict[str, Any]) -> list[str]:
+    """The resident-memory table of the rows measured (none: a run of --parts time alone)."""
+    if not mem:
+        return []
+    mlen = sorted({int(n) for m in mem.values() for n in m["rss_mb"]})
+    mrows = []
+    for row, m in mem.items():
+        values = [m["rss_mb"].get(str(n)) for n in mlen]
+        first, last = values[0], values[-1]
+        growth = f"{(last / first - 1) * 100:+.1f}%" if first and last else "–"
+        per_token = m["disk_bytes"] / m["tokens"] if m["tokens"] else 0
+        mrows.append([row, *(f"{v:.0f}" if v else "–" for v in values), growth,
+                      f"{per_token / 1024:.1f} KiB"])  # fmt: skip
+    head = ["row", *(f"{n:,}" for n in mlen), "first → last", "disk per token"]
+    return ["", "## Resident memory (MiB, each row alone in its own process)", "",
+            common.markdown_table(head, mrows)]  # fmt: skip
+
+
 def render(data: dict[str, Any]) -> str:
     s = data["setup"]
     t = data["time"]["ms_per_token"]
@@ -243,21 +261,7 @@ def render(data: dict[str, Any]) -> str:
                 cells.append("–")
         rows.append([row, *cells])
     lines.append(common.markdown_table(["row", *(f"{n:,}" for n in lengths)], rows))
-    mem = data.get("memory") or {}
-    if mem:
-        lines += ["", "## Resident memory (MiB, each row alone in its own process)", ""]
-    mlen = sorted({int(n) for m in mem.values() for n in m["rss_mb"]})
-    mrows = []
-    for row, m in mem.items():
-        values = [m["rss_mb"].get(str(n)) for n in mlen]
-        first, last = values[0], values[-1]
-        growth = f"{(last / first - 1) * 100:+.1f}%" if first and last else "–"
-        per_token = m["disk_bytes"] / m["tokens"] if m["tokens"] else 0
-        mrows.append([row, *(f"{v:.0f}" if v else "–" for v in values), growth,
-                      f"{per_token / 1024:.1f} KiB"])  # fmt: skip
-    if mem:
-        head = ["row", *(f"{n:,}" for n in mlen), "first → last", "disk per token"]
-        lines.append(common.markdown_table(head, mrows))
+    lines += memory_lines(data.get("memory") or {})
     if data.get("generate"):
         g = data["generate"]
         ours, theirs = g["retrieval"]["median_ms"], g["base-2k"]["median_ms"]

@@ -119,16 +119,19 @@ def stream_forward(
         if inverse is not None:  # the caller's last columns, wherever each row's tokens went
             first = int(inverse[:, -logits_to_keep:].min())
 
+    def kept(start: int, stop: int) -> int:  # the call's places whose logits are kept
+        return max(0, stop - max(start, first))
+
     def options(start: int, stop: int) -> dict[str, Any]:  # only the last call keeps a cache
         weights = {} if scored is None else {"kl_weights": scored[:, start:stop]}
-        keep = {} if not first else {"logits_to_keep": max(1, stop - max(start, first))}
+        # a call keeping none asks for one (0 would be all of them) and drops it
+        keep = {} if not first else {"logits_to_keep": max(1, kept(start, stop))}
         return {"use_cache": use_cache if stop == length else False, **weights, **keep, **kwargs}
 
     logits, losses, kls, memory_losses, counts, out = [], [], [], [], [], None
     calls = segment_calls(model, ids, state, None, reset, generator, mask, options)
     for start, stop, out in calls:
-        kept = max(0, stop - max(start, first))  # of this call's places  (0: its one dropped)
-        logits.append(out.logits[:, out.logits.shape[1] - kept :])
+        logits.append(out.logits[:, out.logits.shape[1] - kept(start, stop) :])
         kls.append(out.kl)
         memory_losses.append(out.memory_loss)
         counts.append(1.0 if scored is None else float(scored[:, start:stop].sum()))
