@@ -53,7 +53,6 @@ def render(data: dict[str, Any], path: Path) -> str:
     rows = [(f"{r['length']:,}", f"{r['added_mb']:,.0f}", f"{r['rss_before_mb']:,.0f}",
              f"{r['seconds']:.0f}") for r in data["runs"]]  # fmt: skip
     table = common.markdown_table(["prompt tokens", "peak added (MiB)", "before (MiB)", "s"], rows)
-    m = data["machine"]
     return "\n".join([
         "# Resident memory of one long prompt through a saved memory model",
         "",
@@ -64,7 +63,7 @@ def render(data: dict[str, Any], path: Path) -> str:
         "",
         table,
         "",
-        f"- CPU: {m.get('cpu', '?')}; torch {m.get('torch', '?')}",
+        common.machine_markdown(data["machine"]),
         "",
         common.kept_notes(path),
     ])  # fmt: skip
@@ -90,6 +89,9 @@ def main(argv: list[str] | None = None) -> None:
     lengths = [int(x) for x in a.lengths.split(",")]
     if not lengths or min(lengths) < 65:
         raise SystemExit("--lengths: prompt lengths above 64 tokens, comma-separated")
+    import torch
+
+    torch.set_num_threads(a.threads)  # as in the workers, for the machine lines
     runs = []
     for length in lengths:
         args = {"model_dir": str(folder), "length": length, "new_tokens": a.new_tokens,
