@@ -1,7 +1,51 @@
-"""Pieces of docs/ruler.md that need none of experiments/ruler.py's tables: what the page says
-of the answers' length, and each cell's peak resident memory."""
+"""Pieces of docs/ruler.md that need none of experiments/ruler.py's tables: what each task is,
+what is left out and why, what the page says of the answers' length, and each cell's peak
+resident memory."""
 
 from __future__ import annotations
+
+# lm_eval's essay-haystack needle tasks with the package's novels as the haystack
+# (inftyformer.hf.ruler_haystack; their folder is lm_eval's --include_path)
+BOOK_TASKS = ("niah_single_2_books", "niah_multikey_1_books")
+ESSAYS = (
+    "the haystack is Paul Graham's essays, a Hugging Face Hub data set "
+    "(baber/paul_graham_essays) loaded at run time, split into sentences by nltk's punkt_tab, "
+    "itself downloaded at run time: run here as the `*_books` tasks (below)"
+)
+LEFT_OUT = {
+    "niah_single_2": ESSAYS,
+    "niah_single_3": ESSAYS,
+    "niah_multikey_1": ESSAYS,
+    "niah_multiquery": ESSAYS,
+    "niah_multivalue": ESSAYS,
+    "ruler_qa_squad": "the documents and questions are SQuAD v2's, downloaded at run time",
+    "ruler_qa_hotpot": "the documents and questions are HotpotQA's, downloaded at run time",
+}
+BOOKS = (
+    "The `*_books` tasks (`inftyformer.hf.ruler_haystack`, the folder "
+    "`src/inftyformer/hf/ruler_tasks` for lm_eval's `--include_path`; tag `ruler_books`) are "
+    "lm_eval's essay-haystack tasks made by lm_eval's own generator "
+    "(`prepare_niah.generate_samples`: its template, needles, depths and scoring) with the "
+    "package's six Austen novels as the haystack, split into words as lm_eval splits the "
+    "essays, and into sentences by a Punkt model nltk's unsupervised trainer learns from the "
+    "same novels (made once, no download). All five are there (`niah_single_2_books`, "
+    "`niah_single_3_books`, `niah_multikey_1_books`, `niah_multivalue_books`, "
+    "`niah_multiquery_books`); the ones run here are listed above. As with the essays, every "
+    "prompt's haystack is the text's opening (here Emma's), and the base has likely read these "
+    "novels in training: the needles are what it has not seen."
+)
+WHAT = {
+    "niah_single_1": "one needle (word → 7-digit number) in a repeated filler of 5 sentences",
+    "niah_multikey_2": "one needle among lines that are all needles of other keys",
+    "niah_multikey_3": "as niah_multikey_2, keys and values UUIDs",
+    "ruler_vt": "variable tracking: the 5 variables of a chain of assignments in a filler",
+    "ruler_cwe": "common words: the 10 most frequent words of a numbered list",
+    "ruler_fwe": "frequent words: the 3 most frequent coded words of a text",
+    "niah_single_2_books": "one needle (word → 7-digit number) in the novels' prose "
+    "(lm_eval's niah_single_2, the books for the essays)",
+    "niah_multikey_1_books": "one needle and three distractors (other words → other numbers) in "
+    "the novels' prose (lm_eval's niah_multikey_1, the books for the essays)",
+}
 
 
 def cut_sentence(setup: dict) -> str:

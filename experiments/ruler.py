@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 import torch
-from _ruler_report import cut_sentence, memory_lines
+from _ruler_report import BOOK_TASKS, BOOKS, LEFT_OUT, WHAT, cut_sentence, memory_lines
 from retrieval import PRESET_ROWS as ROWS
 from retrieval import plot_scores, score_table, wilson
 from ruler_kvpress import PRESSES, peer_lines
@@ -63,40 +63,7 @@ from inftyformer._measure import (
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs"
 TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt")
-OFFLINE = (*TASKS, "ruler_cwe", "ruler_fwe")
-ESSAYS = (
-    "the haystack is Paul Graham's essays, a Hugging Face Hub data set "
-    "(baber/paul_graham_essays) loaded at run time, split into sentences by nltk's punkt_tab, "
-    "itself downloaded at run time"
-)
-LEFT_OUT = {
-    "niah_single_2": ESSAYS,
-    "niah_single_3": ESSAYS,
-    "niah_multikey_1": ESSAYS,
-    "niah_multiquery": ESSAYS,
-    "niah_multivalue": ESSAYS,
-    "ruler_qa_squad": "the documents and questions are SQuAD v2's, downloaded at run time",
-    "ruler_qa_hotpot": "the documents and questions are HotpotQA's, downloaded at run time",
-}
-BOOKS = (
-    "A haystack from the embedded books instead of the essays would need no change to lm_eval: "
-    "a task folder for `--include_path` whose task includes lm_eval's `niah_single_1.yaml` and "
-    "makes its data by lm_eval's own generator (`prepare_niah.generate_samples`, "
-    '`type_haystack="essay"`) from the books\' words. That generator, though, splits the '
-    "haystack into sentences with nltk's punkt_tab, which nltk's downloader fetches at run time "
-    "(Debian packages no copy): offline it stops with a LookupError, so no essay-haystack task "
-    "is run here. (lm_eval's RULER code also asks nltk's downloader for punkt_tab when it is "
-    'imported; offline nltk prints the failure, lm_eval then prints "Downloaded punkt_tab", '
-    "and the tasks run here never use it.)"
-)
-WHAT = {
-    "niah_single_1": "one needle (word → 7-digit number) in a repeated filler of 5 sentences",
-    "niah_multikey_2": "one needle among lines that are all needles of other keys",
-    "niah_multikey_3": "as niah_multikey_2, keys and values UUIDs",
-    "ruler_vt": "variable tracking: the 5 variables of a chain of assignments in a filler",
-    "ruler_cwe": "common words: the 10 most frequent words of a numbered list",
-    "ruler_fwe": "frequent words: the 3 most frequent coded words of a text",
-}
+OFFLINE = (*TASKS, "ruler_cwe", "ruler_fwe", *BOOK_TASKS)
 QUICK_CORPUS = (
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
     "A special magic number is hidden within the following text. Make sure to memorize it. I "
@@ -178,13 +145,15 @@ def ruler_task(task: str, length: int, base_dir: str, seed: int):
 
 
 def ruler_tasks(metadata: dict | None = None):
-    """lm_eval's task manager over its ruler folder alone (indexing all of lm_eval's tasks takes
-    seconds, each time)."""
+    """lm_eval's task manager over its ruler folder and the books tasks' folder alone (indexing
+    all of lm_eval's tasks takes seconds, each time)."""
     import lm_eval.tasks
     from lm_eval.tasks import TaskManager
 
-    folder = Path(lm_eval.tasks.__file__).parent / "ruler"
-    return TaskManager(include_path=str(folder), include_defaults=False, metadata=metadata)
+    from inftyformer.hf.ruler_haystack import TASKS_DIR
+
+    folders = [str(Path(lm_eval.tasks.__file__).parent / "ruler"), str(TASKS_DIR)]
+    return TaskManager(include_path=folders, include_defaults=False, metadata=metadata)
 
 
 def question_start(prompt: str) -> int:
