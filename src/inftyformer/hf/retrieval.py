@@ -161,6 +161,12 @@ class RetrievalOutput:
     state: RetrievalState
 
 
+def held(state: RetrievalState, device: torch.device) -> torch.Tensor:
+    """Which of the state's block slots [b, n] a row holds (a row may hold fewer than n)."""
+    n = state.block_ids.shape[1]
+    return torch.arange(n, device=device) < state.blocks[:, None].to(device)
+
+
 class RetrievalLM(nn.Module):
     """A rotary causal LM reading exact past blocks chosen by its queries (module doc)."""
 
@@ -437,7 +443,7 @@ class RetrievalLM(nn.Module):
         if k == 0:
             return (torch.zeros(b, 0, dtype=torch.int64, device=dev),
                     torch.zeros(b, 0, dtype=torch.bool, device=dev))  # fmt: skip
-        stored = torch.arange(n, device=dev) < state.blocks[:, None].to(dev)  # [b, n]
+        stored = held(state, dev)  # [b, n]
         score = block_scores(query, state.keys, stored, self.kv_heads, c.block_size, c.score)
         order = choose(score, stored, k, c.neighbours, c.order == "score")  # [b, k]
         valid = torch.gather(stored, 1, order)  # a row with fewer blocks: the rest unread
@@ -451,8 +457,7 @@ class RetrievalLM(nn.Module):
         """Every stored block's score [b, n] under the call's queries [b, H, T, d] (turned to
         P0 + t) by `score` (default: the config's; module doc), −inf where a row holds no
         block: what `select` ranks."""
-        n = state.block_ids.shape[1]
-        stored = torch.arange(n, device=query.device) < state.blocks[:, None].to(query.device)
+        stored = held(state, query.device)
         return block_scores(query, state.keys, stored, self.kv_heads, self.config.block_size,
                             score or self.config.score)  # fmt: skip
 
