@@ -308,8 +308,12 @@ def plot_scores(
     if not shown:
         return False
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 3.6), squeeze=False)
-    for ax, (title, key) in zip(axes[0], shown, strict=True):
+    across = min(3, len(shown))
+    down = -(-len(shown) // across)
+    fig, axes = plt.subplots(down, across, figsize=(5 * across, 3.6 * down), squeeze=False)
+    style = {r: (f"C{i % 10}", "osD^v"[i // 10 % 5]) for i, r in enumerate(rows)}  # one per row
+    for ax, (title, key) in zip(axes.flat, shown, strict=False):
+        lengths = set()
         for row in rows:
             got = points(key, row)
             if got:
@@ -317,9 +321,17 @@ def plot_scores(
                 ys = [c[score] for _, c in got]
                 low = [y - c["interval"][0] for y, (_, c) in zip(ys, got, strict=True)]
                 high = [c["interval"][1] - y for y, (_, c) in zip(ys, got, strict=True)]
-                ax.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=3, label=row)
+                colour, marker = style[row]
+                ax.errorbar(xs, ys, yerr=[low, high], marker=marker, color=colour, capsize=3,
+                            label=row)  # fmt: skip
+                lengths.update(xs)
         ax.set(xscale="log", xlabel=xlabel, ylabel=score, ylim=(-0.02, 1.02), title=title)
+        ticks = sorted(lengths)
+        ax.set_xticks(ticks, [f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in ticks])
+        ax.minorticks_off()
         ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(shown) :]:
+        ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -454,7 +454,8 @@ def main(argv: list[str] | None = None) -> None:
     write_json(out / "ruler.json", data)
     peers = tuple(r for r in PEERS if any(c.get("row") == r for c in cells.values()))
     panels = [(t, "{row}-" + t + "-{n}") for t in OFFLINE]
-    drawn = plot_scores(cells, panels, ROWS + peers, out / "ruler.png", "score", "prompt tokens")
+    rows = RULER_ROWS + peers
+    drawn = plot_scores(cells, panels, rows, out / "ruler.png", "score", "prompt tokens")
     picture = "![RULER's score against length](ruler.png)\n\n" if drawn else ""
     write_text(out / "ruler.md", render(data, picture + kept_notes(out / "ruler.md")))
 
