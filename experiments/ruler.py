@@ -150,7 +150,7 @@ def ruler_tasks(metadata: dict | None = None):
     import lm_eval.tasks
     from lm_eval.tasks import TaskManager
 
-    from inftyformer.hf.ruler_haystack import TASKS_DIR
+    from inftyformer.tasks.ruler_haystack import TASKS_DIR
 
     folders = [str(Path(lm_eval.tasks.__file__).parent / "ruler"), str(TASKS_DIR)]
     return TaskManager(include_path=folders, include_defaults=False, metadata=metadata)

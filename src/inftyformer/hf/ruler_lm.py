@@ -8,8 +8,8 @@ harness's generation requests, such as RULER's (`experiments/ruler.py`, `docs/ru
 
 (lm_eval's own command line, with this model registered first; in Python, import this module
 and call `lm_eval.simple_evaluate(model="inftyformer-retrieval", ...)`.) RULER's essay-haystack
-needles offline, on the package's novels (`ruler_haystack.py`): add
-`--include_path "$(python -m inftyformer.hf.ruler_haystack)" --tasks niah_multikey_1_books`.
+needles offline, on the package's novels (`tasks/ruler_haystack.py`): add
+`--include_path "$(python -m inftyformer.tasks.ruler_haystack)" --tasks niah_multikey_1_books`.
 
 model_args: `pretrained` (a model folder with its tokenizer), `preset` (a preset of the
 retrieval kind: retrieval, streaming, window; `inftyformer presets`), any `RetrievalConfig`
