@@ -48,7 +48,7 @@ def test_the_novels_come_split_by_split_then_by_name(tmp_path):
         "emma.txt", "mansfield-park.txt", "pride-and-prejudice.txt",
         "sense-and-sensibility.txt", "northanger-abbey.txt", "persuasion.txt",
     ]  # fmt: skip
-    with pytest.raises(FileNotFoundError, match="no novels"):
+    with pytest.raises(FileNotFoundError, match="split folder not found"):
         rh.book_files(tmp_path)
 
 

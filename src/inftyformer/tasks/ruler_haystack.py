@@ -24,9 +24,10 @@ import os
 import re
 from pathlib import Path
 
+from ..data.corpus import _split_files
+from ..data.paths import EMBEDDED_CORPUS, SPLITS
+
 TASKS_DIR = Path(__file__).parent / "ruler_tasks"
-BOOKS_DIR = Path(__file__).resolve().parent.parent / "data" / "austen"
-SPLITS = ("train", "valid", "test")
 ENGLISH = "tokenizers/punkt_tab/english"  # where nltk's sent_tokenize looks for its model
 PUNKT_FILES = ("collocations.tab", "sent_starters.txt", "abbrev_types.txt", "ortho_context.tab")
 
@@ -40,15 +41,13 @@ NEEDLES = {
 }
 
 
-def book_files(root: Path = BOOKS_DIR) -> list[Path]:
-    """The novels in the haystack's order: split by split (train, valid, test), by file name."""
-    files = [p for split in SPLITS for p in sorted((root / split).glob("*.txt"))]
-    if not files:
-        raise FileNotFoundError(f"no novels (*.txt) under {root}/{{{','.join(SPLITS)}}}")
-    return files
+def book_files(root: Path = EMBEDDED_CORPUS) -> list[Path]:
+    """The novels in the haystack's order: split by split (train, valid, test), by file name,
+    as the corpus loaders list them."""
+    return [p for split in SPLITS for p in _split_files(root, split)]
 
 
-def book_text(root: Path = BOOKS_DIR) -> str:
+def book_text(root: Path = EMBEDDED_CORPUS) -> str:
     return " ".join(p.read_text(encoding="utf-8") for p in book_files(root))
 
 
