@@ -11,6 +11,11 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
                positions hold it
     retrieval-near  the first 64, the 24 past blocks of 64 its queries match best (the best
                last, right before the window) and the last 448
+    retrieval-picked  one fact read: the first 64, the block its queries give the most
+               attention weight with the block after it, the last 256; the answer reads
+               the question's blocks
+    picked-trained  that with the choosing queries through a map trained on the facts task
+               (`experiments/retrieval_trained.py`; --query-map)
     paper      the paper's memory in every block of the base (`paper-gpt2` preset, untrained),
                saved as a memory model and run as a user runs one: lm_eval's `hf` model with
                trust_remote_code (the folder made once under --models-dir)
@@ -39,6 +44,7 @@ interval of that share over the prompts, and the prompt count.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -90,7 +96,8 @@ def stale(path: Path, args) -> bool:
     return cell["samples"] < args.limit or cell.get("max_gen_toks") != args.max_gen_toks
 
 
-RULER_ROWS = (*ROWS, "paper")
+RULER_ROWS = (*ROWS, "retrieval-picked", "picked-trained", "paper")
+TRAINED = {"picked-trained": "retrieval-picked"}  # row: the preset its query map is read by
 PAPER_PRESET = "paper-gpt2"
 WHOLE = 1 << 24  # lm_eval's max_length for a memory model: any prompt reaches it whole
 
@@ -112,9 +119,11 @@ def paper_model(base_dir: str | Path, folder: Path) -> Path:
     return folder
 
 
-def model_of(row: str, base_dir: str, models_dir: str | Path | None = None) -> tuple[str, str]:
+def model_of(
+    row: str, base_dir: str, models_dir: str | Path | None = None, query_map: str | None = None
+) -> tuple[str, str]:
     """lm_eval's model name and model_args for `row` (`paper`: its saved model, made in
-    `models_dir` if it is not there)."""
+    `models_dir` if it is not there; a `TRAINED` row: its preset reading `query_map`)."""
     from inftyformer.hf.harness import check_model_dir
 
     folder = check_model_dir(base_dir)
@@ -127,6 +136,10 @@ def model_of(row: str, base_dir: str, models_dir: str | Path | None = None) -> t
         return "hf", f"pretrained={saved},trust_remote_code=True,dtype=float32,max_length={WHOLE}"
     import inftyformer.hf.ruler_lm as ruler_lm  # registers the model with lm_eval
 
+    if row in TRAINED:
+        if query_map is None or not Path(query_map).is_file():
+            raise ValueError(f"row {row} reads a trained query map: --query-map FILE ({query_map})")
+        return ruler_lm.NAME, f"pretrained={folder},preset={TRAINED[row]},query_map={query_map}"
     return ruler_lm.NAME, f"pretrained={folder},preset={row}"
 
 
@@ -226,7 +239,8 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
     limit = base_positions(base_dir)
     if row == "full" and length > limit:
         return {"skipped": f"the prompts do not fit the base's {limit} positions"}
-    model, model_args = model_of(row, base_dir, getattr(args, "models_dir", None))
+    query_map = getattr(args, "query_map", None) if row in TRAINED else None
+    model, model_args = model_of(row, base_dir, getattr(args, "models_dir", None), query_map)
     name = task.config.task
     from_start = not reset_peak_rss()  # the cell's own peak where the kernel allows it
     before = rss_mb()  # lm_eval's task data (its prompts of this length) made, no model yet
@@ -259,7 +273,10 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
     total = sum(a["score"] for a in answers)
     return {
         "row": row, "task": name, "length": length, "model": model,
-        "model_args": without_paths(model_args, base_dir, getattr(args, "models_dir", None)),
+        "model_args": without_paths(model_args, base_dir, getattr(args, "models_dir", None))
+        .replace(str(query_map), "QUERY_MAP"),
+        **({"query_map_sha256": hashlib.sha256(Path(query_map).read_bytes()).hexdigest()}
+           if query_map else {}),  # fmt: skip
         "score": total / n, "samples": n, "interval": wilson(total, n),
         "lm_eval_score": result["results"][name][f"{length},none"], "seconds": seconds,
         "max_gen_toks": args.max_gen_toks, **peak,
@@ -380,6 +397,12 @@ def main(argv: list[str] | None = None) -> None:
         "--models-dir",
         default="runs/ruler-models",
         help="where the paper row's saved memory model is made (once, ~0.6 GB for SmolLM2-135M)",
+    )
+    p.add_argument(
+        "--query-map",
+        default="runs/query-map.safetensors",
+        help="the trained query map the picked-trained row reads "
+        "(experiments/retrieval_trained.py)",
     )
     p.add_argument(
         "--dump-prompts",

@@ -140,6 +140,15 @@ register_preset(Preset(
     measured="docs/retrieval.md",
 ))  # fmt: skip
 register_preset(Preset(
+    "retrieval-picked", "retrieval",
+    "one fact read, its alike facts left out: the first 64 tokens, the past block its queries "
+    "give the most attention weight with the block after it, and the last 256 (448 places); "
+    "the answer reads its question's blocks (add a trained query_map=FILE to pick by it)",
+    dict(block_size=64, blocks=2, neighbours=1, sink_blocks=1, window=256, read_from=0,
+         score="attention", segment_len=256, answer_choice="question"),
+    measured="docs/ruler.md",
+))  # fmt: skip
+register_preset(Preset(
     "streaming", "retrieval",
     "the StreamingLLM baseline at the retrieval budget: the first 64 tokens and the last 1,984",
     dict(block_size=64, blocks=0, sink_blocks=1, window=1984, segment_len=256),

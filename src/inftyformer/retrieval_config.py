@@ -12,6 +12,7 @@ from ._checks import check_positive_int
 SCORES = ("max", "mean", "attention")
 DISTANCES = ("packed", "true")
 ORDERS = ("stream", "score")
+ANSWER_CHOICES = ("own", "question")
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,10 @@ class RetrievalConfig:
     "attention"). The chosen blocks are read
     in stream order (`order="stream"`) or by score, the best right before the window
     (`order="score"`, packed distances only). The older blocks' keys and values are kept on disk
-    (`store_dir`, None: a temporary folder)."""
+    (`store_dir`, None: a temporary folder). `query_map`: a trained map of the choosing block's
+    queries (a `hf/query_map.py` file; None: the queries as they are). `answer_choice`: while
+    an answer is generated, each new token chooses its own blocks ("own") or reads the blocks
+    its prompt's last call chose ("question")."""
 
     block_size: int = 64
     blocks: int = 16
@@ -43,6 +47,8 @@ class RetrievalConfig:
     order: str = "stream"  # the chosen blocks in stream order, or the best nearest the window
     segment_len: int = 256
     store_dir: str | None = None
+    query_map: str | None = None  # a trained map of the choosing queries (hf/query_map.py)
+    answer_choice: str = "own"  # new tokens choose their own blocks, or read the question's
 
     def __post_init__(self) -> None:
         check_positive_int("block_size", self.block_size)
@@ -63,8 +69,14 @@ class RetrievalConfig:
             )
         if self.score not in SCORES:
             raise ValueError(f"score must be one of {SCORES}, got {self.score!r}")
-        if self.store_dir is not None and not isinstance(self.store_dir, str):
-            raise TypeError(f"store_dir must be a folder path or None, got {self.store_dir!r}")
+        for name in ("store_dir", "query_map"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise TypeError(f"{name} must be a path or None, got {value!r}")
+        if self.answer_choice not in ANSWER_CHOICES:
+            raise ValueError(
+                f"answer_choice must be one of {ANSWER_CHOICES}, got {self.answer_choice!r}"
+            )
 
     @property
     def context(self) -> int:
@@ -76,4 +88,4 @@ class RetrievalConfig:
         return dataclasses.replace(self, **changes)
 
 
-__all__ = ["DISTANCES", "ORDERS", "SCORES", "RetrievalConfig"]
+__all__ = ["ANSWER_CHOICES", "DISTANCES", "ORDERS", "SCORES", "RetrievalConfig"]

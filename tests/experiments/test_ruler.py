@@ -97,6 +97,14 @@ def test_rows_are_the_models_they_name(tmp_path):
     assert rr.without_paths(args, str(tmp_path), str(tmp_path / "models")).startswith(
         "pretrained=PAPER_DIR,"
     )
+    # the trained row: the picked preset reading the query map it is given, and only one
+    with pytest.raises(ValueError, match="reads a trained query map: --query-map FILE"):
+        rr.model_of("picked-trained", str(tmp_path), query_map=str(tmp_path / "none"))
+    qmap = tmp_path / "map.safetensors"
+    qmap.write_bytes(b"x")
+    assert rr.model_of("picked-trained", str(tmp_path), query_map=str(qmap)) == (
+        "inftyformer-retrieval", f"pretrained={tmp_path},preset=retrieval-picked,query_map={qmap}"
+    )  # fmt: skip
 
 
 def test_the_full_row_beyond_the_base_positions_is_skipped_without_a_run(tmp_path):

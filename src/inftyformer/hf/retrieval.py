@@ -56,9 +56,10 @@ from .._checks import check_token_ids
 from ..retrieval_config import RetrievalConfig
 from .adapters import adapter_for
 from .block_store import BlockStore
+from .query_map import QueryMap
 from .retrieval_decode import DecodeRun
 from .retrieval_scores import block_scores, choose
-from .retrieval_state import RetrievalState, stream_index, turn, unturn, written
+from .retrieval_state import RetrievalState, held, stream_index, turn, unturn, written
 
 ATTENTION = "inftyformer_retrieval"
 
@@ -161,12 +162,6 @@ class RetrievalOutput:
     state: RetrievalState
 
 
-def held(state: RetrievalState, device: torch.device) -> torch.Tensor:
-    """Which of the state's block slots [b, n] a row holds (a row may hold fewer than n)."""
-    n = state.block_ids.shape[1]
-    return torch.arange(n, device=device) < state.blocks[:, None].to(device)
-
-
 class RetrievalLM(nn.Module):
     """A rotary causal LM reading exact past blocks chosen by its queries (module doc)."""
 
@@ -206,6 +201,10 @@ class RetrievalLM(nn.Module):
         if select >= self.num_layers:
             raise ValueError(f"select_layer must be below the base's {self.num_layers} blocks")
         self.select_layer = select
+        # the choosing queries as they are, or through a trained map of them (query_map.py)
+        self.query_map = config.query_map and QueryMap.load_for(
+            config.query_map, int(text.num_attention_heads), self.head_dim, select
+        ).to(self._param().device)
         limit = getattr(text, "max_position_embeddings", None)
         if config.distances == "true" and limit is None:
             raise ValueError("distances='true' needs the base's max_position_embeddings")
@@ -444,7 +443,8 @@ class RetrievalLM(nn.Module):
             return (torch.zeros(b, 0, dtype=torch.int64, device=dev),
                     torch.zeros(b, 0, dtype=torch.bool, device=dev))  # fmt: skip
         stored = held(state, dev)  # [b, n]
-        score = block_scores(query, state.keys, stored, self.kv_heads, c.block_size, c.score)
+        score = block_scores(self.mapped(query), state.keys, stored, self.kv_heads,
+                             c.block_size, c.score)  # fmt: skip
         order = choose(score, stored, k, c.neighbours, c.order == "score")  # [b, k]
         valid = torch.gather(stored, 1, order)  # a row with fewer blocks: the rest unread
         ids = torch.gather(state.block_ids.to(dev), 1, order)
@@ -458,8 +458,12 @@ class RetrievalLM(nn.Module):
         P0 + t) by `score` (default: the config's; module doc), −inf where a row holds no
         block: what `select` ranks."""
         stored = held(state, query.device)
-        return block_scores(query, state.keys, stored, self.kv_heads, self.config.block_size,
-                            score or self.config.score)  # fmt: skip
+        return block_scores(self.mapped(query), state.keys, stored, self.kv_heads,
+                            self.config.block_size, score or self.config.score)  # fmt: skip
+
+    def mapped(self, query: torch.Tensor) -> torch.Tensor:
+        """The choosing queries [b, H, T, d] as scored: through the `query_map` if any."""
+        return self.query_map(query) if self.query_map else query
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
@@ -470,12 +474,14 @@ class RetrievalLM(nn.Module):
         state: RetrievalState | None = None,
         temperature: float = 0.0,
         generator: torch.Generator | None = None,
-        keep_choice: bool = False,
+        keep_choice: bool | None = None,
     ) -> tuple[torch.Tensor, RetrievalState]:
         """Continue `prompt` [batch, T]: it is read first (streamed; its last call chooses its
         blocks first, `reselect`), then one call per new token; greedy at temperature 0.
-        keep_choice: the new tokens read the blocks the prompt's last call chose. Returns the
-        new tokens [batch, n] and the state."""
+        keep_choice: the new tokens read the blocks the prompt's last call chose (None: as the
+        config's `answer_choice` says). Returns the new tokens [batch, n] and the state."""
+        keep_choice = keep_choice if keep_choice is not None else (
+            self.config.answer_choice == "question")  # fmt: skip
         out = self(prompt, state, reselect=True, logits_to_keep=1)
         logits, state = out.logits[:, -1], out.state
         new = []

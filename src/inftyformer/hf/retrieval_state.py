@@ -180,6 +180,12 @@ def _fill_sink(model, s, out_k, out_v, to_sink):
     return sink_k, sink_v, s.sink_len + to_sink.sum(1) * B
 
 
+def held(state: RetrievalState, device: torch.device) -> torch.Tensor:
+    """Which of the state's block slots [b, n] a row holds (a row may hold fewer than n)."""
+    n = state.block_ids.shape[1]
+    return torch.arange(n, device=device) < state.blocks[:, None].to(device)
+
+
 def _store(model, s, out_k, out_v, to_store):
     """Write the blocks leaving for the store (all rows at once) and record them."""
     rows, ms = to_store.nonzero(as_tuple=True)  # row-major: each row's blocks in order
@@ -244,6 +250,7 @@ def put_keys(
 
 __all__ = [
     "CHUNK_BLOCKS",
+    "held",
     "RetrievalState",
     "put_keys",
     "stream_index",

@@ -162,6 +162,7 @@ class RetrievalHarnessLM(LM):
         """The greedy continuations of the prompts `ids` [b, T], each up to its first stop
         string or end-of-sequence token, at most `count` tokens."""
         model = self.model
+        keep = model.config.answer_choice == "question"  # the answer reads the question's
         state = model.init_state(ids.shape[0])
         try:  # the prompt streamed, its last call choosing first, the last logits kept
             out = model(ids, state, reselect=True, logits_to_keep=1)
@@ -181,7 +182,7 @@ class RetrievalHarnessLM(LM):
                     done[row] = any(s and s in text for s in stops)
                 if all(done) or step == count - 1:
                     break
-                out = model(token, state)
+                out = model(token, state, keep_choice=keep)
                 logits, state = out.logits[:, -1], out.state
         finally:
             state.store.close()
