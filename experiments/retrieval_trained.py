@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--passage-lengths", default="3000,8200", help="low,high tokens")
     p.add_argument("--prompts", default=None, help="RULER prompts (ruler.py --dump-prompts)")
     p.add_argument("--epochs", type=int, default=6)
-    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--decay", type=float, default=1e-3, help="× ‖W − I‖² in the loss")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
