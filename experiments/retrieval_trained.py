@@ -207,9 +207,11 @@ def loss_and_rank(qmap: QueryMap | None, sample: dict, kv_heads: int, block: int
     return loss, rank, all(rank < o for o in others)
 
 
-def evaluate(qmap, samples: list[dict], kv_heads: int, block: int) -> dict:
+def evaluate(qmap, samples: list[dict], kv_heads: int, block: int, last: int = 0) -> dict:
+    """Ranks and loss over `samples`, the blocks chosen by the last `last` queries (0: all)."""
     with torch.no_grad():
-        got = [loss_and_rank(qmap, s, kv_heads, block) for s in samples]
+        got = [loss_and_rank(qmap, {**s, "query": s["query"][:, -last:]}, kv_heads, block)
+               for s in samples]  # fmt: skip
     n = len(got)
     first = sum(r == 0 for _, r, _ in got)
     above = sum(a for _, _, a in got)
@@ -284,15 +286,16 @@ def render(data: dict, notes: str) -> str:
         f"{s['passage_lengths']} tokens); the map kept: best on {s['valid_questions']} "
         f"questions of valid-book passages. For each question whose fact lies in a stored "
         "block: ranked first among all stored blocks, ranked above every distractor's block "
-        "(share [95% Wilson interval]), median rank (0 = first). Rendered from "
+        "(share [95% Wilson interval]), median rank (0 = first); map: untrained or trained, "
+        "the blocks chosen by every query of the question's call, or by its last k only "
+        "(`select_queries`). Rendered from "
         "`retrieval_trained.json` by `experiments/retrieval_trained.py`.",
         "",
         "| passages | map | questions | first | above every distractor | median rank |",
         "|---|---|---:|---:|---:|---:|",
     ]
     for name, cell in data["cells"].items():
-        for which in ("untrained", "trained"):
-            c = cell[which]
+        for which, c in cell.items():
             n = c["questions"]
             lines.append(
                 f"| {name} | {which} | {n} | {c['first']}/{n} "
@@ -318,6 +321,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--decay", type=float, default=1e-3, help="× ‖W − I‖² in the loss")
+    p.add_argument(
+        "--select-queries",
+        type=int,
+        default=32,
+        help="the ranks also with the blocks chosen by the last k queries (`select_queries`)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--work", default="runs/retrieval-trained")
@@ -364,9 +373,12 @@ def main(argv: list[str] | None = None) -> None:
                           kv, block)  # fmt: skip
     saved = qmap.save(work / "query-map.safetensors")
     print(f"query map written to {saved}", flush=True)
+    k = args.select_queries
     cells = {
         name: {"untrained": evaluate(None, samples, kv, block),
-               "trained": evaluate(qmap, samples, kv, block)}
+               "trained": evaluate(qmap, samples, kv, block),
+               f"untrained, last {k}": evaluate(None, samples, kv, block, k),
+               f"trained, last {k}": evaluate(qmap, samples, kv, block, k)}
         for name, samples in sets.items() if name != "train"
     }  # fmt: skip
     command = "python experiments/retrieval_trained.py " + " ".join(
@@ -377,6 +389,7 @@ def main(argv: list[str] | None = None) -> None:
                   "epochs": args.epochs, "lr": args.lr, "decay": args.decay,
                   "train_passages": args.passages, "train_questions": len(sets["train"]),
                   "valid_questions": len(sets["valid"]), "seed": args.seed,
+                  "select_queries": args.select_queries,
                   "passage_lengths": args.passage_lengths.replace(",", "–")},
         "cells": cells, "history": history, "command": command, "machine": machine_info(),
     }  # fmt: skip

@@ -14,6 +14,8 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
     retrieval-picked  one fact read: the first 64, the block its queries give the most
                attention weight with the block after it, the last 256; the answer reads
                the question's blocks
+    picked-question  that with the blocks chosen by the last 32 queries of the prompt's last
+               call (the question's), not by the passage's tail in the same call
     picked-trained  that with the choosing queries through a map trained on the facts task
                (`experiments/retrieval_trained.py`; --query-map)
     paper      the paper's memory in every block of the base (`paper-gpt2` preset, untrained),
@@ -96,7 +98,8 @@ def stale(path: Path, args) -> bool:
     return cell["samples"] < args.limit or cell.get("max_gen_toks") != args.max_gen_toks
 
 
-RULER_ROWS = (*ROWS, "retrieval-picked", "picked-trained", "paper")
+VARIANTS = {"picked-question": ("retrieval-picked", "select_queries=32")}  # row: preset, settings
+RULER_ROWS = (*ROWS, "retrieval-picked", "picked-question", "picked-trained", "paper")
 TRAINED = {"picked-trained": "retrieval-picked"}  # row: the preset its query map is read by
 PAPER_PRESET = "paper-gpt2"
 WHOLE = 1 << 24  # lm_eval's max_length for a memory model: any prompt reaches it whole
@@ -140,6 +143,9 @@ def model_of(
         if query_map is None or not Path(query_map).is_file():
             raise ValueError(f"row {row} reads a trained query map: --query-map FILE ({query_map})")
         return ruler_lm.NAME, f"pretrained={folder},preset={TRAINED[row]},query_map={query_map}"
+    if row in VARIANTS:
+        preset, settings = VARIANTS[row]
+        return ruler_lm.NAME, f"pretrained={folder},preset={preset},{settings}"
     return ruler_lm.NAME, f"pretrained={folder},preset={row}"
 
 
@@ -312,6 +318,8 @@ def render(data: dict, notes: str = "") -> str:
         "(the best last) and the last 448; `retrieval-picked` one fact read: the first 64, "
         "the past block its queries give the most attention weight with the block after it, "
         "and the last 256 (448 places), the answer written with its question's blocks; "
+        "`picked-question` that preset with the blocks chosen by the last 32 queries of the "
+        "prompt's last call only (the question's; `select_queries=32`); "
         "`picked-trained` that preset choosing by queries through a map trained on the facts "
         "task (`experiments/retrieval_trained.py`, `docs/retrieval_trained.md`) (lm_eval model "
         "`inftyformer-retrieval`, `inftyformer.hf.ruler_lm`, with the row's preset); `paper` the "

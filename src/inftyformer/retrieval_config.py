@@ -31,7 +31,9 @@ class RetrievalConfig:
     (`store_dir`, None: a temporary folder). `query_map`: a trained map of the choosing block's
     queries (a `hf/query_map.py` file; None: the queries as they are). `answer_choice`: while
     an answer is generated, each new token chooses its own blocks ("own") or reads the blocks
-    its prompt's last call chose ("question")."""
+    its prompt's last call chose ("question"). `select_queries`: the blocks are chosen by the
+    call's last k queries only (a question at the end of a call whose first tokens are still
+    the passage; 0: all of them)."""
 
     block_size: int = 64
     blocks: int = 16
@@ -49,10 +51,11 @@ class RetrievalConfig:
     store_dir: str | None = None
     query_map: str | None = None  # a trained map of the choosing queries (hf/query_map.py)
     answer_choice: str = "own"  # new tokens choose their own blocks, or read the question's
+    select_queries: int = 0  # the call's last k queries choose (0: every query of the call)
 
     def __post_init__(self) -> None:
         check_positive_int("block_size", self.block_size)
-        for name in ("blocks", "sink_blocks", "window", "neighbours"):
+        for name in ("blocks", "sink_blocks", "window", "neighbours", "select_queries"):
             check_positive_int(name, getattr(self, name), minimum=0)
         check_positive_int("segment_len", self.segment_len)
         for name in ("select_layer", "read_from"):

@@ -130,3 +130,27 @@ def test_the_picked_preset_reads_one_block_and_its_neighbour_beside_a_short_wind
     assert (c.blocks, c.neighbours, c.window, c.score) == (2, 1, 256, "attention")
     assert c.answer_choice == "question" and c.query_map is None
     assert (c.sink_blocks + c.blocks) * c.block_size + c.window == 448
+
+
+@torch.no_grad()
+def test_select_queries_chooses_by_the_calls_last_queries_only(tmp_path):
+    """select_queries=k: the scores are those of the call's last k queries (mapped, when there is
+    a map), so the passage's tail in the question's call has no say."""
+    plain = model()
+    state = plain(tokens()).state
+    H, d, _ = shapes(plain)
+    query = torch.randn(2, H, 6, d, generator=torch.Generator().manual_seed(4))
+    last = model(select_queries=2)
+    torch.testing.assert_close(
+        last.block_scores(state, query), plain.block_scores(state, query[:, :, -2:])
+    )  # fmt: skip
+    assert not torch.allclose(last.block_scores(state, query), plain.block_scores(state, query))
+    path, qmap = saved_map(plain, tmp_path / "w.safetensors", scale=0.5)
+    both = model(select_queries=2, query_map=str(path))
+    by_hand = torch.einsum("hed,bhtd->bhte", qmap.weight, query[:, :, -2:])
+    torch.testing.assert_close(both.block_scores(state, query), plain.block_scores(state, by_hand))
+    assert torch.equal(model(select_queries=99).block_scores(state, query),
+                       plain.block_scores(state, query))  # fmt: skip  # more than the call: all
+    with pytest.raises(ValueError, match="select_queries"):
+        RetrievalConfig(select_queries=-1)
+    state.store.close()

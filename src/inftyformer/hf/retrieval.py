@@ -201,7 +201,6 @@ class RetrievalLM(nn.Module):
         if select >= self.num_layers:
             raise ValueError(f"select_layer must be below the base's {self.num_layers} blocks")
         self.select_layer = select
-        # the choosing queries as they are, or through a trained map of them (query_map.py)
         self.query_map = config.query_map and QueryMap.load_for(
             config.query_map, int(text.num_attention_heads), self.head_dim, select
         ).to(self._param().device)
@@ -443,7 +442,7 @@ class RetrievalLM(nn.Module):
             return (torch.zeros(b, 0, dtype=torch.int64, device=dev),
                     torch.zeros(b, 0, dtype=torch.bool, device=dev))  # fmt: skip
         stored = held(state, dev)  # [b, n]
-        score = block_scores(self.mapped(query), state.keys, stored, self.kv_heads,
+        score = block_scores(self.choosing(query), state.keys, stored, self.kv_heads,
                              c.block_size, c.score)  # fmt: skip
         order = choose(score, stored, k, c.neighbours, c.order == "score")  # [b, k]
         valid = torch.gather(stored, 1, order)  # a row with fewer blocks: the rest unread
@@ -458,11 +457,12 @@ class RetrievalLM(nn.Module):
         P0 + t) by `score` (default: the config's; module doc), −inf where a row holds no
         block: what `select` ranks."""
         stored = held(state, query.device)
-        return block_scores(self.mapped(query), state.keys, stored, self.kv_heads,
+        return block_scores(self.choosing(query), state.keys, stored, self.kv_heads,
                             self.config.block_size, score or self.config.score)  # fmt: skip
 
-    def mapped(self, query: torch.Tensor) -> torch.Tensor:
-        """The choosing queries [b, H, T, d] as scored: through the `query_map` if any."""
+    def choosing(self, query: torch.Tensor) -> torch.Tensor:
+        """The call's last `select_queries` queries [b, H, k, d] (0: all), `query_map`ped."""
+        query = query[:, :, -self.config.select_queries :]  # -0: all of them
         return self.query_map(query) if self.query_map else query
 
     # ------------------------------------------------------------------ generation
@@ -480,8 +480,8 @@ class RetrievalLM(nn.Module):
         blocks first, `reselect`), then one call per new token; greedy at temperature 0.
         keep_choice: the new tokens read the blocks the prompt's last call chose (None: as the
         config's `answer_choice` says). Returns the new tokens [batch, n] and the state."""
-        keep_choice = keep_choice if keep_choice is not None else (
-            self.config.answer_choice == "question")  # fmt: skip
+        if keep_choice is None:  # as the config says
+            keep_choice = self.config.answer_choice == "question"
         out = self(prompt, state, reselect=True, logits_to_keep=1)
         logits, state = out.logits[:, -1], out.state
         new = []
