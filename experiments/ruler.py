@@ -101,6 +101,7 @@ def stale(path: Path, args) -> bool:
 VARIANTS = {"picked-question": ("retrieval-picked", "select_queries=32")}  # row: preset, settings
 RULER_ROWS = (*ROWS, "retrieval-picked", "picked-question", "picked-trained", "paper")
 TRAINED = {"picked-trained": "retrieval-picked"}  # row: the preset its query map is read by
+DEFAULT_ROWS = tuple(r for r in RULER_ROWS if r not in TRAINED)  # a trained row needs its map
 PAPER_PRESET = "paper-gpt2"
 WHOLE = 1 << 24  # lm_eval's max_length for a memory model: any prompt reaches it whole
 
@@ -383,7 +384,7 @@ def quick_model(folder: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", default=",".join(RULER_ROWS))
+    p.add_argument("--rows", default=",".join(DEFAULT_ROWS))
     p.add_argument("--tasks", help=f"of {', '.join(OFFLINE)} (default {', '.join(TASKS)})")
     p.add_argument("--lengths", default="4096,8192")
     p.add_argument("--limit", type=int, default=25, help="prompts per task and length")

@@ -135,7 +135,8 @@ def test_the_quick_run_fills_every_cell_on_the_same_prompts_and_resumes(tmp_path
     pytest.importorskip("wonderwords")  # lm_eval's ruler extra: RULER's data needs it
     rr.main(["--quick", "--out", str(tmp_path), "--threads", "1"])
     data = json.loads((tmp_path / "ruler.json").read_text())
-    assert sorted(data["cells"]) == sorted(f"{row}-niah_single_1-3072" for row in rr.RULER_ROWS)
+    assert sorted(data["cells"]) == sorted(f"{row}-niah_single_1-3072" for row in rr.DEFAULT_ROWS)
+    assert "picked-trained" not in rr.DEFAULT_ROWS  # run when asked for, with its --query-map
     prompts = {tuple(a["prompt_hash"] for a in c["answers"]) for c in data["cells"].values()}
     assert len(prompts) == 1 and len(next(iter(prompts))) == 2  # every row: the same 2 prompts
     for c in data["cells"].values():
