@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from retrieval import quick_model, wilson
+from retrieval_rank import LastQuery, ranks
 
 from inftyformer._measure import (
     default_base_model,
@@ -124,13 +125,7 @@ class Reader:
         base.model.layers = base.model.layers[: select + 1]  # above it: never needed here
         base.config.num_hidden_layers = select + 1
         self.model = RetrievalLM(base, preset=PRESET, select_layer=select).eval()
-        self.query, choose = None, self.model.select
-
-        def select_and_keep(state, query):
-            self.query = query
-            return choose(state, query)
-
-        self.model.select = select_and_keep
+        self.last = LastQuery(self.model)  # each choice's queries
 
     @torch.no_grad()
     def read(self, prompts: list[tuple[list[int], list[list[int]], int]]) -> list[dict]:
@@ -154,7 +149,7 @@ class Reader:
                 continue  # the asked fact in the sink or the window: nothing to choose
             m(torch.tensor([ids[cut:]]), state, reselect=True, logits_to_keep=1)
             keys = torch.cat([k[0] for k in state.keys], 0)[: n * B]
-            out.append({"query": self.query[0].half(), "keys": keys, "slots": slots,
+            out.append({"query": self.last.query[0].half(), "keys": keys, "slots": slots,
                         "asked": asked, "length": len(ids)})  # fmt: skip
         for state in prefixes.values():
             state.store.close()
@@ -199,12 +194,8 @@ def loss_and_rank(qmap: QueryMap | None, sample: dict, kv_heads: int, block: int
     score = block_logits(query, sample["keys"], kv_heads, block)
     asked = sample["slots"][sample["asked"]]
     loss = torch.logsumexp(score, 0) - torch.logsumexp(score[asked], 0)
-    order = score.detach().argsort(descending=True).tolist()
-    place = {s: i for i, s in enumerate(order)}
-    rank = min(place[s] for s in asked)
-    others = [min(place[s] for s in sl) for j, sl in enumerate(sample["slots"])
-              if j != sample["asked"] and sl]  # fmt: skip
-    return loss, rank, all(rank < o for o in others)
+    got = ranks(score.detach(), sample["slots"], sample["asked"])
+    return loss, got["rank"], got["above_distractors"]
 
 
 def evaluate(qmap, samples: list[dict], kv_heads: int, block: int, last: int = 0) -> dict:
