@@ -81,13 +81,43 @@ def test_blocks_below_the_select_layer_read_the_last_choice_or_a_reselected_one(
     head = None
     for start in range(0, 40, 8):
         head = m(ids[:, start : start + 8], state=head, reselect=True).state
-    held = dataclasses.replace(head, selected=head.block_ids[:, :2], chosen=torch.ones(2, 2).bool())
+    held = dataclasses.replace(
+        head, selected=head.block_ids[:, :2], chosen=torch.ones(2, 2).bool(), question=None
+    )  # a choice by hand: no queries chose it
     out = m(ids[:, 40:], state=held, keep_choice=True)
     torch.testing.assert_close(out.logits, full[:, 40:], rtol=0, atol=1e-4)
     assert torch.equal(out.state.selected, held.selected)
     lagged = m(ids[:, 40:], state=head, keep_choice=True)  # the last call's choice: one block
     assert (lagged.logits - full[:, 40:]).abs().max() > 1e-3
     assert not state.reset(torch.tensor([True, False])).chosen[0].any()  # a reset row forgets
+
+
+@torch.no_grad()
+def test_a_held_answer_keeps_reading_the_block_its_window_lets_go():
+    """An answer held to its question's choice (keep_choice) whose window lets its oldest block
+    go to the store: the question's queries choose again over the grown store, so the block is
+    read as a chosen one. Blocks of 8, a sink of 8, a window of 16 (23 slots), one block read:
+    after a 31-token prompt nothing is stored yet; the answer's first token moves tokens 8-15 to
+    the store, and its second token reads sink, that block and the window, the whole stream:
+    the base's logits. Without the new choice (no question kept) that block is read nowhere."""
+    ids = tokens(length=33)
+    full = tiny_base("llama", max_position_embeddings=POSITIONS)(ids).logits
+    m = model(block_size=8, blocks=1, sink_blocks=1, window=16, segment_len=8, select_layer=0)
+    asked = m(ids[:, :31], reselect=True)
+    assert asked.state.blocks.tolist() == [0, 0] and asked.state.question is not None
+    first = m(ids[:, 31:32], state=asked.state, keep_choice=True)
+    assert first.state.blocks.tolist() == [1, 1]
+    assert torch.equal(first.state.selected, first.state.block_ids[:, :1])
+    assert first.state.chosen.all() and first.state.question is asked.state.question
+    second = m(ids[:, 32:33], state=first.state, keep_choice=True)
+    torch.testing.assert_close(second.logits[:, 0], full[:, 32], rtol=0, atol=1e-4)
+    forgot = m(ids[:, 31:32], state=dataclasses.replace(asked.state, question=None),
+               keep_choice=True).state  # fmt: skip
+    assert forgot.selected.shape == (2, 0)  # the question's empty choice, held
+    lost = m(ids[:, 32:33], state=forgot, keep_choice=True).logits[:, 0]
+    assert (lost - full[:, 32]).abs().max() > 1e-3
+    rows = first.state.select_rows([1])  # the kept question follows its rows
+    assert torch.equal(rows.question, first.state.question[1:])
 
 
 @torch.no_grad()

@@ -77,6 +77,7 @@ class _Call:
     new_v: dict[int, torch.Tensor] = field(default_factory=dict)
     selected: torch.Tensor | None = None  # [b, blocks] ids of the blocks read
     selected_valid: torch.Tensor | None = None  # [b, blocks] bool
+    question: torch.Tensor | None = None  # the queries that chose them, at P0 + t  [b, H, T, d]
     stop_after_select: bool = False  # a first pass that only chooses (`forward`'s reselect)
     hold: bool = False  # every block reads the state's choice; nothing chosen (`keep_choice`)
     layouts: dict = field(default_factory=dict)  # id(valid) → its angles and mask
@@ -240,8 +241,7 @@ class RetrievalLM(nn.Module):
             sink_k=zeros(*sink, dtype=p.dtype), sink_v=zeros(*sink, dtype=p.dtype),
             sink_len=zeros(batch_size, **count),
             block_ids=zeros(batch_size, 0, **count), blocks=zeros(batch_size, **count),
-            keys=(),
-            selected=zeros(batch_size, 0, **count),
+            keys=(), selected=zeros(batch_size, 0, **count),
             chosen=zeros(batch_size, 0, dtype=torch.bool),
             tokens=zeros(batch_size, **count),
             store=BlockStore(self.retrieving, H, B, d, c.store_dir),
@@ -263,9 +263,10 @@ class RetrievalLM(nn.Module):
         them (a first pass of the blocks below `select_layer`; 1.5 calls' cost): for a question
         whose answer is read next. Otherwise the blocks below `select_layer` read what the
         previous call chose. keep_choice: every call reads, in every block, the blocks the
-        state holds as chosen and chooses none (an answer read with its question's blocks).
-        logits_to_keep: the logits of the last so many tokens only (0: all; a long stream's
-        logits are its length × the vocabulary, 12.9 GB at 64K tokens of SmolLM2)."""
+        state holds as chosen and chooses none (an answer read with its question's blocks;
+        a block that leaves the window meanwhile joins the store the question chooses from
+        again). logits_to_keep: the logits of the last so many tokens only (0: all; a long
+        stream's logits are its length × the vocabulary, 12.9 GB at 64K tokens of SmolLM2)."""
         vocab = int(self.base.config.vocab_size)
         ids = check_token_ids("input_ids", input_ids, vocab, self._param().device)
         batch = ids.shape[0]
@@ -281,8 +282,7 @@ class RetrievalLM(nn.Module):
             raise ValueError(f"logits_to_keep must be ≥ 0, got {logits_to_keep}")
         L, n, logits = self.config.segment_len, ids.shape[1], []
         keep_from = n - logits_to_keep if logits_to_keep else 0  # the first token with logits
-        starts = range(0, n, L)
-        for start in starts:
+        for start in (starts := range(0, n, L)):
             last = reselect and start == starts[-1]
             chunk = ids[:, start : start + L]
             keep = max(0, start + chunk.shape[1] - max(keep_from, start))  # of this call's
@@ -398,7 +398,8 @@ class RetrievalLM(nn.Module):
         whether it reads any; at `select_layer` the call chooses them first (`choose`)."""
         s, R = call.state, self.config.blocks * self.config.block_size
         if choose and layer == self.select_layer and R and not call.hold:
-            call.selected, call.selected_valid = self.select(s, self.at_context_end(query, call.at))
+            call.question = self.at_context_end(query, call.at)
+            call.selected, call.selected_valid = self.select(s, call.question)
         ids, chosen = (
             (call.selected, call.selected_valid) if layer >= self.select_layer and not call.hold
             else (s.selected, s.chosen)
@@ -436,8 +437,7 @@ class RetrievalLM(nn.Module):
         and which are valid [b, k]."""
         c = self.config
         b, n = query.shape[0], state.block_ids.shape[1]
-        k = min(c.blocks, n)
-        dev = query.device
+        k, dev = min(c.blocks, n), query.device
         if k == 0:
             return (torch.zeros(b, 0, dtype=torch.int64, device=dev),
                     torch.zeros(b, 0, dtype=torch.bool, device=dev))  # fmt: skip

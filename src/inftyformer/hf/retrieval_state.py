@@ -40,6 +40,9 @@ class RetrievalState:
                         writes to, so storing a block costs the same however long the stream
     selected, chosen    [b, k] int64 / bool  the blocks the last call chose and which are valid
                         (what the next call's blocks below `select_layer` read)
+    question            [b, H, T, d]  the queries that chose them (at P0 + t; None: no
+                        choice yet): a held answer whose window let a block go to the store
+                        chooses again with them, so that the block stays readable
     tokens              [b] int64  tokens read since the row's reset
     store               the blocks' keys and values (shared by the states of one model)
     decode              the run of one-token calls this state extends and its place in it
@@ -60,6 +63,7 @@ class RetrievalState:
     tokens: torch.Tensor
     store: BlockStore = field(repr=False)
     decode: tuple | None = field(default=None, repr=False, compare=False)
+    question: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:
@@ -86,7 +90,8 @@ class RetrievalState:
         changes = {name: getattr(self, name)[:, at] for name in per_layer}
         changes["keys"] = tuple(chunk[at] for chunk in self.keys)
         for f in fields(self):  # the others are batch first
-            if f.name not in per_layer and f.name not in ("keys", "store", "decode"):
+            skip = f.name in per_layer or f.name in ("keys", "store", "decode")
+            if not skip and getattr(self, f.name) is not None:
                 changes[f.name] = getattr(self, f.name)[at]
         return replace(self, **changes, decode=None)
 
@@ -129,7 +134,7 @@ def written(model, call, T: int) -> RetrievalState:
         if bool(to_store.any()):
             block_ids, blocks, keys = _store(model, s, out_k, out_v, to_store)
     keep = (length - moved * B).clamp(max=width)
-    return replace(
+    new = replace(
         s,
         window_k=wk[:, :, :, -Wc:], window_v=wv[:, :, :, -Wc:],
         window_len=keep.clamp(max=Wc),
@@ -137,6 +142,12 @@ def written(model, call, T: int) -> RetrievalState:
         block_ids=block_ids, blocks=blocks, keys=keys, tokens=s.tokens + T,
         **_carried(call),
     )  # fmt: skip
+    if call.hold and s.question is not None and c.blocks and not torch.equal(blocks, s.blocks):
+        # a held answer: the blocks that left its window are chosen from with the rest by
+        # the queries that chose (the question's), not lost between window and choice
+        selected, chosen = model.select(new, s.question)
+        new = replace(new, selected=selected, chosen=chosen)
+    return new
 
 
 def stream_index(model, s: RetrievalState, ids, dev) -> torch.Tensor:
@@ -163,10 +174,10 @@ def _carried(call) -> dict[str, torch.Tensor]:
     """The call's choice, for the next call's blocks below `select_layer`."""
     s = call.state
     if call.hold:
-        return dict(selected=s.selected, chosen=s.chosen)
+        return dict(selected=s.selected, chosen=s.chosen, question=s.question)
     if call.selected is None:  # nothing stored yet: nothing chosen
-        return dict(selected=s.selected[:, :0], chosen=s.chosen[:, :0])
-    return dict(selected=call.selected, chosen=call.selected_valid)
+        return dict(selected=s.selected[:, :0], chosen=s.chosen[:, :0], question=None)
+    return dict(selected=call.selected, chosen=call.selected_valid, question=call.question)
 
 
 def _fill_sink(model, s, out_k, out_v, to_sink):
