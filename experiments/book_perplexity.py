@@ -8,6 +8,7 @@ is recorded. Rows (the same tokens for every row; each a preset of the retrieval
     window     the base with a KV cache of its last 2,048 tokens
     streaming  the first 64 tokens and the last 1,984 (StreamingLLM's sink + recent window)
     retrieval  the first 64, the 16 past blocks of 64 the queries match best, the last 960
+    retrieval-picked  the first 64, one past block and the block after it, the last 256
 
 Perplexity is exp(mean NLL) over the tokens at positions [1K, 2K), [2K, 4K), [4K, 8K),
 [8K, 16K) and ≥ 1K of every book, pooled; its interval is a bootstrap over books (books drawn
@@ -51,7 +52,7 @@ from inftyformer._measure import (
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs"
 NAME = "book_perplexity"
-ROWS = ("full", "window", "streaming", "retrieval", "retrieval-near")
+ROWS = ("full", "window", "streaming", "retrieval", "retrieval-near", "retrieval-picked")
 SPLITS = ("test", "valid")  # held out, in this order
 BLOCK = 64  # predicted positions per stored NLL sum (the buckets' edges are multiples of it)
 SEGMENT = 256  # tokens per call
@@ -63,6 +64,8 @@ WHAT = {
     "retrieval": "the first 64, the 16 past blocks of 64 its queries match best, the last 960",
     "retrieval-near": "the first 64, the 24 past blocks of 64 its queries match best (the best "
     "last), the last 448",
+    "retrieval-picked": "the first 64, the past block a call's last 32 queries give the most "
+    "attention weight with the block after it, the last 256 (448 places)",
 }
 
 
@@ -179,10 +182,11 @@ def run_cell(row: str, book: dict, settings: dict, base, tokenizer, progress: bo
 # --------------------------------------------------------------------------- statistics
 def ratio_pairs(rows: list[str]) -> list[tuple[str, str]]:
     """The rows compared: each with the window (the goal's reference), retrieval with
-    streaming (what the chosen blocks add to the sink and the recent window) and retrieval-near
-    with retrieval (what a shorter window and more blocks change)."""
+    streaming (what the chosen blocks add to the sink and the recent window), retrieval-near
+    and retrieval-picked with retrieval (what a shorter window and fewer blocks change)."""
     pairs = [(r, "window") for r in rows if r != "window"]
-    for pair in (("retrieval", "streaming"), ("retrieval-near", "retrieval")):
+    near, picked = ("retrieval-near", "retrieval"), ("retrieval-picked", "retrieval")
+    for pair in (("retrieval", "streaming"), near, picked):
         if set(pair) <= set(rows):
             pairs.append(pair)
     return pairs

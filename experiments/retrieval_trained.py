@@ -124,7 +124,8 @@ class Reader:
         select = len(base.model.layers) // 2
         base.model.layers = base.model.layers[: select + 1]  # above it: never needed here
         base.config.num_hidden_layers = select + 1
-        self.model = RetrievalLM(base, preset=PRESET, select_layer=select).eval()
+        # every query of the call chooses (the ranks by the last k are this run's --select-queries)
+        self.model = RetrievalLM(base, preset=PRESET, select_layer=select, select_queries=0).eval()
         self.last = LastQuery(self.model)  # each choice's queries
 
     @torch.no_grad()

@@ -11,11 +11,11 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
                positions hold it
     retrieval-near  the first 64, the 24 past blocks of 64 its queries match best (the best
                last, right before the window) and the last 448
-    retrieval-picked  one fact read: the first 64, the block its queries give the most
-               attention weight with the block after it, the last 256; the answer reads
-               the question's blocks
-    picked-question  that with the blocks chosen by the last 32 queries of the prompt's last
-               call (the question's), not by the passage's tail in the same call
+    retrieval-picked  one fact read: the first 64, the block the last 32 queries of the
+               prompt's last call (the question's) give the most attention weight with the
+               block after it, the last 256; the answer reads the question's blocks
+    picked-all  that with the blocks chosen by every query of that call (the passage's
+               tail in it too: `select_queries=0`)
     picked-trained  that with the choosing queries through a map trained on the facts task
                (`experiments/retrieval_trained.py`; --query-map)
     paper      the paper's memory in every block of the base (`paper-gpt2` preset, untrained),
@@ -98,8 +98,8 @@ def stale(path: Path, args) -> bool:
     return cell["samples"] < args.limit or cell.get("max_gen_toks") != args.max_gen_toks
 
 
-VARIANTS = {"picked-question": ("retrieval-picked", "select_queries=32")}  # row: preset, settings
-RULER_ROWS = (*ROWS, "retrieval-picked", "picked-question", "picked-trained", "paper")
+VARIANTS = {"picked-all": ("retrieval-picked", "select_queries=0")}  # row: preset, settings
+RULER_ROWS = (*ROWS, "retrieval-picked", "picked-all", "picked-trained", "paper")
 TRAINED = {"picked-trained": "retrieval-picked"}  # row: the preset its query map is read by
 DEFAULT_ROWS = tuple(r for r in RULER_ROWS if r not in TRAINED)  # a trained row needs its map
 PAPER_PRESET = "paper-gpt2"
@@ -317,10 +317,10 @@ def render(data: dict, notes: str = "") -> str:
         "the same places, each at its distance in the stream where the base's positions hold "
         "it; `retrieval-near` the first 64, the 24 past blocks of 64 its queries match best "
         "(the best last) and the last 448; `retrieval-picked` one fact read: the first 64, "
-        "the past block its queries give the most attention weight with the block after it, "
-        "and the last 256 (448 places), the answer written with its question's blocks; "
-        "`picked-question` that preset with the blocks chosen by the last 32 queries of the "
-        "prompt's last call only (the question's; `select_queries=32`); "
+        "the past block the last 32 queries of the prompt's last call (the question's) give "
+        "the most attention weight with the block after it, and the last 256 (448 places), "
+        "the answer written with its question's blocks; `picked-all` that preset with the "
+        "blocks chosen by every query of that call (`select_queries=0`); "
         "`picked-trained` that preset choosing by queries through a map trained on the facts "
         "task (`experiments/retrieval_trained.py`, `docs/retrieval_trained.md`) (lm_eval model "
         "`inftyformer-retrieval`, `inftyformer.hf.ruler_lm`, with the row's preset); `paper` the "

@@ -141,11 +141,12 @@ register_preset(Preset(
 ))  # fmt: skip
 register_preset(Preset(
     "retrieval-picked", "retrieval",
-    "one fact read, its alike facts left out: the first 64 tokens, the past block its queries "
-    "give the most attention weight with the block after it, and the last 256 (448 places); "
-    "the answer reads its question's blocks (add a trained query_map=FILE to pick by it)",
+    "one fact read, its alike facts left out: the first 64 tokens, the past block a call's "
+    "last 32 queries (a question's) give the most attention weight with the block after it, "
+    "and the last 256 (448 places); the answer reads its question's blocks (add a trained "
+    "query_map=FILE to pick by it)",
     dict(block_size=64, blocks=2, neighbours=1, sink_blocks=1, window=256, read_from=0,
-         score="attention", segment_len=256, answer_choice="question"),
+         score="attention", segment_len=256, answer_choice="question", select_queries=32),
     measured="docs/ruler.md",
 ))  # fmt: skip
 register_preset(Preset(

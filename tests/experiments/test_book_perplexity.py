@@ -81,7 +81,8 @@ def test_the_quick_run_window_is_the_full_context_while_it_holds_the_past(tmp_pa
         lo, hi = got["≥1K"]["interval"]
         assert lo <= got["≥1K"]["ppl"] <= hi
     pairs = {"full/window", "streaming/window", "retrieval/window", "retrieval-near/window",
-             "retrieval/streaming", "retrieval-near/retrieval"}  # fmt: skip
+             "retrieval-picked/window", "retrieval/streaming", "retrieval-near/retrieval",
+             "retrieval-picked/retrieval"}  # fmt: skip
     assert set(data["results"]["ratios"]) == pairs
     page = (tmp_path / "book_perplexity.md").read_text()
     assert "| row | [1K, 2K) | [2K, 4K) | [4K, 8K) | [8K, 16K) | ≥1K |" in page

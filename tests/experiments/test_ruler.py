@@ -97,8 +97,8 @@ def test_rows_are_the_models_they_name(tmp_path):
     assert rr.without_paths(args, str(tmp_path), str(tmp_path / "models")).startswith(
         "pretrained=PAPER_DIR,"
     )
-    assert rr.model_of("picked-question", str(tmp_path)) == (
-        "inftyformer-retrieval", f"pretrained={tmp_path},preset=retrieval-picked,select_queries=32"
+    assert rr.model_of("picked-all", str(tmp_path)) == (
+        "inftyformer-retrieval", f"pretrained={tmp_path},preset=retrieval-picked,select_queries=0"
     )  # fmt: skip
     # the trained row: the picked preset reading the query map it is given, and only one
     with pytest.raises(ValueError, match="reads a trained query map: --query-map FILE"):

@@ -128,7 +128,7 @@ def test_the_picked_preset_reads_one_block_and_its_neighbour_beside_a_short_wind
 
     c = RetrievalConfig(**preset_settings("retrieval-picked", "retrieval"))
     assert (c.blocks, c.neighbours, c.window, c.score) == (2, 1, 256, "attention")
-    assert c.answer_choice == "question" and c.query_map is None
+    assert c.answer_choice == "question" and c.query_map is None and c.select_queries == 32
     assert (c.sink_blocks + c.blocks) * c.block_size + c.window == 448
 
 
