@@ -270,8 +270,9 @@ def render(data: dict, notes: str) -> str:
     lines = [
         "# The read trained on the facts task: does the asked fact's block rank first?",
         "",
-        f"Base model `{s['base_model']}`; preset `{PRESET}` (its choosing block "
-        f"{s['select_layer']}). A map W_h of each query head's choosing queries "
+        f"Base model `{s['base_model']}`; preset `{PRESET}` with every query choosing "
+        f"(`select_queries=0`; its choosing block {s['select_layer']}). A map W_h of each "
+        "query head's choosing queries "
         f"(`inftyformer.hf.query_map`, W_h = I untrained) trained for {s['epochs']} epochs on "
         f"{s['train_questions']} questions of {s['train_passages']} facts passages (train "
         f"books, the facts task's train wordings, {FACTS} alike facts a passage, "
