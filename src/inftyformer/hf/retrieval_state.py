@@ -171,7 +171,8 @@ def stream_index(model, s: RetrievalState, ids, dev) -> torch.Tensor:
 
 
 def _carried(call) -> dict[str, torch.Tensor]:
-    """The call's choice, for the next call's blocks below `select_layer`."""
+    """The call's choice, for the next call's blocks below `select_layer`, and the queries
+    that made it (a held call carries the state's)."""
     s = call.state
     if call.hold:
         return dict(selected=s.selected, chosen=s.chosen, question=s.question)
