@@ -14,8 +14,8 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
     retrieval-picked  one fact read: the first 64, the block the last 32 queries of the
                prompt's last call (the question's) give the most attention weight with the
                block after it, the last 256; the answer reads the question's blocks
-    picked-all  that with the blocks chosen by every query of that call (the passage's
-               tail in it too: `select_queries=0`)
+    picked-all, picked-max  that with the blocks chosen by every query of that call (the
+               passage's tail too: `select_queries=0`); scored by their best q · k (`score=max`)
     picked-trained  that with the choosing queries through a map trained on the facts task
                (`experiments/retrieval_trained.py`; --query-map)
     paper      the paper's memory in every block of the base (`paper-gpt2` preset, untrained),
@@ -23,9 +23,8 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
                trust_remote_code (the folder made once under --models-dir)
 
 Tasks: lm_eval's RULER tasks whose data is made here without a download (`OFFLINE`); those left
-out and why: `LEFT_OUT`. Lengths: lm_eval's `max_seq_lengths` metadata (prompt and the
-answer's tokens, in the base's tokens); one length per lm_eval run, so that `--limit` takes
-that many prompts of it.
+out and why: `LEFT_OUT`. Lengths: lm_eval's `max_seq_lengths` metadata (prompt and answer, in
+the base's tokens); one length per lm_eval run, so that `--limit` takes that many prompts of it.
 
     python experiments/ruler.py --lengths 4096,8192 --limit 25 --cache-dir runs/ruler-cache
     python experiments/ruler.py --render-only
@@ -98,9 +97,10 @@ def stale(path: Path, args) -> bool:
     return cell["samples"] < args.limit or cell.get("max_gen_toks") != args.max_gen_toks
 
 
-VARIANTS = {"picked-all": ("retrieval-picked", "select_queries=0")}  # row: preset, settings
-RULER_ROWS = (*ROWS, "retrieval-picked", "picked-all", "picked-trained", "paper")
-TRAINED = {"picked-trained": "retrieval-picked"}  # row: the preset its query map is read by
+PICKED = "retrieval-picked"  # the preset of the variant rows (VARIANTS: row: preset, settings)
+VARIANTS = {"picked-all": (PICKED, "select_queries=0"), "picked-max": (PICKED, "score=max")}
+RULER_ROWS = (*ROWS, PICKED, *VARIANTS, "picked-trained", "paper")
+TRAINED = {"picked-trained": PICKED}  # row: the preset its query map is read by
 DEFAULT_ROWS = tuple(r for r in RULER_ROWS if r not in TRAINED)  # a trained row needs its map
 PAPER_PRESET = "paper-gpt2"
 WHOLE = 1 << 24  # lm_eval's max_length for a memory model: any prompt reaches it whole
@@ -311,23 +311,23 @@ def render(data: dict, notes: str = "") -> str:
         + ". Rendered from `ruler.json` by `experiments/ruler.py`."
         + cut_sentence(setup),
         "",
-        "Rows: `full` the base alone (lm_eval's `hf` model); `window` a KV cache of the last "
-        "2,048 tokens; `streaming` the first 64 and the last 1,984; `retrieval` the first 64, "
-        "the 16 past blocks of 64 its queries match best and the last 960; `retrieval-true` "
-        "the same places, each at its distance in the stream where the base's positions hold "
-        "it; `retrieval-near` the first 64, the 24 past blocks of 64 its queries match best "
-        "(the best last) and the last 448; `retrieval-picked` one fact read: the first 64, "
-        "the past block the last 32 queries of the prompt's last call (the question's) give "
-        "the most attention weight with the block after it, and the last 256 (448 places), "
-        "the answer written with its question's blocks; `picked-all` that preset with the "
-        "blocks chosen by every query of that call (`select_queries=0`); "
-        "`picked-trained` that preset choosing by queries through a map trained on the facts "
-        "task (`experiments/retrieval_trained.py`, `docs/retrieval_trained.md`) (lm_eval model "
-        "`inftyformer-retrieval`, `inftyformer.hf.ruler_lm`, with the row's preset); `paper` the "
-        "paper's memory in every block of the base (preset `paper-gpt2`, untrained: as wrapped, "
-        "it adds nothing to the base's logits, so it reads what the base reads in its window "
-        "of one segment before the segment), saved as a memory model and run by lm_eval's `hf` "
-        "model with trust_remote_code, every prompt streamed through the memory."
+        "Rows: `full` the base alone (lm_eval's `hf` model); `window` a KV cache of the last 2,048 "
+        "tokens; `streaming` the first 64 and the last 1,984; `retrieval` the first 64, the 16 "
+        "past blocks of 64 its queries match best and the last 960; `retrieval-true` the same "
+        "places, each at its distance in the stream where the base's positions hold it; "
+        "`retrieval-near` the first 64, the 24 past blocks of 64 its queries match best (the best "
+        "last) and the last 448; `retrieval-picked` one fact read: the first 64, the past block "
+        "the last 32 queries of the prompt's last call (the question's) give the most attention "
+        "weight with the block after it, and the last 256 (448 places), the answer written with "
+        "its question's blocks; `picked-all` that preset with the blocks chosen by every query of "
+        "that call (`select_queries=0`); `picked-max` that preset scoring each block by its best q "
+        "· k (`score=max`); `picked-trained` that preset choosing by queries through a map trained "
+        "on the facts task (`experiments/retrieval_trained.py`, `docs/retrieval_trained.md`) "
+        "(lm_eval model `inftyformer-retrieval`, `inftyformer.hf.ruler_lm`, with the row's "
+        "preset); `paper` the paper's memory in every block of the base (preset `paper-gpt2`, "
+        "untrained: as wrapped, it adds nothing to the base's logits, so it reads what the base "
+        "reads in its window of one segment before the segment), saved as a memory model and run "
+        "by lm_eval's `hf` model with trust_remote_code, every prompt streamed through the memory."
         + (
             " Rows `kvpress_*`: NVIDIA's kvpress presses, each keeping 2,048 entries of the "
             "context (below)."
