@@ -14,8 +14,8 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
     retrieval-picked  one fact read: the first 64, the block the last 32 queries of the
                prompt's last call (the question's) give the most attention weight with the
                block after it, the last 256; the answer reads the question's blocks
-    picked-all, picked-max  that with the blocks chosen by every query of that call (the
-               passage's tail too: `select_queries=0`); scored by their best q · k (`score=max`)
+    picked-all, picked-max  that with the blocks chosen by every query of that call
+               (`select_queries=0`); that with each block scored by its best q · k (`score=max`)
     picked-trained  that with the choosing queries through a map trained on the facts task
                (`experiments/retrieval_trained.py`; --query-map)
     paper      the paper's memory in every block of the base (`paper-gpt2` preset, untrained),
