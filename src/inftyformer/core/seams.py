@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import sys
 import typing
+import warnings
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -61,25 +63,79 @@ class Strategy:
 REGISTRY: dict[str, dict[str, type[Strategy]]] = {seam: {} for seam in SEAMS}
 ENTRY_POINTS = "inftyformer.strategies"
 _discovered: list[bool] = []  # whether the installed packages' strategies were loaded
+_loading: list[str] = []  # the plugin being imported: "entry point NAME (module MODULE)"
+_brought_by: dict[type, str] = {}  # the strategies plugins registered: which plugin
 
 
 def discover() -> None:
     """Import, once, the modules installed packages declare in the entry-point group
-    "inftyformer.strategies" (they register their strategies when imported)."""
+    "inftyformer.strategies" (they register their strategies when imported). A plugin that
+    fails to import, or whose strategies cannot be registered, is skipped with a one-line
+    warning naming it (the strategies of its module that failed are taken back); the core's
+    strategies and the other plugins' load all the same."""
     if _discovered:
         return
     _discovered.append(True)
+    from . import density, squeeze  # noqa: F401  (the core's own, before any plugin's)
+
     for entry in importlib.metadata.entry_points(group=ENTRY_POINTS):
-        entry.load()
+        plugin = f"entry point {entry.name!r} (module {entry.value!r})"
+        _loading.append(plugin)
+        try:
+            entry.load()
+        except Exception as exc:  # a plugin's own failure, whatever it is: not ours to raise
+            _take_back(plugin)
+            message = " ".join(str(exc).split()) or "(no message)"
+            warnings.warn(
+                f"skipped the strategy plugin {plugin}: {type(exc).__name__}: {message}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        finally:
+            _loading.pop()
+
+
+def _take_back(plugin: str) -> None:
+    """Unregister what `plugin` registered from modules its failure left unimported (Python
+    drops a module that failed from `sys.modules`; a module that did import keeps its)."""
+    for kinds in REGISTRY.values():
+        for kind, cls in list(kinds.items()):
+            if _brought_by.get(cls) == plugin and cls.__module__ not in sys.modules:
+                del kinds[kind]
+                del _brought_by[cls]
+
+
+def _origin(cls: object, plugin: str | None) -> str:
+    """`cls` by its name, its module and the plugin that brought it (if one did)."""
+    name = getattr(cls, "__qualname__", None) or repr(cls)
+    where = f"{name} (module {getattr(cls, '__module__', '?')}"
+    return where + (f", from the strategy plugin {plugin})" if plugin else ")")
 
 
 def register(cls: type[Strategy]) -> type[Strategy]:
     """Class decorator: `cls` is chosen by its kind at its seam (a seam of the core's, or one a
-    model adds, e.g. how a pretrained model uses its read)."""
+    model adds, e.g. how a pretrained model uses its read). It must be a dataclass naming its
+    seam and kind, and no other class may have that kind at that seam: the errors name the
+    classes, their modules and the plugins that brought them."""
+    plugin = _loading[-1] if _loading else None
+    if not isinstance(cls, type) or not dataclasses.is_dataclass(cls):
+        raise TypeError(f"a strategy must be a dataclass: {_origin(cls, plugin)} is not one")
+    for attribute in ("seam", "kind"):
+        if not isinstance(getattr(cls, attribute, None), str):
+            raise TypeError(
+                f"a strategy must name its {attribute}: {_origin(cls, plugin)} does not"
+            )
     kinds = REGISTRY.setdefault(cls.seam, {})
-    if cls.kind in kinds and kinds[cls.kind] is not cls:
-        raise ValueError(f"{cls.seam} {cls.kind!r} is already registered")
+    there = kinds.get(cls.kind)
+    if there is not None and there is not cls:
+        raise ValueError(
+            f"{cls.seam} {cls.kind!r} is already registered by "
+            f"{_origin(there, _brought_by.get(there))}; {_origin(cls, plugin)} registers it "
+            "again: one of the two must take another kind"
+        )
     kinds[cls.kind] = cls
+    if plugin is not None:
+        _brought_by.setdefault(cls, plugin)
     return cls
 
 
