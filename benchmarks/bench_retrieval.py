@@ -71,8 +71,8 @@ class Stream:
     """One row: reads its next block on `step` and keeps its state."""
 
     def __init__(self, row: str, base) -> None:
-        from inftyformer.hf.retrieval import RetrievalLM
         from inftyformer.presets import preset_settings
+        from inftyformer.retrieval.model import RetrievalLM
 
         self.row, self.base, self.state = row, base, None
         if row == "window-256":
@@ -169,8 +169,8 @@ def time_generate(args, base) -> dict[str, Any]:
     prompt's last 2,048 tokens but one (filled untimed, a fresh copy before each turn)."""
     import copy
 
-    from inftyformer.hf.retrieval import RetrievalLM
     from inftyformer.presets import preset_settings
+    from inftyformer.retrieval.model import RetrievalLM
 
     prompt = book_ids(args.base_model, args.prompt, int(base.config.vocab_size))
     model = RetrievalLM(base, **preset_settings("retrieval", "retrieval"))

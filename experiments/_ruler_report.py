@@ -5,7 +5,7 @@ resident memory."""
 from __future__ import annotations
 
 # lm_eval's essay-haystack needle tasks with the package's novels as the haystack
-# (inftyformer.tasks.ruler_haystack; their folder is lm_eval's --include_path)
+# (inftyformer.integrations.ruler_haystack; their folder is lm_eval's --include_path)
 BOOK_TASKS = ("niah_single_2_books", "niah_multikey_1_books")
 ESSAYS = (
     "the haystack is Paul Graham's essays, a Hugging Face Hub data set "
@@ -22,8 +22,9 @@ LEFT_OUT = {
     "ruler_qa_hotpot": "the documents and questions are HotpotQA's, downloaded at run time",
 }
 BOOKS = (
-    "The `*_books` tasks (`inftyformer.tasks.ruler_haystack`, the folder "
-    "`src/inftyformer/tasks/ruler_tasks` for lm_eval's `--include_path`; tag `ruler_books`) are "
+    "The `*_books` tasks (`inftyformer.integrations.ruler_haystack`, the folder "
+    "`src/inftyformer/integrations/ruler_tasks` for lm_eval's `--include_path`; "
+    "tag `ruler_books`) are "
     "lm_eval's essay-haystack tasks made by lm_eval's own generator "
     "(`prepare_niah.generate_samples`: its template, needles, depths and scoring) with the "
     "package's six Austen novels as the haystack, split into words as lm_eval splits the "

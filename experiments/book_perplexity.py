@@ -120,7 +120,7 @@ def token_nll(row: str, ids: torch.Tensor, base, progress: bool = False) -> torc
     from tqdm import tqdm
     from transformers import DynamicCache
 
-    from inftyformer.hf.retrieval import RetrievalLM
+    from inftyformer.retrieval.model import RetrievalLM
 
     n = ids.shape[1]
     if row == "full":

@@ -182,7 +182,7 @@ def _nll(pieces, targets):
     (start, logits) pieces of a stream; targets [B, S] aligned (position t predicts t + 1)."""
     import torch
 
-    from inftyformer.model import IGNORE_INDEX, token_losses
+    from inftyformer.native.model import IGNORE_INDEX, token_losses
 
     nll = torch.full(targets.shape, math.nan, dtype=torch.float64)
     hit = torch.zeros(targets.shape, dtype=torch.bool)
@@ -218,7 +218,7 @@ def where_reads_land(row: Row, reads, answer, key_at) -> list[dict[str, float]]:
     token j against key token j): how far μ lies from that token in stream tokens, σ in
     tokens there, and the share of reads with |μ − t*| < σ; and the head whose median
     distance is smallest (a pretrained model's retrieval heads, for the heads row)."""
-    from inftyformer.model import IGNORE_INDEX
+    from inftyformer.native.model import IGNORE_INDEX
     from inftyformer.tasks.facts import (
         read_positions,
         read_targets,
@@ -262,7 +262,7 @@ def where_reads_land(row: Row, reads, answer, key_at) -> list[dict[str, float]]:
 def evaluate_passkeys(row: Row, prompts: dict[int, tuple]) -> dict[str, Any]:
     import torch
 
-    from inftyformer.model import IGNORE_INDEX
+    from inftyformer.native.model import IGNORE_INDEX
 
     out = {}
     with torch.no_grad():

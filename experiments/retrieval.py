@@ -179,7 +179,7 @@ def question_groups(data: list):
 def run_cell(task: str, row: str, length: int, args, base, tokenizer, filler: list[int]) -> dict:
     """All passages of a cell as one batch; question j of every passage asked together (the
     questions of a task have one length: the words are one token each)."""
-    from inftyformer.hf.retrieval import RetrievalLM
+    from inftyformer.retrieval.model import RetrievalLM
 
     data = passages(tokenizer, filler, length, args.passages, args.needles, args.seed, task)
     limit = int(getattr(base.config, "max_position_embeddings", 1 << 30))

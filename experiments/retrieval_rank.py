@@ -31,7 +31,7 @@ from retrieval import load_run, passage_arguments, passages, question_groups, ru
 from retrieval_where import find
 
 from inftyformer._measure import kept_notes, machine_info, write_json, write_text
-from inftyformer.retrieval_config import SCORES
+from inftyformer.retrieval.config import SCORES
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs"
@@ -79,7 +79,7 @@ def ranks(score: torch.Tensor, slots: list, asked: int) -> dict:
 
 @torch.no_grad()
 def run_cell(preset: str, length: int, args, base, tokenizer, filler: list[int]) -> dict:
-    from inftyformer.hf.retrieval import RetrievalLM
+    from inftyformer.retrieval.model import RetrievalLM
 
     data = passages(tokenizer, filler, length, args.passages, args.needles, args.seed)
     start = time.perf_counter()

@@ -1,4 +1,5 @@
-"""The read trained on the facts task: a map of the choosing block's queries (`hf/query_map.py`)
+"""The read trained on the facts task: a map of the choosing block's queries
+(`retrieval/query_map.py`)
 trained so that a question's call scores the block holding its fact above every other stored
 block, the fact's alike facts (distractors) included; then how often the asked fact's block is
 ranked first, untrained and trained, on held-out facts passages and on RULER's prompts.
@@ -47,7 +48,7 @@ from inftyformer._measure import (
     write_json,
     write_text,
 )
-from inftyformer.hf.query_map import QueryMap
+from inftyformer.retrieval.query_map import QueryMap
 from inftyformer.tasks.facts import NAMES, PLACES, TRAIN_DIGITS, TRAIN_FACTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,7 +120,7 @@ class Reader:
     queries."""
 
     def __init__(self, base) -> None:
-        from inftyformer.hf.retrieval import RetrievalLM
+        from inftyformer.retrieval.model import RetrievalLM
 
         select = len(base.model.layers) // 2
         base.model.layers = base.model.layers[: select + 1]  # above it: never needed here
@@ -132,7 +133,7 @@ class Reader:
     def read(self, prompts: list[tuple[list[int], list[list[int]], int]]) -> list[dict]:
         """For prompts (ids, needles' token indices, the asked needle) sharing what precedes
         their last call: the last call's queries, the stored keys and the needles' blocks."""
-        from inftyformer.hf.retrieval import held
+        from inftyformer.retrieval.model import held
 
         m, L, B = self.model, self.model.config.segment_len, self.model.config.block_size
         out, prefixes = [], {}
@@ -273,7 +274,8 @@ def render(data: dict, notes: str) -> str:
         f"Base model `{s['base_model']}`; preset `{PRESET}` with every query choosing "
         f"(`select_queries=0`; its choosing block {s['select_layer']}). A map W_h of each "
         "query head's choosing queries "
-        f"(`inftyformer.hf.query_map`, W_h = I untrained) trained for {s['epochs']} epochs on "
+        "(`inftyformer.retrieval.query_map`, W_h = I untrained) "
+        f"trained for {s['epochs']} epochs on "
         f"{s['train_questions']} questions of {s['train_passages']} facts passages (train "
         f"books, the facts task's train wordings, {FACTS} alike facts a passage, "
         f"{s['passage_lengths']} tokens); the map kept: best on {s['valid_questions']} "

@@ -79,7 +79,7 @@ def find(passage: list[int], answer: list[int]) -> range | None:
 def run_cell(
     preset: str, length: int, args, base, tokenizer, filler: list[int], task: str = "multikey"
 ) -> dict:
-    from inftyformer.hf.retrieval import RetrievalLM
+    from inftyformer.retrieval.model import RetrievalLM
 
     data = passages(tokenizer, filler, length, args.passages, args.needles, args.seed, task)
     start = time.perf_counter()

@@ -5,7 +5,7 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
     full       the base alone, lm_eval's `hf` model (only where the length fits its positions)
     window     the base with a KV cache of its last 2,048 tokens  (lm_eval model
     streaming  the first 64 tokens and the last 1,984               "inftyformer-retrieval",
-    retrieval  the first 64, the 16 past blocks of 64 its queries   `inftyformer.hf.ruler_lm`)
+    retrieval  the first 64, the 16 past blocks of 64 its queries   `integrations.ruler_lm`)
                match best and the last 960
     retrieval-true  the same places, each at its distance in the stream where the base's
                positions hold it
@@ -128,7 +128,7 @@ def model_of(
 ) -> tuple[str, str]:
     """lm_eval's model name and model_args for `row` (`paper`: its saved model, made in
     `models_dir` if it is not there; a `TRAINED` row: its preset reading `query_map`)."""
-    from inftyformer.hf.harness import check_model_dir
+    from inftyformer.integrations.harness import check_model_dir
 
     folder = check_model_dir(base_dir)
     if row == "full":  # lm_eval's hf model, every position of the base
@@ -138,7 +138,7 @@ def model_of(
             raise ValueError("the paper row needs a folder for its saved model (--models-dir)")
         saved = check_model_dir(paper_model(base_dir, Path(models_dir) / PAPER_PRESET))
         return "hf", f"pretrained={saved},trust_remote_code=True,dtype=float32,max_length={WHOLE}"
-    import inftyformer.hf.ruler_lm as ruler_lm  # registers the model with lm_eval
+    import inftyformer.integrations.ruler_lm as ruler_lm  # registers the model with lm_eval
 
     if row in TRAINED:
         if query_map is None or not Path(query_map).is_file():
@@ -170,7 +170,7 @@ def ruler_tasks(metadata: dict | None = None):
     import lm_eval.tasks
     from lm_eval.tasks import TaskManager
 
-    from inftyformer.tasks.ruler_haystack import TASKS_DIR
+    from inftyformer.integrations.ruler_haystack import TASKS_DIR
 
     folders = [str(Path(lm_eval.tasks.__file__).parent / "ruler"), str(TASKS_DIR)]
     return TaskManager(include_path=folders, include_defaults=False, metadata=metadata)
@@ -323,7 +323,8 @@ def render(data: dict, notes: str = "") -> str:
         "that call (`select_queries=0`); `picked-max` that preset scoring each block by its best q "
         "· k (`score=max`); `picked-trained` that preset choosing by queries through a map trained "
         "on the facts task (`experiments/retrieval_trained.py`, `docs/retrieval_trained.md`) "
-        "(lm_eval model `inftyformer-retrieval`, `inftyformer.hf.ruler_lm`, with the row's "
+        "(lm_eval model `inftyformer-retrieval`, `inftyformer.integrations.ruler_lm`, "
+        "with the row's "
         "preset); `paper` the paper's memory in every block of the base (preset `paper-gpt2`, "
         "untrained: as wrapped, it adds nothing to the base's logits, so it reads what the base "
         "reads in its window of one segment before the segment), saved as a memory model and run "
@@ -357,7 +358,7 @@ def render(data: dict, notes: str = "") -> str:
               f"python experiments/ruler.py --lengths {setup['lengths']} --limit {setup['limit']}"
               + "".join(f" --max-gen-toks {n}" for n in setup.get("max_gen_toks", []) if n)
               + (" --quick" if setup.get("quick") else ""),
-              "python -m inftyformer.hf.ruler_lm run --model inftyformer-retrieval \\",
+              "python -m inftyformer.integrations.ruler_lm run --model inftyformer-retrieval \\",
               "    --model_args pretrained=MODEL_DIR,preset=retrieval --tasks niah_single_1 \\",
               "    --metadata '{\"max_seq_lengths\": [4096]}' --limit 5",
               "```", "", f"Machine: {data['machine'].get('cpu', '?')}", ""]  # fmt: skip

@@ -35,20 +35,43 @@ LAYERS = {
     "core": ["core"],
     # our extensions, behind the core's seams
     "extensions": ["extensions"],
-    "memories": ["short_term_memory", "compressive_memory", "state", "state_record"],
-    "layers": ["relative_attention", "kl_term", "block", "model_config", "memory_settings"],
+    "memories": [
+        "native.short_term_memory",
+        "native.compressive_memory",
+        "native.state",
+        "native.state_record",
+    ],
+    "layers": [
+        "native.relative_attention",
+        "native.kl_term",
+        "native.block",
+        "native.model_config",
+        "native.memory_settings",
+    ],
     "models": [
-        "model",
+        "native",
+        "native.model",
+        "native.streaming",
         "model_kinds",
-        "streaming",
         "base_weights",
         "pretrained_config",
-        "retrieval_config",
+        "retrieval.config",
+        "retrieval",
         "",
     ],
-    "pretrained": ["hf"],
-    # hf.harness writes lm-evaluation-harness tasks over text files: it reads them as data/ does
-    "tasks": ["data", "metrics", "tasks", "inspection", "hf.harness"],
+    # the pretrained wings: the continuous memory on a pretrained base (hf) and the
+    # training-free retrieval of exact past blocks (retrieval)
+    "pretrained": [
+        "hf",
+        "retrieval.model",
+        "retrieval.scorers",
+        "retrieval.state",
+        "retrieval.store",
+        "retrieval.decode",
+        "retrieval.query_map",
+    ],
+    # the glue to lm-evaluation-harness and RULER: it reads text as data/ does
+    "tasks": ["data", "metrics", "tasks", "inspection", "integrations"],
     "training": ["training"],
     "interface": [
         "cli",
@@ -175,13 +198,15 @@ def test_the_checks_can_fail():
     assert cycles(graph) == [["a", "b", "c"]]
     assert layer("inftyformer.hf.pretrained_lm") == "pretrained"
     assert layer("inftyformer.tasks.dialogue") == "tasks"
-    assert layer("inftyformer.state") == "memories"
+    assert layer("inftyformer.native.state") == "memories"
     assert layer("inftyformer") == "models"
-    assert "inftyformer.streaming" in GRAPH["inftyformer.model"]  # a real edge is seen
+    assert (
+        "inftyformer.native.streaming" in GRAPH["inftyformer.native.model"]
+    )  # a real edge is seen
     assert ORDER.index("models") < ORDER.index("pretrained") < ORDER.index("tasks")
 
 
-@pytest.mark.parametrize("name", ["inftyformer.model_kinds", "inftyformer.state"])
+@pytest.mark.parametrize("name", ["inftyformer.model_kinds", "inftyformer.native.state"])
 def test_models_and_state_reach_nothing_that_imports_them(name):
     reach, todo = set(), [name]
     while todo:

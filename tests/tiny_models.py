@@ -1,6 +1,6 @@
 """The tiny configurations the tests share."""
 
-from inftyformer.model_config import MODEL_TYPES, ModelConfig
+from inftyformer.native.model_config import MODEL_TYPES, ModelConfig
 from inftyformer.tasks import SortingConfig
 from inftyformer.training import TrainConfig
 

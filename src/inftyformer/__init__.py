@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 # `import inftyformer` (and so the command line's `--help`) does not import torch
 _EXPORTS = {
     "GaussianBasis": "core.basis",
-    "CompressiveState": "compressive_memory",
-    "MODEL_TYPES": "model_config",
-    "ModelConfig": "model_config",
+    "CompressiveState": "native.compressive_memory",
+    "MODEL_TYPES": "native.model_config",
+    "ModelConfig": "native.model_config",
     "continuous_softmax": "core.continuous_softmax",
     "variance_kl": "core.continuous_softmax",
     "LongTermAttention": "core.attention",
@@ -33,31 +33,31 @@ _EXPORTS = {
     "LongTermConfig": "core.config",
     "LongTermMemory": "core.memory",
     "LongTermState": "core.state",
-    "IGNORE_INDEX": "model",
-    "LMOutput": "model",
-    "MemoryLM": "model",
-    "ShortTermState": "short_term_memory",
-    "LayerState": "state",
-    "MemoryState": "state",
-    "load_state": "state",
-    "save_state": "state",
-    "generate": "streaming",
-    "stream_loss": "streaming",
+    "IGNORE_INDEX": "native.model",
+    "LMOutput": "native.model",
+    "MemoryLM": "native.model",
+    "ShortTermState": "native.short_term_memory",
+    "LayerState": "native.state",
+    "MemoryState": "native.state",
+    "load_state": "native.state",
+    "save_state": "native.state",
+    "generate": "native.streaming",
+    "stream_loss": "native.streaming",
 }
 
 if TYPE_CHECKING:  # what a type checker and an editor see
-    from .compressive_memory import CompressiveState
     from .core.attention import LongTermAttention, LongTermAttentionOutput
     from .core.basis import GaussianBasis
     from .core.config import LongTermConfig
     from .core.continuous_softmax import continuous_softmax, variance_kl
     from .core.memory import LongTermMemory
     from .core.state import LongTermState
-    from .model import IGNORE_INDEX, LMOutput, MemoryLM
-    from .model_config import MODEL_TYPES, ModelConfig
-    from .short_term_memory import ShortTermState
-    from .state import LayerState, MemoryState, load_state, save_state
-    from .streaming import generate, stream_loss
+    from .native.compressive_memory import CompressiveState
+    from .native.model import IGNORE_INDEX, LMOutput, MemoryLM
+    from .native.model_config import MODEL_TYPES, ModelConfig
+    from .native.short_term_memory import ShortTermState
+    from .native.state import LayerState, MemoryState, load_state, save_state
+    from .native.streaming import generate, stream_loss
 
 __version__ = "0.1.0"
 

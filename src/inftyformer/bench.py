@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from .model import MemoryLM
-from .model_config import ModelConfig
+from .native.model import MemoryLM
+from .native.model_config import ModelConfig
 from .tasks import RunContext, SortingConfig, SortingTask
 from .training.config import TrainConfig
 from .training.optim import build_optimizer, seed_everything

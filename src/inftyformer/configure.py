@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from .model_config import MODEL_TYPES
+from .native.model_config import MODEL_TYPES
 from .presets import get_preset, preset_settings
 from .pretrained_config import base_blocks
 from .training.config import TrainConfig
@@ -28,7 +28,7 @@ def split_settings(
     A key may be prefixed `model.`, `train.` or `task.`; a bare key goes to the one group that
     has it (an error if several or none do). `model_cls`: the model settings' class (default:
     the native `ModelConfig`)."""
-    from .model_config import ModelConfig
+    from .native.model_config import ModelConfig
     from .tasks import get_task
     from .training.config import field_types, split_assignment, unknown_setting
 
@@ -116,8 +116,8 @@ def build_configs(
     as it was."""
     import dataclasses
 
-    from .model_config import ModelConfig
     from .model_kinds import PretrainedMemoryConfig
+    from .native.model_config import ModelConfig
     from .tasks import get_task
     from .training import read_configs
     from .training.config import field_types, parse_overrides

@@ -22,10 +22,10 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .model import LMOutput
-from .model_config import MEMORY_SETTINGS, ModelConfig
+from .native.model import LMOutput
+from .native.model_config import MEMORY_SETTINGS, ModelConfig
+from .native.state import MemoryState
 from .pretrained_config import PRETRAINED_MEMORY_SETTINGS, PretrainedMemoryConfig
-from .state import MemoryState
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,9 @@ def register_model_kind(kind: ModelKind) -> ModelKind:
     return kind
 
 
-register_model_kind(ModelKind("native", ModelConfig, "inftyformer.model:MemoryLM", MEMORY_SETTINGS))
+register_model_kind(
+    ModelKind("native", ModelConfig, "inftyformer.native.model:MemoryLM", MEMORY_SETTINGS)
+)
 register_model_kind(
     ModelKind(
         "pretrained",

@@ -6,7 +6,7 @@ was measured.
     pretrained   how the memory is added to a pretrained base (`AdapterConfig`); the blocks
                  with a memory may depend on the base's depth (`memory_layers` as a rule)
     retrieval    what a pretrained base reads of its exact past, training-free
-                 (`RetrievalConfig`, `inftyformer.hf.retrieval`)
+                 (`RetrievalConfig`, `inftyformer.retrieval.model`)
 
 `preset_settings(name, kind, blocks=…)` gives a preset's settings for a base of `blocks` blocks;
 `PretrainedMemoryConfig(base_model=DIR, preset="…")`, `add_long_term_memory(base, preset="…")`

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inftyformer.cli import app
-from inftyformer.model_config import ModelConfig
+from inftyformer.native.model_config import ModelConfig
 from inftyformer.tasks import LanguageModelTask, LMConfig, RunContext
 from inftyformer.training import read_metrics
 

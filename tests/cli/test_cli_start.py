@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 def test_the_catalog_is_the_registry_and_the_configs():
     from inftyformer.configure import DEFAULT_PRESET, DEFAULT_PRETRAINED_PRESET
-    from inftyformer.model_config import MODEL_TYPES
+    from inftyformer.native.model_config import MODEL_TYPES
     from inftyformer.tasks import TASKS, get_task
     from inftyformer.training.config import TrainConfig
 
@@ -65,7 +65,7 @@ def test_the_package_exports_its_names_on_first_use():
         assert getattr(inftyformer, name) is not None
         assert name in dir(inftyformer)
     from inftyformer import MemoryLM
-    from inftyformer.model import MemoryLM as defined
+    from inftyformer.native.model import MemoryLM as defined
 
     assert MemoryLM is defined
     with pytest.raises(AttributeError, match="no attribute 'MemoryLm'"):

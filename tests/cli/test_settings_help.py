@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from inftyformer.model_config import ModelConfig
+from inftyformer.native.model_config import ModelConfig
 from inftyformer.pretrained_config import PretrainedMemoryConfig
 from inftyformer.settings_help import describe_settings, field_notes
 from inftyformer.tasks import get_task

@@ -17,7 +17,7 @@ from inftyformer.data import (
     load_corpus,
     load_tokenizer,
 )
-from inftyformer.model import IGNORE_INDEX
+from inftyformer.native.model import IGNORE_INDEX
 
 EOS = 99  # documents only use ids < EOS, so padding is recognisable in the inputs
 

@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hf"))
 from tiny_hf import forty_token_retrieval  # noqa: E402
 
-from inftyformer.retrieval_config import SCORES  # noqa: E402
+from inftyformer.retrieval.config import SCORES  # noqa: E402
 
 
 def test_rank_is_the_best_slot_of_the_asked_number_against_the_other_needles():

@@ -11,8 +11,8 @@ import pytest
 import retrieval_trained as rt
 import torch
 
-from inftyformer.hf.query_map import QueryMap
-from inftyformer.hf.retrieval_scores import attention_score
+from inftyformer.retrieval.query_map import QueryMap
+from inftyformer.retrieval.scorers import attention_score
 
 
 def test_block_logits_are_the_librarys_attention_score():

@@ -25,7 +25,7 @@ from inftyformer.core.basis import MAX_WIDTH, MIN_WIDTH  # noqa: E402
 from inftyformer.core.ridge import update_gain  # noqa: E402
 from inftyformer.core.squeeze import MAX_UPDATE_GAIN  # noqa: E402
 from inftyformer.hf import add_long_term_memory  # noqa: E402
-from inftyformer.model import IGNORE_INDEX  # noqa: E402
+from inftyformer.native.model import IGNORE_INDEX  # noqa: E402
 
 V, D, HEADS, POSITIONS, L = 61, 32, 4, 64, 8
 BATCH = 2

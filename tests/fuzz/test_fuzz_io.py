@@ -19,8 +19,8 @@ from tiny_models import MODEL_TYPES, V, tiny
 
 from inftyformer import MemoryLM
 from inftyformer.configure import build_configs
-from inftyformer.model_config import ModelConfig
-from inftyformer.state import load_state, save_state
+from inftyformer.native.model_config import ModelConfig
+from inftyformer.native.state import load_state, save_state
 from inftyformer.training.config import TrainConfig, field_types
 
 

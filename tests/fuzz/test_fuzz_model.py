@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from tiny_models import MODEL_TYPES, C, V, tiny
 
 from inftyformer import MemoryLM
-from inftyformer.model import IGNORE_INDEX
-from inftyformer.state import MemoryState
+from inftyformer.native.model import IGNORE_INDEX
+from inftyformer.native.state import MemoryState
 
 BATCH = 3
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tiny_hf import L, V, tiny_memory_model, with_settings
 
-from inftyformer.state import TokenWindow
+from inftyformer.native.state import TokenWindow
 
 PROMPT, NEW = 5, 6
 

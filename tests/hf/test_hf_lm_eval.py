@@ -1,4 +1,5 @@
-"""lm-evaluation-harness on a saved memory model (`inftyformer.hf.harness`, `docs/hf.md`): the
+"""lm-evaluation-harness on a saved memory model (`inftyformer.integrations.harness`,
+`docs/hf.md`): the
 `lm_eval` command the harness module prints, run as written in a fresh process (offline, the
 model found through its folder's loader module, nothing of inftyformer imported first), reports
 the word perplexity, byte perplexity and bits per byte of the library's own whole-document
@@ -21,10 +22,10 @@ from tiny_pretrained import write_tiny_model
 
 from inftyformer.data.corpus import load_split
 from inftyformer.data.tokenizer import BPETokenizer
-from inftyformer.hf import harness
+from inftyformer.integrations import harness
 from inftyformer.hf.pretrained_lm import PretrainedMemoryLM
+from inftyformer.integrations.lm_eval import LMEvalConfig, evaluate_lm
 from inftyformer.model_kinds import PretrainedMemoryConfig
-from inftyformer.tasks.lm_eval import LMEvalConfig, evaluate_lm
 
 pytest.importorskip("lm_eval")
 

@@ -8,8 +8,8 @@ from tiny_pretrained import write_tiny_model
 
 from inftyformer.hf.loss import HeadInputs, lean_head, lean_token_losses
 from inftyformer.hf.pretrained_lm import PretrainedMemoryLM
-from inftyformer.model import IGNORE_INDEX, token_losses
 from inftyformer.model_kinds import PretrainedMemoryConfig
+from inftyformer.native.model import IGNORE_INDEX, token_losses
 
 
 def _through_lean(tensor: torch.Tensor) -> bool:

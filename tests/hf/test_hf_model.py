@@ -22,7 +22,7 @@ from inftyformer.hf import (
     stream_loss,
     supported_architectures,
 )
-from inftyformer.state import TokenWindow
+from inftyformer.native.state import TokenWindow
 
 
 def tokens(batch: int, length: int, seed: int = 0) -> torch.Tensor:

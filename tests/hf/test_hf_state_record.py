@@ -10,8 +10,8 @@ import pytest
 import torch
 from tiny_hf import V, tiny_memory_model
 
-from inftyformer.state import MemoryState, load_state, save_state
-from inftyformer.state_record import STATE_SETTINGS, memory_record
+from inftyformer.native.state import MemoryState, load_state, save_state
+from inftyformer.native.state_record import STATE_SETTINGS, memory_record
 
 # a squeeze="fill" memory (the mixture density, one sample per centre: 16 / 2 widths)
 FILL = dict(squeeze="fill", density="mixture")

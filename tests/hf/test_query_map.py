@@ -1,4 +1,5 @@
-"""The trained map of the choosing queries (`inftyformer.hf.query_map`): the identity reads as no
+"""The trained map of the choosing queries (`inftyformer.retrieval.query_map`): the identity
+reads as no
 map; a map's blocks are those its mapped queries score best; it is saved and loaded whole, and a
 file that is corrupt or made for another model is refused by name. `answer_choice="question"`
 writes the answer with its question's blocks."""
@@ -7,10 +8,10 @@ import pytest
 import torch
 from tiny_hf import V, tiny_base
 
-from inftyformer.hf.query_map import QueryMap, QueryMapError
-from inftyformer.hf.retrieval import RetrievalLM, held
-from inftyformer.hf.retrieval_scores import block_scores
-from inftyformer.retrieval_config import RetrievalConfig
+from inftyformer.retrieval.config import RetrievalConfig
+from inftyformer.retrieval.model import RetrievalLM, held
+from inftyformer.retrieval.query_map import QueryMap, QueryMapError
+from inftyformer.retrieval.scorers import block_scores
 
 SETTINGS = dict(block_size=4, blocks=2, sink_blocks=1, window=8, segment_len=8, read_from=0)
 

@@ -1,4 +1,4 @@
-"""Retrieval of exact past blocks (`inftyformer.hf.retrieval`): while everything read is the
+"""Retrieval of exact past blocks (`inftyformer.retrieval.model`): while everything read is the
 whole stream the logits are the base's on it, in calls of any length; the blocks read are those
 the queries match; rows reset alone; the store holds the blocks on disk."""
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 from tiny_hf import V, tiny_base
 
-from inftyformer.hf import retrieval_state
-from inftyformer.hf.retrieval import RetrievalLM
-from inftyformer.hf.retrieval_scores import attention_score, block_scores
-from inftyformer.retrieval_config import RetrievalConfig
+from inftyformer.retrieval import state as retrieval_state
+from inftyformer.retrieval.config import RetrievalConfig
+from inftyformer.retrieval.model import RetrievalLM
+from inftyformer.retrieval.scorers import attention_score, block_scores
 
 POSITIONS = 512
 

@@ -1,4 +1,5 @@
-"""lm_eval's model "inftyformer-retrieval" (`inftyformer.hf.ruler_lm`): its generate_until writes
+"""lm_eval's model "inftyformer-retrieval" (`inftyformer.integrations.ruler_lm`): its
+generate_until writes
 what `RetrievalLM.generate` writes on the same prompt, past the base's positions, in batches or
 alone; it stops at a stop string or the end-of-sequence token; bad model_args are refused by
 name before any weight is read.
@@ -15,7 +16,7 @@ pytest.importorskip("lm_eval")
 from lm_eval.api.registry import get_model  # noqa: E402
 from tiny_pretrained import write_tiny_model  # noqa: E402
 
-from inftyformer.hf.ruler_lm import (  # noqa: E402
+from inftyformer.integrations.ruler_lm import (  # noqa: E402
     NAME,
     RetrievalHarnessLM,
     cut_at_stops,

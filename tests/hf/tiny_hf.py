@@ -85,7 +85,7 @@ def with_settings(model, **changes):
 def forty_token_retrieval():
     """A tiny Llama with retrieval that has read 40 random tokens in blocks of 4: tokens 0-3
     the sink, 4-23 five stored blocks, 24-39 the window. (model, ids [1, 40], state)."""
-    from inftyformer.hf.retrieval import RetrievalLM
+    from inftyformer.retrieval.model import RetrievalLM
 
     model = RetrievalLM(
         tiny_base("llama", max_position_embeddings=512),

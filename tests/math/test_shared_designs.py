@@ -5,7 +5,7 @@ import torch
 from tiny_models import tiny
 
 from inftyformer import LongTermConfig, LongTermMemory
-from inftyformer.model import MemoryLM
+from inftyformer.native.model import MemoryLM
 
 
 def test_memories_sharing_a_cache_compute_each_design_once():

@@ -153,7 +153,7 @@ def test_keep_salient_needs_fill_and_a_merged_place():
 
 
 def test_a_native_model_refuses_keep_salient():
-    from inftyformer.model_config import ModelConfig
+    from inftyformer.native.model_config import ModelConfig
 
     memory = dict(num_basis=24, widths=(0.005,), squeeze="fill",
                   density="mixture", edge_padding=False)  # fmt: skip

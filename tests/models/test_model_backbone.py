@@ -7,10 +7,10 @@ import pytest
 import torch
 from tiny_models import MODEL_TYPES, V, tiny
 
-from inftyformer.model import MemoryLM
-from inftyformer.model_config import ModelConfig
-from inftyformer.relative_attention import relative_shift, sinusoidal_encoding
-from inftyformer.state import MemoryState
+from inftyformer.native.model import MemoryLM
+from inftyformer.native.model_config import ModelConfig
+from inftyformer.native.relative_attention import relative_shift, sinusoidal_encoding
+from inftyformer.native.state import MemoryState
 
 
 def build(config: ModelConfig, seed: int = 0) -> MemoryLM:
@@ -46,7 +46,7 @@ def test_relative_shift_matches_explicit_distances():
 
 
 def test_relative_attention_gradients_with_ragged_memory():
-    from inftyformer.relative_attention import RelativeMultiHeadAttention
+    from inftyformer.native.relative_attention import RelativeMultiHeadAttention
 
     torch.manual_seed(0)
     attention = RelativeMultiHeadAttention(8, 2).double()

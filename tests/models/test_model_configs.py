@@ -14,7 +14,7 @@ from inftyformer.core.density import PaperDensity
 from inftyformer.core.squeeze import FixedSqueeze
 from inftyformer.extensions.densities import MixtureDensity, NormalizedDensity
 from inftyformer.extensions.squeezes import ByLengthSqueeze, FillSqueeze
-from inftyformer.model_config import NATIVE_LONG_TERM, ModelConfig
+from inftyformer.native.model_config import NATIVE_LONG_TERM, ModelConfig
 from inftyformer.pretrained_config import PRETRAINED_LONG_TERM
 
 FLAT = {

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from inftyformer.model_config import ModelConfig
 from inftyformer.model_kinds import MODEL_KINDS, LanguageModel, ModelKind, build_model, unwrap
+from inftyformer.native.model_config import ModelConfig
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "inftyformer"
 METHODS = ["forward", "init_state", "push", "generate", "param_groups"]
@@ -62,7 +62,9 @@ def test_registering_a_kind_twice_is_refused():
     from inftyformer.model_kinds import register_model_kind
 
     with pytest.raises(ValueError, match="already registered"):
-        register_model_kind(ModelKind("native", ModelConfig, "inftyformer.model:MemoryLM", ()))
+        register_model_kind(
+            ModelKind("native", ModelConfig, "inftyformer.native.model:MemoryLM", ())
+        )
 
 
 def test_callers_use_only_the_contract():

@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny_models import V, tiny
 
-from inftyformer.model import MemoryLM
+from inftyformer.native.model import MemoryLM
 
 
 def segments(batch: int, lengths, seed: int = 1):

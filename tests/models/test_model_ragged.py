@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inftyformer import ragged
-from inftyformer.short_term_memory import ShortTermMemory, ShortTermState
+from inftyformer.native.short_term_memory import ShortTermMemory, ShortTermState
 
 
 def rows_of(memory: torch.Tensor, length: torch.Tensor) -> list[torch.Tensor]:

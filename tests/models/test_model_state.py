@@ -10,9 +10,9 @@ from safetensors.torch import save_file
 from tiny_models import MODEL_TYPES, V
 from tiny_models import tiny as _tiny
 
-from inftyformer.model import MemoryLM
-from inftyformer.model_config import ModelConfig
-from inftyformer.state import MemoryState, load_state, save_state
+from inftyformer.native.model import MemoryLM
+from inftyformer.native.model_config import ModelConfig
+from inftyformer.native.state import MemoryState, load_state, save_state
 
 
 def tiny(model_type: str, **kw) -> ModelConfig:

@@ -8,8 +8,8 @@ import pytest
 import torch
 from tiny_models import MODEL_TYPES, C, V, tiny
 
-from inftyformer.model import MemoryLM
-from inftyformer.streaming import (
+from inftyformer.native.model import MemoryLM
+from inftyformer.native.streaming import (
     block_phase,
     cut_points,
     generate,

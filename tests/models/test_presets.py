@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from inftyformer.cli import app
 from inftyformer.core.density import PaperDensity
-from inftyformer.model_config import ModelConfig
+from inftyformer.native.model_config import ModelConfig
 from inftyformer.presets import (
     PRESETS,
     every_fourth_from_the_middle,
@@ -83,7 +83,7 @@ def test_presets_are_refused_for_the_other_kind_by_name():
 
 
 def test_the_retrieval_presets_build_their_config_at_one_budget():
-    from inftyformer.retrieval_config import RetrievalConfig
+    from inftyformer.retrieval.config import RetrievalConfig
 
     configs = {name: RetrievalConfig(**preset_settings(name, "retrieval"))
                for name in ("retrieval", "retrieval-near", "streaming", "window")}  # fmt: skip

@@ -27,8 +27,8 @@ from inftyformer.core.ridge import (
     ridge_design_matrix,
     segment_positions,
 )
-from inftyformer.model_config import ModelConfig
-from inftyformer.state import MemoryState
+from inftyformer.native.model_config import ModelConfig
+from inftyformer.native.state import MemoryState
 
 BASIS = GaussianBasis(8, widths=(0.05, 0.1))
 
@@ -329,7 +329,7 @@ def test_a_pretrained_memory_model_on_the_meta_device_is_refused_clearly():
 def test_a_native_state_records_its_memory_and_another_memory_refuses_it():
     """The native model's states record their memory too (`state_record.py`): a squeeze="fill"
     memory's state is refused by a fixed-squeeze model of the same shapes, naming the setting."""
-    from inftyformer.state_record import memory_record
+    from inftyformer.native.state_record import memory_record
 
     torch.manual_seed(0)
     tokens = torch.randint(0, 13, (2, 8), generator=torch.Generator().manual_seed(1))

@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from inftyformer.cli import app
 from inftyformer.metrics import bleu_from_statistics, bleu_statistics
-from inftyformer.model import IGNORE_INDEX, LMOutput, MemoryLM
 from inftyformer.model_kinds import build_model
+from inftyformer.native.model import IGNORE_INDEX, LMOutput, MemoryLM
 from inftyformer.tasks import DialogueConfig, DialogueTask, RunContext, Shard, get_task
 from inftyformer.tasks.chat import DEFAULT_INSTRUCTION, find_chat_template
 from inftyformer.tasks.dialogue_examples import generate_reply, pad_batch

@@ -8,7 +8,7 @@ import torch
 from tiny_models import tiny, tiny_train
 
 from inftyformer.data import load_split, load_tokenizer
-from inftyformer.model import IGNORE_INDEX
+from inftyformer.native.model import IGNORE_INDEX
 from inftyformer.tasks import FactsConfig, FactsTask, RunContext
 from inftyformer.tasks.facts import FactsDataset, _answer_sums
 from inftyformer.training import Trainer, read_metrics

@@ -10,8 +10,8 @@ from torch import nn
 
 from inftyformer.data import ByteTokenizer, TokenizedCorpus, load_tokenizer, tokenize_documents
 from inftyformer.data.corpus import token_byte_lengths, truncate_documents, with_bos
-from inftyformer.model_config import ModelConfig
-from inftyformer.tasks.lm_eval import LMEvalConfig, evaluate_lm
+from inftyformer.integrations.lm_eval import LMEvalConfig, evaluate_lm
+from inftyformer.native.model_config import ModelConfig
 
 
 class PositionBigram(nn.Module):

@@ -8,9 +8,9 @@ import torch
 from tiny_models import tiny
 
 from inftyformer.data import TokenizedCorpus
-from inftyformer.model import MemoryLM
-from inftyformer.streaming import stream_loss
-from inftyformer.tasks.lm_eval import LMEvalConfig, evaluate_lm
+from inftyformer.integrations.lm_eval import LMEvalConfig, evaluate_lm
+from inftyformer.native.model import MemoryLM
+from inftyformer.native.streaming import stream_loss
 
 VOCAB = 13
 

@@ -8,7 +8,7 @@ import torch
 from tiny_models import tiny, tiny_train
 
 from inftyformer import MemoryLM
-from inftyformer.model import IGNORE_INDEX
+from inftyformer.native.model import IGNORE_INDEX
 from inftyformer.tasks import RunContext, Shard, get_task
 from inftyformer.tasks.recall import (
     RecallConfig,

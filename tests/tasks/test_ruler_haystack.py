@@ -1,4 +1,5 @@
-"""RULER's essay-haystack tasks on the package's novels (`inftyformer.tasks.ruler_haystack`): the
+"""RULER's essay-haystack tasks on the package's novels (`inftyformer.integrations.ruler_haystack`):
+the
 haystack, the Punkt model learned offline, and lm_eval's prompts made from them."""
 
 import re
@@ -11,7 +12,7 @@ nltk = pytest.importorskip("nltk")
 from nltk.tokenize.punkt import PunktSentenceTokenizer, load_punkt_params  # noqa: E402
 from tiny_pretrained import write_tiny_model  # noqa: E402
 
-from inftyformer.tasks import ruler_haystack as rh  # noqa: E402
+from inftyformer.integrations import ruler_haystack as rh  # noqa: E402
 
 # a key may hold a space
 NEEDLE = re.compile(r"One of the special magic numbers for (.+?) is: (\d+)\.")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from inftyformer.model import IGNORE_INDEX
+from inftyformer.native.model import IGNORE_INDEX
 from inftyformer.tasks.base import scored_sums
 
 

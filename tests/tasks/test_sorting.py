@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inftyformer.model import IGNORE_INDEX
+from inftyformer.native.model import IGNORE_INDEX
 from inftyformer.tasks.sorting import (
     NUM_SYMBOLS,
     NUM_TARGETS,

@@ -11,7 +11,7 @@ import torch
 from tiny_models import tiny
 
 from inftyformer import MemoryLM
-from inftyformer.model import IGNORE_INDEX
+from inftyformer.native.model import IGNORE_INDEX
 
 RESET = torch.tensor([True, False, False, False])  # row 0's memory is empty in the last call
 PARTS = (slice(0, 1), slice(1, 4))  # uneven parts: the empty row alone, then three rows
@@ -50,7 +50,7 @@ def grads_one_batch_and_parts(model, step, tokens, targets, length):
 
 
 def _rows(state, rows):
-    from inftyformer.state import MemoryState
+    from inftyformer.native.state import MemoryState
 
     tensors = {k: v[rows] for k, v in state.tensors().items()}
     part = MemoryState.from_tensors(tensors, len(state.layers), state.source)

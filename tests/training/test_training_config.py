@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from inftyformer.model import decay_groups
+from inftyformer.native.model import decay_groups
 from inftyformer.tasks import LMConfig
 from inftyformer.training.config import (
     TrainConfig,

@@ -19,7 +19,7 @@ MODEL_TYPES = (
     "xl",
     "compressive",
     "infty",
-)  # `inftyformer.model_config.MODEL_TYPES`
+)  # `inftyformer.native.model_config.MODEL_TYPES`
 DEFAULT_PRESET = "cpu-small"  # `inftyformer.configure.DEFAULT_PRESET`
 # with --base-model: `inftyformer.configure.DEFAULT_PRETRAINED_PRESET`
 DEFAULT_PRETRAINED_PRESET = "adapter"

@@ -31,7 +31,7 @@ def run_generate(
     """Continue `prompt` (see `inftyformer generate --help`)."""
     import torch
 
-    from ..streaming import check_sampling
+    from ..native.streaming import check_sampling
     from ..training import load_run
 
     if threads < 0:

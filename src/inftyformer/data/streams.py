@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .._checks import check_positive_int
-from ..model import IGNORE_INDEX
+from ..native.model import IGNORE_INDEX
 from .corpus import TokenizedCorpus
 
 _STATE_VERSION = 1

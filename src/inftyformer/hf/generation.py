@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..core.density import PreparedMemory
-from ..state import MemoryState, TokenWindow
+from ..native.state import MemoryState, TokenWindow
 from .validation import position_limit
 
 

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..model import IGNORE_INDEX
+from ..native.model import IGNORE_INDEX
 
 CHUNK_ELEMENTS = 1 << 22  # rows × V per chunk: 16 MB of float32 at a time
 

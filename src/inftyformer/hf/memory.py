@@ -28,11 +28,11 @@ from torch import nn
 
 from ..core.state import LongTermState
 from ..extensions.places import salience as token_salience
-from ..kl_term import scored_mean, token_kl
-from ..model import IGNORE_INDEX
-from ..short_term_memory import ShortTermState
-from ..state import LayerState, MemoryState, TokenWindow
-from ..state_record import memory_record
+from ..native.kl_term import scored_mean, token_kl
+from ..native.model import IGNORE_INDEX
+from ..native.short_term_memory import ShortTermState
+from ..native.state import LayerState, MemoryState, TokenWindow
+from ..native.state_record import memory_record
 from .hooks import Call
 from .validation import check_reset, check_state
 from .window import WindowedInputs, pack

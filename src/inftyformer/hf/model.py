@@ -70,10 +70,10 @@ from transformers.utils import ModelOutput
 from ..core.attention import LongTermAttention
 from ..core.density import PreparedMemory
 from ..core.memory import LongTermMemory
-from ..model import token_losses
+from ..native.model import token_losses
+from ..native.state import MemoryState
 from ..presets import preset_settings
 from ..pretrained_config import AdapterConfig
-from ..state import MemoryState
 from . import generation, hooks, init_weights, validation
 from . import memory as memories
 from .adapters import BlockAdapter, adapter_for

@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from ..model import IGNORE_INDEX, LMOutput, decay_groups, token_losses
 from ..model_kinds import PretrainedMemoryConfig
-from ..state import MemoryState
+from ..native.model import IGNORE_INDEX, LMOutput, decay_groups, token_losses
+from ..native.state import MemoryState
 from .loss import HeadInputs, lean_head, lean_token_losses
 from .model import add_long_term_memory
 

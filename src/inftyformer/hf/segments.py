@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..model import IGNORE_INDEX, token_losses
-from ..state import MemoryState
+from ..native.model import IGNORE_INDEX, token_losses
+from ..native.state import MemoryState
 
 
 def segment_calls(

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model import token_losses
-from ..state import MemoryState
+from ..native.model import token_losses
+from ..native.state import MemoryState
 from .model import InftyformerForCausalLM
 from .segments import segment_calls
 

@@ -14,9 +14,9 @@ from torch import nn
 
 from .._checks import STATE_MAGNITUDE, ValueChecks, check_token_ids
 from ..core.state import LongTermState
-from ..model import IGNORE_INDEX
-from ..state import LayerState, MemoryState, TokenWindow, check_salience
-from ..state_record import check_memory_record
+from ..native.model import IGNORE_INDEX
+from ..native.state import LayerState, MemoryState, TokenWindow, check_salience
+from ..native.state_record import check_memory_record
 
 
 def position_limit(config) -> int | None:

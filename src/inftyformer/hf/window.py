@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..native.state import TokenWindow
 from ..ragged import valid_mask
-from ..state import TokenWindow
 
 
 def pack(x: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,7 @@ import torch
 
 from .._checks import check_tensor
 from .._progress import progress as show_progress
-from ..model import MemoryLM
+from ..native.model import MemoryLM
 
 
 @dataclass

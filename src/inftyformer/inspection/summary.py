@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .._progress import progress as show_progress
-from ..model import MemoryLM
+from ..native.model import MemoryLM
 from .fidelity import (
     DEFAULT_AGES,
     Fidelity,

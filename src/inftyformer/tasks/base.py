@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from ..data import TextTokenizer, load_tokenizer
-from ..model import IGNORE_INDEX
+from ..native.model import IGNORE_INDEX
 
 
 # --------------------------------------------------------------------------- settings

@@ -70,8 +70,8 @@ from ..data.cmu_dog import (
     resolve_cmu_dog_dir,
 )
 from ..metrics import bleu_from_statistics, bleu_statistics
-from ..model import IGNORE_INDEX
 from ..model_kinds import unwrap
+from ..native.model import IGNORE_INDEX
 from .base import (
     Evaluation,
     Metric,

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 
 from ..data.cmu_dog import DialogueExample
-from ..model import IGNORE_INDEX
 from ..model_kinds import LanguageModel
+from ..native.model import IGNORE_INDEX
 from .chat import ChatFormat, SpeakerMarks
 
 DOCUMENT_HEADER = "Document:\n"

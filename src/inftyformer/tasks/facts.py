@@ -55,8 +55,8 @@ from ..core.ridge import squeezed_position
 from ..data import TextTokenizer, check_split, load_split
 from ..data.corpus import text_layout
 from ..data.paths import embedded_fallback_note, training_source
-from ..model import IGNORE_INDEX, token_losses
 from ..model_kinds import model_kind
+from ..native.model import IGNORE_INDEX, token_losses
 from .base import (
     Metric,
     RunContext,

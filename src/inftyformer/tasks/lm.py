@@ -52,8 +52,9 @@ from ..data.corpus import (
     with_bos,
 )
 from ..data.paths import embedded_fallback_note, training_source
-from ..model import IGNORE_INDEX
-from ..state import MemoryState
+from ..integrations.lm_eval import LMEvalConfig, evaluate_lm
+from ..native.model import IGNORE_INDEX
+from ..native.state import MemoryState
 from .base import (
     Evaluation,
     Metric,
@@ -66,7 +67,6 @@ from .base import (
     register_task,
     tokenizer_near_data,
 )
-from .lm_eval import LMEvalConfig, evaluate_lm
 
 
 @dataclass(frozen=True)

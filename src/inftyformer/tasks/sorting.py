@@ -34,7 +34,7 @@ import torch
 
 from .._checks import check_positive_int
 from ..data import SPLITS, check_split
-from ..model import IGNORE_INDEX
+from ..native.model import IGNORE_INDEX
 from .base import (
     Metric,
     RunContext,

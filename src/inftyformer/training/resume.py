@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..model_kinds import changeable_settings, config_from_dict, model_kind
-from ..state_record import STATE_SETTINGS
+from ..native.state_record import STATE_SETTINGS
 from ..tasks import Task, TaskConfig
 from .checkpoint import (
     Checkpoint,

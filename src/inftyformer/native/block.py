@@ -34,13 +34,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import ragged
-from ._checks import STATE_MAGNITUDE, ValueChecks
-from ._init import init_projection
+from .. import ragged
+from .._checks import STATE_MAGNITUDE, ValueChecks
+from .._init import init_projection
+from ..core.attention import LongTermAttention
+from ..core.memory import LongTermMemory, LongTermUpdate
+from ..core.state import LongTermState
 from .compressive_memory import CompressiveMemory, CompressiveState
-from .core.attention import LongTermAttention
-from .core.memory import LongTermMemory, LongTermUpdate
-from .core.state import LongTermState
 from .kl_term import token_kl
 from .model_config import ModelConfig
 from .relative_attention import RelativeMultiHeadAttention

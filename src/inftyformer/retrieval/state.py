@@ -1,5 +1,6 @@
 """The state of a retrieval memory (`retrieval.py`) and how one call of the base writes it: the
-window moves on, its oldest whole blocks fill the sink and then go to the store (`block_store.py`),
+window moves on, its oldest whole blocks fill the sink and then go to the store
+(`retrieval/store.py`),
 and the call's choice of blocks is carried to the next call."""
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 import torch.nn.functional as F
 
-from .block_store import BlockStore
-from .head_read import rotate_half
+from ..hf.head_read import rotate_half
+from .store import BlockStore
 
 CHUNK_BLOCKS = 64  # stored blocks per chunk of the in-memory keys (4,096 tokens in blocks of 64)
 

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import ragged
-from ._init import init_projection
+from .. import ragged
+from .._init import init_projection
 
 
 def sinusoidal_encoding(

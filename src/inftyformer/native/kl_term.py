@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .core.continuous_softmax import _variance_kl
+from ..core.continuous_softmax import _variance_kl
 
 
 def token_kl(sigma_sq: torch.Tensor, sigma_0: float, filled: torch.Tensor) -> torch.Tensor:

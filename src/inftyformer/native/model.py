@@ -23,13 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._checks import ValueChecks, check_positive_int, check_token_ids
+from .._init import init_projection
+from ..precision import allowed_dtypes
 from . import streaming
-from ._checks import ValueChecks, check_positive_int, check_token_ids
-from ._init import init_projection
 from .block import LayerTrace, MemoryBlock
 from .kl_term import scored_mean
 from .model_config import ModelConfig
-from .precision import allowed_dtypes
 from .state import LayerState, MemoryState
 from .state_record import check_memory_record, memory_record
 

@@ -27,7 +27,7 @@ over all the stored tokens, "attention": a query matching many blocks alike coun
 matching a single block), and reads the `blocks` best, with the same choice in every block
 from there on (in stream order; `order="score"`: the best last, nearest the window).
 The stored keys of `select_layer` stay in memory for that (2 · H_kv · d bytes per token); the
-blocks' keys and values of the retrieving layers are on disk (`block_store.py`).
+blocks' keys and values of the retrieving layers are on disk (`retrieval/store.py`).
 
 With `distances="true"` the call's tokens sit as far on as the base's positions allow and
 every read slot keeps its distance in the stream where that fits (the packed layout closes the
@@ -35,7 +35,7 @@ gaps between a chosen block, the sink and the window; beyond the positions the o
 packed in order below the rest).
 
 One-token calls (decoding) run on a context turned once and queries that move on
-(`retrieval_decode.py`): the same scores without rebuilding the context each token.
+(`retrieval/decode.py`): the same scores without rebuilding the context each token.
 
 State (`RetrievalState`): explicit, per batch row, passed in and returned; `reset` clears rows.
 """
@@ -53,13 +53,13 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .._checks import check_token_ids
-from ..retrieval_config import RetrievalConfig
-from .adapters import adapter_for
-from .block_store import BlockStore
+from ..hf.adapters import adapter_for
+from .config import RetrievalConfig
+from .decode import DecodeRun
 from .query_map import QueryMap
-from .retrieval_decode import DecodeRun
-from .retrieval_scores import block_scores, choose
-from .retrieval_state import RetrievalState, held, stream_index, turn, unturn, written
+from .scorers import block_scores, choose
+from .state import RetrievalState, held, stream_index, turn, unturn, written
+from .store import BlockStore
 
 ATTENTION = "inftyformer_retrieval"
 

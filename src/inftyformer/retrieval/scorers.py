@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from ..retrieval_config import SCORES
+from .config import SCORES
 
 PART = 4096  # stored tokens scored at once
 

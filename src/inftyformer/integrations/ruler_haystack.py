@@ -13,7 +13,7 @@ scoring), with two changes:
   novels (made once, ~20 s, kept in the package's cache folder, `punkt_root`), which nltk finds
   on its data path where no punkt_tab of its own is installed (where one is, nltk's is used).
 
-    lm_eval --include_path "$(python -m inftyformer.tasks.ruler_haystack)" \\
+    lm_eval --include_path "$(python -m inftyformer.integrations.ruler_haystack)" \\
         --tasks niah_multikey_1_books --metadata '{"max_seq_lengths": [4096]}' ...
 """
 

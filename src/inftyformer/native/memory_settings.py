@@ -11,11 +11,11 @@ import typing
 from dataclasses import fields, replace
 from typing import Any, ClassVar
 
-from . import extensions  # noqa: F401  (registers our strategies: their settings are names here)
-from ._checks import check_range
-from .core.config import DERIVED_SETTINGS, LongTermConfig
-from .core.squeeze import FixedSqueeze
-from .extensions.densities import NormalizedDensity
+from .. import extensions  # noqa: F401  (registers our strategies: their settings are names here)
+from .._checks import check_range
+from ..core.config import DERIVED_SETTINGS, LongTermConfig
+from ..core.squeeze import FixedSqueeze
+from ..extensions.densities import NormalizedDensity
 
 # the pretrained model's memory by default: the paper's GPT-2 memory (§4.2: N = 512, widths
 # {0.005, 0.01}, λ = 0.5, τ = 0.5, M = 512) with standardised scores (`NormalizedDensity`)

@@ -1,11 +1,11 @@
 """The `!function`s of this folder's RULER tasks (lm_eval loads this file by its path):
-`inftyformer.tasks.ruler_haystack`'s data, lm_eval's RULER scoring."""
+`inftyformer.integrations.ruler_haystack`'s data, lm_eval's RULER scoring."""
 
 from functools import partial
 
 from lm_eval.tasks.ruler.common_utils import aggregate_metrics, process_results
 
-from inftyformer.tasks.ruler_haystack import NEEDLES, books_samples
+from inftyformer.integrations.ruler_haystack import NEEDLES, books_samples
 
 niah_single_2 = partial(books_samples, "niah_single_2")
 niah_single_3 = partial(books_samples, "niah_single_3")

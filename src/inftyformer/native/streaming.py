@@ -39,7 +39,7 @@ import math
 import torch
 from torch import nn
 
-from ._checks import check_positive_int
+from .._checks import check_positive_int
 from .state import MemoryState
 
 

@@ -29,10 +29,10 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import load_file, save_file
 
-from ._checks import ValueChecks, check_shape, check_tensor
-from ._files import atomic_path
+from .._checks import ValueChecks, check_shape, check_tensor
+from .._files import atomic_path
+from ..core.state import LongTermState
 from .compressive_memory import CompressiveState
-from .core.state import LongTermState
 from .short_term_memory import ShortTermState
 
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._checks import check_positive_int, check_range
-from .core.config import CHANGEABLE_SETTINGS, DERIVED_SETTINGS, LongTermConfig
-from .core.squeeze import FixedSqueeze
-from .extensions.densities import NormalizedDensity
+from .._checks import check_positive_int, check_range
+from ..core.config import CHANGEABLE_SETTINGS, DERIVED_SETTINGS, LongTermConfig
+from ..core.squeeze import FixedSqueeze
+from ..extensions.densities import NormalizedDensity
+from ..presets import preset_settings
 from .memory_settings import WithLongTerm, takes_long_term_settings
-from .presets import preset_settings
 
 MODEL_TYPES = ("transformer", "xl", "compressive", "infty")
 

@@ -1,5 +1,5 @@
 """The settings of retrieval of exact past blocks on a pretrained model
-(`inftyformer.hf.retrieval`; no transformers import)."""
+(`inftyformer.retrieval.model`; no transformers import)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ._checks import check_positive_int
+from .._checks import check_positive_int
 
 SCORES = ("max", "mean", "attention")
 DISTANCES = ("packed", "true")
@@ -17,7 +17,7 @@ ANSWER_CHOICES = ("own", "question")
 
 @dataclass(frozen=True)
 class RetrievalConfig:
-    """Retrieval of exact past blocks by the current queries (`inftyformer.hf.retrieval`):
+    """Retrieval of exact past blocks by the current queries (`inftyformer.retrieval.model`):
     each call of at most `segment_len` tokens attends, in every block of the base, to the
     stream's first `sink_blocks` blocks, to the `window` most recent tokens (kept as keys and
     values, not recomputed) and, from block `select_layer` on, to the `blocks` blocks of B =
@@ -29,7 +29,7 @@ class RetrievalConfig:
     in stream order (`order="stream"`) or by score, the best right before the window
     (`order="score"`, packed distances only). The older blocks' keys and values are kept on disk
     (`store_dir`, None: a temporary folder). `query_map`: a trained map of the choosing block's
-    queries (a `hf/query_map.py` file; None: the queries as they are). `answer_choice`: while
+    queries (a `retrieval/query_map.py` file; None: the queries as they are). `answer_choice`: while
     an answer is generated, each new token chooses its own blocks ("own") or reads the blocks
     its prompt's last call chose ("question"). `select_queries`: the blocks are chosen by the
     call's last k queries only (a question at the end of a call whose first tokens are still
@@ -49,7 +49,7 @@ class RetrievalConfig:
     order: str = "stream"  # the chosen blocks in stream order, or the best nearest the window
     segment_len: int = 256
     store_dir: str | None = None
-    query_map: str | None = None  # a trained map of the choosing queries (hf/query_map.py)
+    query_map: str | None = None  # a trained map of the choosing queries (retrieval/query_map.py)
     answer_choice: str = "own"  # new tokens choose their own blocks, or read the question's
     select_queries: int = 0  # the call's last k queries choose (0: every query of the call)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .retrieval_state import turn
+from .state import turn
 
 
 @dataclass

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from . import ragged
-from ._checks import check_positive_int
-from .ragged import RaggedState
+from .. import ragged
+from .._checks import check_positive_int
+from ..ragged import RaggedState
 
 
 @dataclass

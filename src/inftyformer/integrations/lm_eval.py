@@ -38,7 +38,7 @@ from torch import nn
 from .._progress import progress as show_progress
 from ..data import DocumentStreams, TokenizedCorpus
 from ..data.corpus import with_bos
-from ..model import IGNORE_INDEX, token_losses
+from ..native.model import IGNORE_INDEX, token_losses
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,15 @@
 causal LM with training-free retrieval of its exact past (`retrieval.py`) answering the
 harness's generation requests, such as RULER's (`experiments/ruler.py`, `docs/ruler.md`):
 
-    python -m inftyformer.hf.ruler_lm run --model inftyformer-retrieval \\
+    python -m inftyformer.integrations.ruler_lm run --model inftyformer-retrieval \\
         --model_args pretrained=MODEL_DIR,preset=retrieval --tasks niah_single_1 \\
         --metadata '{"max_seq_lengths": [8192]}' --limit 5
 
 (lm_eval's own command line, with this model registered first; in Python, import this module
 and call `lm_eval.simple_evaluate(model="inftyformer-retrieval", ...)`.) RULER's essay-haystack
-needles offline, on the package's novels (`tasks/ruler_haystack.py`): add
-`--include_path "$(python -m inftyformer.tasks.ruler_haystack)" --tasks niah_multikey_1_books`.
+needles offline, on the package's novels (`integrations/ruler_haystack.py`): add
+`--include_path "$(python -m inftyformer.integrations.ruler_haystack)"
+--tasks niah_multikey_1_books`.
 
 model_args: `pretrained` (a model folder with its tokenizer), `preset` (a preset of the
 retrieval kind: retrieval, streaming, window; `inftyformer presets`), any `RetrievalConfig`
@@ -38,8 +39,8 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from ..presets import preset_settings
-from ..retrieval_config import RetrievalConfig
-from .retrieval import RetrievalLM
+from ..retrieval.config import RetrievalConfig
+from ..retrieval.model import RetrievalLM
 
 NAME = "inftyformer-retrieval"
 SETTINGS = tuple(f.name for f in dataclasses.fields(RetrievalConfig))
@@ -192,7 +193,7 @@ class RetrievalHarnessLM(LM):
         raise NotImplementedError(
             f"{NAME} answers generation requests only (generate_until: RULER and other "
             "generated-answer tasks); for log-likelihood tasks evaluate a saved memory model "
-            "with lm_eval's hf model (python -m inftyformer.hf.harness)"
+            "with lm_eval's hf model (python -m inftyformer.integrations.harness)"
         )
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):

@@ -3,8 +3,8 @@ whose task scores whole documents with `loglikelihood_rolling` (word perplexity,
 perplexity, bits per byte), read straight from the text files (nothing copied, nothing
 downloaded), and the command that evaluates a saved memory model on it (`docs/hf.md`):
 
-    python -m inftyformer.hf.harness TASK_DIR --data-dir DATA [--split test] [--max-docs N]
-        [--max-chars N] [--model MODEL_DIR]
+    python -m inftyformer.integrations.harness TASK_DIR --data-dir DATA [--split test]
+        [--max-docs N] [--max-chars N] [--model MODEL_DIR]
 
 DATA is any text layout `inftyformer evaluate --data-dir` reads from files (a corpus with
 SPLIT/*.txt such as pg19-mini, a data root holding pg19-mini/, a flat folder of .txt files, one
@@ -12,7 +12,7 @@ SPLIT/*.txt such as pg19-mini, a data root holding pg19-mini/, a flat folder of 
 documents' absolute paths (Hugging Face `datasets`' "text" loader, one file = one document);
 `--max-chars N` scores the first N characters of each.
 
-How it matches the library's own evaluation (`inftyformer evaluate`, `tasks/lm_eval.py`):
+How it matches the library's own evaluation (`inftyformer evaluate`, `integrations/lm_eval.py`):
 lm_eval puts `prefix_token_id` before each document and scores every token after it. The
 printed command sets it to the id the library puts there (the tokenizer's `<|endoftext|>`,
 else its end-of-sequence token), and `max_length` above any document's length, so that each
@@ -138,7 +138,7 @@ def write_task(
 
 
 def prefix_token_id(model_dir: str | Path) -> int:
-    """The id the library puts before each document (`tasks/lm_eval.py`): the model folder's
+    """The id the library puts before each document (`integrations/lm_eval.py`): the model folder's
     `<|endoftext|>`, else its end-of-sequence token."""
     from ..data.tokenizer import BPETokenizer
 
@@ -168,7 +168,7 @@ def command(model_dir: str | Path, task_dir: str | Path, name: str = TASK) -> li
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m inftyformer.hf.harness",
+        prog="python -m inftyformer.integrations.harness",
         description="Write an lm-evaluation-harness task over local text files "
         "(loglikelihood_rolling: word/byte perplexity, bits per byte).",
     )
