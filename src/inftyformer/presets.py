@@ -173,22 +173,35 @@ def get_preset(name: str, kind: str | None = None) -> Preset:
 
 
 def preset_settings(name: str, kind: str, blocks: int | None = None) -> dict[str, Any]:
-    """The flat settings of preset `name` (of `kind`) for a base of `blocks` blocks."""
-    return get_preset(name, kind).settings_for(blocks)
+    """The flat settings of preset `name` (of `kind`) for a base of `blocks` blocks, to take the
+    caller's on top (``{**preset_settings(…), **settings}``). The settings of its strategies
+    (its squeeze's τ, its density's sharpness, …) are `core.seams.fallback`s: a caller who
+    chooses another strategy gets none of those the new one lacks, where a setting the caller
+    gives for a strategy not chosen is refused by name."""
+    return _as_fallbacks(get_preset(name, kind).settings_for(blocks))
+
+
+def _as_fallbacks(settings: dict[str, Any]) -> dict[str, Any]:
+    """`settings` with those of any registered strategy marked as fallbacks."""
+    from .core.seams import fallback, strategy_setting_names
+
+    owned = strategy_setting_names()
+    return {k: fallback(v) if k in owned else v for k, v in settings.items()}
 
 
 def preset_changes(
     name: str, kind: str, current: Mapping[str, Any], blocks: int | None = None
 ) -> dict[str, Any]:
     """The settings of preset `name` that differ from `current` (a trained model's flat
-    settings, its config's `to_dict()`): what applying the preset to it changes."""
+    settings, its config's `to_dict()`): what applying the preset to it changes (its
+    strategies' settings as fallbacks, as `preset_settings` gives them)."""
     out = {}
-    for key, value in preset_settings(name, kind, blocks).items():
+    for key, value in get_preset(name, kind).settings_for(blocks).items():
         now = current.get(key)
         same = list(value) if isinstance(value, tuple) else value
         if now != same and not (isinstance(now, list) and list(now) == same):
             out[key] = value
-    return out
+    return _as_fallbacks(out)
 
 
 def describe_presets() -> list[str]:

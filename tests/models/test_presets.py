@@ -149,3 +149,79 @@ def test_the_presets_command_lists_each_with_one_line():
     for preset in PRESETS.values():
         (line,) = [x for x in result.output.splitlines() if x.split()[0] == preset.name]
         assert preset.summary in line
+
+
+def test_a_preset_whose_strategy_the_user_switches_drops_the_old_strategys_settings():
+    """A preset's strategy settings fall back: another squeeze, density or read than the
+    preset's gets none of those the new one lacks (τ and M of the fixed squeeze), and keeps
+    those it shares (τ and M for by_length); a setting the user gives is still refused by name
+    when it belongs to a strategy not chosen."""
+    from inftyformer.configure import build_configs
+    from inftyformer.core.config import LongTermConfig
+
+    switched = ModelConfig.preset("paper", squeeze="fill", density="mixture", keep_first=4)
+    assert switched.long_term.squeeze.kind == "fill" and switched.keep_first == 4
+    assert switched.num_basis == 512  # the preset's own settings stay
+    assert ModelConfig.preset("cpu-small", squeeze="fill", density="content").keep_first == 0
+    shared = ModelConfig.preset("paper", squeeze="by_length", tau=0.5)
+    assert (shared.squeeze.kind, shared.tau, shared.num_samples) == ("by_length", 0.5, 512)
+    same = ModelConfig.preset("paper", squeeze="fixed")  # the preset's own kind: nothing drops
+    assert (same.tau, same.num_samples) == (0.75, 512)
+    assert type(same.to_dict()["tau"]) is float  # no mark reaches a config
+    with pytest.raises(ValueError, match="tau is a setting of squeeze 'fixed'.*is 'fill'"):
+        ModelConfig.preset("paper", squeeze="fill", density="mixture", tau=0.5)
+    # the command line: --preset NAME --set squeeze=fill
+    common = dict(model=None, options={}, task_options={}, resume=False)
+    _, _, chosen = build_configs(
+        "sorting", preset="cpu-small", settings=["squeeze=fill", "density=mixture"], **common
+    )
+    assert chosen.long_term.squeeze.kind == "fill" and chosen.long_term.density.kind == "mixture"
+    with pytest.raises(ValueError, match="tau is a setting of squeeze"):
+        build_configs(
+            "sorting", preset="cpu-small", settings=["squeeze=fill", "density=mixture", "tau=0.5"],
+            **common,
+        )  # fmt: skip
+    # evaluate/generate --preset: the preset's changes under the user's
+    current = ModelConfig.preset("cpu-small").to_dict()
+    changes = preset_changes("paper", "native", {**current, "tau": 0.5})
+    assert changes["tau"] == 0.75
+    memory = {k: v for k, v in changes.items() if k in LongTermConfig.user_settings()}
+    user = {"squeeze": "fill", "density": "mixture"}
+    assert LongTermConfig(**{**memory, **user}).squeeze.kind == "fill"
+
+
+def test_a_pretrained_preset_whose_strategy_the_user_switches_builds(tmp_path):
+    pytest.importorskip("transformers")
+    from tiny_pretrained import write_tiny_model
+    from transformers import AutoModelForCausalLM
+
+    from inftyformer.configure import build_configs
+    from inftyformer.hf import add_long_term_memory
+    from inftyformer.pretrained_config import PretrainedMemoryConfig
+
+    base = str(write_tiny_model(tmp_path / "base", max_positions=64))
+    small = dict(num_basis=32, segment_len=8, window=8)
+    fill = dict(small, squeeze="fill", density="mixture", keep_first=2)
+    model = add_long_term_memory(
+        AutoModelForCausalLM.from_pretrained(base), preset="adapter", **fill
+    )
+    assert model.config.adapter.long_term.squeeze.kind == "fill"
+    config = PretrainedMemoryConfig(base_model=base, preset="paper-gpt2", **fill)
+    assert config.long_term.squeeze.keep_first == 2 and config.memory_read.kind == "added"
+    # every strategy switched away from salient-places': read, density and squeeze
+    plain = dict(small, memory_read="added", density="normalized", squeeze="fixed")
+    config = PretrainedMemoryConfig(base_model=base, preset="salient-places", **plain)
+    assert config.memory_read.kind == "added" and config.long_term.squeeze.tau == 0.75
+    with pytest.raises(ValueError, match="tau is a setting of squeeze"):
+        add_long_term_memory(
+            AutoModelForCausalLM.from_pretrained(base), preset="adapter", tau=0.5, **fill
+        )
+    with pytest.raises(ValueError, match="memory_positions is a setting of memory_read 'heads'"):
+        PretrainedMemoryConfig(
+            base_model=base, preset="salient-places", memory_positions="places", **plain
+        )
+    _, _, chosen = build_configs(
+        "lm", model=None, preset="paper-gpt2", options={}, task_options={}, resume=False,
+        settings=["num_basis=32", "squeeze=fill", "density=mixture"], base_model=base,
+    )  # fmt: skip
+    assert chosen.long_term.squeeze.kind == "fill"
