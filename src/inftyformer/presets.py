@@ -11,6 +11,11 @@ was measured.
 `preset_settings(name, kind, blocks=…)` gives a preset's settings for a base of `blocks` blocks;
 `PretrainedMemoryConfig(base_model=DIR, preset="…")`, `add_long_term_memory(base, preset="…")`
 and `--preset` on the command line take them, with the caller's settings on top.
+
+A preset gives each strategy (`core/seams.py`: its squeeze, density, read) with its settings, as
+{"kind": …, its settings}; `preset_settings` writes them flat, those settings as `fallback`s: a
+caller who chooses another strategy gets none of those the new one lacks (`seams.build` drops
+them), where a setting the caller gives for a strategy not chosen is refused by name.
 """
 
 from __future__ import annotations
@@ -35,9 +40,17 @@ class Preset:
     layers: Callable[[int], tuple[int, ...]] | None = field(default=None, compare=False)
     layers_rule: str = ""  # that rule in words
 
-    def settings_for(self, blocks: int | None = None) -> dict[str, Any]:
-        """The settings, with the blocks resolved for a base of `blocks` blocks."""
-        out = dict(self.settings)
+    def settings_for(self, blocks: int | None = None, fallbacks: bool = False) -> dict[str, Any]:
+        """The settings, flat (each strategy's kind by its seam's name, its settings beside it:
+        `fallback`s if `fallbacks`), with the blocks resolved for a base of `blocks` blocks."""
+        out: dict[str, Any] = {}
+        for key, value in self.settings.items():
+            if isinstance(value, Mapping):  # a strategy: {"kind": …, its settings}
+                own = dict(value)
+                out[key] = own.pop("kind")
+                out.update({k: fallback(v) if fallbacks else v for k, v in own.items()})
+            else:
+                out[key] = value
         if self.layers is not None:
             if blocks is None:
                 raise ValueError(f"preset {self.name!r} places its memory by the base's depth")
@@ -50,12 +63,20 @@ def every_fourth_from_the_middle(n: int) -> tuple[int, ...]:
     return tuple(range(n // 2, n, 4))
 
 
+# each strategy with its settings: {"kind": …, its settings} (`Preset.settings_for`)
 _SORTING = dict(
     vocab_size=22, n_layers=3, dropout=0.1, compression_rate=4, widths=(0.01, 0.05),
-    ridge_lambda=1.0, tau=0.75, kl_weight=1e-6,
+    ridge_lambda=1.0, kl_weight=1e-6,
 )  # fmt: skip
+_SORTING_TAU = 0.75
 # the paper's GPT-2 memory (§4.2): N = 512, widths {0.005, 0.01}, λ = 0.5, τ = 0.5, M = 512
-_GPT2 = dict(num_basis=512, widths=(0.005, 0.01), ridge_lambda=0.5, tau=0.5, num_samples=512)
+_GPT2 = dict(num_basis=512, widths=(0.005, 0.01), ridge_lambda=0.5)
+
+
+def _fixed(tau: float, num_samples: int) -> dict[str, Any]:
+    """The paper's squeeze (§3.3): into [0, τ], resampled at M points."""
+    return dict(kind="fixed", tau=tau, num_samples=num_samples)
+
 
 PRESETS: dict[str, Preset] = {}
 
@@ -73,33 +94,35 @@ register_preset(Preset(
     "cpu-small", "native",
     "3 layers of 128, N = M = 128: trains in minutes on 2 CPU cores (the default)",
     dict(_SORTING, d_model=128, n_heads=4, d_ff=512, segment_len=128, mem_len=128,
-         compressed_len=128, num_basis=128, num_samples=128, density="normalized"),
+         compressed_len=128, num_basis=128, density="normalized",
+         squeeze=_fixed(_SORTING_TAU, 128)),
     measured="docs/sorting.md",
 ))  # fmt: skip
 register_preset(Preset(
     "paper-sorting", "native",
     "the paper's sorting size (§4.1: d 300, L = m = 1024, N = M = 512), standardised scores",
     dict(_SORTING, d_model=300, n_heads=6, d_ff=300, segment_len=1024, mem_len=1024,
-         compressed_len=512, num_basis=512, num_samples=512, density="normalized"),
+         compressed_len=512, num_basis=512, density="normalized",
+         squeeze=_fixed(_SORTING_TAU, 512)),
     measured="docs/sorting.md",
 ))  # fmt: skip
 register_preset(Preset(
     "paper", "native",
     "the ∞-former as published (§3, §4.1): paper-sorting with the paper's density",
     dict(_SORTING, d_model=300, n_heads=6, d_ff=300, segment_len=1024, mem_len=1024,
-         compressed_len=512, num_basis=512, num_samples=512, density="paper", squeeze="fixed"),
+         compressed_len=512, num_basis=512, density="paper", squeeze=_fixed(_SORTING_TAU, 512)),
     measured="docs/density.md",
 ))  # fmt: skip
 register_preset(Preset(
     "paper-gpt2", "pretrained",
     "the paper's GPT-2 memory (§4.2: N = M = 512, τ = 0.5, its density) in every block",
-    dict(_GPT2, density="paper", squeeze="fixed", memory_read="added", kl_weight=1e-6),
+    dict(_GPT2, density="paper", squeeze=_fixed(0.5, 512), memory_read="added", kl_weight=1e-6),
     measured="docs/pretrained.md",
 ))  # fmt: skip
 register_preset(Preset(
     "adapter", "pretrained",
     "the memory to train on a frozen base (the default): N = M = 256, every 4th late block",
-    dict(_GPT2, num_basis=256, num_samples=256, density="normalized", squeeze="fixed",
+    dict(_GPT2, num_basis=256, density="normalized", squeeze=_fixed(0.5, 256),
          memory_read="added"),
     measured="docs/hf.md",
     layers=every_fourth_from_the_middle,
@@ -108,9 +131,11 @@ register_preset(Preset(
 register_preset(Preset(
     "salient-places", "pretrained",
     "training-free: the base's heads read 2,048 exact places, salient ones kept by surprisal",
-    dict(memory_read="heads", memory_positions="ranks", density="mixture", sharpness=1.0,
-         sink_edge=0.0, min_sigma_sq=1e-6, num_basis=2048, widths=(0.0003,), squeeze="fill",
-         edge_padding=False, keep_first=64, keep_last=1024, keep_salient=959, salient_before=2,
+    dict(memory_read=dict(kind="heads", memory_positions="ranks"),
+         density=dict(kind="mixture", sharpness=1.0, sink_edge=0.0), min_sigma_sq=1e-6,
+         num_basis=2048, widths=(0.0003,), edge_padding=False,
+         squeeze=dict(kind="fill", keep_first=64, keep_last=1024, keep_salient=959,
+                      salient_before=2),
          segment_len=256, window=256),
     measured="docs/passkey.md (row xxiii)",
 ))  # fmt: skip
@@ -174,19 +199,9 @@ def get_preset(name: str, kind: str | None = None) -> Preset:
 
 def preset_settings(name: str, kind: str, blocks: int | None = None) -> dict[str, Any]:
     """The flat settings of preset `name` (of `kind`) for a base of `blocks` blocks, to take the
-    caller's on top (``{**preset_settings(…), **settings}``). The settings of its strategies
-    (its squeeze's τ, its density's sharpness, …) are `core.seams.fallback`s: a caller who
-    chooses another strategy gets none of those the new one lacks, where a setting the caller
-    gives for a strategy not chosen is refused by name."""
-    return _as_fallbacks(get_preset(name, kind).settings_for(blocks))
-
-
-def _as_fallbacks(settings: dict[str, Any]) -> dict[str, Any]:
-    """`settings` with those of any registered strategy marked as fallbacks."""
-    from .core.seams import fallback, strategy_setting_names
-
-    owned = strategy_setting_names()
-    return {k: fallback(v) if k in owned else v for k, v in settings.items()}
+    caller's on top (``{**preset_settings(…), **settings}``): its strategies' settings (its
+    squeeze's τ, its density's sharpness, …) as `fallback`s (module doc)."""
+    return get_preset(name, kind).settings_for(blocks, fallbacks=True)
 
 
 def preset_changes(
@@ -194,14 +209,73 @@ def preset_changes(
 ) -> dict[str, Any]:
     """The settings of preset `name` that differ from `current` (a trained model's flat
     settings, its config's `to_dict()`): what applying the preset to it changes (its
-    strategies' settings as fallbacks, as `preset_settings` gives them)."""
+    strategies' settings as `fallback`s, as `preset_settings` gives them)."""
+    marked = preset_settings(name, kind, blocks)
     out = {}
     for key, value in get_preset(name, kind).settings_for(blocks).items():
         now = current.get(key)
         same = list(value) if isinstance(value, tuple) else value
         if now != same and not (isinstance(now, list) and list(now) == same):
-            out[key] = value
-    return _as_fallbacks(out)
+            out[key] = marked[key]
+    return out
+
+
+# ---------------------------------------------------------------------- a preset's settings
+class Fallback:
+    """A setting given under the caller's (a preset's strategy's, `fallback`): `seams.build`
+    gives it to the chosen strategy when that strategy has it and drops it otherwise, where a
+    plain setting the chosen strategy lacks is refused. It is its value still (equal, hashed,
+    shown and written to JSON the same), an instance of a subclass of the value's type where
+    the type allows one; it never reaches a built config (`plain`)."""
+
+    __slots__ = ()
+
+
+class _Held(Fallback):
+    """A fallback of a type that takes no subclass (bool, None): the value, held."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return bool(self.value == plain(other))
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+_FALLBACK_TYPES: dict[type, type] = {}
+
+
+def fallback(value: Any) -> Any:
+    """`value` marked as a `Fallback`."""
+    if isinstance(value, Fallback):
+        return value
+    kind = type(value)
+    if kind not in _FALLBACK_TYPES:
+        try:
+            _FALLBACK_TYPES[kind] = type(kind.__name__, (kind, Fallback), {"__slots__": ()})
+        except TypeError:  # bool, NoneType: no subclass
+            _FALLBACK_TYPES[kind] = _Held
+    return _FALLBACK_TYPES[kind](value)
+
+
+def is_fallback(value: object) -> bool:
+    return isinstance(value, Fallback)
+
+
+def plain(value: Any) -> Any:
+    """`value` without its `Fallback` mark (of its own type again)."""
+    if isinstance(value, _Held):
+        return value.value
+    if isinstance(value, Fallback):
+        return next(t for t in type(value).__mro__ if not issubclass(t, Fallback))(value)
+    return value
 
 
 def describe_presets() -> list[str]:
@@ -217,12 +291,16 @@ def describe_presets() -> list[str]:
 
 
 __all__ = [
+    "Fallback",
     "KINDS",
     "PRESETS",
     "Preset",
     "describe_presets",
     "every_fourth_from_the_middle",
+    "fallback",
     "get_preset",
+    "is_fallback",
+    "plain",
     "preset_changes",
     "preset_settings",
     "register_preset",

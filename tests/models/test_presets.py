@@ -225,3 +225,19 @@ def test_a_pretrained_preset_whose_strategy_the_user_switches_builds(tmp_path):
         settings=["num_basis=32", "squeeze=fill", "density=mixture"], base_model=base,
     )  # fmt: skip
     assert chosen.long_term.squeeze.kind == "fill"
+
+
+def test_every_preset_gives_each_strategy_setting_with_its_strategy():
+    """A preset's settings of a strategy come as fallbacks (so that switching the strategy drops
+    them): each is given with its strategy, {"kind": …, its settings}, never loose."""
+    from inftyformer.core import seams
+    from inftyformer.presets import is_fallback, plain
+
+    owned = {name for seam in seams.REGISTRY for name in seams.setting_names(seam)}
+    for preset in PRESETS.values():
+        flat = preset.settings_for(blocks=12, fallbacks=True)
+        loose = sorted(k for k, v in flat.items() if k in owned and not is_fallback(v))
+        assert loose == [], f"{preset.name}: give {loose} with their strategy"
+        assert {k: plain(v) for k, v in flat.items()} == preset.settings_for(blocks=12)
+    (tau,) = [v for k, v in preset_settings("paper", "native").items() if k == "tau"]
+    assert is_fallback(tau) and tau == 0.75 and type(plain(tau)) is float

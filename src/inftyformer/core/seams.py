@@ -16,9 +16,10 @@ a kind is first looked up (`discover`), so that the core names no strategy but i
 
 A memory's settings can then be written flat (`--set keep_first=64`): `build` resolves each flat
 name to the strategy that owns it and refuses a name that belongs to a strategy that was not
-chosen, naming its owner. A setting given as a `fallback` (a preset's, under the user's) is not
-refused: it goes to the chosen strategy when that has it and is dropped otherwise, so that a
-user who chooses another strategy than a preset's gets none of the old strategy's settings.
+chosen, naming its owner. A setting given as a fallback (`presets.fallback`: a preset's, under
+the user's) is not refused: it goes to the chosen strategy when that has it and is dropped
+otherwise, so that a user who chooses another strategy than a preset's gets none of the old
+strategy's settings.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import warnings
 from typing import Any, ClassVar, Protocol
 
 import torch
+
+from ..presets import is_fallback, plain
 
 SEAMS = ("density", "squeeze")
 
@@ -78,8 +81,6 @@ def discover() -> None:
     if _discovered:
         return
     _discovered.append(True)
-    from . import density, squeeze  # noqa: F401  (the core's own, before any plugin's)
-
     for entry in importlib.metadata.entry_points(group=ENTRY_POINTS):
         plugin = f"entry point {entry.name!r} (module {entry.value!r})"
         _loading.append(plugin)
@@ -174,74 +175,11 @@ def lookup(seam: str, kind: object) -> type[Strategy]:
     return REGISTRY[seam][kind]
 
 
-class Fallback:
-    """A flat setting given under the user's, e.g. a preset's (`fallback`): `build` gives it to
-    the chosen strategy when that strategy has it and drops it otherwise; a plain setting a
-    strategy lacks is refused. It is its value still (equal, hashed, shown and written to JSON
-    the same), as an instance of a subclass of the value's type where the type allows one."""
-
-    __slots__ = ()
-
-
-class _Held(Fallback):
-    """A fallback of a type that takes no subclass (bool, None): the value, held."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: object) -> None:
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return self.value == plain(other)
-
-    def __hash__(self) -> int:
-        return hash(self.value)
-
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-
-_FALLBACK_TYPES: dict[type, type] = {}
-
-
-def fallback(value: Any) -> Any:
-    """`value` marked as a `Fallback` setting."""
-    if isinstance(value, Fallback):
-        return value
-    kind = type(value)
-    if kind not in _FALLBACK_TYPES:
-        try:
-            _FALLBACK_TYPES[kind] = type(kind.__name__, (kind, Fallback), {"__slots__": ()})
-        except TypeError:  # bool, NoneType: no subclass
-            _FALLBACK_TYPES[kind] = _Held
-    marked = _FALLBACK_TYPES[kind]
-    return marked(value)
-
-
-def plain(value: Any) -> Any:
-    """`value` without a `Fallback` mark."""
-    if isinstance(value, _Held):
-        return value.value
-    if isinstance(value, Fallback):
-        return next(t for t in type(value).__mro__ if not issubclass(t, Fallback))(value)
-    return value
-
-
-def is_fallback(value: object) -> bool:
-    return isinstance(value, Fallback)
-
-
-def strategy_setting_names() -> set[str]:
-    """Every flat setting of every strategy at every seam registered now."""
-    discover()
-    return {name for seam in REGISTRY for name in setting_names(seam)}
-
-
 def build(seam: str, chosen: object, base: Strategy | None, flat: dict[str, Any]) -> Strategy:
     """The strategy at `seam` from what a user wrote: `chosen` a strategy, a kind's name, a dict
     {"kind": …, settings} (JSON) or None (keep `base`, the one in place); `flat` the flat
     settings given with it that belong to this seam. A setting the chosen kind does not have is
-    refused, naming the kinds that have it, unless it is a `Fallback` (dropped)."""
+    refused, naming the kinds that have it, unless it is a fallback (then dropped)."""
     if isinstance(chosen, Strategy):
         if chosen.seam != seam:
             raise TypeError(f"{seam} must be a {seam} strategy, got {type(chosen).__name__}")
@@ -334,20 +272,15 @@ class Squeeze(Protocol):
 
 __all__ = [
     "Density",
-    "Fallback",
     "REGISTRY",
     "SEAMS",
     "Squeeze",
     "Strategy",
     "build",
     "discover",
-    "fallback",
-    "is_fallback",
     "kinds",
     "lookup",
     "owners",
-    "plain",
     "register",
     "setting_names",
-    "strategy_setting_names",
 ]
