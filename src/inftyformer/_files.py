@@ -13,9 +13,10 @@ data to the disk (fsync of the file and its directory) before the replace return
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,13 +42,28 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[Path]:
     """Remove the temporary files or folders `atomic_path(path)` left when its process was
     killed (`.NAME.tmpPID` of a process that no longer runs); returns what was removed."""
     path = Path(path)
-    removed = []
-    prefix = f".{path.name}.tmp"
-    if not path.parent.is_dir():
+    return _remove_stale(path.parent, lambda name: name == path.name)
+
+
+def remove_stale_temporaries_in(
+    directory: str | os.PathLike, endings: tuple[str, ...]
+) -> list[Path]:
+    """Remove what `atomic_path` left in `directory` for any file whose name ends with one of
+    `endings` when its process was killed (`.NAME.tmpPID` of a process that no longer runs,
+    e.g. a corpus cache's ``.KEY.tokens.npy.tmp4242``); returns what was removed."""
+    return _remove_stale(Path(directory), lambda name: name.endswith(endings))
+
+
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.tmp(?P<pid>[0-9]+)")
+
+
+def _remove_stale(directory: Path, wanted: Callable[[str], bool]) -> list[Path]:
+    removed: list[Path] = []
+    if not directory.is_dir():
         return removed
-    for candidate in path.parent.iterdir():
-        pid = candidate.name[len(prefix) :]
-        if not candidate.name.startswith(prefix) or not pid.isdigit() or _running(int(pid)):
+    for candidate in directory.iterdir():
+        found = _TEMPORARY.fullmatch(candidate.name)
+        if found is None or not wanted(found["name"]) or _running(int(found["pid"])):
             continue
         if candidate.is_dir() and not candidate.is_symlink():
             shutil.rmtree(candidate, ignore_errors=True)
@@ -166,6 +182,7 @@ __all__ = [
     "naming",
     "read_user_text",
     "remove_stale_temporaries",
+    "remove_stale_temporaries_in",
     "temporary_name",
     "write_atomic",
 ]

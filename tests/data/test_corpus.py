@@ -365,3 +365,31 @@ def test_the_fingerprint_follows_the_contents_not_the_counts(tmp_path: Path) -> 
     after = load_corpus(root, "train", tok, use_cache=False, progress=False)
     assert after.num_tokens == before.num_tokens and after.num_docs == before.num_docs
     assert after.fingerprint() != before.fingerprint()
+
+
+def test_temporary_files_of_a_killed_writer_are_swept_when_the_cache_is_opened(
+    tmp_path: Path,
+) -> None:
+    """A process killed while writing a cache entry leaves `.NAME.tokens.npy.tmpPID`: the next
+    process to open the cache removes those whose process is gone, and keeps a live one's."""
+    import os
+    import subprocess
+
+    from inftyformer.data import cache as corpus_cache
+
+    child = subprocess.Popen(["true"])  # a process that has ended: its pid
+    child.wait()
+    dead = child.pid
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    stale = [cache / f".txtdir-train-abc.tokens.npy.tmp{dead}",
+             cache / f".txtdir-train-abc.meta.json.tmp{dead}"]  # fmt: skip
+    live = cache / f".txtdir-train-def.tokens.npy.tmp{os.getpid()}"
+    other = cache / f".notes.txt.tmp{dead}"  # not the cache's: left alone
+    for path in (*stale, live, other):
+        path.write_bytes(b"half")
+    root = _make_corpus(tmp_path / "corpus")
+    load_corpus(root, "train", ByteTokenizer(), cache_dir=cache, progress=False)
+    assert not any(p.exists() for p in stale)
+    assert live.exists() and other.exists()
+    assert cache in corpus_cache._swept

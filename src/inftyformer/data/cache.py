@@ -5,7 +5,8 @@ and every file's contents, so a changed source file or tokenizer triggers a rebu
 unchanged one loads instantly. The hash of each token file is kept beside it (in its metadata): a
 token file changed after it was written (e.g. rewritten with other, in-range ids) is noticed,
 with a warning, and rebuilt. Files are written to a temporary name and moved into place with
-``os.replace`` (readers never see half a file).
+``os.replace`` (readers never see half a file); the temporary files of a process killed while
+writing (``.NAME.tokens.npy.tmpPID``) are removed when a later process opens the cache.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .._files import atomic_path, write_atomic
+from .._files import atomic_path, remove_stale_temporaries_in, write_atomic
 from .tokenized import TokenizedCorpus
 from .tokenizer import TextTokenizer
 
 CACHE_ENV_VAR = "INFTYFORMER_CACHE"
 CACHE_FORMAT_VERSION = 2  # 2: the token file's hash in its metadata
+CACHE_FILES = (".tokens.npy", ".meta.json")  # what an entry is (`_cache_paths`)
+_swept: set[Path] = set()  # the cache folders this process has swept
 
 
 def default_cache_dir() -> Path:
@@ -47,7 +50,7 @@ def _cache_key(reader: str, split: str, tokenizer: TextTokenizer, sources: list[
 
 def _cache_paths(cache_dir: Path, reader: str, split: str, key: str) -> tuple[Path, Path]:
     stem = f"{reader}-{split}-{key}"
-    return cache_dir / f"{stem}.tokens.npy", cache_dir / f"{stem}.meta.json"
+    return cache_dir / f"{stem}{CACHE_FILES[0]}", cache_dir / f"{stem}{CACHE_FILES[1]}"
 
 
 def _save_cache(corpus: TokenizedCorpus, tokens_path: Path, meta_path: Path) -> None:
@@ -121,6 +124,9 @@ def _cached(
     if not use_cache:
         return build()
     directory = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    if directory not in _swept:  # once: what killed writers left (their process is gone)
+        _swept.add(directory)
+        remove_stale_temporaries_in(directory, CACHE_FILES)
     key = _cache_key(reader, split, tokenizer, sources)
     tokens_path, meta_path = _cache_paths(directory, reader, split, key)
     hit = _load_cache(tokens_path, meta_path)
