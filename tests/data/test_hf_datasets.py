@@ -121,3 +121,69 @@ def test_errors_name_what_is_missing(tmp_path: Path):
     with pytest.raises(ValueError, match="cannot read the dataset nobody/nothing .*cache"):
         load_split("hf:nobody/nothing", "train", ByteTokenizer())
     assert load_split(folder, "test", ByteTokenizer()).num_docs == 2  # the good one still reads
+
+
+def test_a_split_in_two_formats_is_refused_naming_both_files(tmp_path: Path):
+    """`datasets` reads one format of a folder and drops the other files without a word."""
+    import json
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text(json.dumps({"text": "from jsonl"}) + "\n")
+    datasets.Dataset.from_dict({"text": ["from parquet"]}).to_parquet(folder / "train-0.parquet")
+    with pytest.raises(ValueError, match=r"mixes formats .*train-0\.parquet, train\.jsonl"):
+        load_split(folder, "train", ByteTokenizer())
+
+
+def test_a_jsonl_rewritten_with_the_same_size_and_time_is_read_again(tmp_path: Path):
+    import json
+    import os
+
+    folder = tmp_path / "books"
+    folder.mkdir()
+    path = folder / "train.jsonl"
+    path.write_text(json.dumps({"title": "A", "text": "first text\n"}) + "\n")
+    first = load_split(folder, "train", ByteTokenizer())
+    times = os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns
+    path.write_text(json.dumps({"title": "B", "text": "other text\n"}) + "\n")  # same size
+    os.utime(path, ns=times)
+    again = load_split(folder, "train", ByteTokenizer())
+    assert first.doc_names == ("A",) and again.doc_names == ("B",) and not again.from_cache
+    assert load_split(folder, "train", ByteTokenizer()).from_cache  # unchanged: the cache
+
+
+def test_an_empty_saved_dataset_is_refused_naming_the_folder(tmp_path: Path):
+    single = tmp_path / "single"
+    datasets.Dataset.from_dict({"text": []}).save_to_disk(str(single))
+    with pytest.raises(ValueError, match=f"train split of the dataset {single} .*holds no rows"):
+        load_split(single, "train", ByteTokenizer())
+    splits = tmp_path / "splits"
+    datasets.DatasetDict(
+        {"train": _dataset(BOOKS["train"]), "test": datasets.Dataset.from_dict({"text": []})}
+    ).save_to_disk(str(splits))
+    with pytest.raises(ValueError, match=f"test split of the dataset {splits / 'test'} .*no rows"):
+        load_split(splits, "test", ByteTokenizer())
+    assert load_split(splits, "train", ByteTokenizer()).num_docs == 2  # the other split reads
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "offset"),
+    [("train.jsonl", b'{"text": "caf\xe9"}\n', 13), ("train.csv", b"text\ncaf\xe9\n", 8)],
+)
+def test_text_files_that_are_not_utf8_are_named_with_the_byte(tmp_path: Path, name, raw, offset):
+    folder = tmp_path / "latin"
+    folder.mkdir()
+    (folder / name).write_bytes(raw)
+    with pytest.raises(ValueError, match=rf"{folder / name} is not valid UTF-8 \(byte {offset}\)"):
+        load_split(folder, "train", ByteTokenizer())
+
+
+def test_a_corrupt_local_parquet_is_named_as_unreadable(tmp_path: Path):
+    folder = tmp_path / "corrupt"
+    folder.mkdir()
+    (folder / "train-0.parquet").write_bytes(b"PAR1 not parquet at all PAR1")
+    with pytest.raises(ValueError) as refused:
+        load_split(folder, "train", ByteTokenizer())
+    message = str(refused.value)
+    assert f"{folder / 'train-0.parquet'} is not a readable parquet file" in message
+    assert "cache" not in message and "hub" not in message

@@ -11,12 +11,20 @@ cut into articles at its top-level headings (`split_wikitext`), as its files are
 Streamed and tokenised once: rows are read one by one (``streaming=True``: a hub dataset is never
 downloaded whole, a local one never held in memory) and tokenised as they come; the tokens go to
 the corpus cache (`cache.py`), keyed by the source, the split, the tokenizer and, for local
-folders, every data file's name, size and modification time. A hub dataset's key is its name,
-configuration and split: clear the cache (``$INFTYFORMER_CACHE``) to read a new revision.
+folders, every data file's name and contents (as the .txt corpora are: a file rewritten with
+the same size and time is noticed). A hub dataset's key is its name, configuration and split:
+clear the cache (``$INFTYFORMER_CACHE``) to read a new revision.
+
+A local folder is checked before `datasets` reads it, so that its errors name the file: a split
+of files in two formats (``train.jsonl`` beside ``train-0.parquet``: `datasets` would read one
+format and drop the other without a word) is refused, as are a JSON-lines or CSV file that is
+not UTF-8 (its byte offset), a parquet file that cannot be opened, and a saved split of no rows.
 """
 
 from __future__ import annotations
 
+import codecs
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +44,7 @@ TITLE_COLUMNS = ("title", "short_book_title", "name", "id")  # a document's name
 SPLIT_NAMES = {"train": ("train",), "valid": ("validation", "valid", "dev"), "test": ("test",)}
 DATA_SUFFIXES = (".parquet", ".arrow", ".jsonl", ".csv")
 SAVED_MARKERS = ("dataset_dict.json", "state.json")  # a folder written by save_to_disk
+TEXT_SUFFIXES = (".jsonl", ".csv")  # data files read as UTF-8 text
 
 
 def data_files(folder: Path) -> list[Path]:
@@ -69,6 +78,8 @@ def _dataset_split(source: str, config: str | None, split: str) -> str:
 
 def _unreadable(source: str, err: Exception) -> str:
     first = (str(err).splitlines() or [type(err).__name__])[0]
+    if Path(source).is_dir():  # a local folder: nothing to do with the hub or its cache
+        return f"cannot read the dataset folder {source} ({type(err).__name__}: {first})"
     return (
         f"cannot read the dataset {source} ({type(err).__name__}: {first}); a hub dataset must "
         "be in the Hugging Face cache when the hub cannot be reached (HF_DATASETS_OFFLINE=1)"
@@ -80,22 +91,47 @@ def _rows(source: str, config: str | None, split: str, saved: bool) -> Iterator[
     import datasets
 
     if saved:  # save_to_disk: a DatasetDict folder or a single Dataset's
-        loaded = datasets.load_from_disk(source)
-        if isinstance(loaded, datasets.DatasetDict):
-            names = [n for n in SPLIT_NAMES[split] if n in loaded]
-            if not names:
-                raise ValueError(
-                    f"dataset {source} has no {split} split (its splits: {', '.join(loaded)})"
-                )
-            loaded = loaded[names[0]]
-        yield from loaded.to_iterable_dataset()
+        yield from _saved_rows(Path(source), split)
         return
     name = _dataset_split(source, config, split)
     try:
         stream = datasets.load_dataset(source, config, split=name, streaming=True)
+        yield from stream
     except Exception as err:  # noqa: BLE001
         raise ValueError(_unreadable(source, err)) from None
-    yield from stream
+
+
+def _saved_rows(folder: Path, split: str) -> Iterator[dict]:
+    """The rows of `split` of a folder written by ``save_to_disk`` (only that split is loaded);
+    a split of no rows is refused by name (`datasets` fails on it with an IndexError)."""
+    import datasets
+
+    listing = folder / SAVED_MARKERS[0]
+    if listing.is_file():  # a DatasetDict: one folder per split
+        try:
+            splits = [str(n) for n in json.loads(listing.read_text(encoding="utf-8"))["splits"]]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{listing} is not a dataset's list of splits ({err})") from None
+        names = [n for n in SPLIT_NAMES[split] if n in splits]
+        if not names:
+            raise ValueError(
+                f"dataset {folder} has no {split} split (its splits: {', '.join(splits)})"
+            )
+        folder = folder / names[0]
+    empty = f"the {split} split of the dataset {folder} (written by save_to_disk) holds no rows"
+    try:
+        state = json.loads((folder / SAVED_MARKERS[1]).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot read the saved dataset {folder} ({err})") from None
+    if isinstance(state, dict) and state.get("_data_files") == []:
+        raise ValueError(empty)
+    try:
+        loaded = datasets.load_from_disk(str(folder))
+    except Exception as err:  # noqa: BLE001 - datasets raises many kinds
+        raise ValueError(_unreadable(str(folder), err)) from None
+    if len(loaded) == 0:
+        raise ValueError(empty)
+    yield from loaded.to_iterable_dataset()
 
 
 def _documents(rows: Iterator[dict], source: str, wikitext: bool) -> Iterator[tuple[str, str]]:
@@ -120,18 +156,73 @@ def _text(row: dict, source: str) -> str:
 
 
 def _key_sources(source: str, folder: Path | None) -> list[tuple[str, bytes]]:
-    """What the cache key hashes: the source's name and, for a folder, each data file's name,
-    size and modification time (cheap: the files are not read)."""
+    """What the cache key hashes: the source's name and, for a folder, each data file's name
+    and the hash of its contents (JSON-lines and CSV files checked to be UTF-8 on the way)."""
     if folder is None:
         return [(source, b"hub")]
     files = [*data_files(folder), *(folder / m for m in SAVED_MARKERS if (folder / m).is_file())]
-    return [
-        (
-            p.relative_to(folder).as_posix(),
-            json.dumps([p.stat().st_size, p.stat().st_mtime_ns]).encode(),
+    return [(p.relative_to(folder).as_posix(), _contents_hash(p)) for p in sorted(files)]
+
+
+def _contents_hash(path: Path) -> bytes:
+    """The SHA-256 of `path`'s bytes; a JSON-lines or CSV file that is not UTF-8 is refused,
+    naming the file and the byte offset."""
+    digest = hashlib.sha256()
+    decoder = codecs.getincrementaldecoder("utf-8")() if path.suffix in TEXT_SUFFIXES else None
+    offset = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+            if decoder is not None:
+                offset = _decoded(decoder, block, offset, path)
+    if decoder is not None:
+        _decoded(decoder, b"", offset, path, final=True)
+    return digest.digest()
+
+
+def _decoded(decoder, block: bytes, offset: int, path: Path, final: bool = False) -> int:
+    """Feed `block` (at byte `offset` of `path`) to the UTF-8 `decoder`; the next offset."""
+    held = len(decoder.getstate()[0])  # bytes of a character cut at the last block's end
+    try:
+        decoder.decode(block, final)
+    except UnicodeDecodeError as err:
+        at = offset - held + err.start
+        raise ValueError(f"{path} is not valid UTF-8 (byte {at}): {err.reason}") from None
+    return offset + len(block)
+
+
+def _check_folder(folder: Path, split: str) -> None:
+    """Refuse a split whose files are in more than one format (`datasets` reads one and drops
+    the others), naming them, and a parquet file that cannot be opened, naming it."""
+    import datasets.data_files as found
+
+    try:
+        patterns = found.get_data_patterns(str(folder))
+        by_split = found.DataFilesDict.from_local_or_remote(patterns, base_path=str(folder))
+    except Exception:  # noqa: BLE001 - no files it knows: `load_dataset` says what is wrong
+        return
+    names = [n for n in SPLIT_NAMES[split] if n in by_split]
+    files = [Path(f) for f in by_split[names[0]]] if names else []
+    files = [f for f in files if f.suffix in DATA_SUFFIXES]
+    formats = sorted({f.suffix for f in files})
+    if len(formats) > 1:
+        shown = ", ".join(f.relative_to(folder).as_posix() for f in sorted(files))
+        raise ValueError(
+            f"the {split} split of the dataset folder {folder} mixes formats "
+            f"({', '.join(formats)}: {shown}); `datasets` would read one format only: keep one "
+            "format per split"
         )
-        for p in sorted(files)
-    ]
+    for path in files:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            try:
+                pq.ParquetFile(path).close()
+            except Exception as err:  # noqa: BLE001 - pyarrow raises several kinds
+                first = (str(err).splitlines() or [type(err).__name__])[0]
+                raise ValueError(
+                    f"{path} is not a readable parquet file ({type(err).__name__}: {first})"
+                ) from None
 
 
 def load_hf_split(
@@ -150,6 +241,8 @@ def load_hf_split(
         name, config_name = str(folder), None
     saved = folder is not None and any((folder / m).is_file() for m in SAVED_MARKERS)
     wikitext = "wikitext" in name.lower()
+    if folder is not None and not saved:
+        _check_folder(folder, split)
 
     def build() -> TokenizedCorpus:
         dtype = token_dtype(tokenizer.vocab_size)
