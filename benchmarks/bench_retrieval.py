@@ -49,7 +49,7 @@ ROWS = ("window-256", "window", "full", "streaming", "retrieval", "paper")
 LIMITED = ("full", "paper")  # rows read only to --full-limit tokens
 # rows that are presets of the retrieval kind (`inftyformer presets`); --rows may add one of
 # those not in ROWS, e.g. retrieval-near
-RETRIEVAL_KIND = tuple(p.name for p in PRESETS.values() if p.kind == "retrieval")
+RETRIEVAL_KIND = tuple(p.name for p in PRESETS.values() if p.kind in ("retrieval", "baseline"))
 MEMORY_ROWS = ("window", "retrieval", "retrieval-near")  # each alone in a process, when in --rows
 
 
@@ -71,14 +71,13 @@ class Stream:
     """One row: reads its next block on `step` and keeps its state."""
 
     def __init__(self, row: str, base) -> None:
-        from inftyformer.presets import preset_settings
         from inftyformer.retrieval.model import RetrievalLM
 
         self.row, self.base, self.state = row, base, None
         if row == "window-256":
-            self.model = RetrievalLM(base, blocks=0, sink_blocks=0, window=256)
+            self.model = RetrievalLM(base, choice="none", sink_blocks=0, window=256)
         elif row in RETRIEVAL_KIND:
-            self.model = RetrievalLM(base, **preset_settings(row, "retrieval"))
+            self.model = RetrievalLM(base, preset=row)
         elif row == "paper":
             from inftyformer.hf import add_long_term_memory
 
@@ -169,18 +168,17 @@ def time_generate(args, base) -> dict[str, Any]:
     prompt's last 2,048 tokens but one (filled untimed, a fresh copy before each turn)."""
     import copy
 
-    from inftyformer.presets import preset_settings
     from inftyformer.retrieval.model import RetrievalLM
 
     prompt = book_ids(args.base_model, args.prompt, int(base.config.vocab_size))
-    model = RetrievalLM(base, **preset_settings("retrieval", "retrieval"))
+    model = RetrievalLM(base, preset="retrieval")
     state = model(prompt[:, :-1], logits_to_keep=1).state
     recent = prompt[:, -2048:]
     filled = base(recent[:, :-1], use_cache=True, logits_to_keep=1).cache
     new, cache = args.new_tokens, {}
 
     def ours():
-        model.generate(prompt[:, -1:], new, state=state)
+        model.generate(prompt[:, -1:], new, 0, state=state)
 
     def theirs():
         mask = torch.ones_like(recent)

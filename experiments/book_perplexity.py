@@ -158,10 +158,10 @@ def block_sums(nll: torch.Tensor) -> tuple[list[float], list[int]]:
 
 
 def cell_settings(row: str, tokens: int, base_dir: str, positions: int) -> dict:
-    from inftyformer.presets import preset_settings
+    from inftyformer.presets import retrieval_settings
 
     fed = min(tokens, positions) if row == "full" else tokens
-    preset = {} if row == "full" else preset_settings(row, "retrieval")
+    preset = {} if row == "full" else retrieval_settings(row)
     return {"base_model": Path(base_dir).name, "tokens": fed, "segment_len": SEGMENT,
             "preset": preset}  # fmt: skip
 

@@ -199,7 +199,7 @@ def run_cell(task: str, row: str, length: int, args, base, tokenizer, filler: li
         if row == "full":
             written = greedy_full(base, select_cache(cache, members), question, count)
         else:
-            written, _ = model.generate(question, count, state=state.select_rows(members))
+            written, _ = model.generate(question, count, 0, state=state.select_rows(members))
         for i, new in zip(members, written.tolist(), strict=True):
             answer = rows[i][1]
             samples.append({"answer": tokenizer.decode(answer),

@@ -91,7 +91,7 @@ def run_cell(
         part = state.select_rows(members)
         choice = model(question, part, reselect=True, logits_to_keep=1).state.selected
         count = max(len(rows[i][1]) for i in members)
-        written, _ = model.generate(question, count, state=part)
+        written, _ = model.generate(question, count, 0, state=part)
         for k, (i, new) in enumerate(zip(members, written.tolist(), strict=True)):
             answer = rows[i][1]
             span = find(data[i][0].tolist(), answer)

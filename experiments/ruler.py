@@ -7,17 +7,13 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
     streaming  the first 64 tokens and the last 1,984               "inftyformer-retrieval",
     retrieval  the first 64, the 16 past blocks of 64 its queries   `integrations.ruler_lm`)
                match best and the last 960
-    retrieval-true  the same places, each at its distance in the stream where the base's
-               positions hold it
     retrieval-near  the first 64, the 24 past blocks of 64 its queries match best (the best
                last, right before the window) and the last 448
     retrieval-picked  one fact read: the first 64, the block the last 32 queries of the
                prompt's last call (the question's) give the most attention weight with the
                block after it, the last 256; the answer reads the question's blocks
     picked-all, picked-max  that with the blocks chosen by every query of that call
-               (`select_queries=0`); that with each block scored by its best q · k (`score=max`)
-    picked-trained  that with the choosing queries through a map trained on the facts task
-               (`experiments/retrieval_trained.py`; --query-map)
+               (`select_queries=0`); that with each block scored by its best q · k (`choice=max`)
     paper      the paper's memory in every block of the base (`paper-gpt2` preset, untrained),
                saved as a memory model and run as a user runs one: lm_eval's `hf` model with
                trust_remote_code (the folder made once under --models-dir)
@@ -45,7 +41,6 @@ interval of that share over the prompts, and the prompt count.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -98,10 +93,9 @@ def stale(path: Path, args) -> bool:
 
 
 PICKED = "retrieval-picked"  # the preset of the variant rows (VARIANTS: row: preset, settings)
-VARIANTS = {"picked-all": (PICKED, "select_queries=0"), "picked-max": (PICKED, "score=max")}
-RULER_ROWS = (*ROWS, PICKED, *VARIANTS, "picked-trained", "paper")
-TRAINED = {"picked-trained": PICKED}  # row: the preset its query map is read by
-DEFAULT_ROWS = tuple(r for r in RULER_ROWS if r not in TRAINED)  # a trained row needs its map
+VARIANTS = {"picked-all": (PICKED, "select_queries=0"), "picked-max": (PICKED, "choice=max")}
+RULER_ROWS = (*ROWS, PICKED, *VARIANTS, "paper")
+DEFAULT_ROWS = RULER_ROWS
 PAPER_PRESET = "paper-gpt2"
 WHOLE = 1 << 24  # lm_eval's max_length for a memory model: any prompt reaches it whole
 
@@ -123,11 +117,9 @@ def paper_model(base_dir: str | Path, folder: Path) -> Path:
     return folder
 
 
-def model_of(
-    row: str, base_dir: str, models_dir: str | Path | None = None, query_map: str | None = None
-) -> tuple[str, str]:
+def model_of(row: str, base_dir: str, models_dir: str | Path | None = None) -> tuple[str, str]:
     """lm_eval's model name and model_args for `row` (`paper`: its saved model, made in
-    `models_dir` if it is not there; a `TRAINED` row: its preset reading `query_map`)."""
+    `models_dir` if it is not there)."""
     from inftyformer.integrations.harness import check_model_dir
 
     folder = check_model_dir(base_dir)
@@ -140,10 +132,6 @@ def model_of(
         return "hf", f"pretrained={saved},trust_remote_code=True,dtype=float32,max_length={WHOLE}"
     import inftyformer.integrations.ruler_lm as ruler_lm  # registers the model with lm_eval
 
-    if row in TRAINED:
-        if query_map is None or not Path(query_map).is_file():
-            raise ValueError(f"row {row} reads a trained query map: --query-map FILE ({query_map})")
-        return ruler_lm.NAME, f"pretrained={folder},preset={TRAINED[row]},query_map={query_map}"
     if row in VARIANTS:
         preset, settings = VARIANTS[row]
         return ruler_lm.NAME, f"pretrained={folder},preset={preset},{settings}"
@@ -246,8 +234,7 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
     limit = base_positions(base_dir)
     if row == "full" and length > limit:
         return {"skipped": f"the prompts do not fit the base's {limit} positions"}
-    query_map = getattr(args, "query_map", None) if row in TRAINED else None
-    model, model_args = model_of(row, base_dir, getattr(args, "models_dir", None), query_map)
+    model, model_args = model_of(row, base_dir, getattr(args, "models_dir", None))
     name = task.config.task
     from_start = not reset_peak_rss()  # the cell's own peak where the kernel allows it
     before = rss_mb()  # lm_eval's task data (its prompts of this length) made, no model yet
@@ -280,10 +267,7 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
     total = sum(a["score"] for a in answers)
     return {
         "row": row, "task": name, "length": length, "model": model,
-        "model_args": without_paths(model_args, base_dir, getattr(args, "models_dir", None))
-        .replace(str(query_map), "QUERY_MAP"),
-        **({"query_map_sha256": hashlib.sha256(Path(query_map).read_bytes()).hexdigest()}
-           if query_map else {}),  # fmt: skip
+        "model_args": without_paths(model_args, base_dir, getattr(args, "models_dir", None)),
         "score": total / n, "samples": n, "interval": wilson(total, n),
         "lm_eval_score": result["results"][name][f"{length},none"], "seconds": seconds,
         "max_gen_toks": args.max_gen_toks, **peak,
@@ -311,24 +295,21 @@ def render(data: dict, notes: str = "") -> str:
         + ". Rendered from `ruler.json` by `experiments/ruler.py`."
         + cut_sentence(setup),
         "",
-        "Rows: `full` the base alone (lm_eval's `hf` model); `window` a KV cache of the last 2,048 "
-        "tokens; `streaming` the first 64 and the last 1,984; `retrieval` the first 64, the 16 "
-        "past blocks of 64 its queries match best and the last 960; `retrieval-true` the same "
-        "places, each at its distance in the stream where the base's positions hold it; "
-        "`retrieval-near` the first 64, the 24 past blocks of 64 its queries match best (the best "
-        "last) and the last 448; `retrieval-picked` one fact read: the first 64, the past block "
-        "the last 32 queries of the prompt's last call (the question's) give the most attention "
-        "weight with the block after it, and the last 256 (448 places), the answer written with "
-        "its question's blocks; `picked-all` that preset with the blocks chosen by every query of "
-        "that call (`select_queries=0`); `picked-max` that preset scoring each block by its best q "
-        "· k (`score=max`); `picked-trained` that preset choosing by queries through a map trained "
-        "on the facts task (`experiments/retrieval_trained.py`, `docs/retrieval_trained.md`) "
-        "(lm_eval model `inftyformer-retrieval`, `inftyformer.integrations.ruler_lm`, "
-        "with the row's "
-        "preset); `paper` the paper's memory in every block of the base (preset `paper-gpt2`, "
-        "untrained: as wrapped, it adds nothing to the base's logits, so it reads what the base "
-        "reads in its window of one segment before the segment), saved as a memory model and run "
-        "by lm_eval's `hf` model with trust_remote_code, every prompt streamed through the memory."
+        "Rows: `full` the base alone (lm_eval's `hf` model); `window` a KV cache of the last "
+        "2,048 tokens; `streaming` the first 64 and the last 1,984; `retrieval` the first 64, the"
+        " 16 past blocks of 64 its queries match best and the last 960; `retrieval-near` the "
+        "first 64, the 24 past blocks of 64 its queries match best (the best last) and the last "
+        "448; `retrieval-picked` one fact read: the first 64, the past block the last 32 queries "
+        "of the prompt's last call (the question's) give the most attention weight with the block"
+        " after it, and the last 256 (448 places), the answer written with its question's blocks;"
+        " `picked-all` that preset with the blocks chosen by every query of that call "
+        "(`select_queries=0`); `picked-max` that preset scoring each block by its best q · k "
+        "(`choice=max`) (lm_eval model `inftyformer-retrieval`, "
+        "`inftyformer.integrations.ruler_lm`, with the row's preset); `paper` the paper's memory "
+        "in every block of the base (preset `paper-gpt2`, untrained: as wrapped, it adds nothing "
+        "to the base's logits, so it reads what the base reads in its window of one segment "
+        "before the segment), saved as a memory model and run by lm_eval's `hf` model with "
+        "trust_remote_code, every prompt streamed through the memory."
         + (
             " Rows `kvpress_*`: NVIDIA's kvpress presses, each keeping 2,048 entries of the "
             "context (below)."
@@ -411,12 +392,6 @@ def main(argv: list[str] | None = None) -> None:
         "--models-dir",
         default="runs/ruler-models",
         help="where the paper row's saved memory model is made (once, ~0.6 GB for SmolLM2-135M)",
-    )
-    p.add_argument(
-        "--query-map",
-        default="runs/query-map.safetensors",
-        help="the trained query map the picked-trained row reads "
-        "(experiments/retrieval_trained.py)",
     )
     p.add_argument(
         "--dump-prompts",

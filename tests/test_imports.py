@@ -56,6 +56,8 @@ LAYERS = {
         "base_weights",
         "pretrained_config",
         "retrieval.config",
+        "retrieval.scorers",
+        "retrieval.layouts",
         "retrieval",
         "",
     ],
@@ -64,11 +66,10 @@ LAYERS = {
     "pretrained": [
         "hf",
         "retrieval.model",
-        "retrieval.scorers",
+        "retrieval.attention",
         "retrieval.state",
         "retrieval.store",
         "retrieval.decode",
-        "retrieval.query_map",
     ],
     # the glue to lm-evaluation-harness and RULER: it reads text as data/ does
     "tasks": ["data", "metrics", "tasks", "inspection", "integrations"],

@@ -6,7 +6,9 @@ was measured.
     pretrained   how the memory is added to a pretrained base (`AdapterConfig`); the blocks
                  with a memory may depend on the base's depth (`memory_layers` as a rule)
     retrieval    what a pretrained base reads of its exact past, training-free
-                 (`RetrievalConfig`, `inftyformer.retrieval.model`)
+                 (`RetrievalConfig`, `inftyformer.retrieval`)
+    baseline     what the retrieval is measured against (StreamingLLM, a KV window), read by
+                 the same model
 
 `preset_settings(name, kind, blocks=…)` gives a preset's settings for a base of `blocks` blocks;
 `PretrainedMemoryConfig(base_model=DIR, preset="…")`, `add_long_term_memory(base, preset="…")`
@@ -24,7 +26,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("native", "pretrained", "retrieval")
+KINDS = ("native", "pretrained", "retrieval", "baseline")
+READ_KINDS = ("retrieval", "baseline")  # the presets a `RetrievalLM` reads
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class Preset:
     """One named configuration."""
 
     name: str
-    kind: str  # "native" or "pretrained"
+    kind: str  # one of KINDS
     summary: str  # one line: what it is
     settings: Mapping[str, Any]  # flat settings
     measured: str = ""  # where it was measured (a page of docs/)
@@ -139,51 +142,46 @@ register_preset(Preset(
          segment_len=256, window=256),
     measured="docs/passkey.md (row xxiii)",
 ))  # fmt: skip
-# the retrieval kind: a budget of 2,048 read places (sink + blocks + window) for every row
+# the retrieval kind: what a pretrained base reads of its exact past (`RetrievalConfig`); a
+# budget of 2,048 read places (sink + blocks + window) for the default and the near preset
 register_preset(Preset(
     "retrieval", "retrieval",
-    "the base reads its first 64 tokens, the 16 past blocks of 64 its queries match best and "
-    "the last 960 (2,048 places), every block from the first",
-    dict(block_size=64, blocks=16, sink_blocks=1, window=960, read_from=0, score="max",
-         segment_len=256),
-    measured="docs/retrieval.md",
-))  # fmt: skip
-register_preset(Preset(
-    "retrieval-true", "retrieval",
-    "the retrieval preset with every read place at its distance in the stream where the base's "
-    "positions hold it (the oldest packed beyond)",
-    dict(block_size=64, blocks=16, sink_blocks=1, window=960, read_from=0, score="max",
-         segment_len=256, distances="true"),
+    "the default: the base reads its first 64 tokens, the 16 past blocks of 64 its queries "
+    "match best and the last 960 (2,048 places), every block from the first",
+    dict(block_size=64, sink_blocks=1, window=960, segment_len=256,
+         choice=dict(kind="max", blocks=16, read_from=0)),
     measured="docs/retrieval.md",
 ))  # fmt: skip
 register_preset(Preset(
     "retrieval-near", "retrieval",
     "the first 64 tokens, the 24 past blocks of 64 its queries match best read by rising score "
     "(the best right before the window) and the last 448 (2,048 places)",
-    dict(block_size=64, blocks=24, sink_blocks=1, window=448, read_from=0, score="max",
-         order="score", segment_len=256),
+    dict(block_size=64, sink_blocks=1, window=448, segment_len=256,
+         choice=dict(kind="max", blocks=24, read_from=0), layout=dict(kind="nearest")),
     measured="docs/retrieval.md",
 ))  # fmt: skip
 register_preset(Preset(
     "retrieval-picked", "retrieval",
     "one fact read, its alike facts left out: the first 64 tokens, the past block a call's "
     "last 32 queries (a question's) give the most attention weight with the block after it, "
-    "and the last 256 (448 places); the answer reads its question's blocks (add a trained "
-    "query_map=FILE to pick by it)",
-    dict(block_size=64, blocks=2, neighbours=1, sink_blocks=1, window=256, read_from=0,
-         score="attention", segment_len=256, answer_choice="question", select_queries=32),
+    "and the last 256 (448 places); the answer reads its question's blocks",
+    dict(block_size=64, sink_blocks=1, window=256, segment_len=256,
+         choice=dict(kind="attention", blocks=2, neighbours=1, read_from=0,
+                     answer_choice="question", select_queries=32)),
     measured="docs/ruler.md",
 ))  # fmt: skip
+# the baselines the retrieval is measured against, at the same budget of read places: read by
+# `RetrievalLM` as its presets are, not offered beside them
 register_preset(Preset(
-    "streaming", "retrieval",
+    "streaming", "baseline",
     "the StreamingLLM baseline at the retrieval budget: the first 64 tokens and the last 1,984",
-    dict(block_size=64, blocks=0, sink_blocks=1, window=1984, segment_len=256),
+    dict(block_size=64, sink_blocks=1, window=1984, segment_len=256, choice=dict(kind="none")),
     measured="docs/retrieval.md",
 ))  # fmt: skip
 register_preset(Preset(
-    "window", "retrieval",
+    "window", "baseline",
     "the base with a KV cache of its last 2,048 tokens and nothing older",
-    dict(block_size=64, blocks=0, sink_blocks=0, window=2048, segment_len=256),
+    dict(block_size=64, sink_blocks=0, window=2048, segment_len=256, choice=dict(kind="none")),
     measured="docs/retrieval.md",
 ))  # fmt: skip
 
@@ -202,6 +200,15 @@ def preset_settings(name: str, kind: str, blocks: int | None = None) -> dict[str
     caller's on top (``{**preset_settings(…), **settings}``): its strategies' settings (its
     squeeze's τ, its density's sharpness, …) as `fallback`s (module doc)."""
     return get_preset(name, kind).settings_for(blocks, fallbacks=True)
+
+
+def retrieval_settings(name: str) -> dict[str, Any]:
+    """The settings of preset `name` that a `RetrievalLM` reads: a retrieval preset or a
+    baseline (`READ_KINDS`); a ValueError listing those there are otherwise."""
+    if name not in PRESETS or PRESETS[name].kind not in READ_KINDS:
+        known = [p.name for p in PRESETS.values() if p.kind in READ_KINDS]
+        raise ValueError(f"unknown retrieval preset {name!r}; known: {', '.join(known)}")
+    return PRESETS[name].settings_for(fallbacks=True)
 
 
 def preset_changes(
@@ -294,6 +301,7 @@ __all__ = [
     "Fallback",
     "KINDS",
     "PRESETS",
+    "READ_KINDS",
     "Preset",
     "describe_presets",
     "every_fourth_from_the_middle",
@@ -304,4 +312,5 @@ __all__ = [
     "preset_changes",
     "preset_settings",
     "register_preset",
+    "retrieval_settings",
 ]

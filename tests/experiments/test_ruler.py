@@ -101,15 +101,7 @@ def test_rows_are_the_models_they_name(tmp_path):
         "inftyformer-retrieval", f"pretrained={tmp_path},preset=retrieval-picked,select_queries=0"
     )  # fmt: skip
     assert rr.model_of("picked-max", str(tmp_path)) == (
-        "inftyformer-retrieval", f"pretrained={tmp_path},preset=retrieval-picked,score=max"
-    )  # fmt: skip
-    # the trained row: the picked preset reading the query map it is given, and only one
-    with pytest.raises(ValueError, match="reads a trained query map: --query-map FILE"):
-        rr.model_of("picked-trained", str(tmp_path), query_map=str(tmp_path / "none"))
-    qmap = tmp_path / "map.safetensors"
-    qmap.write_bytes(b"x")
-    assert rr.model_of("picked-trained", str(tmp_path), query_map=str(qmap)) == (
-        "inftyformer-retrieval", f"pretrained={tmp_path},preset=retrieval-picked,query_map={qmap}"
+        "inftyformer-retrieval", f"pretrained={tmp_path},preset=retrieval-picked,choice=max"
     )  # fmt: skip
 
 

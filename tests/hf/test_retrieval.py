@@ -11,7 +11,12 @@ from tiny_hf import V, tiny_base
 from inftyformer.retrieval import state as retrieval_state
 from inftyformer.retrieval.config import RetrievalConfig
 from inftyformer.retrieval.model import RetrievalLM
-from inftyformer.retrieval.scorers import attention_score, block_scores
+from inftyformer.retrieval.scorers import (
+    AttentionChoice,
+    MaxChoice,
+    attention_score,
+    block_scores,
+)
 
 POSITIONS = 512
 
@@ -32,7 +37,7 @@ def test_a_window_holding_the_stream_reads_as_the_full_context(segment_len):
     stream, whatever the calls' length."""
     ids = tokens()
     full = tiny_base("llama", max_position_embeddings=POSITIONS)(ids).logits
-    m = model(block_size=8, blocks=0, sink_blocks=0, window=64, segment_len=segment_len)
+    m = model(block_size=8, choice="none", sink_blocks=0, window=64, segment_len=segment_len)
     torch.testing.assert_close(m(ids).logits, full, rtol=0, atol=2e-5)
 
 
@@ -188,10 +193,10 @@ def test_settings_that_cannot_work_are_refused_by_name():
         RetrievalLM(make("gpt2"))
     with pytest.raises(ValueError, match="pass the base's 512 positions"):
         model(window=400, blocks=4, block_size=32)
-    with pytest.raises(ValueError, match="score must be one of"):
-        RetrievalConfig(score="sum")
-    with pytest.raises(ValueError, match="distances must be one of"):
-        RetrievalConfig(distances="exact")
+    with pytest.raises(ValueError, match="choice must be one of"):
+        RetrievalConfig(choice="sum")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        RetrievalConfig(layout="exact")
     with pytest.raises(ValueError, match="select_layer must be below"):
         model(select_layer=2)
     with pytest.raises(ValueError, match="input_ids"):
@@ -204,7 +209,7 @@ def test_greedy_generation_is_the_argmax_of_the_calls_it_makes():
     a separate forward over the same calls."""
     ids = tokens(length=20)
     settings = dict(block_size=4, blocks=2, sink_blocks=1, window=4, segment_len=8)
-    new, _ = model(**settings).generate(ids, max_new_tokens=5)
+    new, _ = model(**settings).generate(ids, max_new_tokens=5, temperature=0)
     m = model(**settings)
     out = m(ids)
     state = out.state
@@ -278,20 +283,19 @@ def test_put_keys_makes_every_chunk_at_its_full_size():
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("score", ["max", "mean"])
-def test_block_scores_by_hand_over_chunks_of_unequal_sizes(score):
-    """Score "max": a block's best q · k / √d over queries, heads and its tokens; "mean": its
-    best token's mean over the queries of the best over heads. The keys in chunks of 3 and 1
-    blocks (parts of unequal sizes through one buffer), row 1 holding 3 of the 4 blocks."""
+def test_block_scores_by_hand_over_chunks_of_unequal_sizes():
+    """Choice "max": a block's best q · k / √d over queries, heads and its tokens. The keys in
+    chunks of 3 and 1 blocks (parts of unequal sizes through one buffer), row 1 holding 3 of
+    the 4 blocks."""
     g = torch.Generator().manual_seed(5)
     b, Hkv, G, T, d, B = 2, 2, 3, 5, 8, 4
     query = torch.randn(b, Hkv * G, T, d, generator=g)
     keys = torch.randn(b, 4 * B, Hkv, d, generator=g).half()
     stored = torch.tensor([[True] * 4, [True] * 3 + [False]])
-    got = block_scores(query, keys.split([3 * B, B], 1), stored, Hkv, B, score)
+    got = block_scores(query, keys.split([3 * B, B], 1), stored, Hkv, B, MaxChoice())
     q = query.view(b, Hkv, G, T, d)
     s = torch.einsum("bhgtd,bnhd->bhgtn", q, keys.float()) / d**0.5  # [b, Hkv, G, T, 4B]
-    token = s.amax((1, 2, 3)) if score == "max" else s.amax((1, 2)).mean(1)  # [b, 4B]
+    token = s.amax((1, 2, 3))  # [b, 4B]
     want = token.unflatten(-1, (4, B)).amax(-1)  # each block's best token  [b, 4]
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-5)
     torch.testing.assert_close(got[1, :3], want[1, :3], rtol=0, atol=1e-5)
@@ -335,7 +339,7 @@ def test_the_state_of_some_rows_reads_as_those_rows_streamed_alone():
 @pytest.mark.parametrize(
     "settings",
     [
-        dict(block_size=4, blocks=2, sink_blocks=1, window=8, segment_len=16),
+        dict(block_size=4, blocks=2, sink_blocks=1, window=8, segment_len=16, read_from=None),
         dict(block_size=4, blocks=3, sink_blocks=2, window=8, segment_len=6, read_from=0,
              select_layer=1),
     ],
@@ -368,81 +372,14 @@ def test_one_token_calls_in_a_run_read_as_calls_that_rebuild_their_context(setti
 
 
 @torch.no_grad()
-def test_true_distances_read_as_the_full_context_while_it_is_all_read():
-    """distances="true": the call's tokens as far on as the positions allow, every read slot
-    at its distance in the stream; while everything read is the whole stream, the base's own
-    logits (as the packed layout), in long calls and in one-token runs."""
-    ids = tokens()
-    full = tiny_base("llama", max_position_embeddings=POSITIONS)(ids).logits
-    settings = dict(block_size=8, blocks=2, sink_blocks=1, window=16, select_layer=0)
-    m = model(**settings, segment_len=8, distances="true")
-    assert m.anchor == POSITIONS - 8
-    torch.testing.assert_close(m(ids).logits, full, rtol=0, atol=1e-4)
-    state, logits = m(ids[:, :30]).state, []
-    for t in range(30, 40):  # one token at a time: runs of kept context
-        out = m(ids[:, t : t + 1], state)
-        logits.append(out.logits)
-        state = out.state
-    torch.testing.assert_close(torch.cat(logits, 1), full[:, 30:], rtol=0, atol=1e-4)
-
-
-@torch.no_grad()
-def test_true_distances_keep_the_gaps_packed_closes_and_pack_what_does_not_fit(monkeypatch):
-    """52 tokens read in blocks of 4, then a call of 4 reading one stored block: the sink
-    (tokens 0-3), the chosen block and the window (the last 8-11 tokens) at their distances
-    to the call's first token, gaps kept; with too few positions for those distances the
-    oldest slots are packed in order at the bottom (the sink at 0-3), the window still true."""
-    ids = tokens(length=56)
-    settings = dict(block_size=4, blocks=1, sink_blocks=1, window=8, segment_len=4,
-                    select_layer=0)  # fmt: skip
-    seen = []
-    original = RetrievalLM.slot_positions
-
-    def record(self, valid, at=0, call=None):
-        out = original(self, valid, at, call)
-        seen.append((valid, call, out))
-        return out
-
-    monkeypatch.setattr(RetrievalLM, "slot_positions", record)
-    for limit, fits in ((POSITIONS, True), (32, False)):
-        m = RetrievalLM(tiny_base("llama", max_position_embeddings=limit), **settings,
-                        distances="true").eval()  # fmt: skip
-        state = m(ids[:, :52]).state
-        seen.clear()
-        m(ids[:, 52:], state)
-        valid, call, pos = seen[-1]
-        A = m.anchor
-        assert A == limit - 4
-        stream = call.streams[id(valid)]
-        for row in range(2):
-            v = valid[row]
-            got, where = pos[row][v], stream[row][v]
-            assert bool((got[1:] > got[:-1]).all()) and int(got.min()) >= 0
-            assert where[:4].tolist() == [0, 1, 2, 3]  # the sink
-            assert where[-1] == 51 and int(v.sum()) == 4 + 4 + int(state.window_len[row])
-            true = A - (52 - where)
-            window = where >= 52 - int(state.window_len[row])
-            assert torch.equal(got[window], true[window])
-            if fits:
-                assert torch.equal(got, true)
-                assert int(where[4]) - 4 >= 4  # the chosen block is not the one after the sink
-            else:
-                assert got[:4].tolist() == [0, 1, 2, 3]
-        state.store.close()
-    packed = model(**settings)
-    assert packed.anchor == packed.config.context
-
-
-@torch.no_grad()
-@pytest.mark.parametrize("distances", ["packed", "true"])
-def test_a_questions_first_pass_scores_the_blocks_as_its_later_choice_does(distances, monkeypatch):
+def test_a_questions_first_pass_scores_the_blocks_as_its_later_choice_does(monkeypatch):
     """`reselect`: a first pass chooses for the blocks below `select_layer`, then the call's
     own pass chooses again at it. With the blocks below reading the same choice in both (all
     stored blocks, held as chosen), both passes see the same hidden states, so they must score
     with the same queries (turned back to P0 + t), whatever the layout the call reads."""
     ids = tokens(length=48)
     m = model(block_size=8, blocks=2, sink_blocks=1, window=16, segment_len=8,
-              select_layer=1, read_from=0, distances=distances)  # fmt: skip
+              select_layer=1, read_from=0)  # fmt: skip
     state = m(ids[:, :40]).state
     assert state.blocks.tolist() == [2, 2]
     chosen = torch.ones(2, 2, dtype=torch.bool)
@@ -478,31 +415,30 @@ def scored_state(m: RetrievalLM, block_ids: list[int], strong: dict[int, float])
 
 
 @torch.no_grad()
-def test_order_score_reads_the_best_block_last_and_needs_packed_distances():
+def test_the_nearest_layout_reads_the_best_block_last():
     """Two stored blocks chosen of three: in stream order [8, 9]; by score the best (block 8)
     is read last, nearest the window: [9, 8]; a whole stream reads the same blocks either way,
     only their places differ."""
     m = model(block_size=4, blocks=2, sink_blocks=0, window=4, segment_len=4)
     state, query = scored_state(m, [7, 8, 9], {6: 5.0, 9: 4.0})  # block 1 best, block 2 second
     assert m.select(state, query)[0].tolist() == [[8, 9]]
-    by_score = model(block_size=4, blocks=2, sink_blocks=0, window=4, segment_len=4, order="score")
+    by_score = model(block_size=4, blocks=2, sink_blocks=0, window=4, segment_len=4,
+                     layout="nearest")  # fmt: skip
     assert by_score.select(state, query)[0].tolist() == [[9, 8]]
     ids = tokens(length=48)
     stream, scored = m(ids), by_score(ids)
     assert torch.equal(stream.state.selected.sort(1).values, scored.state.selected.sort(1).values)
     assert (stream.logits[:, -4:] - scored.logits[:, -4:]).abs().max() > 1e-4
-    with pytest.raises(ValueError, match="order='score'.*distances='packed'"):
-        RetrievalConfig(order="score", distances="true")
-    with pytest.raises(ValueError, match="order must be one of"):
-        RetrievalConfig(order="best")
+    with pytest.raises(ValueError, match="layout 'nearest' orders the chosen blocks"):
+        RetrievalConfig(layout="nearest", choice="none")
 
 
 @torch.no_grad()
 def test_attention_score_is_each_blocks_best_softmax_weight_over_the_store():
-    """score="attention" by hand: each query and head's softmax over every stored token (rows'
+    """choice "attention" by hand: each query and head's softmax over every stored token (rows'
     unstored blocks left out), a block's score the log of its best weight; the store read in
     parts of 4,096 tokens gives the one-pass result."""
-    m = model(block_size=64, blocks=2, sink_blocks=0, window=4, segment_len=4, score="attention")
+    m = model(block_size=64, blocks=2, sink_blocks=0, window=4, segment_len=4, choice="attention")
     H, d, G = m.kv_heads, m.head_dim, m.base.config.num_attention_heads // m.kv_heads
     g = torch.Generator().manual_seed(3)
     n, T = 80, 2  # 5,120 stored tokens: two parts
@@ -535,19 +471,17 @@ def test_attention_score_prefers_the_block_one_query_matches_alone():
     query[0, 0, 0], query[0, 0, 1] = a * d**0.5, b * d**0.5  # scores 8 and 6 after the scale
     assert m.select(state, query)[0].tolist() == [[7]]
     attention = model(block_size=4, blocks=1, sink_blocks=0, window=4, segment_len=4,
-                      score="attention")  # fmt: skip
+                      choice="attention")  # fmt: skip
     assert attention.select(state, query)[0].tolist() == [[8]]
-    with pytest.raises(ValueError, match="score must be one of"):
-        RetrievalConfig(score="best")
 
 
 @torch.no_grad()
-def test_order_score_reads_a_best_block_and_its_neighbour_last_in_stream_order():
+def test_the_nearest_layout_reads_a_best_block_and_its_neighbour_last_in_stream_order():
     """Four stored blocks, three read, one neighbour each: the best block (8) brings the one
     after it (9, whatever it scores), the next best (10) fills the rest. By rising score the
     pair is read last, the best block before its neighbour as in the stream: [10, 8, 9]."""
     m = model(block_size=4, blocks=3, sink_blocks=0, window=4, segment_len=4, neighbours=1,
-              order="score")  # fmt: skip
+              layout="nearest")  # fmt: skip
     state, query = scored_state(m, [7, 8, 9, 10], {6: 5.0, 13: 4.0})  # block 1, then block 3
     assert m.select(state, query)[0].tolist() == [[10, 8, 9]]
     stream = model(block_size=4, blocks=3, sink_blocks=0, window=4, segment_len=4, neighbours=1)
@@ -555,11 +489,11 @@ def test_order_score_reads_a_best_block_and_its_neighbour_last_in_stream_order()
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("score", ["max", "mean", "attention"])
-def test_select_reads_the_best_blocks_by_block_scores(score):
+@pytest.mark.parametrize("choice", ["max", "attention"])
+def test_select_reads_the_best_blocks_by_block_scores(choice):
     """What `select` reads is the top `blocks` of `block_scores` under the config's score (a
     real state: 12 blocks stored of 4 tokens, random queries)."""
-    m = model(block_size=4, blocks=3, sink_blocks=1, window=8, segment_len=8, score=score)
+    m = model(block_size=4, blocks=3, sink_blocks=1, window=8, segment_len=8, choice=choice)
     state = m(tokens(batch=2, length=64)).state
     query = torch.randn(2, m.base.config.num_attention_heads, 5, m.head_dim)
     scores = m.block_scores(state, query)  # [2, n]
@@ -568,8 +502,6 @@ def test_select_reads_the_best_blocks_by_block_scores(score):
         best = scores[row].topk(3).indices
         assert sorted(ids[row].tolist()) == sorted(state.block_ids[row, best].tolist())
         assert valid[row].all()
-    other = "max" if score != "max" else "attention"
+    other = AttentionChoice() if choice == "max" else MaxChoice()
     assert not torch.equal(m.block_scores(state, query, other), scores)
-    with pytest.raises(ValueError, match="score must be one of"):
-        m.block_scores(state, query, "best")
     state.store.close()

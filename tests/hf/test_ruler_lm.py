@@ -60,7 +60,7 @@ def request(text: str, **gen_kwargs) -> SimpleNamespace:
 
 def reference(lm: RetrievalHarnessLM, text: str, count: int) -> list[int]:
     ids = torch.tensor([lm.encode(text)])
-    new, state = lm.model.generate(ids, count)
+    new, state = lm.model.generate(ids, count, temperature=0)
     state.store.close()
     return new[0].tolist()
 

@@ -83,17 +83,30 @@ def test_presets_are_refused_for_the_other_kind_by_name():
 
 
 def test_the_retrieval_presets_build_their_config_at_one_budget():
+    from inftyformer.presets import READ_KINDS, retrieval_settings
     from inftyformer.retrieval.config import RetrievalConfig
 
-    configs = {name: RetrievalConfig(**preset_settings(name, "retrieval"))
+    configs = {name: RetrievalConfig(**retrieval_settings(name))
                for name in ("retrieval", "retrieval-near", "streaming", "window")}  # fmt: skip
     # each reads 2,048 places at most: sink + blocks + window
     for config in configs.values():
         assert (config.sink_blocks + config.blocks) * config.block_size + config.window == 2048
     assert configs["retrieval"].read_from == 0 and configs["streaming"].blocks == 0
+    # the default config is the default preset
+    assert RetrievalConfig() == configs["retrieval"]
     # retrieval-near: the best block last, beside a shorter window
     near = configs["retrieval-near"]
-    assert near.order == "score" and (near.blocks, near.window) == (24, 448)
+    assert near.layout.kind == "nearest" and (near.blocks, near.window) == (24, 448)
+    # at most three retrieval presets; the baselines a kind of their own
+    kinds = {p.name: p.kind for p in PRESETS.values() if p.kind in READ_KINDS}
+    assert sum(k == "retrieval" for k in kinds.values()) <= 3
+    assert kinds["streaming"] == kinds["window"] == "baseline"
+    # a baseline reads no block: the choice's settings cannot be written on it
+    with pytest.raises(ValueError, match="blocks is a setting of choice"):
+        RetrievalConfig(**{**retrieval_settings("streaming"), "blocks": 4})
+    # switching a preset's choice keeps the settings the new one shares
+    switched = RetrievalConfig(**{**retrieval_settings("retrieval"), "choice": "attention"})
+    assert (switched.choice.kind, switched.blocks, switched.read_from) == ("attention", 16, 0)
 
 
 def test_a_preset_applied_to_a_trained_model_changes_what_differs():

@@ -27,7 +27,6 @@ generation settings go together, `batch_size` at a time.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -38,12 +37,12 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from ..presets import preset_settings
+from ..presets import retrieval_settings
 from ..retrieval.config import RetrievalConfig
 from ..retrieval.model import RetrievalLM
 
 NAME = "inftyformer-retrieval"
-SETTINGS = tuple(f.name for f in dataclasses.fields(RetrievalConfig))
+SETTINGS = RetrievalConfig.setting_names()
 OWN = ("pretrained", "preset", "tokenizer", "dtype", "batch_size", "max_batch_size", "device")
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_MAX_GEN_TOKS = 256  # lm_eval's default where a task names none
@@ -122,7 +121,7 @@ class RetrievalHarnessLM(LM):
         if self.batch_size < 1:
             raise ValueError(f"{NAME}: batch_size must be a positive int, got {batch_size!r}")
         # the preset and settings checked before any weight is read
-        config = RetrievalConfig(**preset_settings(preset, "retrieval")).replace(**settings)
+        config = RetrievalConfig(**{**retrieval_settings(preset), **settings})
         base = AutoModelForCausalLM.from_pretrained(str(pretrained), dtype=getattr(torch, dtype))
         self._device = pick_device(device)
         self.model = RetrievalLM(base.to(self.device), config).eval()

@@ -1,94 +1,122 @@
-"""The settings of retrieval of exact past blocks on a pretrained model
-(`inftyformer.retrieval.model`; no transformers import)."""
+"""The settings of the training-free retrieval of exact past blocks (`retrieval/model.py`; no
+transformers import): what every call reads, and two strategies behind seams of their own.
+
+    RetrievalConfig(block_size=64, sink_blocks=1, window=960, segment_len=256,
+                    choice=MaxChoice(blocks=16, read_from=0), layout=StreamLayout())
+
+    seam     what it decides                      kinds (`scorers.py`, `layouts.py`)
+    choice   which stored blocks a call reads     "max": the best q·k of any query, head and
+                                                  token; "attention": the best attention weight
+                                                  over all stored tokens; "none": no past blocks
+                                                  (the baselines: sink and window only)
+    layout   where the chosen blocks sit          "stream": in stream order; "nearest": by
+                                                  rising score, the best next to the window
+
+Each strategy validates its own settings; a setting of a strategy that was not chosen cannot be
+written: ``RetrievalConfig(choice="none", blocks=4)`` is refused (blocks is a setting of choice
+'max' or 'attention'). The settings go by flat names too, as presets and the command line write
+them (``RetrievalConfig(choice="attention", blocks=2, select_queries=32)``), and read back the
+same way (``config.blocks`` is ``config.choice.blocks``; 0 for choice "none").
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .._checks import check_positive_int
+from ..core.flat_settings import flat_setting, takes_flat_settings
+from ..core.seams import Strategy, setting_names
+from . import layouts, scorers  # noqa: F401  (register the strategies: their settings are names)
+from .layouts import StreamLayout
+from .scorers import MaxChoice
 
-SCORES = ("max", "mean", "attention")
-DISTANCES = ("packed", "true")
-ORDERS = ("stream", "score")
-ANSWER_CHOICES = ("own", "question")
+SEAMS = ("choice", "layout")
 
 
+@takes_flat_settings(*SEAMS)
 @dataclass(frozen=True)
 class RetrievalConfig:
-    """Retrieval of exact past blocks by the current queries (`inftyformer.retrieval.model`):
-    each call of at most `segment_len` tokens attends, in every block of the base, to the
-    stream's first `sink_blocks` blocks, to the `window` most recent tokens (kept as keys and
-    values, not recomputed) and, from block `select_layer` on, to the `blocks` blocks of B =
-    `block_size` tokens that the call's own queries at `select_layer` match best among all the
-    older ones (`score`: a block's score is the best match of any query and head with any of
-    its tokens, "max", or their mean over the call's queries, "mean", or the best attention
-    weight any query and head gives one of its tokens attending over all the stored tokens,
-    "attention"). The chosen blocks are read
-    in stream order (`order="stream"`) or by score, the best right before the window
-    (`order="score"`, packed distances only). The older blocks' keys and values are kept on disk
-    (`store_dir`, None: a temporary folder). `query_map`: a trained map of the choosing block's
-    queries (a `retrieval/query_map.py` file; None: the queries as they are). `answer_choice`: while
-    an answer is generated, each new token chooses its own blocks ("own") or reads the blocks
-    its prompt's last call chose ("question"). `select_queries`: the blocks are chosen by the
-    call's last k queries only (a question at the end of a call whose first tokens are still
-    the passage; 0: all of them)."""
+    """Each call of at most `segment_len` tokens attends, in every block of the base, to the
+    stream's first `sink_blocks` blocks of B = `block_size` tokens, to the blocks its `choice`
+    picks among the older ones (placed by `layout`) and to the `window` most recent tokens (kept
+    as keys and values, not recomputed). The older blocks' keys and values are kept on disk
+    (`store_dir`; None: a temporary folder)."""
 
     block_size: int = 64
-    blocks: int = 16
     sink_blocks: int = 1
-    window: int = 1024
-    select_layer: int | None = None  # None: the middle block of the base
-    read_from: int | None = None  # None: select_layer (no block below it reads the store)
-    score: str = "max"
-    neighbours: int = 0  # each of the best blocks brings this many blocks right after it
-    # where the read slots sit: "packed" right before the call (every gap closed), or "true"
-    # at their distance in the stream while the base's positions hold it (packed beyond)
-    distances: str = "packed"
-    order: str = "stream"  # the chosen blocks in stream order, or the best nearest the window
-    segment_len: int = 256
+    window: int = 960  # the most recent tokens every call reads (a KV cache)
+    segment_len: int = 256  # the tokens of one call of the base
     store_dir: str | None = None
-    query_map: str | None = None  # a trained map of the choosing queries (retrieval/query_map.py)
-    answer_choice: str = "own"  # new tokens choose their own blocks, or read the question's
-    select_queries: int = 0  # the call's last k queries choose (0: every query of the call)
+    choice: Strategy = field(default_factory=lambda: MaxChoice(read_from=0))
+    layout: Strategy = field(default_factory=StreamLayout)
 
     def __post_init__(self) -> None:
         check_positive_int("block_size", self.block_size)
-        for name in ("blocks", "sink_blocks", "window", "neighbours", "select_queries"):
-            check_positive_int(name, getattr(self, name), minimum=0)
+        check_positive_int("sink_blocks", self.sink_blocks, minimum=0)
+        check_positive_int("window", self.window, minimum=0)
         check_positive_int("segment_len", self.segment_len)
-        for name in ("select_layer", "read_from"):
-            if getattr(self, name) is not None:
-                check_positive_int(name, getattr(self, name), minimum=0)
-        if self.distances not in DISTANCES:
-            raise ValueError(f"distances must be one of {DISTANCES}, got {self.distances!r}")
-        if self.order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
-        if self.order == "score" and self.distances != "packed":
-            raise ValueError(
-                "order='score' moves the chosen blocks out of stream order: it needs "
-                "distances='packed' (with 'true' each block sits at its distance in the stream)"
-            )
-        if self.score not in SCORES:
-            raise ValueError(f"score must be one of {SCORES}, got {self.score!r}")
-        for name in ("store_dir", "query_map"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise TypeError(f"{name} must be a path or None, got {value!r}")
-        if self.answer_choice not in ANSWER_CHOICES:
-            raise ValueError(
-                f"answer_choice must be one of {ANSWER_CHOICES}, got {self.answer_choice!r}"
-            )
+        if self.store_dir is not None:
+            if not isinstance(self.store_dir, str | Path) or not str(self.store_dir):
+                raise TypeError(f"store_dir must be a path or None, got {self.store_dir!r}")
+            object.__setattr__(self, "store_dir", str(self.store_dir))
+        for seam in SEAMS:
+            strategy = getattr(self, seam)
+            if not isinstance(strategy, Strategy) or strategy.seam != seam:
+                raise TypeError(f"{seam} must be a {seam} strategy, got {strategy!r}")
+            strategy.check(self)
+
+    def __getattr__(self, name: str) -> Any:  # only when `name` is not a field
+        """A strategy's setting by its flat name: ``config.blocks`` is ``config.choice.blocks``."""
+        return flat_setting(self, name, SEAMS)
 
     @property
     def context(self) -> int:
-        """P0: the positions before a call's first token (sink, retrieved blocks, window)."""
+        """P0: the positions before a call's first token (sink, chosen blocks, window)."""
         B = self.block_size
-        return (self.sink_blocks + self.blocks) * B + self.window + B - 1
+        return (self.sink_blocks + self.choice.blocks) * B + self.window + B - 1
 
     def replace(self, **changes: Any) -> RetrievalConfig:
         return dataclasses.replace(self, **changes)
 
+    def settings(self) -> dict[str, Any]:
+        """Every setting, flat: each strategy's kind and its settings (what `--set` names and
+        `RetrievalConfig(**settings)` takes back)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Strategy):
+                out[f.name] = value.kind
+                out.update(value.settings())
+            else:
+                out[f.name] = value
+        return out
 
-__all__ = ["ANSWER_CHOICES", "DISTANCES", "ORDERS", "SCORES", "RetrievalConfig"]
+    def to_dict(self) -> dict[str, Any]:
+        """JSON, nested: each strategy as {"kind": …, its settings}."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.to_dict() if isinstance(value, Strategy) else value
+        return out
+
+    @classmethod
+    def setting_names(cls) -> tuple[str, ...]:
+        """Every flat setting name (the fields and the settings of every registered strategy of
+        the two seams)."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        for seam in SEAMS:
+            names += [n for n in setting_names(seam) if n not in names]
+        return tuple(names)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RetrievalConfig:
+        """`to_dict`'s JSON (or the flat `settings`)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"the retrieval's settings must be a dict, got {data!r}")
+        return cls(**data)
+
+
+__all__ = ["SEAMS", "RetrievalConfig"]

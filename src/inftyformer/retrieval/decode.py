@@ -109,9 +109,6 @@ class DecodeRun:
                 self.stale = True  # other slots valid: another layout
                 return None
             if reads and not torch.equal(ids, entry.ids):  # other blocks, same slots
-                if model.config.distances == "true":  # their distances too: another layout
-                    self.stale = True
-                    return None
                 k, v = model.read_blocks(call.state, layer, ids)
                 S = model.config.sink_blocks * model.config.block_size
                 R = k.shape[2]
@@ -139,7 +136,7 @@ class DecodeRun:
         c = model.config
         P0 = c.context
         ctx_k, ctx_v, valid = model.context(call, layer, query)  # [b, Hkv, P0, d], [b, P0]
-        cos, sin = model.layout_angles(ctx_k, valid, 0, call)  # [b, P0, d]
+        cos, sin = model.layout_angles(ctx_k, valid, 0)  # [b, P0, d]
         b, H, _, d = ctx_k.shape
         k = ctx_k.new_empty(b, H, P0 + self.capacity, d)
         v = ctx_v.new_empty(b, H, P0 + self.capacity, d)

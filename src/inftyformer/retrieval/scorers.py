@@ -1,17 +1,29 @@
-"""Which stored blocks a retrieval memory reads (`retrieval.py`, module doc "Which blocks"):
-each block's score [b, n] against a call's queries under "max", "mean" or "attention" (the
-stored keys read in parts of `PART` tokens, so that no [queries × all tokens] tensor is ever
-whole), and the `k` blocks chosen by it, in the order they are read."""
+"""Which stored blocks a retrieval memory reads (`model.py`, module doc "Which blocks"): the
+choice strategies behind the `choice` seam (`config.py`), each block's score [b, n] against a
+call's queries (the stored keys read in parts of `PART` tokens, so that no [queries × all
+tokens] tensor is ever whole), and the `k` blocks chosen by it.
+
+    kind        a block's score                                          `ScoredChoice` settings
+    "max"       its best q · k / √d over the call's queries, heads and   blocks, neighbours,
+                its tokens                                               select_layer, read_from,
+    "attention" its best attention weight from any of the call's         select_queries,
+                queries and heads attending over every stored token      answer_choice
+    "none"      no past block is read (the baselines: sink and window)   –
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
-from .config import SCORES
+from .._checks import check_positive_int
+from ..core.seams import Strategy, register
 
+ANSWER_CHOICES = ("own", "question")
 PART = 4096  # stored tokens scored at once
 
 
@@ -25,19 +37,12 @@ def parts(keys: torch.Tensor | Sequence[torch.Tensor], block: int) -> list[torch
 
 def block_scores(
     query: torch.Tensor, keys: torch.Tensor | Sequence[torch.Tensor], stored: torch.Tensor,
-    kv_heads: int, block: int, score: str,
+    kv_heads: int, block: int, choice: ScoredChoice,
 ) -> torch.Tensor:  # fmt: skip
     """Every stored block's score [b, n] under the queries [b, H, T, d] (the grouped-query
-    heads kept grouped over `kv_heads`), against the stored keys [b, n·B, Hkv, d] of blocks of
-    B = `block` tokens (or their chunks along the tokens, `RetrievalState.keys`); −inf where
-    `stored` [b, n] is False (a row holding fewer blocks).
-
-        max        the block's best q · k / √d over the call's queries, heads and its tokens
-        mean       the best over its tokens of the mean over the call's queries of the best
-                   over heads
-        attention  `attention_score`"""
-    if score not in SCORES:
-        raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    heads kept grouped over `kv_heads`) by `choice`, against the stored keys [b, n·B, Hkv, d]
+    of blocks of B = `block` tokens (or their chunks along the tokens, `RetrievalState.keys`);
+    −inf where `stored` [b, n] is False (a row holding fewer blocks)."""
     b, H, T, d = query.shape
     n = stored.shape[1]
     split = parts(keys, block)
@@ -47,15 +52,16 @@ def block_scores(
     if n == 0:
         return torch.zeros(b, 0, device=query.device)
     q = query.float().view(b, kv_heads, H // kv_heads, T, d) / math.sqrt(d)
-    if score == "attention":
-        out = attention_score(q, split, stored, block)
-    else:
-        best = []  # each part's blocks' scores  [b, n'/B]
-        for s in part_scores(q, split):  # [b, Hkv, G, T, n']
-            token = s.amax((1, 2, 3)) if score == "max" else s.amax((1, 2)).mean(1)  # [b, n']
-            best.append(token.unflatten(1, (-1, block)).amax(-1))
-        out = torch.cat(best, 1)  # [b, n]
-    return out.masked_fill(~stored, -math.inf)
+    return choice.scores(q, split, stored, block).masked_fill(~stored, -math.inf)
+
+
+def max_score(q: torch.Tensor, split: Sequence[torch.Tensor], block: int) -> torch.Tensor:
+    """choice "max": each block's best q · k over the queries q [b, Hkv, G, T, d] (scaled),
+    heads and its tokens → [b, n]."""
+    best = []  # each part's blocks' scores  [b, n'/B]
+    for s in part_scores(q, split):  # [b, Hkv, G, T, n']
+        best.append(s.amax((1, 2, 3)).unflatten(1, (-1, block)).amax(-1))
+    return torch.cat(best, 1)
 
 
 def part_scores(q: torch.Tensor, split: Sequence[torch.Tensor]) -> Iterator[torch.Tensor]:
@@ -84,7 +90,7 @@ def attention_score(
     q: torch.Tensor, keys: torch.Tensor | Sequence[torch.Tensor], stored: torch.Tensor,
     block: int,
 ) -> torch.Tensor:  # fmt: skip
-    """score="attention": each block's best attention weight from any of the call's queries
+    """choice "attention": each block's best attention weight from any of the call's queries
     and heads when that query attends over every stored token alone,
     max_{h,t} max_{j ∈ block} exp(q_ht · k_j − log Σ_{j' stored} exp(q_ht · k_j')),
     in logs. A query that matches many blocks alike (a word every needle shares) spreads its
@@ -107,15 +113,15 @@ def attention_score(
 
 
 def choose(
-    score: torch.Tensor, stored: torch.Tensor, k: int, neighbours: int = 0, by_score: bool = False
+    score: torch.Tensor, stored: torch.Tensor, k: int, neighbours: int, layout: Any
 ) -> torch.Tensor:
     """The `k` best blocks [b, k] by `score` [b, n] (`stored` [b, n]: a row's blocks; where
     it holds fewer than k, unstored ones fill the rest): with `neighbours`, the best k / (1 +
-    neighbours) first, each with the blocks right after it, then the next best. In stream
-    order, or (`by_score`) by rising score, the best read last, a lead's neighbours right
-    after it as in the stream."""
+    neighbours) first, each with the blocks right after it, then the next best; in the order
+    `layout` reads them (`layouts.py`), from stream order and each block's rank (a neighbour
+    ranks with its lead)."""
     n = score.shape[1]
-    rank = score  # what orders the chosen blocks by_score  [b, n]
+    rank = score  # what orders the chosen blocks by score  [b, n]
     if neighbours:
         m = neighbours + 1
         lead = score.topk(max(1, k // m), dim=1)  # [b, k']
@@ -129,10 +135,101 @@ def choose(
         rank = torch.maximum(score, group)
         score = score.masked_fill(first, math.inf)  # then the next best fill what is left
     order = score.topk(k, dim=1).indices.sort(1).values  # stream order
-    if by_score:  # by rising rank, the best read last, right before the window
-        rising = torch.gather(rank, 1, order).sort(dim=1, stable=True).indices
-        order = torch.gather(order, 1, rising)  # ties (a lead, its neighbours): stream order
-    return order
+    return layout.arrange(order, rank)
 
 
-__all__ = ["PART", "attention_score", "block_scores", "choose", "part_scores", "parts"]
+# ---------------------------------------------------------------------- the choice strategies
+@dataclass(frozen=True)
+class ScoredChoice(Strategy):
+    """A choice that scores the stored blocks (the kinds below): at block `select_layer` of the
+    base (None: its middle block) each call scores every stored block with its last
+    `select_queries` queries (0: all of them) and reads the `blocks` best, each with the
+    `neighbours` blocks right after it, in every block of the base from `read_from` on (None:
+    from `select_layer`; below it a block reads what the previous call chose). While an answer
+    is generated, each new token chooses its own blocks (`answer_choice="own"`) or reads the
+    blocks its prompt's last call chose ("question")."""
+
+    seam: ClassVar[str] = "choice"
+    blocks: int = 16
+    neighbours: int = 0
+    select_layer: int | None = None
+    read_from: int | None = None
+    select_queries: int = 0
+    answer_choice: str = "own"
+
+    def __post_init__(self) -> None:
+        if self.blocks == 0 and not isinstance(self.blocks, bool):
+            raise ValueError(f"blocks must be >= 1 for choice {self.kind!r}; to read no past "
+                             "blocks choose choice='none' (sink and window only)")  # fmt: skip
+        check_positive_int("blocks", self.blocks)
+        for name in ("neighbours", "select_queries"):
+            check_positive_int(name, getattr(self, name), minimum=0)
+        for name in ("select_layer", "read_from"):
+            if getattr(self, name) is not None:
+                check_positive_int(name, getattr(self, name), minimum=0)
+        if self.answer_choice not in ANSWER_CHOICES:
+            raise ValueError(
+                f"answer_choice must be one of {ANSWER_CHOICES}, got {self.answer_choice!r}"
+            )
+
+    def scores(
+        self, q: torch.Tensor, split: Sequence[torch.Tensor], stored: torch.Tensor, block: int
+    ) -> torch.Tensor:
+        """Each block's score [b, n] under the queries q [b, Hkv, G, T, d] (scaled)."""
+        raise NotImplementedError
+
+
+@register
+@dataclass(frozen=True)
+class MaxChoice(ScoredChoice):
+    """A block's score: its best q · k / √d over the call's queries, heads and its tokens."""
+
+    kind: ClassVar[str] = "max"
+
+    def scores(self, q, split, stored, block):
+        return max_score(q, split, block)
+
+
+@register
+@dataclass(frozen=True)
+class AttentionChoice(ScoredChoice):
+    """A block's score: the best attention weight any of the call's queries and heads gives
+    one of its tokens attending over all the stored tokens (`attention_score`): a query
+    matching many blocks alike counts less than one matching a single block."""
+
+    kind: ClassVar[str] = "attention"
+
+    def scores(self, q, split, stored, block):
+        return attention_score(q, split, stored, block)
+
+
+@register
+@dataclass(frozen=True)
+class NoChoice(Strategy):
+    """No past block is read: the stream's sink and the window only (the StreamingLLM and
+    window baselines). It has no settings; what a scored choice sets reads as nothing here."""
+
+    seam: ClassVar[str] = "choice"
+    kind: ClassVar[str] = "none"
+    blocks: ClassVar[int] = 0
+    neighbours: ClassVar[int] = 0
+    select_layer: ClassVar[int | None] = None
+    read_from: ClassVar[int | None] = None
+    select_queries: ClassVar[int] = 0
+    answer_choice: ClassVar[str] = "own"
+
+
+__all__ = [
+    "ANSWER_CHOICES",
+    "PART",
+    "AttentionChoice",
+    "MaxChoice",
+    "NoChoice",
+    "ScoredChoice",
+    "attention_score",
+    "block_scores",
+    "choose",
+    "max_score",
+    "part_scores",
+    "parts",
+]

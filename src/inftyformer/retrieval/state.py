@@ -151,26 +151,6 @@ def written(model, call, T: int) -> RetrievalState:
     return new
 
 
-def stream_index(model, s: RetrievalState, ids, dev) -> torch.Tensor:
-    """Each context slot's index in its row's stream [b, P0] (unread slots: anything): the
-    sink the stream's first S tokens, a stored block of rank r the B tokens from
-    S + r · B (blocks are stored in stream order once the sink is full), the window the
-    tokens right before the call."""
-    c = model.config
-    B, S, R = c.block_size, c.sink_blocks * c.block_size, c.blocks * c.block_size
-    b, Wc = s.batch_size, s.window_k.shape[3]
-    tokens = s.tokens.to(dev)
-    sink = torch.arange(S, device=dev).expand(b, -1)
-    window = tokens[:, None] - Wc + torch.arange(Wc, device=dev)
-    blocks = torch.zeros(b, R, dtype=torch.long, device=dev)
-    if ids is not None:
-        rank = (s.block_ids.to(dev)[:, :, None] == ids[:, None, :]).long().argmax(1)  # [b, k]
-        start = S + rank * B
-        tok = (start[:, :, None] + torch.arange(B, device=dev)).flatten(1)  # [b, k·B]
-        blocks[:, R - tok.shape[1] :] = tok
-    return torch.cat([sink, blocks, window], 1)
-
-
 def _carried(call) -> dict[str, torch.Tensor]:
     """The call's choice, for the next call's blocks below `select_layer`, and the queries
     that made it (a held call carries the state's)."""
@@ -266,7 +246,6 @@ __all__ = [
     "held",
     "RetrievalState",
     "put_keys",
-    "stream_index",
     "turn",
     "unturn",
     "written",
