@@ -21,10 +21,8 @@ Rows (the same passages for every row; each a preset of the retrieval kind but `
     window     the base with a KV cache of its last 2,048 tokens
     streaming  the first 64 tokens and the last 1,984 (StreamingLLM's sink + recent window)
     retrieval  the first 64, the 16 past blocks of 64 the queries match best, the last 960
-    retrieval-true  the same places, each at its distance in the stream where the base's
-               positions hold it (`retrieval` packs them right before the question)
     retrieval-scored  the `retrieval` preset with its chosen blocks by rising score, the best
-               right before the window (`order="score"`)
+               right before the window (`layout="nearest"`)
     retrieval-near  the preset of that name: as `retrieval-scored` with a shorter window and
                more blocks at the same budget (the first 64, 24 blocks, the last 448): the best
                block nearer the question
@@ -81,13 +79,13 @@ PASSKEY_TASK = (
     "it. I will quiz you about the important information there.\n\n"
 )
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
-PRESET_ROWS = ("full", "window", "streaming", "retrieval", "retrieval-true", "retrieval-near")
+PRESET_ROWS = ("full", "window", "streaming", "retrieval", "retrieval-near")
 VARIANTS = {  # row: (preset, settings on top); PRESET_ROWS are RULER's rows too
-    "retrieval-scored": ("retrieval", {"order": "score"}),
-    "near-attention": ("retrieval-near", {"score": "attention"}),
-    "near-attention-4": ("retrieval-near", {"score": "attention", "blocks": 4}),
-    "near-attention-n1": ("retrieval-near", {"score": "attention", "neighbours": 1}),
-    "near-attention-8n1": ("retrieval-near", {"score": "attention", "neighbours": 1, "blocks": 8}),
+    "retrieval-scored": ("retrieval", {"layout": "nearest"}),
+    "near-attention": ("retrieval-near", {"choice": "attention"}),
+    "near-attention-4": ("retrieval-near", {"choice": "attention", "blocks": 4}),
+    "near-attention-n1": ("retrieval-near", {"choice": "attention", "neighbours": 1}),
+    "near-attention-8n1": ("retrieval-near", {"choice": "attention", "neighbours": 1, "blocks": 8}),
 }
 ROWS = (*PRESET_ROWS, *VARIANTS)
 TASKS = ("multikey", "single", "passkey")

@@ -8,7 +8,7 @@ the stream: in the sink, in the window, in stored blocks the question chose (`ch
 token of the number; `partly`: some), or in stored blocks it did not choose (`missed`). Which
 of selection and reading fails, per preset and length:
 
-    python experiments/retrieval_where.py --lengths 4096 --presets retrieval,retrieval-true
+    python experiments/retrieval_where.py --lengths 4096 --presets retrieval,retrieval-near
     python experiments/retrieval_where.py --tasks single --lengths 12288 --passages 25
     python experiments/retrieval_where.py --quick --out /tmp/w       # tiny random model
 
