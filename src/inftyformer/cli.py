@@ -24,7 +24,6 @@ from .commands.catalog import (
     TRAIN_DEFAULTS,
     check_task,
 )
-from .commands.generate import visible_text  # noqa: F401 - importable from here as before
 from .errors import (  # the exit codes are also read by scripts and tests
     DEBUG_ENV,
     EXIT_DIVERGED,  # noqa: F401
@@ -73,8 +72,8 @@ def train(
         "--preset",
         "-p",
         help="A named configuration (`inftyformer presets`): cpu-small (the default), "
-        "paper-sorting or paper; with --base-model: adapter (the default), paper-gpt2 or "
-        "retrieval. --set settings go on top.",
+        "paper-sorting or paper; with --base-model: adapter (the default) or paper-gpt2. "
+        "--set settings go on top.",
     ),
     settings: list[str] = typer.Option(  # noqa: B008
         [],
@@ -284,8 +283,8 @@ def evaluate(
 @app.command()
 @user_errors()
 def generate(
-    checkpoint: Path = typer.Argument(  # noqa: B008
-        ..., help="A checkpoint (see `inftyformer evaluate`)."
+    checkpoint: Path | None = typer.Argument(  # noqa: B008
+        None, help="A checkpoint (see `inftyformer evaluate`); none: --base-model DIR reads it."
     ),
     prompt: str = typer.Option(
         "random",

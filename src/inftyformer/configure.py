@@ -96,6 +96,20 @@ def task_settings(
     return values
 
 
+def refuse_training_free(preset: str) -> None:
+    """A preset of the retrieval (or one of its baselines) has nothing to train: say what to
+    run instead."""
+    from .presets import PRESETS, READ_KINDS
+
+    if preset in PRESETS and PRESETS[preset].kind in READ_KINDS:
+        raise ValueError(
+            f"preset {preset!r} is training-free: the base reads its own past, nothing is "
+            "trained. Read a document with `inftyformer ask --base-model DIR DOCUMENT "
+            f"QUESTION`, or continue text with `inftyformer generate --base-model DIR --preset "
+            f"{preset} --prompt-file FILE`"
+        )
+
+
 def build_configs(
     task: str,
     *,
@@ -124,6 +138,7 @@ def build_configs(
 
     task_cls = get_task(task)
     if preset is not None and base_model is None:
+        refuse_training_free(preset)
         get_preset(preset, "native")
     if base_model is not None:
         if model not in (None, "infty", "transformer"):
@@ -132,6 +147,7 @@ def build_configs(
                 "the default) or transformer (the base alone)"
             )
         if preset is not None:
+            refuse_training_free(preset)
             get_preset(preset, "pretrained")  # named errors before anything else
     elif freeze_base:
         raise ValueError("--freeze-base needs --base-model")

@@ -14,7 +14,7 @@ from .._files import read_user_text
 
 
 def run_generate(
-    checkpoint: Path,
+    checkpoint: Path | None,
     *,
     prompt: str,
     prompt_file: Path | None,
@@ -46,6 +46,9 @@ def run_generate(
         if not text.strip():
             raise ValueError(f"{prompt_file} holds no text")
         prompt = text if prompt == "random" else text + prompt
+    if checkpoint is None:  # no trained run: the base reads its own past (training-free)
+        options = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        return _generate_by_retrieval(base_model, preset, prompt, max_new_tokens, device, options)
     memory = None
     if preset is not None:  # the preset's settings that differ from the run's
         from ..training import read_configs
@@ -91,6 +94,66 @@ def run_generate(
         typer.echo(f"expected: {visible_text(task.decode(expected))}")
         hits = sum(a == b for a, b in zip(new_tokens, expected, strict=False))
         typer.echo(f"{hits}/{len(expected)} positions right (free-running, no teacher forcing)")
+
+
+def _generate_by_retrieval(
+    base_model: str | None,
+    preset: str | None,
+    prompt: str,
+    max_new_tokens: int | None,
+    device: str,
+    sampling: dict[str, Any],
+) -> None:
+    """Continue `prompt` with a pretrained base reading its own past by a retrieval preset
+    (`inftyformer.retrieval`; default: the default preset), stopping at its end-of-sequence
+    token: greedy unless --temperature is given."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..presets import retrieval_settings
+    from ..retrieval import RetrievalLM
+    from ..training.distributed import resolve_device
+
+    if base_model is None:
+        raise ValueError(
+            "give a checkpoint, or --base-model DIR to continue text with the base reading "
+            "its own past (a retrieval preset, training-free)"
+        )
+    preset = preset or "retrieval"
+    retrieval_settings(preset)  # a named error before any weight is read
+    if prompt == "random":
+        raise ValueError("give the text to continue: --prompt TEXT or --prompt-file FILE")
+    dev = resolve_device(device)
+    tokenizer = AutoTokenizer.from_pretrained(base_model)
+    base = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32).to(dev)
+    model = RetrievalLM(base, preset=preset).eval()
+    ids = torch.tensor([tokenizer(prompt).input_ids], device=dev)
+    temperature = sampling["temperature"] or 0.0
+    gen = torch.Generator(device=dev).manual_seed(sampling["seed"])
+    ends = end_token_ids(tokenizer, base)
+    start = time.perf_counter()
+    state, rest = _read_prompt(model, ids, model.config.segment_len)
+    new, _ = model.generate(
+        rest, max_new_tokens or 64, temperature, sampling["top_k"], sampling["top_p"],
+        state=state, generator=gen, end_ids=ends, with_state=False,
+    )  # fmt: skip
+    seconds = time.perf_counter() - start
+    tokens = [t for t in new[0].tolist() if t not in ends]
+    typer.echo(f"prompt: {ids.shape[1]:,} tokens, read with preset {preset} ({seconds:.1f} s "
+               "with generation)")  # fmt: skip
+    typer.echo(f"decoding: {_decoding(temperature, sampling['top_k'], sampling['top_p'], 0)}")
+    typer.echo(f"output:   {visible_text(tokenizer.decode(tokens))}")
+
+
+def end_token_ids(tokenizer: Any, base: Any) -> tuple[int, ...]:
+    """The ids that end a reply: the tokenizer's end-of-sequence token and those of the base's
+    generation config (an int or a list)."""
+    ids: list[int] = []
+    for value in (tokenizer.eos_token_id, getattr(base.generation_config, "eos_token_id", None)):
+        for i in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(i, int) and i not in ids:
+                ids.append(i)
+    return tuple(ids)
 
 
 LONG_PROMPT_SEGMENTS = 4  # a prompt of more segments is read into the memory with a bar
