@@ -387,9 +387,9 @@ def test_a_questions_first_pass_scores_the_blocks_as_its_later_choice_does(monke
     queries = []
     original = RetrievalLM.select
 
-    def record(self, s, query):
+    def record(self, s, query, question=False):
         queries.append(query.clone())
-        return original(self, s, query)
+        return original(self, s, query, question)
 
     monkeypatch.setattr(RetrievalLM, "select", record)
     m(ids[:, 40:], held, reselect=True)

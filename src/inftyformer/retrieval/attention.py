@@ -41,6 +41,7 @@ class Call:
     selected_valid: torch.Tensor | None = None  # [b, blocks] bool
     question: torch.Tensor | None = None  # the queries that chose them, at P0 + t  [b, H, T, d]
     stop_after_select: bool = False  # a first pass that only chooses (`forward`'s reselect)
+    question_call: bool = False  # the prompt's last call, whose answer is read next (reselect)
     hold: bool = False  # every block reads the state's choice; nothing chosen (`keep_choice`)
     layouts: dict = field(default_factory=dict)  # id(valid) → its angles and mask
     valids: dict = field(default_factory=dict)  # what a layer's valid slots depend on → them
@@ -78,7 +79,7 @@ def retrieval_attention(
     if call.stop_after_select and layer == call.model.select_layer:
         # scored as `choice` scores: the queries turned back to P0 + t
         query = call.model.at_context_end(query, call.at)
-        call.selected, call.selected_valid = call.model.select(call.state, query)
+        call.selected, call.selected_valid = call.model.select(call.state, query, True)
         raise Chosen
     call.new_k[layer] = unturn(key, call.cos, call.sin)  # kept before rotary
     call.new_v[layer] = value

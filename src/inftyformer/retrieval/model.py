@@ -220,7 +220,8 @@ class RetrievalLM(nn.Module):
         probe = self._param().new_zeros(1, 1, self.head_dim)
         cos, sin = self.rotary(probe, positions)
         if reselect and not hold and self.read_from < self.select_layer and self.config.blocks:
-            first = Call(self, state, self._layer_of, cos, sin, stop_after_select=True)
+            first = Call(self, state, self._layer_of, cos, sin, stop_after_select=True,
+                         question_call=True)  # fmt: skip
             token = CALL.set(first)
             try:
                 self.base(input_ids=ids, position_ids=positions, use_cache=False)
@@ -229,7 +230,8 @@ class RetrievalLM(nn.Module):
             finally:
                 CALL.reset(token)
             state = replace(state, selected=first.selected, chosen=first.selected_valid)
-        call = Call(self, state, self._layer_of, cos, sin, hold=hold, at=at, run=run)
+        call = Call(self, state, self._layer_of, cos, sin, hold=hold, at=at, run=run,
+                    question_call=reselect)  # fmt: skip
         token = CALL.set(call)
         wanted = T if keep is None else keep
         try:  # logits_to_keep = 0 is all of them for the base: ask for one and drop it
@@ -303,7 +305,7 @@ class RetrievalLM(nn.Module):
         s, R = call.state, self.config.blocks * self.config.block_size
         if choose and layer == self.select_layer and R and not call.hold:
             call.question = self.at_context_end(query, call.at)
-            call.selected, call.selected_valid = self.select(s, call.question)
+            call.selected, call.selected_valid = self.select(s, call.question, call.question_call)
         ids, chosen = (
             (call.selected, call.selected_valid) if layer >= self.select_layer and not call.hold
             else (s.selected, s.chosen)
@@ -335,20 +337,21 @@ class RetrievalLM(nn.Module):
         return (F.pad(k, (0, 0, pad, 0)), F.pad(v, (0, 0, pad, 0))) if pad else (k, v)
 
     @torch.no_grad()
-    def select(self, state: RetrievalState, query: torch.Tensor):
-        """The `blocks` stored blocks the call's queries [b, H, T, d] (turned to P0 + t) match
-        best (module doc): ids [b, k] in the order the layout reads them (`layouts.py`) and
-        which are valid [b, k]."""
+    def select(self, state: RetrievalState, query: torch.Tensor, question: bool = False):
+        """The stored blocks the call's queries [b, H, T, d] (turned to P0 + t) match best by
+        the choice the call makes (a question's or a stream's, `ScoredChoice.for_call`): ids
+        [b, k] in the order the layout reads them (`layouts.py`) and which are valid [b, k]."""
         c = self.config
+        choice = c.choice.for_call(question)
         b, n = query.shape[0], state.block_ids.shape[1]
-        k, dev = min(c.blocks, n), query.device
+        k, dev = min(choice.blocks, n), query.device
         if k == 0:
             return (torch.zeros(b, 0, dtype=torch.int64, device=dev),
                     torch.zeros(b, 0, dtype=torch.bool, device=dev))  # fmt: skip
         stored = held(state, dev)  # [b, n]
-        score = block_scores(self.choosing(query), state.keys, stored, self.kv_heads,
-                             c.block_size, c.choice)  # fmt: skip
-        order = choose(score, stored, k, c.neighbours, c.layout)  # [b, k]
+        score = block_scores(self.choosing(query, choice), state.keys, stored, self.kv_heads,
+                             c.block_size, choice)  # fmt: skip
+        order = choose(score, stored, k, choice.neighbours, c.layout)  # [b, k]
         valid = torch.gather(stored, 1, order)  # a row with fewer blocks: the rest unread
         ids = torch.gather(state.block_ids.to(dev), 1, order)
         return torch.where(valid, ids, 0), valid
@@ -361,12 +364,13 @@ class RetrievalLM(nn.Module):
         P0 + t) by `choice` (default: the config's; `scorers.py`), −inf where a row holds no
         block: what `select` ranks."""
         stored = held(state, query.device)
-        return block_scores(self.choosing(query), state.keys, stored, self.kv_heads,
-                            self.config.block_size, choice or self.config.choice)  # fmt: skip
+        choice = choice or self.config.choice
+        return block_scores(self.choosing(query, choice), state.keys, stored, self.kv_heads,
+                            self.config.block_size, choice)  # fmt: skip
 
-    def choosing(self, query: torch.Tensor) -> torch.Tensor:
+    def choosing(self, query: torch.Tensor, choice: ScoredChoice) -> torch.Tensor:
         """The call's last `select_queries` queries [b, H, k, d] (0: all)."""
-        return query[:, :, -self.config.select_queries :]  # -0: all of them
+        return query[:, :, -choice.select_queries :]  # -0: all of them
 
     # ------------------------------------------------------------------ the model contract
     def push(self, tokens: torch.Tensor, state: RetrievalState | None = None) -> RetrievalState:

@@ -178,6 +178,11 @@ class ScoredChoice(Strategy):
         """Each block's score [b, n] under the queries q [b, Hkv, G, T, d] (scaled)."""
         raise NotImplementedError
 
+    def for_call(self, question: bool) -> ScoredChoice:
+        """The choice a call makes: a question's (the last call of a prompt whose answer is
+        read next, `reselect`) or a stream's; the same for every kind but "question"."""
+        return self
+
 
 @register
 @dataclass(frozen=True)
@@ -205,6 +210,43 @@ class AttentionChoice(ScoredChoice):
 
 @register
 @dataclass(frozen=True)
+class QuestionChoice(ScoredChoice):
+    """A call that knows what it is: a stream's call reads the `blocks` best by their best
+    q · k (as "max", with all its queries), a question's call (`reselect`: the prompt's last,
+    whose answer is read next) the `question_blocks` best by attention weight from its last
+    `select_queries` queries, each lead with `question_neighbours` blocks after it (as
+    "attention"): one fact among alike ones, where a stream needs many blocks read."""
+
+    kind: ClassVar[str] = "question"
+    select_queries: int = 32
+    answer_choice: str = "question"
+    question_blocks: int = 2
+    question_neighbours: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive_int("question_blocks", self.question_blocks)
+        check_positive_int("question_neighbours", self.question_neighbours, minimum=0)
+        if self.question_blocks > self.blocks:
+            raise ValueError(
+                f"question_blocks ({self.question_blocks}) must be at most blocks "
+                f"({self.blocks}): a question reads into the slots of the stream's blocks"
+            )
+
+    def scores(self, q, split, stored, block):
+        return max_score(q, split, block)
+
+    def for_call(self, question: bool) -> ScoredChoice:
+        shared = dict(select_layer=self.select_layer, read_from=self.read_from,
+                      answer_choice=self.answer_choice)  # fmt: skip
+        if question:
+            return AttentionChoice(blocks=self.question_blocks, neighbours=self.question_neighbours,
+                                   select_queries=self.select_queries, **shared)  # fmt: skip
+        return MaxChoice(blocks=self.blocks, neighbours=self.neighbours, **shared)
+
+
+@register
+@dataclass(frozen=True)
 class NoChoice(Strategy):
     """No past block is read: the stream's sink and the window only (the StreamingLLM and
     window baselines). It has no settings; what a scored choice sets reads as nothing here."""
@@ -225,6 +267,7 @@ __all__ = [
     "AttentionChoice",
     "MaxChoice",
     "NoChoice",
+    "QuestionChoice",
     "ScoredChoice",
     "attention_score",
     "block_scores",

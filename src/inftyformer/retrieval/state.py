@@ -146,7 +146,7 @@ def written(model, call, T: int) -> RetrievalState:
     if call.hold and s.question is not None and c.blocks and not torch.equal(blocks, s.blocks):
         # a held answer: the blocks that left its window are chosen from with the rest by
         # the queries that chose (the question's), not lost between window and choice
-        selected, chosen = model.select(new, s.question)
+        selected, chosen = model.select(new, s.question, question=True)
         new = replace(new, selected=selected, chosen=chosen)
     return new
 
