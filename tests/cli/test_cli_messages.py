@@ -7,7 +7,8 @@ import pytest
 from test_cli_train import TINY
 from typer.testing import CliRunner
 
-from inftyformer.cli import app, visible_text
+from inftyformer.cli import app
+from inftyformer.commands.generate import visible_text
 from inftyformer.training.trainer import Trainer
 
 

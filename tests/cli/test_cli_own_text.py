@@ -9,7 +9,8 @@ import pytest
 from test_cli_lm import TINY
 from typer.testing import CliRunner
 
-from inftyformer.cli import app, visible_text
+from inftyformer.cli import app
+from inftyformer.commands.generate import visible_text
 from inftyformer.data.corpus import split_flat_folder
 
 WORDS = "the of memory book long short continuous said and ∞ é".split()
