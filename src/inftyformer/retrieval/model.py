@@ -54,12 +54,12 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .._checks import check_token_ids
 from ..hf.adapters import adapter_for
+from . import state as states
 from .config import RetrievalConfig
 from .decode import DecodeRun
 from .query_map import QueryMap
 from .scorers import block_scores, choose
 from .state import RetrievalState, held, stream_index, turn, unturn, written
-from .store import BlockStore
 
 ATTENTION = "inftyformer_retrieval"
 
@@ -182,7 +182,7 @@ class RetrievalLM(nn.Module):
             from ..presets import preset_settings
 
             config = RetrievalConfig(**preset_settings(preset, "retrieval"))
-        config = (config or RetrievalConfig()).replace(**settings)
+        config = (config or RetrievalConfig()).replace(**states.text_paths(settings))
         adapter = adapter_for(type(base).__name__)
         if not adapter.rotary:
             raise ValueError(
@@ -229,23 +229,8 @@ class RetrievalLM(nn.Module):
 
     # ------------------------------------------------------------------ state
     def init_state(self, batch_size: int) -> RetrievalState:
-        c, p = self.config, self._param()
-        L, H, d, B = self.num_layers, self.kv_heads, self.head_dim, c.block_size
-        zeros = lambda *shape, **kw: torch.zeros(*shape, device=p.device, **kw)  # noqa: E731
-        window = (L, batch_size, H, c.window + B - 1, d)
-        sink = (L, batch_size, H, c.sink_blocks * B, d)
-        count = dict(dtype=torch.int64)
-        return RetrievalState(
-            window_k=zeros(*window, dtype=p.dtype), window_v=zeros(*window, dtype=p.dtype),
-            window_len=zeros(batch_size, **count),
-            sink_k=zeros(*sink, dtype=p.dtype), sink_v=zeros(*sink, dtype=p.dtype),
-            sink_len=zeros(batch_size, **count),
-            block_ids=zeros(batch_size, 0, **count), blocks=zeros(batch_size, **count),
-            keys=(), selected=zeros(batch_size, 0, **count),
-            chosen=zeros(batch_size, 0, dtype=torch.bool),
-            tokens=zeros(batch_size, **count),
-            store=BlockStore(self.retrieving, H, B, d, c.store_dir),
-        )  # fmt: skip
+        """An empty state of `batch_size` rows, recording this model's settings."""
+        return states.new_state(self, batch_size)
 
     # ------------------------------------------------------------------ one call
     def forward(
@@ -269,13 +254,7 @@ class RetrievalLM(nn.Module):
         stream's logits are its length × the vocabulary, 12.9 GB at 64K tokens of SmolLM2)."""
         vocab = int(self.base.config.vocab_size)
         ids = check_token_ids("input_ids", input_ids, vocab, self._param().device)
-        batch = ids.shape[0]
-        if state is None:
-            state = self.init_state(batch)
-        elif state.batch_size != batch:
-            raise ValueError(f"state has {state.batch_size} rows, input_ids {batch}")
-        if reset is not None:
-            state = state.reset(reset)
+        state = states.prepare_state(self, state, ids.shape[0], reset)  # checked; rows reset
         if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int):
             raise TypeError(f"logits_to_keep must be an int, got {logits_to_keep!r}")
         if logits_to_keep < 0:
