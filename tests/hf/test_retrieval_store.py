@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -156,7 +157,7 @@ def test_a_file_size_limit_fails_the_append_that_meets_it_naming_the_file(tmp_pa
     assert lines["then"] == "[2, 3] [20.0, 21.0]"
 
 
-def test_appends_from_several_threads_get_their_own_ids_and_blocks():
+def test_appends_from_several_threads_get_their_own_ids_and_blocks(monkeypatch):
     store = small_store()
     got: dict[int, list[int]] = {}
 
@@ -165,6 +166,13 @@ def test_appends_from_several_threads_get_their_own_ids_and_blocks():
         for i in range(300):
             mine += store.append(blocks(1, 400.0 * t + i)).tolist()  # exact in float16
 
+    real = os.pwrite
+
+    def slow(fd, data, offset):  # a write that lets the other threads run meanwhile (as a
+        time.sleep(1e-4)  # busy disk does): a race between reserving ids and writing shows
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", slow)
     threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
     for th in threads:
         th.start()
