@@ -88,6 +88,27 @@ def test_a_closed_store_refuses_reads_and_appends_by_name():
     other.close()
 
 
+def test_a_store_that_fails_to_open_leaves_no_folder_and_no_descriptor(tmp_path, monkeypatch):
+    real, opened = os.open, []
+
+    def failing(path, *args, **kwargs):  # the second layer's file cannot be opened
+        if str(path).endswith("layer1.bin"):
+            raise OSError(errno.EMFILE, "Too many open files", str(path))
+        fd = real(path, *args, **kwargs)
+        if str(path).endswith((".lock", ".bin")):  # the store's files (not rmtree's folders)
+            opened.append(fd)
+        return fd
+
+    monkeypatch.setattr(os, "open", failing)
+    with pytest.raises(OSError, match="Too many open files"):
+        small_store(tmp_path, layers=(0, 1))
+    monkeypatch.setattr(os, "open", real)
+    assert list(tmp_path.iterdir()) == [] and len(opened) == 2  # the lock and layer 0's
+    for fd in opened:
+        with pytest.raises(OSError, match="Bad file descriptor"):
+            os.fstat(fd)
+
+
 # ---------------------------------------------------------------- whole appends or none
 def test_a_short_write_is_finished_and_a_write_that_stops_is_named_and_undone(monkeypatch):
     store = small_store(layers=(0, 1))

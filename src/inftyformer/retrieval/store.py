@@ -92,16 +92,21 @@ class BlockStore:
         parent.mkdir(parents=True, exist_ok=True)
         remove_stale_folders(parent, PREFIX, _lock_free)  # what killed processes left
         self.folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=parent))
-        fds = [os.open(self.folder / LOCK, os.O_RDWR | os.O_CREAT, 0o600)]
-        if fcntl is not None:
-            try:
-                fcntl.flock(fds[0], fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                pass  # a file system without locks: the pid in the name still guards it
+        fds: list[int] = []
         self._fds = {}
-        for layer in self.layers:
-            self._fds[layer] = os.open(self._path(layer), os.O_RDWR | os.O_CREAT, 0o600)
-            fds.append(self._fds[layer])
+        try:  # a failure half way (no descriptors left): nothing stays open, the folder goes
+            fds.append(os.open(self.folder / LOCK, os.O_RDWR | os.O_CREAT, 0o600))
+            if fcntl is not None:
+                try:
+                    fcntl.flock(fds[0], fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    pass  # a file system without locks: the pid in the name still guards it
+            for layer in self.layers:
+                self._fds[layer] = os.open(self._path(layer), os.O_RDWR | os.O_CREAT, 0o600)
+                fds.append(self._fds[layer])
+        except BaseException:
+            _close(fds, self.folder)
+            raise
         self.count = 0  # blocks written (ids 0 … count − 1)
         self._lock = threading.Lock()  # an append's ids and writes, a read, a close: one at a time
         self._finalizer = weakref.finalize(self, _close, fds, self.folder)
