@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 
 import torch
+from _arguments import positive_int, positive_ints
 from _ruler_report import BOOK_TASKS, BOOKS, LEFT_OUT, WHAT, cut_sentence, memory_lines
 from retrieval import PRESET_ROWS as ROWS
 from retrieval import plot_scores, score_table, wilson
@@ -371,12 +372,12 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default=",".join(DEFAULT_ROWS))
     p.add_argument("--tasks", help=f"of {', '.join(OFFLINE)} (default {', '.join(TASKS)})")
-    p.add_argument("--lengths", default="4096,8192")
-    p.add_argument("--limit", type=int, default=25, help="prompts per task and length")
+    p.add_argument("--lengths", type=positive_ints, default=[4096, 8192])
+    p.add_argument("--limit", type=positive_int, default=25, help="prompts per task and length")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--max-gen-toks",
-        type=int,
+        type=positive_int,
         default=None,
         help="answers cut at this many new tokens (default: the task's, 128 for the needles)",
     )
@@ -386,9 +387,9 @@ def main(argv: list[str] | None = None) -> None:
         help="lm_eval's cache of each cell's answers (one sqlite file per cell): a run cut "
         "short goes on from the prompts it answered",
     )
-    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--batch-size", type=positive_int, default=1)
     p.add_argument("--base-model", default=None)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--render-only", action="store_true")
     p.add_argument(
@@ -422,22 +423,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick and Path(args.out).resolve() == OUT.resolve():
         p.error("--quick needs an --out of its own (its tiny model's cells are not docs/'s)")
     torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    cells_dir = out / "ruler.cells"
+    out, cells_dir = Path(args.out), Path(args.out) / "ruler.cells"
     if args.quick:
         args.base_model = str(quick_model(out / "quick-model"))
         args.models_dir = str(out / "quick-models")
-        args.lengths, args.limit = "3072", 2
+        args.lengths, args.limit = [3072], 2
     base_dir = args.base_model or default_base_model()
     if args.dump_prompts:
-        lengths = [int(x) for x in args.lengths.split(",")]
-        count = dump_prompts(Path(args.dump_prompts), tasks, lengths, args, base_dir)
+        count = dump_prompts(Path(args.dump_prompts), tasks, args.lengths, args, base_dir)
         print(f"{count} prompts written to {args.dump_prompts}", flush=True)
         return
     ran = False  # a cell run by this call: the machine is this one, else the last run's
     if not args.render_only:
         cells_dir.mkdir(parents=True, exist_ok=True)
-        for length in (int(x) for x in args.lengths.split(",")):
+        for length in args.lengths:
             for task in tasks:
                 made = None
                 for row in rows:
@@ -455,7 +454,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # what lm_eval's cells hold, not this call (the kvpress rows: their own commands)
     run = [c for c in cells.values() if "samples" in c and c.get("row") not in PEERS]
-    lengths = sorted({c["length"] for c in run}) or [int(x) for x in args.lengths.split(",")]
+    lengths = sorted({c["length"] for c in run}) or args.lengths
     setup = {"base_model": Path(base_dir).name, "seed": args.seed,
              "limit": max((c["samples"] for c in run), default=args.limit),
              "lengths": ",".join(map(str, lengths)), "lm_eval": lm_eval.__version__,

@@ -49,6 +49,7 @@ try:  # the package's stdlib helpers; the venv does not install inftyformer
     import inftyformer._measure  # noqa: F401
 except ImportError:
     sys.path.insert(0, str(ROOT / "src"))
+from _arguments import positive_int, positive_ints  # noqa: E402
 from retrieval import wilson  # noqa: E402
 
 from inftyformer._measure import rss_mb, write_json  # noqa: E402
@@ -316,10 +317,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--base-model", required=True, help="the base's folder (weights, tokenizer)")
     p.add_argument("--presses", default=",".join(DEFAULT_PRESSES), help=", ".join(PRESSES))
     p.add_argument("--tasks", help="of the dumped ones (default: all)")
-    p.add_argument("--lengths", help="of the dumped ones (default: all)")
-    p.add_argument("--limit", type=int, default=25, help="prompts per task and length")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--max-gen-toks", type=int, default=None, help="as experiments/ruler.py's")
+    p.add_argument("--lengths", type=positive_ints, help="of the dumped ones (default: all)")
+    p.add_argument("--limit", type=positive_int, default=25, help="prompts per task and length")
+    p.add_argument("--threads", type=positive_int, default=1)
+    p.add_argument("--max-gen-toks", type=positive_int, help="as experiments/ruler.py's")
     p.add_argument(
         "--kept",
         type=int,
@@ -339,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.tasks:
         groups = {k: v for k, v in groups.items() if k[0] in args.tasks.split(",")}
     if args.lengths:
-        groups = {k: v for k, v in groups.items() if str(k[1]) in args.lengths.split(",")}
+        groups = {k: v for k, v in groups.items() if k[1] in args.lengths}
     if not groups:
         p.error(f"no dumped prompt of those tasks and lengths in {args.prompts}")
     torch.set_num_threads(args.threads)

@@ -90,6 +90,32 @@ def check_token_ids(
     return ids
 
 
+def check_row_mask(name: str, rows: object, batch_size: int) -> torch.Tensor:
+    """A bool mask of the batch's rows [batch] (a tensor, or a list or tuple of bools) as a
+    bool tensor. Integer or float flags are refused (TypeError: `~` of an int tensor is its
+    bitwise complement, -1 and -2, not False and True), other shapes too (ValueError)."""
+    if isinstance(rows, (list, tuple)):
+        if not all(isinstance(r, bool) for r in rows):
+            raise TypeError(
+                f"{name} must be a bool mask [batch] (True: clear the row), got {rows!r}"
+            )
+        rows = torch.tensor(list(rows), dtype=torch.bool)
+    if not isinstance(rows, torch.Tensor):
+        raise TypeError(f"{name} must be a bool tensor [batch], got {type(rows).__name__}")
+    if rows.dtype != torch.bool:
+        raise TypeError(
+            f"{name} must be a bool mask [batch], got dtype {rows.dtype}: give flags such as "
+            "torch.tensor([True, False]) (an int tensor's 1 and 0 are not read as flags; "
+            "convert it with .bool())"
+        )
+    if tuple(rows.shape) != (batch_size,):
+        raise ValueError(
+            f"{name} must have shape ({batch_size},): one flag per row of the batch of "
+            f"{batch_size}, got shape {tuple(rows.shape)}"
+        )
+    return rows
+
+
 def check_generator(generator: object) -> None:
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(

@@ -73,6 +73,29 @@ def _remove_stale(directory: Path, wanted: Callable[[str], bool]) -> list[Path]:
     return removed
 
 
+def remove_stale_folders(
+    parent: str | os.PathLike, prefix: str, may_remove: Callable[[Path], bool] | None = None
+) -> list[Path]:
+    """Remove the folders `PREFIXPID-…` in `parent` that a process left when it was killed
+    (PID no longer runs, and `may_remove(folder)` agrees, e.g. its lock is free); returns what
+    was removed. A folder whose name holds no pid is left: nothing says whose it is."""
+    removed = []
+    try:
+        candidates = list(Path(parent).iterdir())
+    except OSError:
+        return removed
+    for candidate in candidates:
+        pid = candidate.name[len(prefix) :].split("-", 1)[0]
+        if not candidate.name.startswith(prefix) or not pid.isdigit() or _running(int(pid)):
+            continue
+        if candidate.is_symlink() or not candidate.is_dir():
+            continue
+        if may_remove is None or may_remove(candidate):
+            shutil.rmtree(candidate, ignore_errors=True)
+            removed.append(candidate)
+    return removed
+
+
 def _running(pid: int) -> bool:
     if pid == os.getpid():
         return True
@@ -181,6 +204,7 @@ __all__ = [
     "fsync_dir",
     "naming",
     "read_user_text",
+    "remove_stale_folders",
     "remove_stale_temporaries",
     "remove_stale_temporaries_in",
     "temporary_name",

@@ -125,6 +125,34 @@ def test_a_task_that_needs_a_download_is_refused_with_the_reason(tmp_path, capsy
     assert "--quick needs an --out of its own" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--lengths", "abc"], "argument --lengths: 'abc': 'abc' is not a whole number"),
+        (["--lengths", "4096,"], "argument --lengths: '4096,': give whole numbers"),
+        (["--lengths", "4096,-8"], "argument --lengths: '4096,-8': must be at least 1, got -8"),
+        (["--limit", "0"], "argument --limit: must be at least 1, got 0"),
+        (["--limit", "-2"], "argument --limit: must be at least 1, got -2"),
+        (["--batch-size", "2.5"], "argument --batch-size: '2.5' is not a whole number"),
+        (["--threads", "0"], "argument --threads: must be at least 1"),
+        (["--max-gen-toks", "0"], "argument --max-gen-toks: must be at least 1"),
+    ],
+)
+def test_bad_numbers_are_argparse_errors_not_tracebacks(tmp_path, capsys, argv, message):
+    """`--lengths abc` was a ValueError traceback from int(); `--limit 0` and `-2` ran."""
+    with pytest.raises(SystemExit) as done:
+        rr.main([*argv, "--out", str(tmp_path), "--render-only"])
+    assert done.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_kvpress_rows_take_the_same_argument_types(tmp_path, capsys):
+    import ruler_kvpress
+
+    with pytest.raises(SystemExit):
+        ruler_kvpress.main(["--limit", "0", "--out", str(tmp_path)])
+    assert "argument --limit: must be at least 1, got 0" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_the_quick_run_fills_every_cell_on_the_same_prompts_and_resumes(tmp_path):
     pytest.importorskip("wonderwords")  # lm_eval's ruler extra: RULER's data needs it

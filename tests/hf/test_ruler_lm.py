@@ -133,6 +133,8 @@ def test_generation_stops_at_the_end_of_sequence_token(folder):
         (",window=-1", "window"),
         (",batch_size=0", "batch_size must be a positive int"),
         (",batch_size=auto", "batch_size must be a positive int"),
+        (",batch_size=2.5", "batch_size must be a positive int, got 2.5"),  # was 2
+        (",batch_size=-3", "batch_size must be a positive int"),
         (",dtype=int8", "dtype must be one of"),
     ],
 )
@@ -155,6 +157,18 @@ def test_sampling_and_bad_generation_settings_are_refused():
         generation_settings({"max_gen_toks": 0})
     with pytest.raises(ValueError, match="until"):
         generation_settings({"until": [3]})
+    with pytest.raises(ValueError, match="until must be a string or a list of strings, got 5"):
+        generation_settings({"until": 5})  # was a bare TypeError ('int' is not iterable)
+    with pytest.raises(ValueError, match="temperature must be a number, got 'hot'"):
+        generation_settings({"temperature": "hot"})
+    with pytest.raises(ValueError, match="max_gen_toks must be a positive int, got 'many'"):
+        generation_settings({"max_gen_toks": "many"})
+    with pytest.raises(ValueError, match="max_gen_toks must be a positive int, got 2.5"):
+        generation_settings({"max_gen_toks": 2.5})
+    assert generation_settings({"until": ("a", "b"), "max_gen_toks": 3.0}) == (["a", "b"], 3)
+    from inftyformer.integrations.ruler_lm import positive_batch_size
+
+    assert positive_batch_size("4") == 4 and positive_batch_size(None) == 1
     assert generation_settings({"until": "\n", "max_new_tokens": 5}) == (["\n"], 5)
     assert generation_settings({}) == ([], 256)
 
@@ -176,3 +190,29 @@ def test_a_cuda_device_where_there_is_none_is_the_cpu_as_for_lm_eval_hf_model():
     if not torch.cuda.is_available():
         assert pick_device("cuda:0") == torch.device("cpu")
         assert pick_device(None) == torch.device("cpu")
+
+
+def test_a_store_dir_shared_with_another_stream_keeps_each_streams_blocks(folder, tmp_path):
+    """Another stream writes blocks into the same store_dir between every call of the
+    harness's: the answers are those without a store_dir (before, both wrote from block 0 into
+    one set of files and the harness read the other stream's blocks)."""
+    from inftyformer.retrieval.store import BlockStore
+
+    prompt = TEXT * 6
+    (expected,) = harness_lm(folder).generate_until([request(prompt, max_gen_toks=8)])
+    lm = harness_lm(folder, f",store_dir={tmp_path}")
+    m = lm.model
+    other = BlockStore(m.retrieving, m.kv_heads, m.config.block_size, m.head_dim, str(tmp_path))
+    noise = torch.Generator().manual_seed(0)
+    forward = m.forward
+
+    def interleaved(*args, **kwargs):
+        shape = (4, 2, m.kv_heads, m.config.block_size, m.head_dim)
+        other.append({layer: 30 * torch.randn(shape, generator=noise) for layer in m.retrieving})
+        return forward(*args, **kwargs)
+
+    m.forward = interleaved
+    (text,) = lm.generate_until([request(prompt, max_gen_toks=8)])
+    assert other.count >= 8 and text == expected
+    assert [p.name for p in tmp_path.iterdir()] == [other.folder.name]  # the harness's removed
+    other.close()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from .._checks import ValueChecks, check_dtype, check_floating, check_shape
+from .._checks import ValueChecks, check_dtype, check_floating, check_row_mask, check_shape
 from .config import LongTermConfig
 
 # `LongTermState.stored` of a non-empty row in a state saved before states counted their tokens
@@ -185,10 +185,7 @@ class LongTermState:
 
     def reset(self, rows: torch.Tensor) -> LongTermState:
         """Clear the rows flagged in the boolean mask `rows` [batch] (their document ended)."""
-        check_shape("rows", rows, (self.batch_size,))
-        if rows.dtype != torch.bool:
-            raise TypeError(f"rows must be a bool mask, got dtype {rows.dtype}")
-        rows = rows.to(self.coefficients.device)
+        rows = check_row_mask("rows", rows, self.batch_size).to(self.coefficients.device)
         bins = self.attention_mass.shape[-1]
         cleared = LongTermState(
             coefficients=torch.zeros_like(self.coefficients),

@@ -67,20 +67,39 @@ def pick_device(device: str | None) -> torch.device:
 
 def generation_settings(gen_kwargs: dict) -> tuple[list[str], int]:
     """(stop strings, max new tokens) of a request; sampling is refused (greedy only)."""
+    if not isinstance(gen_kwargs, dict):
+        raise ValueError(f"gen_kwargs must be a dict, got {type(gen_kwargs).__name__}")
     settings = dict(gen_kwargs)
     until = settings.pop("until", None)
-    stops = [until] if isinstance(until, str) else list(until or [])
-    if not all(isinstance(s, str) for s in stops):
+    stops = [until] if isinstance(until, str) else until
+    if stops is None:
+        stops = []
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
         raise ValueError(f"until must be a string or a list of strings, got {until!r}")
     count = next(
         (settings[k] for k in ("max_gen_toks", "max_new_tokens") if settings.get(k) is not None),
         DEFAULT_MAX_GEN_TOKS,
     )
-    if settings.get("do_sample") or float(settings.get("temperature") or 0.0) > 0:
+    temperature = settings.get("temperature") or 0.0
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise ValueError(f"temperature must be a number, got {temperature!r}")
+    if settings.get("do_sample") or temperature > 0:
         raise ValueError(f"{NAME} generates greedily: do_sample must be false, temperature 0")
-    if isinstance(count, bool) or int(count) != count or int(count) < 1:
+    whole = isinstance(count, int) or (isinstance(count, float) and count.is_integer())
+    if isinstance(count, bool) or not whole or count < 1:
         raise ValueError(f"max_gen_toks must be a positive int, got {count!r}")
-    return stops, int(count)
+    return list(stops), int(count)
+
+
+def positive_batch_size(batch_size: object) -> int:
+    """lm_eval's `batch_size` (None: 1; an int, or its digits as text), refused unless a whole
+    number ≥ 1 ("auto" and 2.5 too: nothing is rounded)."""
+    value = 1 if batch_size is None else batch_size
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{NAME}: batch_size must be a positive int, got {batch_size!r}")
+    return value
 
 
 @register_model(NAME)
@@ -114,12 +133,7 @@ class RetrievalHarnessLM(LM):
             )
         if dtype not in DTYPES:
             raise ValueError(f"{NAME}: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        try:
-            self.batch_size = int(1 if batch_size is None else batch_size)
-        except ValueError:
-            self.batch_size = 0
-        if self.batch_size < 1:
-            raise ValueError(f"{NAME}: batch_size must be a positive int, got {batch_size!r}")
+        self.batch_size = positive_batch_size(batch_size)
         # the preset and settings checked before any weight is read
         config = RetrievalConfig(**{**retrieval_settings(preset), **settings})
         base = AutoModelForCausalLM.from_pretrained(str(pretrained), dtype=getattr(torch, dtype))

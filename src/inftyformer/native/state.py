@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import load_file, save_file
 
-from .._checks import ValueChecks, check_shape, check_tensor
+from .._checks import ValueChecks, check_row_mask, check_shape, check_tensor
 from .._files import atomic_path
 from ..core.state import LongTermState
 from .compressive_memory import CompressiveState
@@ -266,9 +266,7 @@ class MemoryState:
 
     def reset(self, rows: torch.Tensor) -> MemoryState:
         """Clear the rows flagged by the bool mask `rows` [batch] (their document ended)."""
-        if not isinstance(rows, torch.Tensor) or rows.dtype != torch.bool:
-            raise ValueError("reset rows must be a bool tensor of shape [batch]")
-        check_shape("reset", rows, (self.batch_size,))
+        rows = check_row_mask("reset", rows, self.batch_size)
         if not bool(rows.any()):
             return self
         window = None if self.window is None else self.window.reset(rows)

@@ -47,12 +47,12 @@ from .._checks import check_positive_int, check_token_ids
 from ..hf.adapters import adapter_for
 from ..native.model import token_losses
 from ..native.streaming import check_sampling, sample_next
+from . import state as states
 from .attention import ATTENTION, CALL, Call, Chosen
 from .config import RetrievalConfig
 from .decode import DecodeRun
 from .scorers import ScoredChoice, block_scores, choose
 from .state import RetrievalState, held, unturn, written
-from .store import BlockStore
 
 
 @dataclass
@@ -127,26 +127,10 @@ class RetrievalLM(nn.Module):
     def init_state(
         self, batch_size: int, device: torch.device | str | None = None
     ) -> RetrievalState:
-        """An empty memory of `batch_size` rows (on the base's device, or `device`)."""
+        """An empty state of `batch_size` rows (on the base's device, or `device`), recording
+        this model's settings."""
         check_positive_int("batch_size", batch_size)
-        c, p = self.config, self._param()
-        L, H, d, B = self.num_layers, self.kv_heads, self.head_dim, c.block_size
-        where = p.device if device is None else torch.device(device)
-        zeros = lambda *shape, **kw: torch.zeros(*shape, device=where, **kw)  # noqa: E731
-        window = (L, batch_size, H, c.window + B - 1, d)
-        sink = (L, batch_size, H, c.sink_blocks * B, d)
-        count = dict(dtype=torch.int64)
-        return RetrievalState(
-            window_k=zeros(*window, dtype=p.dtype), window_v=zeros(*window, dtype=p.dtype),
-            window_len=zeros(batch_size, **count),
-            sink_k=zeros(*sink, dtype=p.dtype), sink_v=zeros(*sink, dtype=p.dtype),
-            sink_len=zeros(batch_size, **count),
-            block_ids=zeros(batch_size, 0, **count), blocks=zeros(batch_size, **count),
-            keys=(), selected=zeros(batch_size, 0, **count),
-            chosen=zeros(batch_size, 0, dtype=torch.bool),
-            tokens=zeros(batch_size, **count),
-            store=BlockStore(self.retrieving, H, B, d, c.store_dir),
-        )  # fmt: skip
+        return states.new_state(self, batch_size, device)
 
     # ------------------------------------------------------------------ one call
     def forward(
@@ -176,13 +160,7 @@ class RetrievalLM(nn.Module):
         stream's logits are its length × the vocabulary, 12.9 GB at 64K tokens of SmolLM2)."""
         vocab = int(self.base.config.vocab_size)
         ids = check_token_ids("input_ids", input_ids, vocab, self._param().device)
-        batch = ids.shape[0]
-        if state is None:
-            state = self.init_state(batch)
-        elif state.batch_size != batch:
-            raise ValueError(f"state has {state.batch_size} rows, input_ids {batch}")
-        if reset is not None:
-            state = state.reset(reset)
+        state = states.prepare_state(self, state, ids.shape[0], reset)  # checked; rows reset
         if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int):
             raise TypeError(f"logits_to_keep must be an int, got {logits_to_keep!r}")
         if logits_to_keep < 0:

@@ -5,13 +5,14 @@ and the call's choice of blocks is carried to the next call."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 import torch.nn.functional as F
 
+from .._checks import check_row_mask
 from ..hf.head_read import rotate_half
-from .store import BlockStore
+from .store import BlockStore, narrowed, store_dtype
 
 CHUNK_BLOCKS = 64  # stored blocks per chunk of the in-memory keys (4,096 tokens in blocks of 64)
 
@@ -26,6 +27,79 @@ def unturn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos[:, None] - rotate_half(x) * sin[:, None]
 
 
+@dataclass(frozen=True)
+class StateRecord:
+    """The settings that give a state's numbers their meaning, recorded when it is made: the
+    base's blocks (L), key/value heads and head width, the block size B, the window W, the
+    sink's blocks, the choosing block, the first block that reads a choice and the blocks
+    that retrieve. A model with another value of any of them refuses the state."""
+
+    block_size: int
+    window: int
+    sink_blocks: int
+    select_layer: int
+    read_from: int
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    retrieving: tuple[int, ...]
+
+    @classmethod
+    def of(cls, model) -> StateRecord:
+        c = model.config
+        return cls(
+            c.block_size, c.window, c.sink_blocks, model.select_layer, model.read_from,
+            model.num_layers, model.kv_heads, model.head_dim, tuple(model.retrieving),
+        )  # fmt: skip
+
+
+def new_state(model, batch_size: int, device: torch.device | str | None = None) -> RetrievalState:
+    """An empty state of `batch_size` rows for `model` (`RetrievalLM.init_state`; on the base's
+    device, or `device`), its settings recorded and its blocks stored in the dtype the base's
+    dtype calls for."""
+    c, p = model.config, next(model.base.parameters())
+    L, H, d, B = model.num_layers, model.kv_heads, model.head_dim, c.block_size
+    where = p.device if device is None else torch.device(device)
+    zeros = lambda *shape, **kw: torch.zeros(*shape, device=where, **kw)  # noqa: E731
+    window = (L, batch_size, H, c.window + B - 1, d)
+    sink = (L, batch_size, H, c.sink_blocks * B, d)
+    count = dict(dtype=torch.int64)
+    return RetrievalState(
+        window_k=zeros(*window, dtype=p.dtype), window_v=zeros(*window, dtype=p.dtype),
+        window_len=zeros(batch_size, **count),
+        sink_k=zeros(*sink, dtype=p.dtype), sink_v=zeros(*sink, dtype=p.dtype),
+        sink_len=zeros(batch_size, **count),
+        block_ids=zeros(batch_size, 0, **count), blocks=zeros(batch_size, **count),
+        keys=(), selected=zeros(batch_size, 0, **count),
+        chosen=zeros(batch_size, 0, dtype=torch.bool),
+        tokens=zeros(batch_size, **count),
+        store=BlockStore(model.retrieving, H, B, d, c.store_dir, store_dtype(p.dtype)),
+        record=StateRecord.of(model),
+    )  # fmt: skip
+
+
+def prepare_state(model, state, batch: int, reset) -> RetrievalState:
+    """The state a call of `model` on `batch` rows reads: `state` (None: a new one) checked to
+    be the model's and of `batch` rows, the rows `reset` flags cleared."""
+    if state is None:
+        state = model.init_state(batch)
+    elif not isinstance(state, RetrievalState):
+        raise TypeError(f"state must be a RetrievalState or None, got {type(state).__name__}")
+    if state.record is None:
+        raise ValueError("state records no settings: make states with the model's init_state")
+    own = StateRecord.of(model)
+    if state.record != own:
+        theirs, ours = asdict(state.record), asdict(own)
+        diff = "; ".join(
+            f"{k}: the state's {theirs[k]}, the model's {ours[k]}" for k in ours
+            if theirs[k] != ours[k]
+        )  # fmt: skip
+        raise ValueError(f"state was made by a retrieval model of other settings ({diff})")
+    if state.batch_size != batch:
+        raise ValueError(f"state has {state.batch_size} rows, input_ids {batch}")
+    return state if reset is None else state.reset(reset)
+
+
 @dataclass
 class RetrievalState:
     """The memory of a batch of streams (L = the base's blocks, H_kv key/value heads, d).
@@ -35,7 +109,8 @@ class RetrievalState:
     sink_k, sink_v      [L, b, H_kv, S, d]  the stream's first S tokens; sink_len [b]
     block_ids           [b, n] int64  each row's stored blocks (ids in `store`), oldest first;
                         blocks [b] how many are valid
-    keys                chunks [b, ≤ CHUNK_BLOCKS · B, H_kv, d] float16, together [b, n · B,
+    keys                chunks [b, ≤ CHUNK_BLOCKS · B, H_kv, d] in the store's dtype
+                        (`store_dtype`), together [b, n · B,
                         H_kv, d]: the stored tokens' keys at `select_layer`, turned to position
                         S (what a call's queries score); a store copies only the chunks it
                         writes to, so storing a block costs the same however long the stream
@@ -45,7 +120,10 @@ class RetrievalState:
                         choice yet): a held answer whose window let a block go to the store
                         chooses again with them, so that the block stays readable
     tokens              [b] int64  tokens read since the row's reset
-    store               the blocks' keys and values (shared by the states of one model)
+    store               the blocks' keys and values (shared by a state and those made from
+                        it: select_rows, reset, the next call's)
+    record              the settings it was made with (`StateRecord`: a model of others
+                        refuses it)
     decode              the run of one-token calls this state extends and its place in it
                         (`retrieval_decode`: derived, dropped by select_rows)
     """
@@ -63,6 +141,7 @@ class RetrievalState:
     chosen: torch.Tensor
     tokens: torch.Tensor
     store: BlockStore = field(repr=False)
+    record: StateRecord | None = field(default=None, repr=False, compare=False)
     decode: tuple | None = field(default=None, repr=False, compare=False)
     question: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
@@ -72,7 +151,7 @@ class RetrievalState:
 
     def reset(self, rows: torch.Tensor) -> RetrievalState:
         """Clear the rows flagged by the bool mask `rows` [batch] (their document ended)."""
-        keep = ~rows.to(self.tokens.device)
+        keep = ~check_row_mask("reset", rows, self.batch_size).to(self.tokens.device)
         return replace(
             self,
             window_len=self.window_len * keep,
@@ -91,7 +170,7 @@ class RetrievalState:
         changes = {name: getattr(self, name)[:, at] for name in per_layer}
         changes["keys"] = tuple(chunk[at] for chunk in self.keys)
         for f in fields(self):  # the others are batch first
-            skip = f.name in per_layer or f.name in ("keys", "store", "decode")
+            skip = f.name in per_layer or f.name in ("keys", "store", "decode", "record")
             if not skip and getattr(self, f.name) is not None:
                 changes[f.name] = getattr(self, f.name)[at]
         return replace(self, **changes, decode=None)
@@ -202,7 +281,8 @@ def _store(model, s, out_k, out_v, to_store):
         k = out_k[model.select_layer, rows, :, ms]  # [n', H, B, d]
         probe = k.new_zeros(1, 1, model.head_dim)
         cos, sin = model.rotary(probe, torch.full((1, B), S, device=k.device))
-        k = turn(k, cos, sin).transpose(1, 2).to(torch.float16)  # [n', B, H, d]
+        k = turn(k, cos, sin).transpose(1, 2)  # [n', B, H, d] in the store's dtype
+        k = narrowed(k, s.store.dtype, f"layer {model.select_layer}'s keys")
         at = rank[:, None] * B + torch.arange(B, device=k.device)  # [n', B]
         place = (rows[:, None].expand_as(at), at)
         keys = put_keys(keys, s.batch_size, n * B, CHUNK_BLOCKS * B, place, k)
@@ -244,7 +324,10 @@ def put_keys(
 __all__ = [
     "CHUNK_BLOCKS",
     "held",
+    "new_state",
+    "prepare_state",
     "RetrievalState",
+    "StateRecord",
     "put_keys",
     "turn",
     "unturn",
