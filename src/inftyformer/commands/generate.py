@@ -29,6 +29,11 @@ def run_generate(
     preset: str | None = None,
 ) -> None:
     """Continue `prompt` (see `inftyformer generate --help`)."""
+    if checkpoint is None and base_model is None:  # before torch is imported: at once
+        raise ValueError(
+            "give a checkpoint, or --base-model DIR to continue text with the base reading "
+            "its own past (a retrieval preset, training-free)"
+        )
     import torch
 
     from ..native.streaming import check_sampling
@@ -97,7 +102,7 @@ def run_generate(
 
 
 def _generate_by_retrieval(
-    base_model: str | None,
+    base_model: str,
     preset: str | None,
     prompt: str,
     max_new_tokens: int | None,
@@ -114,11 +119,6 @@ def _generate_by_retrieval(
     from ..retrieval import RetrievalLM
     from ..training.distributed import resolve_device
 
-    if base_model is None:
-        raise ValueError(
-            "give a checkpoint, or --base-model DIR to continue text with the base reading "
-            "its own past (a retrieval preset, training-free)"
-        )
     preset = preset or "retrieval"
     retrieval_settings(preset)  # a named error before any weight is read
     if prompt == "random":
