@@ -175,3 +175,21 @@ def test_an_adapter_refuses_a_base_whose_config_computes_otherwise(tmp_path):
             InftyformerForCausalLM.from_pretrained(out)
     path.write_text(json.dumps({**original, "use_cache": False, "transformers_version": "x"}))
     assert torch.equal(two_segments(InftyformerForCausalLM.from_pretrained(out), ids), expected)
+
+
+def test_a_whole_save_whose_config_moves_a_memory_is_refused(tmp_path):
+    """config.json of a whole save edited to place the memories in other blocks loaded the
+    saved weights there without a word (logits off by 0.54): the save records the blocks its
+    memories' weights belong to, and a config that moves them is refused by name."""
+    import json
+
+    base = tiny_base("llama")
+    model = add_long_term_memory(base, **MEMORY, memory_layers=(0,)).eval()
+    out = tmp_path / "whole"
+    model.save_pretrained(out)
+    assert InftyformerForCausalLM.from_pretrained(out).memory_blocks == [0]
+    config = json.loads((out / "config.json").read_text())
+    config["adapter"]["memory_layers"] = [1]
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"places the memories in blocks \[1\].*saved for"):
+        InftyformerForCausalLM.from_pretrained(out)

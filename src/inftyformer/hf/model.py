@@ -184,7 +184,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         (the layer count lowered) dropped (`init_weights.check_loaded`). An adapter folder
         (`save_pretrained(..., adapter_only=True)`) loads on top of its base, from the folder it
         names or from `base_model=DIR`, checked by its weights hash (`saved_adapter.py`)."""
-        from .saved_adapter import is_adapter, load_adapter
+        from .saved_adapter import check_memory_blocks, is_adapter, load_adapter
 
         where = args[0] if args else kwargs.get("pretrained_model_name_or_path", "")
         if is_adapter(where):  # an adapter folder: its base from the reference (base_model=)
@@ -193,6 +193,7 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         want_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
         init_weights.check_loaded(where, model, info)
+        check_memory_blocks(where, model)
         return (model, info) if want_info else model
 
     def _init_weights(self, module: nn.Module) -> None:

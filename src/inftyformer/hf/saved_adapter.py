@@ -48,9 +48,11 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PREFIX = "base."  # where the base's tensors sit in InftyformerForCausalLM's state dict
 # the files of a whole model's save (Hugging Face's names, shards and indexes included)
+MEMORY_BLOCKS = "memory_blocks.json"  # a whole save's record of where its memories sit
 WHOLE_WEIGHTS = (
     "model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors",
     "pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*-of-*.bin",
+    MEMORY_BLOCKS,
 )  # fmt: skip
 ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)  # the marker first
 
@@ -80,8 +82,30 @@ def save(
         _write_adapter(model, directory, reference)
     else:
         result = whole(directory, *args, **kwargs)
+        # the memories' weights are saved by their place in memory_layers: what blocks those
+        # were is recorded beside them, so a config.json that moves them is refused on loading
+        blocks = {"memory_blocks": list(model.memory_blocks)}
+        write_atomic(Path(directory) / MEMORY_BLOCKS, json.dumps(blocks))
     write_loader(directory)
     return result
+
+
+def check_memory_blocks(directory: Any, model: Any) -> None:
+    """Refuse a whole saved model whose config.json places its memories in other blocks than
+    the weights were saved for (a folder saved before this record was kept: not checked)."""
+    path = Path(str(directory)) / MEMORY_BLOCKS
+    if not path.is_file():
+        return
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))["memory_blocks"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not a record of the memories' blocks ({err})") from None
+    if list(saved) != list(model.memory_blocks):
+        raise ValueError(
+            f"{directory}: config.json places the memories in blocks {list(model.memory_blocks)}, "
+            f"but their weights were saved for blocks {list(saved)} ({MEMORY_BLOCKS}): each "
+            "memory would read another block's states; restore memory_layers in config.json"
+        )
 
 
 def clear_for_save(directory: str | Path, adapter_only: bool) -> None:
