@@ -1,4 +1,4 @@
-"""The recommended-settings section of docs/benchmarks/pretrained_cost.md, rendered from the
+"""The recommended-settings section of docs/results/benchmarks/pretrained_cost.md, rendered from the
 JSON `_bench_pretrained_settings.measure` returns (also imported by docs tests)."""
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ def hf_section(s: dict[str, Any]) -> str:
         HF_BEGIN,
         f"Measured on {s['machine']['cpu']} (one thread, load average "
         f"{', '.join(f'{x:.1f}' for x in s['machine']['load_average'])} at the start; "
-        "`docs/benchmarks/pretrained_cost.md` has the method, generation speed and the "
+        "`docs/results/benchmarks/pretrained_cost.md` has the method, generation speed and the "
         "command-line runs):",
         "",
         "```bash",

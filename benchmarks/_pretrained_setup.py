@@ -16,7 +16,7 @@ from inftyformer._measure import default_base_model
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = Path(default_base_model())
-OUT = ROOT / "docs" / "benchmarks"
+OUT = ROOT / "docs" / "results" / "benchmarks"
 
 
 def data_dir() -> Path | None:

@@ -9,7 +9,7 @@ its per-token cost relative to the base model.
     python benchmarks/bench_pretrained.py --render-only   # the reports again from the JSON
     python benchmarks/bench_pretrained.py --only-generation  # generation speed, measured again
 
-Writes docs/benchmarks/pretrained_cost.{json,md} (--tiny, --quick: pretrained_cost_tiny.*).
+Writes docs/results/benchmarks/pretrained_cost.{json,md} (--tiny, --quick: pretrained_cost_tiny.*).
 --only-settings measures the recommended-settings section only and keeps the other sections of
 the existing JSON (measured before, by the command recorded there).
 

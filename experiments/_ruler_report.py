@@ -1,5 +1,5 @@
-"""Pieces of docs/ruler.md that need none of experiments/ruler.py's tables: what each task is,
-what is left out and why, what the page says of the answers' length, and each cell's peak
+"""Pieces of docs/results/ruler.md that need none of experiments/ruler.py's tables: what each task
+is, what is left out and why, what the page says of the answers' length, and each cell's peak
 resident memory."""
 
 from __future__ import annotations

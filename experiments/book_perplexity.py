@@ -50,7 +50,7 @@ from inftyformer._measure import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "docs"
+OUT = ROOT / "docs" / "results"
 NAME = "book_perplexity"
 ROWS = ("full", "window", "streaming", "retrieval", "retrieval-near", "retrieval-picked")
 SPLITS = ("test", "valid")  # held out, in this order

@@ -372,7 +372,7 @@ def prompt_setup(
     import torch
 
     torch.set_num_threads(1)
-    out_dir = args.out or (Path(tempfile.mkdtemp()) if args.quick else ex.ROOT / "docs")
+    out_dir = args.out or (Path(tempfile.mkdtemp()) if args.quick else ex.ROOT / "docs" / "results")
     if args.quick and not args.render_only:
         args.base_model = str(ex.tiny_model_writer()(Path(tempfile.mkdtemp()) / "base"))
         args.data_dir = str(_quick_books(Path(tempfile.mkdtemp())))

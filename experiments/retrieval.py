@@ -63,7 +63,7 @@ from inftyformer._measure import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "docs"
+OUT = ROOT / "docs" / "results"
 WORDS = (
     "apple river candle garden silver window ladder forest pencil rabbit castle island winter "
     "mirror violin button desert harbor jacket lemon marble needle orange pepper rocket saddle "

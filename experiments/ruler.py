@@ -68,7 +68,7 @@ from inftyformer._measure import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "docs"
+OUT = ROOT / "docs" / "results"
 TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt")
 OFFLINE = (*TASKS, "ruler_cwe", "ruler_fwe", *BOOK_TASKS)
 QUICK_CORPUS = (
@@ -322,7 +322,8 @@ def render(data: dict, notes: str = "") -> str:
         "its question's blocks; `picked-all` that preset with the blocks chosen by every query of "
         "that call (`select_queries=0`); `picked-max` that preset scoring each block by its best q "
         "· k (`score=max`); `picked-trained` that preset choosing by queries through a map trained "
-        "on the facts task (`experiments/retrieval_trained.py`, `docs/retrieval_trained.md`) "
+        "on the facts task (`experiments/retrieval_trained.py`, "
+        "`experiments/notes/retrieval_trained.md`) "
         "(lm_eval model `inftyformer-retrieval`, `inftyformer.integrations.ruler_lm`, "
         "with the row's "
         "preset); `paper` the paper's memory in every block of the base (preset `paper-gpt2`, "
