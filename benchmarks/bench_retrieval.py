@@ -17,7 +17,7 @@ base with a KV cache of its last 2,048 tokens) in the same rounds. Rows:
     full         the base with its whole past in its KV cache (to `--full-limit` tokens)
     streaming    the `streaming` preset (first 64 + last 1,984)
     retrieval    the `retrieval` preset (first 64 + 16 chosen blocks of 64 + last 960)
-    retrieval-near, retrieval-true   those presets, when --rows names them
+    retrieval-near     that preset, when --rows names it
     paper        the ∞-former's continuous memory added to the base (`paper-gpt2` preset,
                  untrained: cost only; to `--full-limit` tokens)
 
@@ -49,7 +49,7 @@ ROWS = ("window-256", "window", "full", "streaming", "retrieval", "paper")
 LIMITED = ("full", "paper")  # rows read only to --full-limit tokens
 # rows that are presets of the retrieval kind (`inftyformer presets`); --rows may add one of
 # those not in ROWS, e.g. retrieval-near
-RETRIEVAL_KIND = tuple(p.name for p in PRESETS.values() if p.kind == "retrieval")
+RETRIEVAL_KIND = tuple(p.name for p in PRESETS.values() if p.kind in ("retrieval", "baseline"))
 MEMORY_ROWS = ("window", "retrieval", "retrieval-near")  # each alone in a process, when in --rows
 
 
@@ -71,14 +71,13 @@ class Stream:
     """One row: reads its next block on `step` and keeps its state."""
 
     def __init__(self, row: str, base) -> None:
-        from inftyformer.presets import preset_settings
         from inftyformer.retrieval.model import RetrievalLM
 
         self.row, self.base, self.state = row, base, None
         if row == "window-256":
             self.model = RetrievalLM(base, blocks=0, sink_blocks=0, window=256)
         elif row in RETRIEVAL_KIND:
-            self.model = RetrievalLM(base, **preset_settings(row, "retrieval"))
+            self.model = RetrievalLM(base, **PRESETS[row].settings_for(None))
         elif row == "paper":
             from inftyformer.hf import add_long_term_memory
 
@@ -169,11 +168,10 @@ def time_generate(args, base) -> dict[str, Any]:
     prompt's last 2,048 tokens but one (filled untimed, a fresh copy before each turn)."""
     import copy
 
-    from inftyformer.presets import preset_settings
     from inftyformer.retrieval.model import RetrievalLM
 
     prompt = book_ids(args.base_model, args.prompt, int(base.config.vocab_size))
-    model = RetrievalLM(base, **preset_settings("retrieval", "retrieval"))
+    model = RetrievalLM(base, **PRESETS["retrieval"].settings_for(None))
     state = model(prompt[:, :-1], logits_to_keep=1).state
     recent = prompt[:, -2048:]
     filled = base(recent[:, :-1], use_cache=True, logits_to_keep=1).cache

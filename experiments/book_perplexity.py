@@ -2,7 +2,8 @@
 
 Each of K held-out books' first T tokens is streamed through the base in calls of 256 tokens,
 and every token's negative log-likelihood (NLL, nats) given all that the row reads of its past
-is recorded. Rows (the same tokens for every row; each a preset of the retrieval kind but `full`):
+is recorded. Rows (the same tokens for every row; each a preset of the retrieval or baseline
+kind but `full`):
 
     full       the base alone with its HF KV cache (only the positions the base has)
     window     the base with a KV cache of its last 2,048 tokens
@@ -158,10 +159,10 @@ def block_sums(nll: torch.Tensor) -> tuple[list[float], list[int]]:
 
 
 def cell_settings(row: str, tokens: int, base_dir: str, positions: int) -> dict:
-    from inftyformer.presets import preset_settings
+    from inftyformer.presets import PRESETS
 
     fed = min(tokens, positions) if row == "full" else tokens
-    preset = {} if row == "full" else preset_settings(row, "retrieval")
+    preset = {} if row == "full" else PRESETS[row].settings_for(None)  # retrieval or baseline
     return {"base_model": Path(base_dir).name, "tokens": fed, "segment_len": SEGMENT,
             "preset": preset}  # fmt: skip
 

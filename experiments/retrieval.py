@@ -16,13 +16,11 @@ Three tasks in our own wording and filler (the test books), answers written by g
                is NNNNN. Remember it. NNNNN is the pass key." at a random depth,
                then "What is the pass key? The pass key is"
 
-Rows (the same passages for every row; each a preset of the retrieval kind but `full`):
+Rows (the same passages for every row; each a preset of the retrieval or baseline kind but `full`):
     full       the base alone on the whole passage (only where it fits its positions)
     window     the base with a KV cache of its last 2,048 tokens
     streaming  the first 64 tokens and the last 1,984 (StreamingLLM's sink + recent window)
     retrieval  the first 64, the 16 past blocks of 64 the queries match best, the last 960
-    retrieval-true  the same places, each at its distance in the stream where the base's
-               positions hold it (`retrieval` packs them right before the question)
     retrieval-scored  the `retrieval` preset with its chosen blocks by rising score, the best
                right before the window (`order="score"`)
     retrieval-near  the preset of that name: as `retrieval-scored` with a shorter window and
@@ -81,7 +79,7 @@ PASSKEY_TASK = (
     "it. I will quiz you about the important information there.\n\n"
 )
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
-PRESET_ROWS = ("full", "window", "streaming", "retrieval", "retrieval-true", "retrieval-near")
+PRESET_ROWS = ("full", "window", "streaming", "retrieval", "retrieval-near")
 VARIANTS = {  # row: (preset, settings on top); PRESET_ROWS are RULER's rows too
     "retrieval-scored": ("retrieval", {"order": "score"}),
     "near-attention": ("retrieval-near", {"score": "attention"}),
@@ -239,12 +237,14 @@ def wilson(k: int, n: int, z: float = 1.96) -> list[float]:
 def score_table(
     cells: dict, key: str, lengths: list[int], score: str = "exact", rows: tuple = ROWS
 ) -> list[str]:
-    """Markdown lines of a table: a row per `rows` entry, a column per length; the cell of row r
-    at length n is `cells[key.format(row=r, n=n)]` (missing: not run), its `score` shown with
-    its interval and samples."""
+    """Markdown lines of a table: a row per `rows` entry run at one of the lengths at least, a
+    column per length; the cell of row r at length n is `cells[key.format(row=r, n=n)]`
+    (missing: not run, shown as –), its `score` shown with its interval and samples."""
     lines = ["| row | " + " | ".join(f"{n:,} tokens" for n in lengths) + " |",
              "|---|" + "---:|" * len(lengths)]  # fmt: skip
     for row in rows:
+        if all(cells.get(key.format(row=row, n=n)) is None for n in lengths):
+            continue  # never run: no row of dashes
         shown = []
         for n in lengths:
             cell = cells.get(key.format(row=row, n=n))
@@ -350,7 +350,7 @@ def quick_model(folder: Path):
 
 
 def passage_arguments(p: argparse.ArgumentParser, threads: int) -> None:
-    """The passages' arguments (this script's and experiments/retrieval_where.py's)."""
+    """The passages' arguments."""
     p.add_argument("--passages", type=int, default=5)
     p.add_argument("--needles", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)

@@ -7,8 +7,6 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
     streaming  the first 64 tokens and the last 1,984               "inftyformer-retrieval",
     retrieval  the first 64, the 16 past blocks of 64 its queries   `integrations.ruler_lm`)
                match best and the last 960
-    retrieval-true  the same places, each at its distance in the stream where the base's
-               positions hold it
     retrieval-near  the first 64, the 24 past blocks of 64 its queries match best (the best
                last, right before the window) and the last 448
     retrieval-picked  one fact read: the first 64, the block the last 32 queries of the
@@ -16,8 +14,6 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
                block after it, the last 256; the answer reads the question's blocks
     picked-all, picked-max  that with the blocks chosen by every query of that call
                (`select_queries=0`); that with each block scored by its best q · k (`score=max`)
-    picked-trained  that with the choosing queries through a map trained on the facts task
-               (`experiments/retrieval_trained.py`; --query-map)
     paper      the paper's memory in every block of the base (`paper-gpt2` preset, untrained),
                saved as a memory model and run as a user runs one: lm_eval's `hf` model with
                trust_remote_code (the folder made once under --models-dir)
@@ -45,7 +41,6 @@ interval of that share over the prompts, and the prompt count.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -99,9 +94,7 @@ def stale(path: Path, args) -> bool:
 
 PICKED = "retrieval-picked"  # the preset of the variant rows (VARIANTS: row: preset, settings)
 VARIANTS = {"picked-all": (PICKED, "select_queries=0"), "picked-max": (PICKED, "score=max")}
-RULER_ROWS = (*ROWS, PICKED, *VARIANTS, "picked-trained", "paper")
-TRAINED = {"picked-trained": PICKED}  # row: the preset its query map is read by
-DEFAULT_ROWS = tuple(r for r in RULER_ROWS if r not in TRAINED)  # a trained row needs its map
+RULER_ROWS = (*ROWS, PICKED, *VARIANTS, "paper")
 PAPER_PRESET = "paper-gpt2"
 WHOLE = 1 << 24  # lm_eval's max_length for a memory model: any prompt reaches it whole
 
@@ -123,11 +116,11 @@ def paper_model(base_dir: str | Path, folder: Path) -> Path:
     return folder
 
 
-def model_of(
-    row: str, base_dir: str, models_dir: str | Path | None = None, query_map: str | None = None
-) -> tuple[str, str]:
+def model_of(row: str, base_dir: str, models_dir: str | Path | None = None) -> tuple[str, str]:
     """lm_eval's model name and model_args for `row` (`paper`: its saved model, made in
-    `models_dir` if it is not there; a `TRAINED` row: its preset reading `query_map`)."""
+    `models_dir` if it is not there)."""
+    if row not in RULER_ROWS:
+        raise ValueError(f"no row {row!r}: the rows are {', '.join(RULER_ROWS)}")
     from inftyformer.integrations.harness import check_model_dir
 
     folder = check_model_dir(base_dir)
@@ -140,10 +133,6 @@ def model_of(
         return "hf", f"pretrained={saved},trust_remote_code=True,dtype=float32,max_length={WHOLE}"
     import inftyformer.integrations.ruler_lm as ruler_lm  # registers the model with lm_eval
 
-    if row in TRAINED:
-        if query_map is None or not Path(query_map).is_file():
-            raise ValueError(f"row {row} reads a trained query map: --query-map FILE ({query_map})")
-        return ruler_lm.NAME, f"pretrained={folder},preset={TRAINED[row]},query_map={query_map}"
     if row in VARIANTS:
         preset, settings = VARIANTS[row]
         return ruler_lm.NAME, f"pretrained={folder},preset={preset},{settings}"
@@ -246,8 +235,7 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
     limit = base_positions(base_dir)
     if row == "full" and length > limit:
         return {"skipped": f"the prompts do not fit the base's {limit} positions"}
-    query_map = getattr(args, "query_map", None) if row in TRAINED else None
-    model, model_args = model_of(row, base_dir, getattr(args, "models_dir", None), query_map)
+    model, model_args = model_of(row, base_dir, getattr(args, "models_dir", None))
     name = task.config.task
     from_start = not reset_peak_rss()  # the cell's own peak where the kernel allows it
     before = rss_mb()  # lm_eval's task data (its prompts of this length) made, no model yet
@@ -280,10 +268,7 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
     total = sum(a["score"] for a in answers)
     return {
         "row": row, "task": name, "length": length, "model": model,
-        "model_args": without_paths(model_args, base_dir, getattr(args, "models_dir", None))
-        .replace(str(query_map), "QUERY_MAP"),
-        **({"query_map_sha256": hashlib.sha256(Path(query_map).read_bytes()).hexdigest()}
-           if query_map else {}),  # fmt: skip
+        "model_args": without_paths(model_args, base_dir, getattr(args, "models_dir", None)),
         "score": total / n, "samples": n, "interval": wilson(total, n),
         "lm_eval_score": result["results"][name][f"{length},none"], "seconds": seconds,
         "max_gen_toks": args.max_gen_toks, **peak,
@@ -292,11 +277,46 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
 
 
 PEERS = tuple(PRESSES)  # kvpress's rows, run by experiments/ruler_kvpress.py in a venv of its own
+MODEL = (
+    "(this row and those below but `paper`: lm_eval model `inftyformer-retrieval`, "
+    "`inftyformer.integrations.ruler_lm`, with the row's preset)"
+)
+ROW_WHAT = {  # what each row reads, as the page says it
+    "full": "the base alone (lm_eval's `hf` model)",
+    "window": f"a KV cache of the last 2,048 tokens {MODEL}",
+    "streaming": "the first 64 and the last 1,984",
+    "retrieval": "the first 64, the 16 past blocks of 64 its queries match best and the last 960",
+    "retrieval-near": "the first 64, the 24 past blocks of 64 its queries match best (the best "
+    "last) and the last 448",
+    "retrieval-picked": "one fact read: the first 64, the past block the last 32 queries of the "
+    "prompt's last call (the question's) give the most attention weight with the block after "
+    "it, and the last 256 (448 places), the answer written with its question's blocks",
+    "picked-all": "that preset with the blocks chosen by every query of that call "
+    "(`select_queries=0`)",
+    "picked-max": "that preset scoring each block by its best q · k (`score=max`)",
+    "paper": "the paper's memory in every block of the base (preset `paper-gpt2`, untrained: as "
+    "wrapped, it adds nothing to the base's logits, so it reads what the base reads in its "
+    "window of one segment before the segment), saved as a memory model and run by lm_eval's "
+    "`hf` model with trust_remote_code, every prompt streamed through the memory",
+}
+
+
+def rows_run(cells: dict) -> tuple[str, ...]:
+    """The rows of RULER_ROWS and PEERS that have a cell: a row never run is left out of the
+    tables, the plot and the page's list of rows."""
+    have = {
+        key.rsplit("-", 1)[0].removesuffix("-" + task)  # ROW-TASK-LENGTH
+        for key in cells
+        for task in OFFLINE
+        if key.rsplit("-", 1)[0].endswith("-" + task)
+    }
+    return tuple(r for r in (*RULER_ROWS, *PEERS) if r in have)
 
 
 def render(data: dict, notes: str = "") -> str:
     setup = data["setup"]
-    peers = tuple(r for r in PEERS if any(c.get("row") == r for c in data["cells"].values()))
+    ran = rows_run(data["cells"])
+    peers = tuple(r for r in PEERS if r in ran)
     lines = [
         "# RULER through lm-evaluation-harness: the base, a KV cache and retrieval side by side",
         "",
@@ -311,25 +331,9 @@ def render(data: dict, notes: str = "") -> str:
         + ". Rendered from `ruler.json` by `experiments/ruler.py`."
         + cut_sentence(setup),
         "",
-        "Rows: `full` the base alone (lm_eval's `hf` model); `window` a KV cache of the last 2,048 "
-        "tokens; `streaming` the first 64 and the last 1,984; `retrieval` the first 64, the 16 "
-        "past blocks of 64 its queries match best and the last 960; `retrieval-true` the same "
-        "places, each at its distance in the stream where the base's positions hold it; "
-        "`retrieval-near` the first 64, the 24 past blocks of 64 its queries match best (the best "
-        "last) and the last 448; `retrieval-picked` one fact read: the first 64, the past block "
-        "the last 32 queries of the prompt's last call (the question's) give the most attention "
-        "weight with the block after it, and the last 256 (448 places), the answer written with "
-        "its question's blocks; `picked-all` that preset with the blocks chosen by every query of "
-        "that call (`select_queries=0`); `picked-max` that preset scoring each block by its best q "
-        "· k (`score=max`); `picked-trained` that preset choosing by queries through a map trained "
-        "on the facts task (`experiments/retrieval_trained.py`, "
-        "`experiments/notes/retrieval_trained.md`) "
-        "(lm_eval model `inftyformer-retrieval`, `inftyformer.integrations.ruler_lm`, "
-        "with the row's "
-        "preset); `paper` the paper's memory in every block of the base (preset `paper-gpt2`, "
-        "untrained: as wrapped, it adds nothing to the base's logits, so it reads what the base "
-        "reads in its window of one segment before the segment), saved as a memory model and run "
-        "by lm_eval's `hf` model with trust_remote_code, every prompt streamed through the memory."
+        "Rows: "
+        + "; ".join(f"`{r}` {ROW_WHAT[r]}" for r in ran if r in ROW_WHAT)
+        + "."
         + (
             " Rows `kvpress_*`: NVIDIA's kvpress presses, each keeping 2,048 entries of the "
             "context (below)."
@@ -343,8 +347,7 @@ def render(data: dict, notes: str = "") -> str:
             continue
         lengths = sorted({int(k.rsplit("-", 1)[1]) for k in keys})
         lines += ["", f"## {task}", "", WHAT[task] + ".", ""]
-        rows = RULER_ROWS + peers
-        lines += score_table(data["cells"], "{row}-" + task + "-{n}", lengths, "score", rows)
+        lines += score_table(data["cells"], "{row}-" + task + "-{n}", lengths, "score", ran)
     lines += memory_lines(data["cells"], OFFLINE)
     lines += peer_lines(data["cells"])
     lines += ["", "## What runs offline", "",
@@ -386,7 +389,7 @@ def quick_model(folder: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", default=",".join(DEFAULT_ROWS))
+    p.add_argument("--rows", default=",".join(RULER_ROWS))
     p.add_argument("--tasks", help=f"of {', '.join(OFFLINE)} (default {', '.join(TASKS)})")
     p.add_argument("--lengths", default="4096,8192")
     p.add_argument("--limit", type=int, default=25, help="prompts per task and length")
@@ -412,12 +415,6 @@ def main(argv: list[str] | None = None) -> None:
         "--models-dir",
         default="runs/ruler-models",
         help="where the paper row's saved memory model is made (once, ~0.6 GB for SmolLM2-135M)",
-    )
-    p.add_argument(
-        "--query-map",
-        default="runs/query-map.safetensors",
-        help="the trained query map the picked-trained row reads "
-        "(experiments/retrieval_trained.py)",
     )
     p.add_argument(
         "--dump-prompts",
@@ -490,10 +487,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     data = {"setup": setup, "cells": cells, "machine": machine}
     write_json(out / "ruler.json", data)
-    peers = tuple(r for r in PEERS if any(c.get("row") == r for c in cells.values()))
     panels = [(t, "{row}-" + t + "-{n}") for t in OFFLINE]
-    rows = RULER_ROWS + peers
-    drawn = plot_scores(cells, panels, rows, out / "ruler.png", "score", "prompt tokens")
+    drawn = plot_scores(cells, panels, rows_run(cells), out / "ruler.png", "score", "prompt tokens")
     picture = "![RULER's score against length](ruler.png)\n\n" if drawn else ""
     write_text(out / "ruler.md", render(data, picture + kept_notes(out / "ruler.md")))
 

@@ -103,14 +103,8 @@ def test_rows_are_the_models_they_name(tmp_path):
     assert rr.model_of("picked-max", str(tmp_path)) == (
         "inftyformer-retrieval", f"pretrained={tmp_path},preset=retrieval-picked,score=max"
     )  # fmt: skip
-    # the trained row: the picked preset reading the query map it is given, and only one
-    with pytest.raises(ValueError, match="reads a trained query map: --query-map FILE"):
-        rr.model_of("picked-trained", str(tmp_path), query_map=str(tmp_path / "none"))
-    qmap = tmp_path / "map.safetensors"
-    qmap.write_bytes(b"x")
-    assert rr.model_of("picked-trained", str(tmp_path), query_map=str(qmap)) == (
-        "inftyformer-retrieval", f"pretrained={tmp_path},preset=retrieval-picked,query_map={qmap}"
-    )  # fmt: skip
+    with pytest.raises(ValueError, match="no row"):  # the trained map's row is gone
+        rr.model_of("picked-trained", str(tmp_path))
 
 
 def test_the_full_row_beyond_the_base_positions_is_skipped_without_a_run(tmp_path):
@@ -138,8 +132,7 @@ def test_the_quick_run_fills_every_cell_on_the_same_prompts_and_resumes(tmp_path
     pytest.importorskip("wonderwords")  # lm_eval's ruler extra: RULER's data needs it
     rr.main(["--quick", "--out", str(tmp_path), "--threads", "1"])
     data = json.loads((tmp_path / "ruler.json").read_text())
-    assert sorted(data["cells"]) == sorted(f"{row}-niah_single_1-3072" for row in rr.DEFAULT_ROWS)
-    assert "picked-trained" not in rr.DEFAULT_ROWS  # run when asked for, with its --query-map
+    assert sorted(data["cells"]) == sorted(f"{row}-niah_single_1-3072" for row in rr.RULER_ROWS)
     prompts = {tuple(a["prompt_hash"] for a in c["answers"]) for c in data["cells"].values()}
     assert len(prompts) == 1 and len(next(iter(prompts))) == 2  # every row: the same 2 prompts
     for c in data["cells"].values():

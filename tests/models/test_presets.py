@@ -52,7 +52,8 @@ def test_the_salient_places_preset_and_the_passkey_rows_are_what_was_measured():
 
     from _passkey_rows import MIXTURE
 
-    measured = json.loads((Path(__file__).parents[2] / "docs" / "results" / "passkey.json").read_text())
+    path = Path(__file__).parents[2] / "docs" / "results" / "passkey.json"
+    measured = json.loads(path.read_text())
     preset = preset_settings("salient-places", "pretrained")
     setup = measured["setup"]
     assert (preset["segment_len"], preset["window"]) == (setup["segment_len"], setup["window"])
