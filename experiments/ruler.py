@@ -348,7 +348,7 @@ def render(data: dict, notes: str = "") -> str:
         lengths = sorted({int(k.rsplit("-", 1)[1]) for k in keys})
         lines += ["", f"## {task}", "", WHAT[task] + ".", ""]
         lines += score_table(data["cells"], "{row}-" + task + "-{n}", lengths, "score", ran)
-    lines += memory_lines(data["cells"], OFFLINE)
+    lines += memory_lines(data["cells"], OFFLINE, ran)
     lines += peer_lines(data["cells"])
     lines += ["", "## What runs offline", "",
               "Run here (data made by lm_eval from its seeds and the base's tokenizer, nothing "
