@@ -1,4 +1,4 @@
-"""`bench_core.py`'s report: docs/benchmarks/core.md (with its hand-kept notes) and
+"""`bench_core.py`'s report: docs/results/benchmarks/core.md (with its hand-kept notes) and
 core_history.png, rendered from core.json alone."""
 
 from __future__ import annotations

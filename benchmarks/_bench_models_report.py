@@ -1,5 +1,5 @@
 """`bench_models.py`'s report: fits and extrapolations of the full-history costs, the Markdown
-(docs/benchmarks/models.md, with the hand-kept notes), the plot and the headline lines, all
+(docs/results/benchmarks/models.md, with the hand-kept notes), the plot and the headline lines, all
 rendered from models.json alone."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The set-up `bench_pretrained.py` and `bench_window.py` share: their common flags, the base
+"""The set-up of `bench_pretrained.py`: its common flags, the base
 model (a converted checkpoint, or a random tiny Llama with --tiny), a random GPT-2 (learned
 positions, beside the Llama family's rotary ones) and the ids the checks and timings run on (a
 pg19-mini test book when the tokenizer and the data are there, else seeded random ids)."""
@@ -16,7 +16,7 @@ from inftyformer._measure import default_base_model
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = Path(default_base_model())
-OUT = ROOT / "docs" / "benchmarks"
+OUT = ROOT / "docs" / "results" / "benchmarks"
 
 
 def data_dir() -> Path | None:

@@ -7,9 +7,9 @@ backward, per segment and layer.
     python benchmarks/bench_core.py --before-src DIR     # also time the `src` tree of another
                                                          # commit, interleaved (before/after)
 
-Writes docs/benchmarks/core.{json,md} and core_history.png. The Markdown is rendered from the
-JSON (`--render-only` re-renders it); hand-written notes between the notes markers of core.md
-are kept. Every section runs in a fresh process with one torch thread.
+Writes docs/results/benchmarks/core.{json,md} and core_history.png. The Markdown is rendered
+from the JSON (`--render-only` re-renders it); hand-written notes between the notes markers of
+core.md are kept. Every section runs in a fresh process with one torch thread.
 
 paper    `LongTermMemory.update` (CNN gate included) + `LongTermAttention`, forward + backward of
          context.sum() + kl, at the paper's sorting shapes (e 300, 6 heads, N = M = 512, L = 1024
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--sections", default="paper,profile,history", help="subset of paper,profile,history"
     )
-    ap.add_argument("--out-dir", type=Path, default=None, help="default: docs/benchmarks")
+    ap.add_argument("--out-dir", type=Path, default=None, help="default: docs/results/benchmarks")
     ap.add_argument("--before-src", default=None, help="a `src` directory of another commit")
     ap.add_argument("--before-label", default=None, help="its name in the report")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = a.out_dir or (
         Path(tempfile.gettempdir()) / "inftyformer_bench_core"
         if a.quick
-        else ROOT / "docs/benchmarks"
+        else ROOT / "docs/results/benchmarks"
     )
     previous = out_dir / "core.json"
     if a.render_only:

@@ -3,7 +3,7 @@
     python benchmarks/bench_models.py            # full run (≈ 30 min on 2 shared cores)
     python benchmarks/bench_models.py --quick    # < 1 min: cpu-small only, short histories
 
-Writes docs/benchmarks/models.{json,md,png}:
+Writes docs/results/benchmarks/models.{json,md,png}:
 
 1. Throughput at three sizes (cpu-small, a larger one, the paper's sorting configuration at
    batch 1), all four models with the same backbone size: training tokens/s (forward + backward
@@ -41,7 +41,7 @@ from _bench_models_report import extrapolate, summary_lines, write_report
 from inftyformer import _measure as common
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT_DIR = ROOT / "docs" / "benchmarks"
+OUT_DIR = ROOT / "docs" / "results" / "benchmarks"
 
 
 def _log(t0: float, message: str) -> None:

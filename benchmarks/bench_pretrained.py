@@ -4,20 +4,12 @@ its per-token cost relative to the base model.
     inftyformer convert-gguf smollm2 models/smollm2-135m   # once (~540 MB)
     python benchmarks/bench_pretrained.py                 # SmolLM2-135M (--model DIR for another)
     python benchmarks/bench_pretrained.py --tiny          # a random tiny Llama, runs in seconds
-    python benchmarks/bench_pretrained.py --only-settings # the recommended settings alone
     python benchmarks/bench_pretrained.py --quick --out-dir DIR  # tiny, one round, seconds
     python benchmarks/bench_pretrained.py --render-only   # the reports again from the JSON
-    python benchmarks/bench_pretrained.py --only-generation  # generation speed, measured again
 
-Writes docs/benchmarks/pretrained_cost.{json,md} (--tiny, --quick: pretrained_cost_tiny.*).
---only-settings measures the recommended-settings section only and keeps the other sections of
-the existing JSON (measured before, by the command recorded there).
-
-Recommended settings (`_bench_pretrained_settings.py`): memory in every block or in four late
-blocks, N = M = 512 or 256, measured for trained parameters, adapter checkpoint size, streaming
-cost against the base over the same window, bf16 autocast, generation speed against the base's
-own `generate`, and through the command line (a frozen-base training run's peak RSS and
-checkpoint; `inftyformer generate RUN`, model load included).
+Writes docs/results/benchmarks/pretrained_cost.{json,md} (--tiny, --quick: pretrained_cost_tiny.*).
+The measurement that chose the recommended settings (the `adapter` preset) is recorded in
+docs/results/benchmarks/pretrained_settings.md.
 
 Checks (numbers, not pass/fail):
 - parity at initialisation: max |Δlogit| between the base (given the previous segment, the
@@ -32,7 +24,7 @@ Checks (numbers, not pass/fail):
 Cost: batch 4, L = 256, one torch thread, eval mode; the memory model in steady state (a filled
 long-term memory and a waiting segment, so every timed call fits L vectors into the memory
 (resample + refit) and reads it in every block), with its default window (the base runs on the
-previous segment too: `benchmarks/bench_window.py` separates the two costs). Forward (no
+previous segment too; docs/results/benchmarks/window_cost.md separates the two costs). Forward (no
 gradients) and forward + backward (all parameters trainable), the base and the memory model
 taking turns; medians of the per-round ratios.
 """
@@ -48,8 +40,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _bench_pretrained_report as report
-import _bench_pretrained_settings as settings
 import _pretrained_setup as setup
 import torch
 
@@ -217,10 +207,8 @@ def cost(base, model, ids: torch.Tensor, repeats: int) -> dict:
 # ----------------------------------------------------------------------------- report
 def markdown(result: dict[str, Any]) -> str:
     lines = ["# Long-term memory on a pretrained causal LM: checks and cost", ""]
-    if "settings" in result:
-        lines += report.settings_markdown(result["settings"])
-    if "setup" not in result:
-        return "\n".join([*lines, common.kept_notes(ROOT / result["markdown"])])
+    lines += ["The measurement that chose the recommended settings (the `adapter` preset): "
+              "[pretrained_settings.md](pretrained_settings.md).", ""]  # fmt: skip
     s = result["setup"]
     lines += [
         "## Checks and the cost of the default settings",
@@ -317,12 +305,9 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def write_reports(args, stem: str, result: dict[str, Any]) -> None:
-    """The JSON, the Markdown rendered from it and, for the real model written to the default
-    place, docs/hf.md's recommended-settings block."""
+    """The JSON and the Markdown rendered from it."""
     common.write_json(args.out_dir / f"{stem}.json", result)
     common.write_text(args.out_dir / f"{stem}.md", markdown(result))
-    if not args.tiny and args.out_dir.resolve() == setup.OUT.resolve() and "settings" in result:
-        report.update_hf_doc(ROOT / "docs" / "hf.md", result["settings"])
     print(f"wrote {args.out_dir / stem}.json and .md")
 
 
@@ -333,24 +318,8 @@ def _shown(path: Path) -> str:
 
 
 def add_flags(parser) -> None:
-    parser.add_argument("--quick", action="store_true", help="--tiny, one round, no CLI")
-    parser.add_argument("--only-settings", action="store_true", help="keep the other sections")
-    parser.add_argument("--cost-batch", type=int, default=None, help="settings' streaming batch")
-    parser.add_argument("--settings-repeats", type=int, default=3)
-    parser.add_argument("--prompt-tokens", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--prompt", default="The old house at the end of the lane")
-    parser.add_argument("--no-cli", action="store_true", help="skip the command-line runs")
+    parser.add_argument("--quick", action="store_true", help="--tiny, one round")
     parser.add_argument("--render-only", action="store_true", help="rewrite reports from JSON")
-    parser.add_argument(
-        "--keep-timings",
-        action="store_true",
-        help="with --only-settings: keep the JSON's streaming timings (and its generation speed "
-        "if the choice is the same), measure sizes and the command line again",
-    )
-    parser.add_argument(
-        "--only-generation", action="store_true", help="remeasure the recommended generation"
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -358,9 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     add_flags(parser)
     args = parser.parse_args(argv)
     if args.quick:
-        args.tiny, args.repeats, args.settings_repeats, args.no_cli = True, 1, 1, True
-        args.segment_len, args.new_tokens, args.prompt_tokens = 16, 4, 4
-    args.cost_batch = args.cost_batch or args.batch
+        args.tiny, args.repeats, args.segment_len = True, 1, 16
     torch.set_num_threads(args.threads)
 
     import transformers
@@ -378,30 +345,6 @@ def main(argv: list[str] | None = None) -> int:
     vocab = base.config.vocab_size
     ids, text = setup.book_ids(tokenizer, vocab, B, 4 * L)
     print(f"base {name}: {type(base).__name__}, text: {text}", flush=True)
-
-    if args.only_generation:  # at the setting the JSON recommends, the rest kept
-        result = json.loads(json_path.read_text())
-        s = result["settings"]
-        model = settings.wrap(base, s["candidates"][s["chosen"]], L)
-        s["generation"] = settings.measure_generation(base, model, ids, args, activate)
-        write_reports(args, stem, result)
-        return 0
-    model_dir = None if args.tiny else (args.model or setup.DEFAULT_MODEL)
-    root = setup.data_dir()
-    books = sorted((root / "pg19-mini" / "test").glob("*.txt")) if root else []
-    result = json.loads(json_path.read_text()) if json_path.exists() else {}
-    if args.keep_timings and not (args.only_settings and "settings" in result):
-        parser.error("--keep-timings needs --only-settings and an earlier result in the JSON")
-    previous = result["settings"] if args.keep_timings else None
-    measured = settings.measure(base, model_dir, ids, args, books, activate, previous)
-    measured["text"] = text
-    if args.only_settings:
-        result.update(
-            settings=measured,
-            markdown=_shown(args.out_dir / f"{stem}.md"),
-        )
-        write_reports(args, stem, result)
-        return 0
 
     reference = copy.deepcopy(base)  # the base alone, for parity and cost
     parity_rows = [
@@ -459,7 +402,6 @@ def main(argv: list[str] | None = None) -> int:
         "generation": generation,
         "save_load": save_load,
         "cost": cost_rows,
-        "settings": measured,
         "markdown": _shown(args.out_dir / f"{stem}.md"),
     }
     write_reports(args, stem, result)

@@ -4,7 +4,7 @@
     python benchmarks/bench_retrieval.py --lengths 4096,16384,65536 --memory-lengths 65536
     python benchmarks/bench_retrieval.py --tiny               # a random tiny Llama, seconds
 
-Writes docs/benchmarks/retrieval_cost.{json,md,png} (--tiny: retrieval_cost_tiny.*).
+Writes docs/results/benchmarks/retrieval_cost.{json,md,png} (--tiny: retrieval_cost_tiny.*).
 
 Time: one stream of book text per row, read in blocks of `--block` tokens (batch 1, the given
 torch threads); the rows take turns block by block (each round in a rotated order), so the
@@ -17,7 +17,7 @@ base with a KV cache of its last 2,048 tokens) in the same rounds. Rows:
     full         the base with its whole past in its KV cache (to `--full-limit` tokens)
     streaming    the `streaming` preset (first 64 + last 1,984)
     retrieval    the `retrieval` preset (first 64 + 16 chosen blocks of 64 + last 960)
-    retrieval-near, retrieval-true   those presets, when --rows names them
+    retrieval-near     that preset, when --rows names it
     paper        the ∞-former's continuous memory added to the base (`paper-gpt2` preset,
                  untrained: cost only; to `--full-limit` tokens)
 
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--progress", action="store_true")
     p.add_argument("--parts", default="time,generate,memory",
                    help="measure these; keep the others from the JSON there")  # fmt: skip
-    p.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
+    p.add_argument("--out", default=str(ROOT / "docs" / "results" / "benchmarks"))
     p.add_argument("--name", default="retrieval_cost", help="OUT/NAME.{json,md,png}")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -15,6 +15,8 @@ from inftyformer._files import write_atomic
 from inftyformer._measure import command_line, machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"  # the results pages a user reads
+NOTES = ROOT / "experiments" / "notes"  # the notes kept by hand on each study
 FORMAT = 2  # layout of the report JSON (format 1: the scripts before this module)
 
 
@@ -43,11 +45,23 @@ def write_report(path: Path, data: dict[str, Any]) -> None:
 
 
 def hand_notes(report_md: Path) -> str:
-    """The discussion kept by hand beside a generated report: docs/X.md reads docs/X.notes.md."""
-    path = report_md.with_suffix(".notes.md")
-    if path.exists():
-        return path.read_text(encoding="utf-8").strip()
-    return f"(no notes yet: write them by hand in `{path.name}`; they are kept verbatim)"
+    """A results page's pointer to the notes kept by hand on its study (what the numbers mean,
+    what was tried and dropped): docs/results/X.md (or docs/results/X/NAME.md) points to
+    experiments/notes/X.notes.md, which stays out of the pages a user reads. A page written
+    outside docs/results (a --quick or --out run) takes its notes verbatim from beside it."""
+    try:
+        where = report_md.parent.resolve().relative_to(RESULTS.resolve()).parts
+    except ValueError:
+        beside = report_md.with_suffix(".notes.md")
+        return beside.read_text(encoding="utf-8").strip() if beside.exists() else ""
+    name = f"{where[-1] if where else report_md.stem}.notes.md"
+    if not (NOTES / name).exists():
+        return f"(no notes yet: write them by hand in `experiments/notes/{name}`)"
+    link = "../" * (len(where) + 2) + f"experiments/notes/{name}"
+    return (
+        "Notes kept by hand on this study (what the numbers mean, what was tried and dropped): "
+        f"[experiments/notes/{name}]({link})."
+    )
 
 
 def cost_line(data: dict[str, Any]) -> str:

@@ -79,7 +79,7 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
         "This page is the history of how the continuous memory's training-free reading was "
         "found (its best row is the `salient-places` preset). What retrieval finds today, "
         "against the base's full context and at one budget with the peers, is "
-        "`docs/retrieval.md`.",
+        "`docs/results/retrieval.md`.",
         "",
         "## Pass keys",
         "",

@@ -1,8 +1,8 @@
 """The settings of passkey.py's memory rows, each a preset plus overrides (the labels are in
-_passkey_report.py). The rows, in the order they were measured, are docs/passkey.md's history of
-how the `retrieval` preset (`inftyformer.presets`) was found: the last row is the preset, and
-each earlier one the preset without what had not been tried yet (an override of None leaves a
-setting out: the row ran with its default)."""
+_passkey_report.py). The rows, in the order they were measured, are docs/results/passkey.md's
+history of how the `retrieval` preset (`inftyformer.presets`) was found: the last row is the
+preset, and each earlier one the preset without what had not been tried yet (an override of None
+leaves a setting out: the row ran with its default)."""
 
 from inftyformer.presets import preset_settings
 

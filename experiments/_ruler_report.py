@@ -1,5 +1,5 @@
-"""Pieces of docs/ruler.md that need none of experiments/ruler.py's tables: what each task is,
-what is left out and why, what the page says of the answers' length, and each cell's peak
+"""Pieces of docs/results/ruler.md that need none of experiments/ruler.py's tables: what each task
+is, what is left out and why, what the page says of the answers' length, and each cell's peak
 resident memory."""
 
 from __future__ import annotations
@@ -62,12 +62,12 @@ def cut_sentence(setup: dict) -> str:
     )
 
 
-def memory_lines(cells: dict, tasks: tuple[str, ...]) -> list[str]:
-    """Tables of each cell's peak resident memory (MiB) by row and length, per task, for the
-    cells that recorded it (`tasks` in this order), and of what the cell's run added above its
-    resident memory at the start (lm_eval's task data made, no model yet) where the cells
-    recorded that; the change from a row's shortest length to its longest."""
-    measured = [c for c in cells.values() if c.get("peak_rss_mb")]
+def memory_lines(cells: dict, tasks: tuple[str, ...], rows: tuple[str, ...]) -> list[str]:
+    """Tables of each cell's peak resident memory (MiB) by row (of `rows`) and length, per task,
+    for the cells that recorded it (`tasks` in this order), and of what the cell's run added
+    above its resident memory at the start (lm_eval's task data made, no model yet) where the
+    cells recorded that; the change from a row's shortest length to its longest."""
+    measured = [c for c in cells.values() if c.get("peak_rss_mb") and c.get("row") in rows]
     if not measured:
         return []
     added = [c for c in measured if c.get("rss_start_mb")]

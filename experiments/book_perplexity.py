@@ -2,7 +2,8 @@
 
 Each of K held-out books' first T tokens is streamed through the base in calls of 256 tokens,
 and every token's negative log-likelihood (NLL, nats) given all that the row reads of its past
-is recorded. Rows (the same tokens for every row; each a preset of the retrieval kind but `full`):
+is recorded. Rows (the same tokens for every row; each a preset of the retrieval or baseline
+kind but `full`):
 
     full       the base alone with its HF KV cache (only the positions the base has)
     window     the base with a KV cache of its last 2,048 tokens
@@ -50,7 +51,7 @@ from inftyformer._measure import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "docs"
+OUT = ROOT / "docs" / "results"
 NAME = "book_perplexity"
 ROWS = ("full", "window", "streaming", "retrieval", "retrieval-near", "retrieval-picked")
 SPLITS = ("test", "valid")  # held out, in this order

@@ -3,7 +3,7 @@ the scores standardised over the basis (core/attention.py), two seeds each, fixe
 
     python experiments/compare_density.py                  # every task and form (~2 CPU-hours)
     python experiments/compare_density.py --tasks recall   # one task
-    python experiments/compare_density.py --render-only    # docs/density.md from docs/density.json
+    python experiments/compare_density.py --render-only    # density.md from density.json
 
 Each task keeps its comparison's recipe (compare_recall.py, compare_sorting.py, compare_lm.py),
 except recall's budget: half of compare_recall's steps. Every run records its cost per training
@@ -147,17 +147,17 @@ def books_jobs(setup: Setup, runs_dir: Path, corpus: Path) -> list[ex.Job]:
 
 
 def committed_paper_runs(setup: Setup, own: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The paper form's sorting and books runs of the committed comparisons (docs/sorting.json,
-    docs/lm.json: the same recipes, made before the density setting existed, i.e. with the
-    paper's form), for the settings this sweep did not train the paper form on. Each is marked
-    with its "source"."""
+    """The paper form's sorting and books runs of the committed comparisons
+    (docs/results/sorting.json, docs/results/lm.json: the same recipes, made before the density
+    setting existed, i.e. with the paper's form), for the settings this sweep did not train the
+    paper form on. Each is marked with its "source"."""
     have = {(r["variant"], r["setting"]) for r in own}
     out = []
     for name, task, setting_of in (
         ("sorting.json", "sorting", lambda r: f"sorting/T{r['setting']}"),
         ("lm.json", "books", lambda r: "books"),
     ):
-        path = ex.ROOT / "docs" / name
+        path = ex.ROOT / "docs" / "results" / name
         if task not in setup.tasks or not path.exists():
             continue
         for r in ex.load_report(path)["runs"]:

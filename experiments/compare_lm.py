@@ -13,7 +13,7 @@ std over seeds, with the discussion kept by hand in OUT/lm.notes.md) and OUT/lm_
 
     python experiments/compare_lm.py                 # the documented experiment (~1.5 h, 2 cores)
     python experiments/compare_lm.py --quick         # smoke run of the pipeline (~1 min)
-    python experiments/compare_lm.py --render-only   # re-render docs/ from docs/lm.json
+    python experiments/compare_lm.py --render-only   # re-render docs/ from docs/results/lm.json
 
 Data: --data-dir (a data root holding pg19-mini/ and wikitext103-eval/, or the corpus itself),
 else $INFTYFORMER_DATA, else ../shared/data; without data the script says so and stops.

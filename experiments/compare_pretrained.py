@@ -295,27 +295,34 @@ def render(data: dict[str, Any], out_dir: Path) -> None:
 
 
 def plot(runs: dict[str, Any], rows: list[str], path: Path) -> None:
+    """Test bits per byte by position range (bars) and the training loss (lines), a colour per
+    row fixed by its place in ROWS, one legend below. Lines that coincide stay visible: each
+    drawn thinner than the one before it, with its own marker and dash."""
+    from _plot_style import legend_below
+
     plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.6))
     width = 0.8 / max(len(rows), 1)
+    trained = [n for n in rows if (runs[n].get("train_loss") or {}).get("step")]
+    handles = {}
     for k, name in enumerate(rows):
         values = by_range(runs[name]["evals"]["test"])
         xs = [i + (k - (len(rows) - 1) / 2) * width for i in range(len(values))]
-        color = f"C{k}"  # the same row has the same colour in both panels
-        left.bar(xs, values, width, label=ROWS[name][0], color=color)
-        curve = runs[name].get("train_loss")
-        if curve and curve["step"]:
-            values = [v / LN2 for v in curve["value"]]
-            right.plot(curve["step"], values, label=ROWS[name][0], color=color,
-                       linestyle="--" if k % 2 else "-")  # fmt: skip
+        color = f"C{list(ROWS).index(name)}"  # the row's own colour in both panels
+        handles[name] = left.bar(xs, values, width, label=ROWS[name][0], color=color)
+        if name in trained:
+            j = trained.index(name)
+            curve = runs[name]["train_loss"]
+            right.plot(curve["step"], [v / LN2 for v in curve["value"]], color=color,
+                       linewidth=1 + 2.5 * (len(trained) - 1 - j) / max(len(trained) - 1, 1),
+                       linestyle=("-", "--", ":", "-.")[j % 4], marker="os^vDP"[j % 6],
+                       markersize=5, markevery=(j, len(trained)))  # fmt: skip
     left.set_xticks(range(len(RANGES)), [f"positions {r}" for r in RANGES])
     left.set_ylabel("test bits per byte")
     left.set_ylim(bottom=min(min(by_range(runs[n]["evals"]["test"])) for n in rows) * 0.9)
-    left.legend(fontsize=7)
     right.set_xlabel("step")
     right.set_ylabel("training loss (bits per token)")
-    right.legend(fontsize=7)
-    fig.tight_layout()
+    legend_below(fig, [handles[n] for n in rows], [ROWS[n][0] for n in rows], columns=3)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

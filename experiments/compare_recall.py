@@ -21,7 +21,7 @@ OUT/recall.png (accuracy vs G, one line per model, one panel per load).
 
     python experiments/compare_recall.py                  # the documented experiment
     python experiments/compare_recall.py --quick          # a smoke test of the whole pipeline
-    python experiments/compare_recall.py --render-only    # redraw docs/recall.{md,png}
+    python experiments/compare_recall.py --render-only    # redraw docs/results/recall.{md,png}
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ std over seeds, with the discussion kept by hand in OUT/sorting.notes.md) and OU
 
     python experiments/compare_sorting.py                  # the documented experiment (~2 h)
     python experiments/compare_sorting.py --quick          # smoke run of the pipeline (~1 min)
-    python experiments/compare_sorting.py --render-only    # re-render docs/ from docs/sorting.json
+    python experiments/compare_sorting.py --render-only    # re-render from sorting.json
 """
 
 from __future__ import annotations

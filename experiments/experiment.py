@@ -237,7 +237,7 @@ def directories(args: argparse.Namespace, name: str) -> tuple[Path, Path]:
 
     needed = args.quick and (args.out is None or args.runs_dir is None)
     tmp = Path(tempfile.mkdtemp(prefix=f"compare_{name}_")) if needed else None
-    out = args.out or (tmp / "docs" if tmp else ROOT / "docs")
+    out = args.out or (tmp / "docs" if tmp else ROOT / "docs" / "results")
     runs = args.runs_dir or (tmp / "runs" if tmp else ROOT / "runs" / f"compare_{name}")
     return out, runs
 

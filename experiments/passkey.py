@@ -88,7 +88,7 @@ class Row:
     """One row's model: `block_logits(ids, ctx)` scores the last block of each stream."""
 
     def __init__(self, name: str, args: argparse.Namespace, overrides: dict | None = None) -> None:
-        """`overrides`: adapter settings over an untrained memory row's own (passkey_variant.py)."""
+        """`overrides`: adapter settings over an untrained memory row's own."""
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -350,7 +350,7 @@ def evaluate_books(row: Row, docs) -> dict[str, Any]:
 
 def add_prompt_arguments(p: argparse.ArgumentParser, distances: str, keys: int) -> None:
     """What `passkey_prompts` reads (the base, the books, distances, keys per distance, blocks
-    and window) and the report's options; shared with probe_resolution.py."""
+    and window) and the report's options."""
     p.add_argument("--base-model", default=None)
     p.add_argument("--data-dir", default=None)
     p.add_argument("--distances", default=distances)
@@ -372,7 +372,7 @@ def prompt_setup(
     import torch
 
     torch.set_num_threads(1)
-    out_dir = args.out or (Path(tempfile.mkdtemp()) if args.quick else ex.ROOT / "docs")
+    out_dir = args.out or (Path(tempfile.mkdtemp()) if args.quick else ex.ROOT / "docs" / "results")
     if args.quick and not args.render_only:
         args.base_model = str(ex.tiny_model_writer()(Path(tempfile.mkdtemp()) / "base"))
         args.data_dir = str(_quick_books(Path(tempfile.mkdtemp())))

@@ -16,7 +16,7 @@ Three tasks in our own wording and filler (the test books), answers written by g
                is NNNNN. Remember it. NNNNN is the pass key." at a random depth,
                then "What is the pass key? The pass key is"
 
-Rows (the same passages for every row; each a preset of the retrieval kind but `full`):
+Rows (the same passages for every row; each a preset of the retrieval or baseline kind but `full`):
     full       the base alone on the whole passage (only where it fits its positions)
     window     the base with a KV cache of its last 2,048 tokens
     streaming  the first 64 tokens and the last 1,984 (StreamingLLM's sink + recent window)
@@ -61,7 +61,7 @@ from inftyformer._measure import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "docs"
+OUT = ROOT / "docs" / "results"
 WORDS = (
     "apple river candle garden silver window ladder forest pencil rabbit castle island winter "
     "mirror violin button desert harbor jacket lemon marble needle orange pepper rocket saddle "
@@ -237,12 +237,14 @@ def wilson(k: int, n: int, z: float = 1.96) -> list[float]:
 def score_table(
     cells: dict, key: str, lengths: list[int], score: str = "exact", rows: tuple = ROWS
 ) -> list[str]:
-    """Markdown lines of a table: a row per `rows` entry, a column per length; the cell of row r
-    at length n is `cells[key.format(row=r, n=n)]` (missing: not run), its `score` shown with
-    its interval and samples."""
+    """Markdown lines of a table: a row per `rows` entry run at one of the lengths at least, a
+    column per length; the cell of row r at length n is `cells[key.format(row=r, n=n)]`
+    (missing: not run, shown as –), its `score` shown with its interval and samples."""
     lines = ["| row | " + " | ".join(f"{n:,} tokens" for n in lengths) + " |",
              "|---|" + "---:|" * len(lengths)]  # fmt: skip
     for row in rows:
+        if all(cells.get(key.format(row=row, n=n)) is None for n in lengths):
+            continue  # never run: no row of dashes
         shown = []
         for n in lengths:
             cell = cells.get(key.format(row=row, n=n))
@@ -291,8 +293,11 @@ def plot_scores(
     cells: dict, panels: list, rows: tuple, path: Path, score: str, xlabel: str
 ) -> bool:
     """`score` against length per row with its interval, a panel per (title, key) of `panels`
-    that has a cell (`cells[key.format(row=r, n=n)]`, as `score_table` reads them); False:
-    no panel had one."""
+    measured at two lengths or more (`cells[key.format(row=r, n=n)]`, as `score_table` reads
+    them); the panels measured at one length share one panel of points, a column each. Each row
+    has its colour (`_plot_style`), one legend below. False: no panel had a cell."""
+    from _plot_style import legend_below, row_style
+
     from inftyformer._measure import pyplot
 
     def points(key: str, row: str) -> list:
@@ -302,35 +307,51 @@ def plot_scores(
             if k.startswith(head) and k[len(head) :].isdigit() and score in c
         )  # fmt: skip
 
-    shown = [(t, k) for t, k in panels if any(points(k, r) for r in rows)]
-    if not shown:
+    def draw(ax, xs: list, got: list, row: str, **style) -> None:
+        ys = [c[score] for _, c in got]
+        low = [y - c["interval"][0] for y, (_, c) in zip(ys, got, strict=True)]
+        high = [c["interval"][1] - y for y, (_, c) in zip(ys, got, strict=True)]
+        colour, marker = row_style(row)
+        handles[row] = ax.errorbar(xs, ys, yerr=[low, high], marker=marker, color=colour,
+                                   capsize=3, label=row, **style)  # fmt: skip
+
+    lengths = {k: {n for r in rows for n, _ in points(k, r)} for _, k in panels}
+    curves = [(t, k) for t, k in panels if len(lengths[k]) > 1]
+    single = [(t, k) for t, k in panels if len(lengths[k]) == 1]
+    if sum(bool(points(k, r)) for _, k in single for r in rows) < 2:
+        single = []  # a panel of one point says nothing a table does not
+    if not curves and not single:
         return False
     plt = pyplot()
-    across = min(3, len(shown))
-    down = -(-len(shown) // across)
-    fig, axes = plt.subplots(down, across, figsize=(5 * across, 3.6 * down), squeeze=False)
-    style = {r: (f"C{i % 10}", "osD^v"[i // 10 % 5]) for i, r in enumerate(rows)}  # one per row
-    for ax, (title, key) in zip(axes.flat, shown, strict=False):
-        lengths = set()
-        for row in rows:
-            got = points(key, row)
-            if got:
-                xs = [n for n, _ in got]
-                ys = [c[score] for _, c in got]
-                low = [y - c["interval"][0] for y, (_, c) in zip(ys, got, strict=True)]
-                high = [c["interval"][1] - y for y, (_, c) in zip(ys, got, strict=True)]
-                colour, marker = style[row]
-                ax.errorbar(xs, ys, yerr=[low, high], marker=marker, color=colour, capsize=3,
-                            label=row)  # fmt: skip
-                lengths.update(xs)
+    count = len(curves) + bool(single)
+    across = 2 if count == 4 else min(3, count)
+    down = -(-count // across)
+    fig, axes = plt.subplots(down, across, figsize=(5 * across, 3.6 * down + 0.6), squeeze=False)
+    handles: dict = {}
+    for ax, (title, key) in zip(axes.flat, curves, strict=False):
+        drawn = [r for r in rows if points(key, r)]
+        for i, row in enumerate(drawn):  # each row a little aside: equal scores stay visible
+            shift = 1 + min(0.025, 0.25 / len(drawn)) * (i - (len(drawn) - 1) / 2)
+            draw(ax, [n * shift for n, _ in points(key, row)], points(key, row), row)
         ax.set(xscale="log", xlabel=xlabel, ylabel=score, ylim=(-0.02, 1.02), title=title)
-        ticks = sorted(lengths)
+        ticks = sorted(lengths[key])
         ax.set_xticks(ticks, [f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in ticks])
         ax.minorticks_off()
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(shown) :]:
+    if single:  # one length each: a column of points per panel, the rows side by side
+        ax = axes.flat[len(curves)]
+        for j, (_, key) in enumerate(single):
+            here = [r for r in rows if points(key, r)]
+            step = min(0.8 / len(here), 0.12)
+            for i, row in enumerate(here):
+                draw(ax, [j + (i - (len(here) - 1) / 2) * step], points(key, row), row, ls="none")
+        names = [f"{t}\n{min(lengths[k]):,} {xlabel}" for t, k in single]
+        ax.set_xticks(range(len(single)), names, fontsize=8)
+        ax.set(ylabel=score, ylim=(-0.02, 1.02), xlim=(-0.6, len(single) - 0.4))
+        ax.set_title("measured at one length")
+    for ax in list(axes.flat)[count:]:
         ax.set_visible(False)
-    fig.tight_layout()
+    shown = [r for r in rows if r in handles]
+    legend_below(fig, [handles[r] for r in shown], shown, columns=7)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
@@ -348,7 +369,7 @@ def quick_model(folder: Path):
 
 
 def passage_arguments(p: argparse.ArgumentParser, threads: int) -> None:
-    """The passages' arguments (this script's and experiments/retrieval_where.py's)."""
+    """The passages' arguments."""
     p.add_argument("--passages", type=int, default=5)
     p.add_argument("--needles", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
@@ -411,6 +432,8 @@ def main(argv: list[str] | None = None) -> None:
     setup = {"base_model": Path(base_dir).name, "needles": args.needles,
              "passages": args.passages}  # fmt: skip
     last = out / "retrieval.json"
+    if not ran and last.exists():  # nothing run: the setup the cells were made with
+        setup = json.loads(last.read_text())["setup"]
     machine = (
         machine_info() if ran or not last.exists() else json.loads(last.read_text())["machine"]
     )

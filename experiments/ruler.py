@@ -66,7 +66,7 @@ from inftyformer._measure import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "docs"
+OUT = ROOT / "docs" / "results"
 TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt")
 OFFLINE = (*TASKS, "ruler_cwe", "ruler_fwe", *BOOK_TASKS)
 QUICK_CORPUS = (
@@ -99,7 +99,6 @@ PICKED = "retrieval-picked"  # the preset of the variant rows (VARIANTS: row: pr
 VARIANTS = {"picked-all": (PICKED, "select_queries=0"), "picked-max": (PICKED, "choice=max"),
             "retrieval-question": ("retrieval", "choice=question")}  # fmt: skip
 RULER_ROWS = (*ROWS, PICKED, *VARIANTS, "paper")
-DEFAULT_ROWS = RULER_ROWS
 PAPER_PRESET = "paper-gpt2"
 WHOLE = 1 << 24  # lm_eval's max_length for a memory model: any prompt reaches it whole
 
@@ -124,6 +123,8 @@ def paper_model(base_dir: str | Path, folder: Path) -> Path:
 def model_of(row: str, base_dir: str, models_dir: str | Path | None = None) -> tuple[str, str]:
     """lm_eval's model name and model_args for `row` (`paper`: its saved model, made in
     `models_dir` if it is not there)."""
+    if row not in RULER_ROWS:
+        raise ValueError(f"no row {row!r}: the rows are {', '.join(RULER_ROWS)}")
     from inftyformer.integrations.harness import check_model_dir
 
     folder = check_model_dir(base_dir)
@@ -280,11 +281,48 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
 
 
 PEERS = tuple(PRESSES)  # kvpress's rows, run by experiments/ruler_kvpress.py in a venv of its own
+MODEL = (
+    "(this row and those below but `paper`: lm_eval model `inftyformer-retrieval`, "
+    "`inftyformer.integrations.ruler_lm`, with the row's preset)"
+)
+ROW_WHAT = {  # what each row reads, as the page says it
+    "full": "the base alone (lm_eval's `hf` model)",
+    "window": f"a KV cache of the last 2,048 tokens {MODEL}",
+    "streaming": "the first 64 and the last 1,984",
+    "retrieval": "the first 64, the 16 past blocks of 64 its queries match best and the last 960",
+    "retrieval-near": "the first 64, the 24 past blocks of 64 its queries match best (the best "
+    "last) and the last 448",
+    "retrieval-picked": "one fact read: the first 64, the past block the last 32 queries of the "
+    "prompt's last call (the question's) give the most attention weight with the block after "
+    "it, and the last 256 (448 places), the answer written with its question's blocks",
+    "picked-all": "that preset with the blocks chosen by every query of that call "
+    "(`select_queries=0`)",
+    "picked-max": "that preset scoring each block by its best q · k (`choice=max`)",
+    "retrieval-question": "the retrieval preset whose question call (the prompt's last) reads "
+    "the 2 blocks its last 32 queries give the most attention weight (`choice=question`)",
+    "paper": "the paper's memory in every block of the base (preset `paper-gpt2`, untrained: as "
+    "wrapped, it adds nothing to the base's logits, so it reads what the base reads in its "
+    "window of one segment before the segment), saved as a memory model and run by lm_eval's "
+    "`hf` model with trust_remote_code, every prompt streamed through the memory",
+}
+
+
+def rows_run(cells: dict) -> tuple[str, ...]:
+    """The rows of RULER_ROWS and PEERS that have a cell: a row never run is left out of the
+    tables, the plot and the page's list of rows."""
+    have = {
+        key.rsplit("-", 1)[0].removesuffix("-" + task)  # ROW-TASK-LENGTH
+        for key in cells
+        for task in OFFLINE
+        if key.rsplit("-", 1)[0].endswith("-" + task)
+    }
+    return tuple(r for r in (*RULER_ROWS, *PEERS) if r in have)
 
 
 def render(data: dict, notes: str = "") -> str:
     setup = data["setup"]
-    peers = tuple(r for r in PEERS if any(c.get("row") == r for c in data["cells"].values()))
+    ran = rows_run(data["cells"])
+    peers = tuple(r for r in PEERS if r in ran)
     lines = [
         "# RULER through lm-evaluation-harness: the base, a KV cache and retrieval side by side",
         "",
@@ -299,21 +337,9 @@ def render(data: dict, notes: str = "") -> str:
         + ". Rendered from `ruler.json` by `experiments/ruler.py`."
         + cut_sentence(setup),
         "",
-        "Rows: `full` the base alone (lm_eval's `hf` model); `window` a KV cache of the last "
-        "2,048 tokens; `streaming` the first 64 and the last 1,984; `retrieval` the first 64, the"
-        " 16 past blocks of 64 its queries match best and the last 960; `retrieval-near` the "
-        "first 64, the 24 past blocks of 64 its queries match best (the best last) and the last "
-        "448; `retrieval-picked` one fact read: the first 64, the past block the last 32 queries "
-        "of the prompt's last call (the question's) give the most attention weight with the block"
-        " after it, and the last 256 (448 places), the answer written with its question's blocks;"
-        " `picked-all` that preset with the blocks chosen by every query of that call "
-        "(`select_queries=0`); `picked-max` that preset scoring each block by its best q · k "
-        "(`choice=max`) (lm_eval model `inftyformer-retrieval`, "
-        "`inftyformer.integrations.ruler_lm`, with the row's preset); `paper` the paper's memory "
-        "in every block of the base (preset `paper-gpt2`, untrained: as wrapped, it adds nothing "
-        "to the base's logits, so it reads what the base reads in its window of one segment "
-        "before the segment), saved as a memory model and run by lm_eval's `hf` model with "
-        "trust_remote_code, every prompt streamed through the memory."
+        "Rows: "
+        + "; ".join(f"`{r}` {ROW_WHAT[r]}" for r in ran if r in ROW_WHAT)
+        + "."
         + (
             " Rows `kvpress_*`: NVIDIA's kvpress presses, each keeping 2,048 entries of the "
             "context (below)."
@@ -327,9 +353,8 @@ def render(data: dict, notes: str = "") -> str:
             continue
         lengths = sorted({int(k.rsplit("-", 1)[1]) for k in keys})
         lines += ["", f"## {task}", "", WHAT[task] + ".", ""]
-        rows = RULER_ROWS + peers
-        lines += score_table(data["cells"], "{row}-" + task + "-{n}", lengths, "score", rows)
-    lines += memory_lines(data["cells"], OFFLINE)
+        lines += score_table(data["cells"], "{row}-" + task + "-{n}", lengths, "score", ran)
+    lines += memory_lines(data["cells"], OFFLINE, ran)
     lines += peer_lines(data["cells"])
     lines += ["", "## What runs offline", "",
               "Run here (data made by lm_eval from its seeds and the base's tokenizer, nothing "
@@ -370,7 +395,7 @@ def quick_model(folder: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", default=",".join(DEFAULT_ROWS))
+    p.add_argument("--rows", default=",".join(RULER_ROWS))
     p.add_argument("--tasks", help=f"of {', '.join(OFFLINE)} (default {', '.join(TASKS)})")
     p.add_argument("--lengths", type=positive_ints, default=[4096, 8192])
     p.add_argument("--limit", type=positive_int, default=25, help="prompts per task and length")
@@ -466,10 +491,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     data = {"setup": setup, "cells": cells, "machine": machine}
     write_json(out / "ruler.json", data)
-    peers = tuple(r for r in PEERS if any(c.get("row") == r for c in cells.values()))
     panels = [(t, "{row}-" + t + "-{n}") for t in OFFLINE]
-    rows = RULER_ROWS + peers
-    drawn = plot_scores(cells, panels, rows, out / "ruler.png", "score", "prompt tokens")
+    drawn = plot_scores(cells, panels, rows_run(cells), out / "ruler.png", "score", "prompt tokens")
     picture = "![RULER's score against length](ruler.png)\n\n" if drawn else ""
     write_text(out / "ruler.md", render(data, picture + kept_notes(out / "ruler.md")))
 

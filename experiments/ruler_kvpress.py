@@ -1,5 +1,5 @@
-"""NVIDIA's kvpress presses as peer rows of the RULER table (docs/ruler.md), on the very prompts
-lm_eval gave the other rows.
+"""NVIDIA's kvpress presses as peer rows of the RULER table (docs/results/ruler.md), on the very
+prompts lm_eval gave the other rows.
 
 kvpress pins transformers below 5.3 and inftyformer needs a newer one, so this script runs with
 the python of a virtualenv of its own (`scripts/kvpress_env.sh`), never inftyformer's; it reads
@@ -54,7 +54,7 @@ from retrieval import wilson  # noqa: E402
 
 from inftyformer._measure import rss_mb, write_json  # noqa: E402
 
-OUT = ROOT / "docs"
+OUT = ROOT / "docs" / "results"
 KEPT = 2048  # the places every compressed row of the table reads
 PRESSES = {  # row -> kvpress's press
     "kvpress_snapkv": "SnapKVPress",  # the last 64 context tokens' attention picks the rest

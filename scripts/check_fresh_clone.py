@@ -5,11 +5,11 @@ $INFTYFORMER_DATA), in a virtual environment of its own, offline except for pip.
     python scripts/check_fresh_clone.py             # what CI runs (.ci/run)
     python scripts/check_fresh_clone.py --list      # only print the commands it would run
 
-The commands are read from the documents, so the check follows them: the README's first shell
-block (install, main job, tests), its SmolLM2 blocks, and every shell block of docs/hf.md, in
-order, each block as one bash script. A command that takes long runs with short settings
-appended (`SHORTER`, later options win over earlier ones); one that already ran in the clone
-(the same conversion in both documents) is not run again; the placeholder DIR is the converted
+The commands are read from the documents, so the check follows them: every shell block of the
+README (install, the quick starts, the tests; not the other ways to install torch) and of
+docs/hf.md, in order, each block as one bash script. A command that takes long runs with short
+settings appended (`SHORTER`, later options win over earlier ones); one that already ran in the
+clone (the same conversion in both documents) is not run again; the placeholder DIR is the converted
 model's folder. The virtual environment sees the installed packages (--system-site-packages),
 so the install lines run as written without downloading what is already there; PYTHONPATH names
 the clone's sources, so that no other installed copy of the package is what runs.
@@ -48,12 +48,16 @@ def blocks(path: Path) -> list[str]:
 
 def documented() -> list[tuple[str, str]]:
     """(where, bash block) in the order they run."""
-    readme = blocks(ROOT / "README.md")
-    smollm2 = [b for b in readme if f"--base-model {MODEL}" in b and "```" not in b]
+    readme = [b for i, b in enumerate(blocks(ROOT / "README.md")) if i == 0 or not _alternative(b)]
     hf = blocks(ROOT / "docs" / "hf.md")
-    return [("README.md", readme[0]), *(("README.md", b) for b in smollm2)] + [
-        ("docs/hf.md", b) for b in hf
-    ]
+    return [("README.md", b) for b in readme] + [("docs/hf.md", b) for b in hf]
+
+
+def _alternative(block: str) -> bool:
+    """A block of other ways to install torch (CPU index, GPU build): the first block already
+    installed it, so these are shown, not run."""
+    lines = [line.strip() for line in block.splitlines() if line.strip()]
+    return bool(lines) and all(line.startswith("pip install torch") for line in lines)
 
 
 def shorten(block: str, done: set[str]) -> str:

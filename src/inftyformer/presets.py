@@ -99,7 +99,7 @@ register_preset(Preset(
     dict(_SORTING, d_model=128, n_heads=4, d_ff=512, segment_len=128, mem_len=128,
          compressed_len=128, num_basis=128, density="normalized",
          squeeze=_fixed(_SORTING_TAU, 128)),
-    measured="docs/sorting.md",
+    measured="docs/results/sorting.md",
 ))  # fmt: skip
 register_preset(Preset(
     "paper-sorting", "native",
@@ -107,20 +107,20 @@ register_preset(Preset(
     dict(_SORTING, d_model=300, n_heads=6, d_ff=300, segment_len=1024, mem_len=1024,
          compressed_len=512, num_basis=512, density="normalized",
          squeeze=_fixed(_SORTING_TAU, 512)),
-    measured="docs/sorting.md",
+    measured="docs/results/sorting.md",
 ))  # fmt: skip
 register_preset(Preset(
     "paper", "native",
     "the ∞-former as published (§3, §4.1): paper-sorting with the paper's density",
     dict(_SORTING, d_model=300, n_heads=6, d_ff=300, segment_len=1024, mem_len=1024,
          compressed_len=512, num_basis=512, density="paper", squeeze=_fixed(_SORTING_TAU, 512)),
-    measured="docs/density.md",
+    measured="docs/results/density.md",
 ))  # fmt: skip
 register_preset(Preset(
     "paper-gpt2", "pretrained",
     "the paper's GPT-2 memory (§4.2: N = M = 512, τ = 0.5, its density) in every block",
     dict(_GPT2, density="paper", squeeze=_fixed(0.5, 512), memory_read="added", kl_weight=1e-6),
-    measured="docs/pretrained.md",
+    measured="docs/results/pretrained.md",
 ))  # fmt: skip
 register_preset(Preset(
     "adapter", "pretrained",
@@ -140,7 +140,7 @@ register_preset(Preset(
          squeeze=dict(kind="fill", keep_first=64, keep_last=1024, keep_salient=959,
                       salient_before=2),
          segment_len=256, window=256),
-    measured="docs/passkey.md (row xxiii)",
+    measured="docs/results/passkey.md (row xxiii)",
 ))  # fmt: skip
 # the retrieval kind: what a pretrained base reads of its exact past (`RetrievalConfig`); a
 # budget of 2,048 read places (sink + blocks + window) for the default and the near preset
@@ -150,7 +150,7 @@ register_preset(Preset(
     "match best and the last 960 (2,048 places), every block from the first",
     dict(block_size=64, sink_blocks=1, window=960, segment_len=256,
          choice=dict(kind="max", blocks=16, read_from=0)),
-    measured="docs/retrieval.md",
+    measured="docs/results/retrieval.md",
 ))  # fmt: skip
 register_preset(Preset(
     "retrieval-near", "retrieval",
@@ -158,7 +158,7 @@ register_preset(Preset(
     "(the best right before the window) and the last 448 (2,048 places)",
     dict(block_size=64, sink_blocks=1, window=448, segment_len=256,
          choice=dict(kind="max", blocks=24, read_from=0), layout=dict(kind="nearest")),
-    measured="docs/retrieval.md",
+    measured="docs/results/retrieval.md",
 ))  # fmt: skip
 register_preset(Preset(
     "retrieval-picked", "retrieval",
@@ -168,7 +168,7 @@ register_preset(Preset(
     dict(block_size=64, sink_blocks=1, window=256, segment_len=256,
          choice=dict(kind="attention", blocks=2, neighbours=1, read_from=0,
                      answer_choice="question", select_queries=32)),
-    measured="docs/ruler.md",
+    measured="docs/results/ruler.md",
 ))  # fmt: skip
 # the baselines the retrieval is measured against, at the same budget of read places: read by
 # `RetrievalLM` as its presets are, not offered beside them
@@ -176,13 +176,13 @@ register_preset(Preset(
     "streaming", "baseline",
     "the StreamingLLM baseline at the retrieval budget: the first 64 tokens and the last 1,984",
     dict(block_size=64, sink_blocks=1, window=1984, segment_len=256, choice=dict(kind="none")),
-    measured="docs/retrieval.md",
+    measured="docs/results/retrieval.md",
 ))  # fmt: skip
 register_preset(Preset(
     "window", "baseline",
     "the base with a KV cache of its last 2,048 tokens and nothing older",
     dict(block_size=64, sink_blocks=0, window=2048, segment_len=256, choice=dict(kind="none")),
-    measured="docs/retrieval.md",
+    measured="docs/results/retrieval.md",
 ))  # fmt: skip
 
 

@@ -5,7 +5,6 @@ from their JSON."""
 import json
 import math
 import os
-import shutil
 from pathlib import Path
 
 import compare_density
@@ -15,7 +14,7 @@ import compare_sorting
 import experiment as ex
 import pytest
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
 
 # --------------------------------------------------------------------------- memory budget
@@ -176,16 +175,19 @@ def test_pool_runs_what_the_store_lacks(tmp_path):
         (compare_recall, DOCS / "recall.json"),
     ],
 )
-def test_committed_reports_render_from_their_json(module, report, tmp_path):
-    """docs/X.md is what rendering docs/X.json (+ docs/X.notes.md) gives: no number in the
-    report comes from anywhere else."""
-    notes = report.with_suffix(".notes.md")
-    shutil.copy(notes, tmp_path / notes.name)
-    module.render(ex.load_report(report), tmp_path)
+def test_committed_reports_render_from_their_json(module, report, tmp_path, monkeypatch):
+    """docs/results/X.md is what rendering docs/results/X.json gives, with its pointer to the
+    notes in experiments/notes: no number in the report comes from anywhere else."""
+    import _experiment_report
+
+    monkeypatch.setattr(_experiment_report, "RESULTS", tmp_path)  # rendered as if in place
+    out = tmp_path / report.parent.relative_to(DOCS)
+    out.mkdir(parents=True, exist_ok=True)
+    module.render(ex.load_report(report), out)
     md = report.with_suffix(".md").name
-    assert (tmp_path / md).read_text(encoding="utf-8") == (report.parent / md).read_text(
-        encoding="utf-8"
-    )
+    page = (out / md).read_text(encoding="utf-8")
+    assert page == (report.parent / md).read_text(encoding="utf-8")
+    assert "](../" in page and "experiments/notes/" in page  # the notes stay out of the page
 
 
 # --------------------------------------------------------------------------- writing results

@@ -48,13 +48,15 @@ def test_the_memory_table_shows_each_cells_peak_and_a_rows_change_with_length():
         return c if mb is None else {**c, "peak_rss_mb": mb}
 
     cells = {"a": at("retrieval", 8192, 1000.0), "b": at("retrieval", 32768, 1100.0),
-             "c": at("window", 32768, 990.0), "d": at("full", 4096, None)}  # fmt: skip
-    lines = rr.memory_lines(cells, rr.OFFLINE)
+             "c": at("window", 32768, 990.0), "d": at("full", 4096, None),
+             "e": at("retrieval-true", 8192, 900.0)}  # fmt: skip
+    lines = rr.memory_lines(cells, rr.OFFLINE, rr.RULER_ROWS)
     assert "| row | 8,192 tokens | 32,768 tokens | first → last |" in lines
     assert "| retrieval | 1,000 | 1,100 | +10.0% |" in lines
     assert "| window | – | 990 | – |" in lines
     assert not any(line.startswith("| full") for line in lines)  # no peak recorded: no row
-    assert rr.memory_lines({"d": at("full", 4096, None)}, rr.OFFLINE) == []
+    assert not any(line.startswith("| retrieval-true") for line in lines)  # not a row any more
+    assert rr.memory_lines({"d": at("full", 4096, None)}, rr.OFFLINE, rr.RULER_ROWS) == []
     assert not any("added" in line for line in lines)  # no cell recorded its start
 
 
@@ -66,7 +68,7 @@ def test_the_memory_table_shows_what_a_cells_run_added_above_its_start():
     cells = {"a": at("retrieval", 8192, 2000.0, 1200.0),
              "b": at("retrieval", 32768, 2300.0, 1480.0),
              "c": at("window", 8192, 1900.0, None)}  # fmt: skip
-    lines = rr.memory_lines(cells, rr.OFFLINE)
+    lines = rr.memory_lines(cells, rr.OFFLINE, rr.RULER_ROWS)
     assert lines.index("niah_single_1, peak:") < lines.index("niah_single_1, added:")
     added = lines[lines.index("niah_single_1, added:") :]
     assert "| retrieval | 800 | 820 | +2.5% |" in added  # 2000 − 1200, 2300 − 1480
@@ -103,6 +105,8 @@ def test_rows_are_the_models_they_name(tmp_path):
     assert rr.model_of("picked-max", str(tmp_path)) == (
         "inftyformer-retrieval", f"pretrained={tmp_path},preset=retrieval-picked,choice=max"
     )  # fmt: skip
+    with pytest.raises(ValueError, match="no row"):  # the trained map's row is gone
+        rr.model_of("picked-trained", str(tmp_path))
 
 
 def test_the_full_row_beyond_the_base_positions_is_skipped_without_a_run(tmp_path):
@@ -158,8 +162,7 @@ def test_the_quick_run_fills_every_cell_on_the_same_prompts_and_resumes(tmp_path
     pytest.importorskip("wonderwords")  # lm_eval's ruler extra: RULER's data needs it
     rr.main(["--quick", "--out", str(tmp_path), "--threads", "1"])
     data = json.loads((tmp_path / "ruler.json").read_text())
-    assert sorted(data["cells"]) == sorted(f"{row}-niah_single_1-3072" for row in rr.DEFAULT_ROWS)
-    assert "picked-trained" not in rr.DEFAULT_ROWS  # run when asked for, with its --query-map
+    assert sorted(data["cells"]) == sorted(f"{row}-niah_single_1-3072" for row in rr.RULER_ROWS)
     prompts = {tuple(a["prompt_hash"] for a in c["answers"]) for c in data["cells"].values()}
     assert len(prompts) == 1 and len(next(iter(prompts))) == 2  # every row: the same 2 prompts
     for c in data["cells"].values():

@@ -1,5 +1,5 @@
-"""The kvpress rows of docs/ruler.md (experiments/ruler_kvpress.py, run in a venv of their own)
-see the prompts lm_eval gives the other rows: `ruler.py --dump-prompts` writes the request text
+"""The kvpress rows of docs/results/ruler.md (experiments/ruler_kvpress.py, run in a venv of their
+own) see the prompts lm_eval gives the other rows: `ruler.py --dump-prompts` writes the request text
 the harness hands the model, its tokens, and a context/question split that rejoins into them; the
 answers are scored by RULER's rule as lm_eval's own metric scores them; the compression ratio
 keeps exactly 2,048 entries under kvpress's rounding. kvpress itself is not needed here.
@@ -172,41 +172,6 @@ def test_the_page_shows_the_kvpress_rows_beside_the_others_and_how_they_were_run
     assert "bash scripts/kvpress_env.sh" in page
     del cells["kvpress_knorm-niah_single_1-4096"]
     assert "kvpress" not in rr.render(data)
-
-
-def test_the_snapkv_check_finds_the_value_and_renders_what_it_measured():
-    """experiments/ruler_snapkv_check.py: the value's tokens are found in the context (or the
-    prompt refused by name), and its page says what the JSON holds: the counts of layer-heads,
-    the answers, the layer-heads common to every prompt."""
-    import ruler_snapkv_check as sc
-
-    class Digits:  # one token per character, as SmolLM2 splits digits
-        def __call__(self, text, add_special_tokens=False):
-            return type("E", (), {"input_ids": [ord(c) for c in text]})()
-
-    record = {"input_ids": [ord(c) for c in "xx 1234567. ?"], "context_tokens": 11,
-              "expected": ["1234567"]}  # fmt: skip
-    assert sc.needle_span(Digits(), record) == (3, 10)
-    with pytest.raises(ValueError, match="'7654321' is not among the context's tokens"):
-        sc.needle_span(Digits(), {**record, "expected": ["7654321"]})
-    rows = [
-        {"expected": ["1234567"], "dropped_in": [[17, 1], [18, 2], [3, 0]], "written": " 123.",
-         "score": 0.0, "written_kept": " 1234567.", "score_kept": 1.0},
-        {"expected": ["7654321"], "dropped_in": [[18, 2], [17, 1]], "written": " 7654321.",
-         "score": 1.0, "written_kept": " 7654321.", "score_kept": 1.0},
-    ]  # fmt: skip
-    data = {"task": "niah_single_1", "length": 4096, "kept": 2048, "base_model": "m",
-            "layers": 30, "kv_heads": 3, "kvpress": "0.5.5", "transformers": "5.2.0",
-            "command": "CMD", "prompts": rows,
-            "window_check": {"layer": 15, "shape": [1, 9, 64, 3737],
-                             "max_abs_difference": 0.0, "largest_weight": 0.9}}  # fmt: skip
-    page = sc.render(data)
-    assert "| 0 | 1234567 | 3 |" in page and "| 1 | 7654321 | 2 |" in page
-    assert (
-        "Right as the row runs: 1 of 2" in page
-        and "everything else as the press chose: 2 of 2" in page
-    )
-    assert "in every prompt: (17, 1), (18, 2)." in page and "differ by at most 0 " in page
 
 
 def test_a_cell_killed_between_prompts_resumes_at_the_next_one(tmp_path, monkeypatch):

@@ -161,7 +161,7 @@ def test_long_term_read_starts_small_beside_the_self_attention(sigma_init, bound
     """At initialisation the continuous read must be a small addition to each layer's
     attention output, as every other branch of the backbone is (N(0, 0.02) projections).
     With PyTorch's default Linear initialisation it was 1–9× the attention output, and the
-    ∞-former trained far more slowly than Transformer-XL (docs/lm.md). A wide density (σ ≈
+    ∞-former trained far more slowly than Transformer-XL (docs/results/lm.md). A wide density (σ ≈
     0.83) averages the whole memory: under half the attention output. A narrow one (σ = 0.1,
     the default) reads a few stored vectors, like an attention that attends sharply: measured
     about as large as the (near-uniform) attention output at initialisation."""

@@ -43,16 +43,17 @@ def test_the_adapter_preset_places_its_memory_by_the_bases_depth():
 
 
 def test_the_salient_places_preset_and_the_passkey_rows_are_what_was_measured():
-    """docs/passkey.json records each memory row's settings as they ran: the salient-places preset
-    is row (xxiii)'s (window and segment 256, every block) and every row's preset-plus-overrides
-    is its record (the fill rows without num_samples and τ, which that squeeze no longer takes:
-    the code of the time required M = K and ignored τ)."""
+    """docs/results/passkey.json records each memory row's settings as they ran: the salient-places
+    preset is row (xxiii)'s (window and segment 256, every block) and every row's
+    preset-plus-overrides is its record (the fill rows without num_samples and τ, which that
+    squeeze no longer takes: the code of the time required M = K and ignored τ)."""
     import json
     from pathlib import Path
 
     from _passkey_rows import MIXTURE
 
-    measured = json.loads((Path(__file__).parents[2] / "docs" / "passkey.json").read_text())
+    path = Path(__file__).parents[2] / "docs" / "results" / "passkey.json"
+    measured = json.loads(path.read_text())
     preset = preset_settings("salient-places", "pretrained")
     setup = measured["setup"]
     assert (preset["segment_len"], preset["window"]) == (setup["segment_len"], setup["window"])

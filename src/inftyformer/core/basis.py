@@ -100,8 +100,8 @@ class GaussianBasis(nn.Module):
         2^-126 ≈ 1.2e-38 in float32) are 0. A matrix product that meets subnormal operands runs
         several times slower on x86 CPUs: at cpu-small (N = 128, widths 0.01 and 0.05) ψ at the
         resampling positions holds ~3% of them, and the old signal's resampling x̃ = B_pastᵀ ψ(u)
-        took ~5× its time (benchmarks/profile_step.py). No product changes by more than 1.2e-38
-        times the largest coefficient."""
+        took ~5× its time (docs/results/benchmarks/step_profile.md). No product changes by more
+        than 1.2e-38 times the largest coefficient."""
         c = self.centers.to(device=t.device, dtype=t.dtype)  # c_j  [N]
         w = self.widths.to(device=t.device, dtype=t.dtype)  # w_j  [N]
         psi = gaussian_density(t.unsqueeze(-1), c, w * w)  # ≥ 0

@@ -1,5 +1,5 @@
 """The long-term memory read by the base's own attention heads (`memory_read="heads"`, ours, not
-the paper's; `docs/hf.md`, `docs/passkey.md`).
+the paper's; `docs/hf.md`, `docs/results/passkey.md`).
 
 The paper's read on a pretrained model (`memory_read="added"`, §4.2) has its own W^Q, W^K, W^V and
 output projection, starts at zero and has to learn, through the frozen blocks above it, both

@@ -1,6 +1,6 @@
 """lm-evaluation-harness (`lm_eval` 0.4.x) model "inftyformer-retrieval": a pretrained rotary
 causal LM with training-free retrieval of its exact past (`retrieval.py`) answering the
-harness's generation requests, such as RULER's (`experiments/ruler.py`, `docs/ruler.md`):
+harness's generation requests, such as RULER's (`experiments/ruler.py`, `docs/results/ruler.md`):
 
     python -m inftyformer.integrations.ruler_lm run --model inftyformer-retrieval \\
         --model_args pretrained=MODEL_DIR,preset=retrieval --tasks niah_single_1 \\

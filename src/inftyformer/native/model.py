@@ -104,7 +104,7 @@ class MemoryLM(nn.Module):
         says which parts keep PyTorch's default initialisation). The long-term attention's
         projections start at the backbone's scale: left at PyTorch's default (≈ 2.5× larger) the
         continuous read dominated every attention output from step 0 and the ∞-former learned
-        much more slowly than Transformer-XL (docs/lm.md)."""
+        much more slowly than Transformer-XL (docs/results/lm.md)."""
         std = 0.02
         init_projection(self.embedding, std)
         for block in self.blocks:

@@ -1,5 +1,6 @@
 """Retrieval of exact past blocks chosen by the current queries, on a pretrained rotary causal LM
-(Llama family; ours, beside the paper's continuous memory: `docs/benchmarks/retrieval_cost.md`).
+(Llama family; ours, beside the paper's continuous memory; its cost:
+`docs/results/benchmarks/retrieval_cost.md`).
 
 Each call runs the base on its T ≤ L tokens only. In every block of the base, the call's queries
 attend, in one scaled-dot-product attention with the call's own keys (causal), to a context of
