@@ -47,6 +47,24 @@ class BlockStore:
         fds = list(self._fds.values())
         self._finalizer = weakref.finalize(self, _close, fds, self.folder if owned else None)
 
+    @classmethod
+    def reopen(
+        cls, layers: list[int], heads: int, block: int, dim: int, folder: str, count: int
+    ) -> BlockStore:
+        """The store of an existing `folder` whose first `count` blocks a saved state refers to
+        (`retrieval/session.py`); later blocks are written over from `count` on."""
+        store = cls(layers, heads, block, dim, folder)
+        for layer in store.layers:
+            size = os.fstat(store._fds[layer]).st_size
+            if size < count * store.record:
+                store.close()
+                raise ValueError(
+                    f"{store.folder}/layer{layer}.bin holds {size // store.record} blocks of "
+                    f"{store.record} bytes, fewer than the {count} the saved state refers to"
+                )
+        store.count = count
+        return store
+
     def append(self, blocks: dict[int, torch.Tensor]) -> torch.Tensor:
         """Write n blocks of each layer (`blocks[layer]` [n, 2, heads, B, d]); returns their ids
         int64 [n]."""
