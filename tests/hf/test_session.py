@@ -105,6 +105,13 @@ def test_a_session_refuses_another_base_preset_settings_or_document(
                       *settings_args(SMALL)], input="hello\n")  # fmt: skip
     assert result.exit_code == EXIT_USAGE
     assert "holds a document read, not a chat" in result.stderr
+    mine = tmp_path / "mine"
+    (mine / "blocks").mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine", encoding="utf-8")
+    result = run_cli(cli_args(base_dir, doc_file, "--session", str(mine)))
+    assert result.exit_code == EXIT_USAGE
+    assert "holds files a session does not write (notes.txt)" in result.stderr
+    assert sorted(p.name for p in mine.iterdir()) == ["blocks", "notes.txt"]
 
 
 def _same_state(a, b):

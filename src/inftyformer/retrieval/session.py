@@ -137,10 +137,27 @@ def read_info(folder: str | Path) -> tuple[SessionInfo, dict[str, Any]]:
     return info, data
 
 
+def _ours(name: str) -> bool:
+    """Whether a folder entry is one a session writes (or a temporary of one)."""
+    name = name[1:].split(".tmp")[0] if name.startswith(".") else name
+    return name in (INFO, BLOCKS) or any(
+        name.startswith(prefix) and name.endswith(".safetensors") for prefix in ("state-", "keys-")
+    )
+
+
 def clear(folder: str | Path) -> None:
     """Empty a session folder for a new memory: session.json first (the folder is then no
-    session at all, never a half-written one), then the state files and the blocks."""
+    session at all, never a half-written one), then the state files and the blocks. A folder
+    holding anything else is refused (a session is given a folder of its own)."""
     folder = Path(folder)
+    others = (
+        sorted(p.name for p in folder.iterdir() if not _ours(p.name)) if folder.is_dir() else []
+    )
+    if others:
+        raise ValueError(
+            f"{folder} holds files a session does not write ({', '.join(others[:3])}"
+            f"{', …' if len(others) > 3 else ''}): give a new or empty folder for the session"
+        )
     (folder / INFO).unlink(missing_ok=True)
     for pattern in ("state-*.safetensors", "keys-*.safetensors"):
         for path in folder.glob(pattern):
