@@ -157,7 +157,7 @@ def test_a_conversation_goes_on_across_restarts_as_if_uninterrupted(base_dir, tm
     folder, restarted = tmp_path / "talk", []
     for message in MESSAGES:
         chat = Chat.from_base(base_dir, session=folder, **SMALL)
-        restarted.append(chat.say_tokens(message, session=folder, **options))
+        restarted.append(chat.say_tokens(message, **options))  # saved to from_base's session
     assert restarted == straight
     assert chat.info.turns == 4 and int(chat.state.blocks[0]) > 10
     _same_state(one.state, sessions.load_session(folder, chat.model)[0])

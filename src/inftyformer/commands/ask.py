@@ -163,7 +163,6 @@ def run_chat(
                    err=True)  # fmt: skip
     elif text is not None:
         chat.read(text, progress=True, session=session)
-        chat.save(session)
         typer.echo(f"{what}: read {chat.info.tokens:,} tokens into session {session}", err=True)
     interactive = sys.stdin.isatty()
     while True:

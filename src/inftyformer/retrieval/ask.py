@@ -13,7 +13,7 @@ or talks for as long as one likes, its memory saved after every turn.
     reader = DocumentReader.from_base("models/…", session="book.session")   # no re-reading
 
     chat = Chat.from_base("models/SmolLM2-360M-Instruct", session="talk.session")
-    chat.say("Hello, my name is Ada.")                    # saved after every turn
+    chat.say("Hello, my name is Ada.")                    # saved to talk.session each turn
 
 Every question is asked from the memory of the document alone (what one question and its
 answer wrote is not kept for the next); a `Chat` keeps every turn. With a model built by hand,
@@ -169,6 +169,7 @@ class _Talk:
         self.stop = stop_tokens(tokenizer, model.base)
         self.state: RetrievalState | None = None
         self.info = SessionInfo(self.kind, self.key)
+        self.session: Path | None = None  # the folder the memory is saved to (`from_base`)
 
     @classmethod
     def from_base(
@@ -180,13 +181,15 @@ class _Talk:
         device: str = "cpu",
         **settings,
     ):
-        """The base in `base_dir` with the memory of `preset` and `settings`; `session`: a
-        folder whose memory is loaded (refused when read with another base, preset or
-        settings)."""
+        """The base in `base_dir` with the memory of `preset` and `settings`; `session`: the
+        folder the memory is kept in, loaded when it holds one (refused when read with another
+        base, preset or settings), saved to by `read` and `say`."""
         model, tokenizer, key = load_model(base_dir, preset, device, **settings)
         talk = cls(model, tokenizer, key)
-        if session is not None and sessions.is_session(session):
-            talk.load(session)
+        if session is not None:
+            talk.session = Path(session)
+            if sessions.is_session(session):
+                talk.load(session)
         return talk
 
     def load(self, folder: str | Path) -> None:
@@ -238,10 +241,12 @@ class DocumentReader(_Talk):
     def read(
         self, document: str, *, progress: bool = False, session: str | Path | None = None
     ) -> RetrievalState:
-        """Read `document` (text) into a new memory; `session`: a folder it is saved to (its
-        blocks written there as they leave the window)."""
+        """Read `document` (text) into a new memory; `session` (default: `from_base`'s): a
+        folder it is saved to, replacing what it held (its blocks written there as they leave
+        the window)."""
         if not isinstance(document, str):
             raise TypeError(f"document must be text, got {type(document).__name__}")
+        session = self.session if session is None else session
         ids = self.document_tokens(document)
         state = read(self.model, ids, self._new_state(session), progress=progress,
                      desc="reading the document")  # fmt: skip
@@ -285,7 +290,9 @@ class Chat(_Talk):
         self, document: str, *, progress: bool = False, session: str | Path | None = None
     ) -> RetrievalState:
         """Open the conversation with `document`: the start of the first user message (the
-        message follows it after a blank line); `session`: the folder its blocks go to."""
+        message follows it after a blank line); `session` (default: `from_base`'s): the folder
+        it is saved to."""
+        session = self.session if session is None else session
         if self.state is not None:
             raise ValueError("a document opens a conversation: this one has begun")
         ids = begin_tokens(self.tokenizer, self.format) + encode(
@@ -295,6 +302,8 @@ class Chat(_Talk):
                           desc="reading the document")  # fmt: skip
         self.info = replace(self.info, tokens=int(self.state.tokens[0]), opens="document",
                             document=_about(document, ids))  # fmt: skip
+        if session is not None:
+            self.save(session)
         return self.state
 
     def turn_tokens(self, message: str) -> list[int]:
@@ -307,13 +316,14 @@ class Chat(_Talk):
         return begin + encode(self.tokenizer, before + message + f.after_user)
 
     def say(self, message: str, *, session: str | Path | None = None, **options) -> str:
-        """The answer to `message` (`answer`'s options); the memory keeps the turn (saved to
-        `session` when given)."""
+        """The answer to `message` (`answer`'s options); the memory keeps the turn, saved to
+        `session` (default: `from_base`'s) when there is one."""
         return self._decode(self.say_tokens(message, session=session, **options))
 
     def say_tokens(self, message: str, *, session: str | Path | None = None, **options):
         if not isinstance(message, str) or not message.strip():
             raise ValueError(f"message must be some text, got {message!r}")
+        session = self.session if session is None else session
         if self.state is None:
             self.state = self._new_state(session)
         tokens, state = answer(self.model, self.turn_tokens(message), self.state,
