@@ -88,7 +88,8 @@ def _cut(text: str, mark: str) -> tuple[str, str]:
 def encode(tokenizer: Any, text: str) -> list[int]:
     """The tokens of a piece of text; special tokens written in it (a template's
     "<|im_start|>") are read as such, none are added (the template writes its own)."""
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    # (verbose=False: a document longer than the model's positions is what the memory is for)
+    return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
 
 
 def begin_tokens(tokenizer: Any, format: TurnFormat) -> list[int]:
