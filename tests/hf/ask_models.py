@@ -34,11 +34,12 @@ def settings_args(settings: dict) -> list[str]:
     return [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
 
 
-def write_chat_model(directory: Path, seed: int = 0) -> Path:
-    """The tiny ChatML Llama of `write_tiny_model` whose best token is always printable."""
+def write_chat_model(directory: Path, seed: int = 0, chat: bool = True) -> Path:
+    """The tiny ChatML Llama of `write_tiny_model` whose best token is always printable
+    (`chat=False`: no chat template)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    write_tiny_model(directory, chat=True, max_positions=POSITIONS, seed=seed,
+    write_tiny_model(directory, chat=chat, max_positions=POSITIONS, seed=seed,
                      corpus=(TEXT,) * 20)  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)

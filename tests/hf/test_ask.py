@@ -123,18 +123,26 @@ def test_a_folder_is_its_files_in_order_each_after_its_name(base_dir, tmp_path, 
     assert recorded == [python_answer(base_dir, document=joined)[0]]
 
 
-def test_a_window_holding_the_stream_answers_as_the_bases_own_greedy_generate(base_dir):
+@pytest.mark.parametrize("chat", [True, False], ids=["template", "plain"])
+def test_a_window_holding_the_stream_answers_as_the_bases_own_greedy_generate(
+    base_dir, tmp_path, chat
+):
     """Everything read is the whole stream at its true distances: the answer's tokens are the
-    base's greedy continuation of the same prompt (the templated document and question)."""
+    base's greedy continuation of the same prompt (the templated document and question, or
+    the plain one of a tokenizer without a template)."""
     from transformers import AutoModelForCausalLM
 
     document = TEXT * 2
+    base_dir = base_dir if chat else write_chat_model(tmp_path / "plain", chat=False)
     tokens, reader = python_answer(base_dir, document=document, settings=WHOLE)
     prompt = reader.document_tokens(document) + reader.question_tokens(QUESTION)
     assert len(prompt) + NEW < WHOLE["window"]
     text = reader.tokenizer.decode(prompt)
-    assert text.startswith("<|im_start|>user\n" + document + "\n\n" + QUESTION)
-    assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    if chat:
+        assert text.startswith("<|im_start|>user\n" + document + "\n\n" + QUESTION)
+        assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    else:
+        assert text == document + "\n\nQuestion: " + QUESTION + "\nAnswer:"
     base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32).eval()
     out = base.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False,
                         eos_token_id=sorted(reader.stop), pad_token_id=0)  # fmt: skip

@@ -178,6 +178,24 @@ def test_the_chat_command_keeps_its_memory_across_runs(base_dir, tmp_path, recor
     assert result.stdout.count("\n") == 2  # each answer on its line, no prompt (not a tty)
 
 
+def test_a_conversation_opened_by_a_document(base_dir, doc_file, tmp_path, recorded):
+    """chat --document: the document is the start of the first message; the answers are the
+    Python Chat's after `read`; a second --document on the same session is refused."""
+    folder = tmp_path / "talk"
+    args = ["chat", "--base-model", str(base_dir), "--session", str(folder), "--document",
+            str(doc_file), "--max-new-tokens", "6", *settings_args(SMALL)]  # fmt: skip
+    messages = ["when did the letter come?", "who said it?"]
+    result = run_cli(args, input="\n".join(messages) + "\n")
+    assert result.exit_code == 0, result.output
+    chat = Chat.from_base(base_dir, **SMALL)
+    chat.read(DOCUMENT)
+    first = chat.turn_tokens("when did the letter come?")
+    assert chat.tokenizer.decode(first).startswith("\n\nwhen did")  # the same message
+    assert recorded == [chat.say_tokens(m, max_new_tokens=6) for m in messages]
+    result = run_cli(args, input="again\n")
+    assert result.exit_code == EXIT_USAGE and "holds a conversation already" in result.stderr
+
+
 def test_a_long_conversations_save_writes_a_full_chunk_of_keys_once(base_dir, tmp_path):
     """The choosing keys' full chunks are written once: later saves leave their file as it
     was, so a save costs the fixed-size state and the partial chunk."""
