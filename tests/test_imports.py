@@ -69,6 +69,9 @@ LAYERS = {
         "retrieval.store",
         "retrieval.decode",
         "retrieval.query_map",
+        "retrieval.ask",
+        "retrieval.prompts",
+        "retrieval.session",
     ],
     # the glue to lm-evaluation-harness and RULER: it reads text as data/ does
     "tasks": ["data", "metrics", "tasks", "inspection", "integrations"],
