@@ -62,7 +62,7 @@ def test_a_session_answers_as_without_and_the_second_ask_reads_only_the_question
 ):
     """Without a session, with a new one and with the saved one: the same answer; the third
     reads the question and the answer only (not the document), and leaves the saved session
-    as it was (the question is not kept)."""
+    as it was (the question is not kept, its blocks not written there)."""
     folder = tmp_path / "session"
     counts = []
     for extra in ([], ["--session", str(folder)], ["--session", str(folder)]):
@@ -71,14 +71,17 @@ def test_a_session_answers_as_without_and_the_second_ask_reads_only_the_question
         assert result.exit_code == 0, result.output
         counts.append(read_tokens[0] - before)
         if len(counts) == 2:
-            saved = {p.name: p.read_bytes() for p in folder.glob("*.*")}
+            saved = {p.name: p.read_bytes() for p in folder.rglob("*.*")}
     assert recorded[0] == recorded[1] == recorded[2] and len(recorded[0]) == NEW
     info = json.loads((folder / "session.json").read_text())
     read = info["document"]["tokens"]
     assert info["tokens"] == read and info["kind"] == "document"
     assert counts[0] == counts[1] and counts[2] == counts[0] - read
     assert "not read again" in result.stderr
-    assert {p.name: p.read_bytes() for p in folder.glob("*.*")} == saved
+    # the session's files as they were: the question's blocks went to a store of their own
+    assert {p.name: p.read_bytes() for p in folder.rglob("*.*")} == saved
+    record = (folder / "blocks" / "layer0.bin").stat().st_size // info["blocks"]
+    assert info["blocks"] > 10 and record == info["block_bytes"]  # no block past the saved
 
 
 def test_a_session_refuses_another_base_preset_settings_or_document(
@@ -239,3 +242,16 @@ def test_a_store_is_not_reopened_past_its_blocks(tmp_path):
     assert BlockStore.reopen([0, 1], 2, 4, 8, str(tmp_path), 3).count == 3
     with pytest.raises(ValueError, match="holds 3 blocks .* fewer than the 4"):
         BlockStore.reopen([0, 1], 2, 4, 8, str(tmp_path), 4)
+
+
+def test_a_read_only_store_reads_the_saved_blocks_and_keeps_new_ones_apart(tmp_path):
+    saved = BlockStore([0], heads=1, block=2, dim=2, folder=str(tmp_path))
+    old = torch.arange(3 * 8, dtype=torch.float16).view(3, 2, 1, 2, 2)
+    saved.append({0: old})
+    store = sessions.ReadOnlyStore(saved, 3)
+    new = -torch.arange(2 * 8, dtype=torch.float16).view(2, 2, 1, 2, 2) - 1
+    assert store.append({0: new}).tolist() == [3, 4] and store.count == 5
+    got = store.read(0, torch.tensor([[4, 0], [1, 3]]))
+    assert torch.equal(got, torch.stack([torch.stack([new[1], old[0]]),
+                                         torch.stack([old[1], new[0]])]))  # fmt: skip
+    assert (tmp_path / "layer0.bin").stat().st_size == 3 * store.record  # not written

@@ -194,7 +194,8 @@ class _Talk:
 
     def load(self, folder: str | Path) -> None:
         """The memory saved in `folder` (`session.load_session`)."""
-        state, info = sessions.load_session(folder, self.model, self.key)
+        read_only = self.kind == "document"  # questions never change a document's session
+        state, info = sessions.load_session(folder, self.model, self.key, read_only)
         if info.kind != self.kind:
             what = "a document read" if info.kind == "document" else "a conversation"
             raise ValueError(f"session {folder} holds {what}, not a {self.kind}")
@@ -253,9 +254,11 @@ class DocumentReader(_Talk):
         self.state = state
         self.info = SessionInfo("document", self.key, tokens=int(state.tokens[0]),
                                 document=_about(document, ids))  # fmt: skip
-        if session is not None:
+        if session is not None:  # saved; the questions' blocks go to a store of their own
             self.save(session)
-        return state
+            store = sessions.ReadOnlyStore(self.state.store, self.state.store.count)
+            self.state = replace(self.state, store=store)
+        return self.state
 
     def holds(self, document: str) -> bool:
         """Whether the memory is of `document`."""

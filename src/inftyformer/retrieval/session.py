@@ -14,8 +14,8 @@ or a conversation goes on after a restart (`retrieval/ask.py`, `inftyformer ask`
 Every file is written whole under a temporary name and renamed (`_files.atomic_path`), and
 session.json last: a save interrupted at any point leaves the previous save readable (its
 state file is removed only after the new session.json names the new one). The blocks a state
-refers to are never changed (the store only appends; blocks past the saved count, written by a
-question asked after the save, are written over by the next read).
+refers to are never changed: the store only appends, and a document's session is asked with a
+`ReadOnlyStore` (a question's blocks go to a temporary store, never to the session's files).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from .._files import atomic_path, write_atomic
 from .state import CHUNK_BLOCKS, RetrievalState
@@ -180,12 +182,15 @@ def save_session(folder: str | Path, state: RetrievalState, info: SessionInfo) -
     if state.batch_size != 1:
         raise ValueError(f"a session holds one stream, the state has {state.batch_size} rows")
     old = read_info(folder)[1] if is_session(folder) else {}
-    count, store = state.store.count, state.store
+    store = state.store
+    count = int(state.block_ids.max()) + 1 if state.block_ids.numel() else 0  # the state's
     if not _owns(folder, store):  # a memory read elsewhere: a new session here
         clear(folder)
         old = {}
         _copy_store(store, folder / BLOCKS, count)
         store = BlockStore.reopen(store.layers, *store.shape[1:], blocks_folder(folder), count)
+    elif isinstance(store, ReadOnlyStore) and count > store.base_count:
+        raise ValueError(f"a state read from session {folder} is saved to it: read it anew")
         state = replace(state, store=store)
     chunk = CHUNK_BLOCKS * state.store.shape[2]  # tokens per chunk of keys
     full = [c for c in state.keys if c.shape[1] == chunk]
@@ -244,9 +249,50 @@ def _copy_store(store: BlockStore, target: Path, count: int) -> None:
                     left -= len(data)
 
 
-def load_session(folder: str | Path, model, key: ModelKey | None = None):
+class ReadOnlyStore:
+    """A saved store read as it is and never written: its first `count` blocks from `saved`,
+    the blocks appended after them (a question's and its answer's) in a temporary store of
+    their own. So a session's files do not change while it is asked, and two processes may ask
+    the same session at once."""
+
+    def __init__(self, saved: BlockStore, count: int) -> None:
+        self.saved, self.base_count = saved, count
+        self.layers, self.shape, self.record = saved.layers, saved.shape, saved.record
+        self.folder = saved.folder
+        self.scratch: BlockStore | None = None
+
+    @property
+    def count(self) -> int:
+        return self.base_count + (self.scratch.count if self.scratch is not None else 0)
+
+    def append(self, blocks: dict[int, torch.Tensor]) -> torch.Tensor:
+        if self.scratch is None:
+            self.scratch = BlockStore(self.layers, *self.shape[1:])
+        return self.scratch.append(blocks) + self.base_count
+
+    def read(self, layer: int, ids: torch.Tensor) -> torch.Tensor:
+        old = ids < self.base_count
+        if bool(old.all()):
+            return self.saved.read(layer, ids)
+        out = torch.empty(*ids.shape, *self.shape, dtype=torch.float16)
+        out[old] = self.saved.read(layer, ids[old])
+        out[~old] = self.scratch.read(layer, ids[~old] - self.base_count)
+        return out
+
+    def disk_bytes(self) -> int:
+        return self.count * self.record * len(self.layers)
+
+    def close(self) -> None:
+        self.saved.close()
+        if self.scratch is not None:
+            self.scratch.close()
+
+
+def load_session(folder: str | Path, model, key: ModelKey | None = None, read_only=False):
     """(state, info): the session in `folder` for `model` (a RetrievalLM), refused when `key`
-    (what this model was built with) is not the session's (`ModelKey.check`)."""
+    (what this model was built with) is not the session's (`ModelKey.check`). `read_only`:
+    its block files are never written (`ReadOnlyStore`: what is stored after the saved blocks
+    goes to a temporary store)."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -281,6 +327,8 @@ def load_session(folder: str | Path, model, key: ModelKey | None = None):
                 f"{shape}: another base or settings"
             )
     store = BlockStore.reopen(model.retrieving, H, B, d, blocks_folder(folder), int(data["blocks"]))
+    if read_only:
+        store = ReadOnlyStore(store, int(data["blocks"]))
     state = RetrievalState(**tensors, keys=tuple(keys), store=store, question=question)
     return state, info
 
@@ -290,6 +338,7 @@ __all__ = [
     "FORMAT",
     "INFO",
     "ModelKey",
+    "ReadOnlyStore",
     "SessionInfo",
     "blocks_folder",
     "clear",
