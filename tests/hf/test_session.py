@@ -98,6 +98,9 @@ def test_a_session_refuses_another_base_preset_settings_or_document(
     result = run_cli(cli_args(base_dir, doc_file, "--session", str(folder), "--preset", "window"))
     assert result.exit_code == EXIT_USAGE
     assert "preset 'retrieval', not 'window'" in result.stderr
+    restated = {**SMALL, "score": "max"}  # the default, given: the same memory
+    result = run_cli(cli_args(base_dir, doc_file, "--session", str(folder), settings=restated))
+    assert result.exit_code == 0 and "not read again" in result.stderr
     wider = {**SMALL, "window": 40}
     result = run_cli(cli_args(base_dir, doc_file, "--session", str(folder), settings=wider))
     assert result.exit_code == EXIT_USAGE and "window=32 (now 40)" in result.stderr

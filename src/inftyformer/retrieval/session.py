@@ -46,7 +46,8 @@ TENSORS = ("window_k", "window_v", "window_len", "sink_k", "sink_v", "sink_len",
 class ModelKey:
     """What a memory was read with: the base (its folder, `path`, and `base_weights.
     weights_hash`, `sha256`; empty when unknown), the preset's name, the settings given on top
-    of it and the resolved retrieval settings (`config`, the store's folder left out)."""
+    of it (recorded) and the resolved retrieval settings (`config`, the store's folder left
+    out: what `check` compares)."""
 
     path: str
     sha256: str
@@ -78,17 +79,18 @@ class ModelKey:
                 f"{where} was read with the preset {saved.preset!r}, not {self.preset!r}: "
                 f"ask with --preset {saved.preset}, or give another session folder"
             )
-        for name, ours, theirs in (("settings", self.settings, saved.settings),
-                                   ("resolved settings", self.config, saved.config)):  # fmt: skip
-            differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
-            if differ:
-                shown = ", ".join(
-                    f"{k}={theirs.get(k, 'unset')!r} (now {ours.get(k, 'unset')!r})" for k in differ
-                )
-                raise ValueError(
-                    f"{where} was read with other {name} ({shown}): give the same settings, "
-                    "or another session folder"
-                )
+        # the settings as the model resolved them (the same window given by the preset or by
+        # --set is the same memory)
+        ours, theirs = self.config, saved.config
+        differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+        if differ:
+            shown = ", ".join(
+                f"{k}={theirs.get(k, 'unset')!r} (now {ours.get(k, 'unset')!r})" for k in differ
+            )
+            raise ValueError(
+                f"{where} was read with other settings ({shown}): give the same settings, or "
+                "another session folder"
+            )
 
 
 def config_dict(config: Any) -> dict[str, Any]:
