@@ -186,3 +186,12 @@ def test_bad_input_is_named(base_dir, doc_file, tmp_path):
     (tmp_path / "empty").mkdir()
     result = run_cli(cli_args(base_dir, tmp_path / "empty"))
     assert result.exit_code == EXIT_USAGE and "holds no files" in result.stderr
+
+
+def test_sampling_follows_its_seed(base_dir, doc_file, recorded):
+    """--temperature > 0 samples: the same seed, the same answer; another seed, another."""
+    for seed in (3, 3, 4):
+        args = cli_args(base_dir, doc_file, "--temperature", "1.0", "--seed", str(seed))
+        assert run_cli(args).exit_code == 0
+    assert recorded[0] == recorded[1] != recorded[2]
+    assert recorded[0] != python_answer(base_dir)[0]  # not the greedy answer

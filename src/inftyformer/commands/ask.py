@@ -77,7 +77,7 @@ def parse_settings(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def _setup(threads: int, seed: int, temperature: float, max_new_tokens: int):
+def _setup(threads: int, temperature: float, max_new_tokens: int) -> None:
     import torch
 
     if threads < 0:
@@ -88,7 +88,13 @@ def _setup(threads: int, seed: int, temperature: float, max_new_tokens: int):
         raise ValueError(f"--max-new-tokens must be ≥ 1, got {max_new_tokens}")
     if not temperature >= 0:
         raise ValueError(f"--temperature must be ≥ 0, got {temperature}")
-    return torch.Generator().manual_seed(seed)
+
+
+def _generator(talk, seed: int):
+    """The sampling generator, on the model's device."""
+    import torch
+
+    return torch.Generator(device=talk.model._param().device).manual_seed(seed)
 
 
 def _load(talk_class, base_model: str, preset: str, settings: list[str], device: str):
@@ -116,11 +122,12 @@ def run_ask(
     from ..retrieval import session as sessions
     from ..retrieval.ask import DocumentReader
 
-    generator = _setup(threads, seed, temperature, max_new_tokens)
+    _setup(threads, temperature, max_new_tokens)
     if not question.strip():
         raise ValueError("QUESTION is empty")
     text, what = document_text(document)
     reader = _load(DocumentReader, base_model, preset, settings, device)
+    generator = _generator(reader, seed)
     start = time.perf_counter()
     if session is not None and sessions.is_session(session):
         reader.load(session)  # refuses another base, preset or settings
@@ -149,11 +156,12 @@ def run_chat(
     from ..retrieval import session as sessions
     from ..retrieval.ask import Chat
 
-    generator = _setup(threads, seed, temperature, max_new_tokens)
+    _setup(threads, temperature, max_new_tokens)
     if document == "-":
         raise ValueError("chat reads its messages from standard input: --document must be a file")
     text, what = document_text(document) if document is not None else (None, "")
     chat = _load(Chat, base_model, preset, settings, device)
+    generator = _generator(chat, seed)
     if sessions.is_session(session):
         chat.load(session)
         if text is not None:
