@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs"
-BOOK = Path("/work/shared/data/pg19-mini/test/84.txt")
+BOOK = "pg19-mini/test/84.txt"  # in the data directory (`inftyformer.data.paths`)
 QUESTION = "What is the pass key?"
 BEGIN, END = "<!-- ask.json: rendered by experiments/ask_session.py -->", "<!-- /ask.json -->"
 
@@ -51,16 +51,23 @@ def folder_bytes(folder: Path) -> dict[str, int]:
     return parts
 
 
-def measure(base_model: str, length: int, preset: str, seed: int) -> dict:
+def book_path(data_dir: str | Path | None = None) -> Path:
+    from inftyformer.data.paths import default_data_dir, resolve_data_dir
+
+    root = resolve_data_dir(data_dir) if data_dir is not None else default_data_dir()
+    return Path(root or ".") / BOOK
+
+
+def measure(base_model: str, length: int, preset: str | None, seed: int, **settings) -> dict:
     import torch
 
     from inftyformer._measure import peak_rss_mb
     from inftyformer.retrieval.ask import DocumentReader
 
     torch.set_num_threads(1)
-    reader = DocumentReader.from_base(base_model, preset)
+    reader = DocumentReader.from_base(base_model, preset, **settings)
     key = random.Random(seed + length).randrange(10_000, 100_000)
-    text = passage(reader.tokenizer, BOOK.read_text(encoding="utf-8"), length, key)
+    text = passage(reader.tokenizer, book_path().read_text(encoding="utf-8"), length, key)
     folder = Path(tempfile.mkdtemp(prefix="ask-session-"))
     try:
         start = time.perf_counter()
