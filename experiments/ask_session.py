@@ -52,13 +52,15 @@ def folder_bytes(folder: Path) -> dict[str, int]:
 
 
 def book_path(data_dir: str | Path | None = None) -> Path:
-    from inftyformer.data.paths import default_data_dir, resolve_data_dir
+    """The test book in `data_dir` (default: the shared data, `inftyformer.data.paths`)."""
+    from inftyformer.data.paths import resolve_data_dir
 
-    root = resolve_data_dir(data_dir) if data_dir is not None else default_data_dir()
-    return Path(root or ".") / BOOK
+    return resolve_data_dir(data_dir) / BOOK
 
 
-def measure(base_model: str, length: int, preset: str | None, seed: int, **settings) -> dict:
+def measure(
+    base_model: str, book: Path, length: int, preset: str | None, seed: int, **settings
+) -> dict:
     import torch
 
     from inftyformer._measure import peak_rss_mb
@@ -67,7 +69,7 @@ def measure(base_model: str, length: int, preset: str | None, seed: int, **setti
     torch.set_num_threads(1)
     reader = DocumentReader.from_base(base_model, preset, **settings)
     key = random.Random(seed + length).randrange(10_000, 100_000)
-    text = passage(reader.tokenizer, book_path().read_text(encoding="utf-8"), length, key)
+    text = passage(reader.tokenizer, book.read_text(encoding="utf-8"), length, key)
     folder = Path(tempfile.mkdtemp(prefix="ask-session-"))
     try:
         start = time.perf_counter()
@@ -139,6 +141,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="2048,8192")
     parser.add_argument("--preset", default="retrieval")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-dir", default=None, help="holds pg19-mini/ (default: shared)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--render-only", action="store_true")
     args = parser.parse_args()
@@ -146,7 +149,8 @@ def main() -> None:
     if not args.render_only:
         import json
 
-        rows = [measure(args.base_model, int(n), args.preset, args.seed)
+        book = book_path(args.data_dir)
+        rows = [measure(args.base_model, book, int(n), args.preset, args.seed)
                 for n in args.lengths.split(",")]  # fmt: skip
         data = {"base_model": args.base_model, "command": command_line(),
                 "machine": machine_info(), "rows": rows}  # fmt: skip
