@@ -5,14 +5,15 @@ or talks for as long as one likes, its memory saved after every turn.
     from transformers import TextStreamer
     from inftyformer.retrieval.ask import Chat, DocumentReader
 
-    reader = DocumentReader.from_base("models/SmolLM2-360M-Instruct")   # preset "retrieval"
+    reader = DocumentReader.from_base("models/smollm2-135m")   # preset "retrieval"
     reader.read(open("book.txt").read(), progress=True)   # into the memory, once
     reader.ask("Who wrote the letter?")                   # the answer's text
     reader.ask("And when?", streamer=TextStreamer(reader.tokenizer))   # printed as it comes
+    reader.answer_tokens("And when?", max_new_tokens=64)  # the answer's token ids
     reader.save("book.session")                           # the memory of the book, on disk
     reader = DocumentReader.from_base("models/…", session="book.session")   # no re-reading
 
-    chat = Chat.from_base("models/SmolLM2-360M-Instruct", session="talk.session")
+    chat = Chat.from_base("models/smollm2-135m", session="talk.session")
     chat.say("Hello, my name is Ada.")                    # saved to talk.session each turn
 
 Every question is asked from the memory of the document alone (what one question and its
@@ -20,7 +21,11 @@ answer wrote is not kept for the next); a `Chat` keeps every turn. With a model 
 ``DocumentReader(RetrievalLM(base, preset=…), tokenizer)``. The text around the document, the
 question and the turns is the tokenizer's chat template (`retrieval/prompts.py`); answers are
 greedy unless `temperature` > 0 and stop at the end-of-sequence tokens (`prompts.stop_tokens`).
-Reading never keeps a stream's logits (the last token's only).
+Reading never keeps a stream's logits (the last token's only). The guide: docs/ask.md.
+
+Why these classes and not methods of `RetrievalLM`: the model knows token ids and states; a
+reader also holds a tokenizer, its chat template's pieces, the stop tokens, one memory and
+where it is saved, which are the user's objects, not the model's.
 """
 
 from __future__ import annotations
