@@ -70,6 +70,9 @@ LAYERS = {
         "retrieval.state",
         "retrieval.store",
         "retrieval.decode",
+        "retrieval.ask",
+        "retrieval.prompts",
+        "retrieval.session",
     ],
     # the glue to lm-evaluation-harness and RULER: it reads text as data/ does
     "tasks": ["data", "metrics", "tasks", "inspection", "integrations"],

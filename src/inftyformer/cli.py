@@ -1,4 +1,4 @@
-"""The `inftyformer` command line: train, evaluate, generate, bench (and the memory demo).
+"""The `inftyformer` command line: train, evaluate, generate, bench, ask, chat (and a demo).
 
 Tasks come from the registry (`inftyformer.tasks.TASKS`): `train TASK` builds the task's own
 settings from the options that name them (`--seq-len`, `--data-dir`, `--tokenizer`, …, and
@@ -17,6 +17,7 @@ from pathlib import Path
 import typer
 
 # nothing imported here may import torch: `--help` and argument errors answer at once
+from .commands.ask import register as register_ask
 from .commands.catalog import (
     DEFAULT_PRESET,
     MODEL_TYPES,
@@ -495,5 +496,4 @@ def demo(
     typer.echo(format_demo(result))
 
 
-if __name__ == "__main__":
-    app()
+register_ask(app)  # ask a document, chat (commands/ask.py; `inftyformer` is the entry point)

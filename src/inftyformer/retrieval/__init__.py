@@ -7,6 +7,9 @@ its first tokens (the sink), the past blocks its queries choose and a window of 
     state.py    RetrievalState: explicit, per batch row; how a call writes it
     store.py    the stored blocks' keys and values, on disk
     decode.py   one-token calls on a context turned once
+    ask.py      DocumentReader (read a document once, ask it) and Chat (`inftyformer ask`/`chat`)
+    prompts.py  the chat template cut into the turns a memory reads; the stop tokens
+    session.py  a memory saved to a folder and loaded again
 
     from inftyformer.retrieval import RetrievalLM
     model = RetrievalLM(base)                       # the default preset

@@ -83,20 +83,30 @@ class BlockStore:
         dim: int,
         folder: str | os.PathLike | None = None,
         dtype: torch.dtype = torch.float16,
+        *,
+        existing: bool = False,
     ) -> None:
+        """`existing`: `folder` is a store's own folder, kept when it closes (a saved
+        session's, `reopen`; the session guards it), not a parent to make a folder of this
+        store's in."""
         self.layers = list(layers)
         self.shape = (2, heads, block, dim)
         self.dtype = dtype
         self.record = 2 * heads * block * dim * torch.empty(0, dtype=dtype).element_size()
-        parent = Path(tempfile.gettempdir() if folder is None else folder)
-        parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_folders(parent, PREFIX, _lock_free)  # what killed processes left
-        self.folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=parent))
+        if existing:
+            self.folder, owned = Path(str(folder)), None
+            self.folder.mkdir(parents=True, exist_ok=True)
+        else:
+            parent = Path(tempfile.gettempdir() if folder is None else folder)
+            parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_folders(parent, PREFIX, _lock_free)  # what killed processes left
+            self.folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=parent))
+            owned = self.folder
         fds: list[int] = []
         self._fds = {}
         try:  # a failure half way (no descriptors left): nothing stays open, the folder goes
             fds.append(os.open(self.folder / LOCK, os.O_RDWR | os.O_CREAT, 0o600))
-            if fcntl is not None:
+            if fcntl is not None and not existing:  # (a session's folder: the session's)
                 try:
                     fcntl.flock(fds[0], fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError:
@@ -105,11 +115,11 @@ class BlockStore:
                 self._fds[layer] = os.open(self._path(layer), os.O_RDWR | os.O_CREAT, 0o600)
                 fds.append(self._fds[layer])
         except BaseException:
-            _close(fds, self.folder)
+            _close(fds, owned)
             raise
         self.count = 0  # blocks written (ids 0 … count − 1)
         self._lock = threading.Lock()  # an append's ids and writes, a read, a close: one at a time
-        self._finalizer = weakref.finalize(self, _close, fds, self.folder)
+        self._finalizer = weakref.finalize(self, _close, fds, owned)
 
     def _path(self, layer: int) -> Path:
         return self.folder / f"layer{layer}.bin"
@@ -124,6 +134,32 @@ class BlockStore:
                 f"cannot {doing}: the block store {self.folder} is closed (its stream's state "
                 "ended with state.store.close()); start the stream again with a new state"
             )
+
+    @classmethod
+    def reopen(
+        cls,
+        layers: list[int],
+        heads: int,
+        block: int,
+        dim: int,
+        folder: str,
+        count: int,
+        dtype: torch.dtype = torch.float16,
+    ) -> BlockStore:
+        """The store of an existing `folder` whose first `count` blocks a saved state refers to
+        (`retrieval/session.py`); later blocks are written over from `count` on. The folder is
+        kept when the store closes."""
+        store = cls(layers, heads, block, dim, folder, dtype, existing=True)
+        for layer in store.layers:
+            size = os.fstat(store._fds[layer]).st_size
+            if size < count * store.record:
+                store.close()
+                raise ValueError(
+                    f"{store.folder}/layer{layer}.bin holds {size // store.record} blocks of "
+                    f"{store.record} bytes, fewer than the {count} the saved state refers to"
+                )
+        store.count = count
+        return store
 
     def append(self, blocks: dict[int, torch.Tensor]) -> torch.Tensor:
         """Write n blocks of each layer (`blocks[layer]` [n, 2, heads, B, d]); returns their ids
@@ -159,7 +195,7 @@ class BlockStore:
         store's dtype."""
         flat = ids.reshape(-1).tolist()
         out = torch.empty(len(flat), *self.shape, dtype=self.dtype)
-        raw = out.view(len(flat), -1).view(torch.uint8).numpy()  # [n, record] bytes
+        raw = out.view(torch.uint8).reshape(len(flat), self.record).numpy()  # [n, record] bytes
         with self._lock:
             self._check_open("read blocks")
             if flat and not 0 <= min(flat) <= max(flat) < self.count:
@@ -210,8 +246,9 @@ def _lock_free(folder: Path) -> bool:
     return True
 
 
-def _close(fds: list[int], folder: Path) -> None:
-    shutil.rmtree(folder, ignore_errors=True)  # removed while still locked
+def _close(fds: list[int], folder: Path | None) -> None:
+    if folder is not None:  # a folder of the store's own (not a session's)
+        shutil.rmtree(folder, ignore_errors=True)  # removed while still locked
     for fd in reversed(fds):  # the lock's last
         try:
             os.close(fd)
