@@ -118,7 +118,9 @@ def _fit_coefficients(x: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
     with full_precision(x):
         x = at_least_float32(x)
         G = G.to(dtype=x.dtype, device=x.device)
-        return torch.einsum("pn,bpe->bne" if G.dim() == 2 else "bpn,bpe->bne", G, x)
+        # a batched product: B comes out contiguous, and x is read where it lies (an einsum
+        # copied x to [P, batch, e] and returned B as a strided view of [N, batch, e])
+        return torch.matmul(G.transpose(-1, -2), x)
 
 
 def _evaluate_signal(B: torch.Tensor, basis: GaussianBasis, t: torch.Tensor) -> torch.Tensor:

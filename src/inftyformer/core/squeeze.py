@@ -182,8 +182,12 @@ class ResamplingSqueeze(Strategy):
             # x̃ = B_pastᵀ ψ(u)  [batch, M, e]
             x_old = _evaluate_signal(B_past, memory.basis, u)
             G_inf = self.infinite_designs(memory, state, length, x.device, x.dtype)
-            # [batch, N, e]
-            B_upd = _fit_coefficients(torch.cat([x_old, x], dim=1), G_inf)
+            # B = G_infᵀ [x̃ ; X]  [batch, N, e], as the sum of its two parts: x̃ carries no
+            # gradient, so the backward reaches only the new vectors' rows of G_inf
+            M = x_old.shape[1]
+            B_upd = _fit_coefficients(x, G_inf[..., M:, :]) + _fit_coefficients(
+                x_old, G_inf[..., :M, :]
+            )
             # sticky: u follows the attention and no config check bounds A(u) (ridge.py), so
             # B is scaled to max_grid |x̄| ≤ max(max_grid |x̄_past|, max |X|)  (§3.3–3.4)
             if self.sticky:
