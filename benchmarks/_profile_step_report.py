@@ -130,6 +130,7 @@ def markdown(result: dict[str, Any], notes: str) -> str:
             f"∞-former {fmt(step['infty']['median_ms'])} ms (medians); the ∞-former's step is "
             f"**{ratio['median']:.2f}×** XL's (median of the per-round ratios; quartiles "
             f"{ratio['q1']:.2f}–{ratio['q3']:.2f}).",
+            *_cpu_lines(result),
             f"- Matrix-product and convolution FLOPs of a step (forward + backward, "
             f"FlopCounterMode's formulas): XL {fl['xl']['total'] / 1e9:.2f} GFLOP, ∞-former "
             f"{fl['infty']['total'] / 1e9:.2f} GFLOP: **{flop_ratio:.2f}×**.",
@@ -163,6 +164,21 @@ def markdown(result: dict[str, Any], notes: str) -> str:
             notes,
         ]
     )
+
+
+def _cpu_lines(result: dict[str, Any]) -> list[str]:
+    """The same rounds in the measuring thread's CPU time (runs before it was recorded: none)."""
+    if "cpu_step" not in result:
+        return []
+    cpu, ratio, faults = result["cpu_step"], result["cpu_ratio"], result["page_faults"]
+    fmt = common.fmt_ms
+    return [
+        f"- The same rounds in CPU time of the measuring thread (not counting the time it waited "
+        f"for a CPU another job held): Transformer-XL {fmt(cpu['xl']['median_ms'])} ms, "
+        f"∞-former {fmt(cpu['infty']['median_ms'])} ms (medians); **{ratio['median']:.2f}×** "
+        f"(quartiles {ratio['q1']:.2f}–{ratio['q3']:.2f}). Minor page faults per step "
+        f"(medians): XL {faults['xl']:.0f}, ∞-former {faults['infty']:.0f}."
+    ]
 
 
 def write_report(result: dict[str, Any], out: Path) -> None:
