@@ -156,3 +156,17 @@ def test_scratch_reused_across_calls_and_threads_keeps_each_read_its_own():
         for a, b, c in zip(ref, seq, par, strict=True):
             assert torch.equal(a, b) and torch.equal(a, c)
     assert not torch.equal(alone[0][0], alone[1][0])  # the two cases do differ
+
+
+def test_scratch_keeps_only_the_shapes_used_last():
+    """Calls of many lengths (a stream's tail segments, evaluation) keep a few scratch shapes,
+    not one per length, and each read stays right."""
+    from inftyformer.core import fused_read
+
+    basis = GaussianBasis(64, (0.01, 0.05))
+    for queries in range(3, 12):
+        inputs, _ = _inputs(torch.float32, queries=queries, seed=queries)
+        z = expected_values(*[t.detach() for t in inputs], basis, block_elements=1000)
+        assert _rel(z, _reference(*[t.detach() for t in inputs], basis)) < 2e-6
+    kept = fused_read._WORKSPACE.tensors
+    assert 1 <= len(kept) <= fused_read._WORKSPACE_SHAPES

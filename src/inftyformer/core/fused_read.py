@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import OrderedDict
 
 import torch
 
@@ -38,8 +39,10 @@ _LOG2_E = 1.0 / math.log(2.0)  # log₂ e
 
 # Scratch tensors per thread, by (device, dtype, G, block, W, C): a cache of workspace, not state
 # (every read overwrites them before reading them, and none is saved for the backward). One block
-# of r holds about `block_elements` values, so each entry stays small (~2.5 MB at the default).
+# of r holds about `block_elements` values, so each entry stays small (~2.5 MB at the default),
+# and only the shapes used last are kept (a stream of calls of many lengths keeps a few).
 _WORKSPACE = threading.local()
+_WORKSPACE_SHAPES = 4
 
 
 class _Scratch:
@@ -50,15 +53,19 @@ class _Scratch:
 
     def __init__(self, like: torch.Tensor, groups: int, block: int, num_w: int, num_c: int):
         self.block = block
-        cache = _WORKSPACE.__dict__.setdefault("tensors", {})
+        cache = _WORKSPACE.__dict__.setdefault("tensors", OrderedDict())
         key = (like.device, like.dtype, groups, block, num_w, num_c)
-        if key not in cache:
+        if key in cache:
+            cache.move_to_end(key)
+        else:
             cache[key] = (
                 like.new_empty(groups, block, num_c),  # μ − c
                 like.new_empty(groups, block, num_c),  # (μ − c)²
                 like.new_empty(groups, block, num_w, num_c),  # r, then g
                 like.new_empty(groups, block, num_w * num_c),  # ∂L/∂r
             )
+            if len(cache) > _WORKSPACE_SHAPES:
+                cache.popitem(last=False)  # the shape used longest ago
         self.d, self.d_sq, self.r, self.grad_r = cache[key]
 
     def get(self, name: str, size: int) -> torch.Tensor | None:
