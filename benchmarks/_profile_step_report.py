@@ -172,7 +172,17 @@ def _cpu_lines(result: dict[str, Any]) -> list[str]:
         return []
     cpu, ratio, faults = result["cpu_step"], result["cpu_ratio"], result["page_faults"]
     fmt = common.fmt_ms
-    return [
+    warm = result["settings"].get("warm_allocator_mib", 0)
+    warmed = (
+        [
+            f"- The allocator was warmed first (`--warm-allocator {warm}`): one {warm} MiB block "
+            "allocated and freed before the models were built, so that glibc's dynamic mmap and "
+            "trim thresholds rise and the heap's top is kept between steps."
+        ]
+        if warm
+        else []
+    )
+    return warmed + [
         f"- The same rounds in CPU time of the measuring thread (not counting the time it waited "
         f"for a CPU another job held): Transformer-XL {fmt(cpu['xl']['median_ms'])} ms, "
         f"∞-former {fmt(cpu['infty']['median_ms'])} ms (medians); **{ratio['median']:.2f}×** "

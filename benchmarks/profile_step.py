@@ -379,6 +379,8 @@ def _quartiles(values: list[float]) -> dict[str, float]:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    if args.warm_allocator:  # one large block freed: glibc's dynamic mmap/trim thresholds rise
+        torch.empty(args.warm_allocator << 20, dtype=torch.uint8).fill_(0)
     models, optims, tokens, states, step = _build(args.threads)
     load_before = list(os.getloadavg())
     t0 = time.perf_counter()
@@ -440,6 +442,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "warmup": args.warmup,
             "profile_steps": args.profile_steps,
             "nice": os.nice(0),
+            "warm_allocator_mib": args.warm_allocator,
         },
         "step": {mt: common.summarize(times[mt]) for mt in MODELS},
         "ratio": _quartiles(ratios),
@@ -464,12 +467,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+_WARM_HELP = (
+    "allocate and free one block of MIB MiB first (at most 31): glibc then keeps the heap's top "
+    "instead of trimming it and faulting it back in every step (0: as a fresh process does)"
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--repeats", type=int, default=40, help="timed rounds")
     parser.add_argument("--warmup", type=int, default=4, help="untimed rounds first")
     parser.add_argument("--profile-steps", type=int, default=8, help="profiled steps per model")
+    parser.add_argument("--warm-allocator", type=int, default=0, metavar="MIB", help=_WARM_HELP)
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     parser.add_argument("--render-only", action="store_true", help="re-render the Markdown")
     args = parser.parse_args()
