@@ -4,11 +4,13 @@ cpu-small (the shapes of `bench_models.py`'s first table: batch 8, segment 128).
     nice -n 5 python benchmarks/profile_step.py            # ≈ 3 min on 2 shared cores
     python benchmarks/profile_step.py --render-only        # step_profile.md from the JSON
 
-Writes docs/benchmarks/step_profile.{json,md}:
+Writes docs/results/benchmarks/step_profile.{json,md}:
 
 1. The step-time ratio: a training step (zero_grad, forward with targets, backward, Adam step)
    of each model with its memory full, the two models taking turns (`_measure.interleaved`), so
-   that the load of a shared machine falls on both; the median of the per-round ratios.
+   that the load of a shared machine falls on both; the median of the per-round ratios. The
+   same rounds also in the measuring thread's CPU time (`time.thread_time`: the time the step
+   waited for a CPU another job held does not count) and minor page faults per step.
 2. The FLOP ratio, as `bench_models.py` counts it (torch's FlopCounterMode: matrix products and
    convolutions of forward + backward), and the same FLOPs split by part of the step.
 3. A torch.profiler trace (CPU, record_shapes) of profiled steps of both models, interleaved.
@@ -31,6 +33,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -47,7 +50,7 @@ from _bench_models_measure import SIZES, VOCAB, make_config  # noqa: E402
 from inftyformer import _measure as common  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT_DIR = ROOT / "docs" / "benchmarks"
+OUT_DIR = ROOT / "docs" / "results" / "benchmarks"
 SIZE = "cpu-small"
 MODELS = ("xl", "infty")
 
@@ -354,15 +357,41 @@ def _operators(events) -> dict[str, dict[str, float]]:
     return {m: {k: {"self_us": v[0], "calls": v[1]} for k, v in d.items()} for m, d in out.items()}
 
 
+def _with_cpu_time(call: Callable[[], None], out: list[tuple[float, int]]) -> Callable[[], None]:
+    """`call`, recording in `out` each call's CPU time of this thread (s) and minor page
+    faults of the process."""
+
+    def timed() -> None:
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        start = time.thread_time()
+        call()
+        elapsed = time.thread_time() - start
+        out.append((elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults))
+
+    return timed
+
+
+def _quartiles(values: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return {"median": statistics.median(values), "q1": q[0], "q3": q[2]}
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    if args.warm_allocator:  # one large block freed: glibc's dynamic mmap/trim thresholds rise
+        torch.empty(args.warm_allocator << 20, dtype=torch.uint8).fill_(0)
     models, optims, tokens, states, step = _build(args.threads)
     load_before = list(os.getloadavg())
     t0 = time.perf_counter()
-    # 1. the ratio: unwrapped steps, taking turns (warm-up fills and overflows the memories)
-    times = common.interleaved({mt: step(mt) for mt in MODELS}, args.repeats, warmup=args.warmup)
+    # 1. the ratio: unwrapped steps, taking turns (warm-up fills and overflows the memories);
+    # each step's CPU time and page faults recorded alongside its wall time
+    cpu: dict[str, list[tuple[float, int]]] = {mt: [] for mt in MODELS}
+    calls = {mt: _with_cpu_time(step(mt), cpu[mt]) for mt in MODELS}
+    times = common.interleaved(calls, args.repeats, warmup=args.warmup)
+    cpu = {mt: cpu[mt][args.warmup :] for mt in MODELS}  # the timed rounds only
     ratios = [a / b for a, b in zip(times["infty"], times["xl"], strict=True)]
+    cpu_ratios = [a[0] / b[0] for a, b in zip(cpu["infty"], cpu["xl"], strict=True)]
     # 2. FLOPs per part (one step each, not timed)
     labels = _Labels()
     flops = _count_flops(models, tokens, states, labels)
@@ -413,13 +442,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "warmup": args.warmup,
             "profile_steps": args.profile_steps,
             "nice": os.nice(0),
+            "warm_allocator_mib": args.warm_allocator,
         },
         "step": {mt: common.summarize(times[mt]) for mt in MODELS},
-        "ratio": {
-            "median": statistics.median(ratios),
-            "q1": statistics.quantiles(ratios, n=4, method="inclusive")[0],
-            "q3": statistics.quantiles(ratios, n=4, method="inclusive")[2],
-        },
+        "ratio": _quartiles(ratios),
+        # the same rounds in CPU time of the measuring thread: what the step computes, without
+        # the time it waited for a CPU that another job held (a shared machine's load)
+        "cpu_step": {mt: common.summarize([c for c, _ in cpu[mt]]) for mt in MODELS},
+        "cpu_ratio": _quartiles(cpu_ratios),
+        "page_faults": {mt: statistics.median(f for _, f in cpu[mt]) for mt in MODELS},
         "flops": {mt: {"total": sum(f.values()), "parts": f} for mt, f in flops.items()},
         "profiled_step_ms": {
             mt: statistics.median(t / 1000.0 for _, t in attributed[mt]) for mt in MODELS
@@ -436,12 +467,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+_WARM_HELP = (
+    "allocate and free one block of MIB MiB first (at most 31): glibc then keeps the heap's top "
+    "instead of trimming it and faulting it back in every step (0: as a fresh process does)"
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--repeats", type=int, default=40, help="timed rounds")
     parser.add_argument("--warmup", type=int, default=4, help="untimed rounds first")
     parser.add_argument("--profile-steps", type=int, default=8, help="profiled steps per model")
+    parser.add_argument("--warm-allocator", type=int, default=0, metavar="MIB", help=_WARM_HELP)
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     parser.add_argument("--render-only", action="store_true", help="re-render the Markdown")
     args = parser.parse_args()

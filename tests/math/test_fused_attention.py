@@ -123,3 +123,50 @@ def test_rejects_mismatched_shapes():
         expected_values(mu, torch.rand(2, 3, 5), torch.randn(3, 2, 8, 4), basis)
     with pytest.raises(ValueError, match="N=8"):
         expected_values(mu, torch.rand(2, 3, 5), torch.randn(2, 3, 7, 4), basis)
+
+
+def test_scratch_reused_across_calls_and_threads_keeps_each_read_its_own():
+    """The blocks' scratch tensors are kept between calls (per thread and shape): a read right
+    after another of the same shape, and reads running at once in two threads, give each its
+    own values and gradients, bitwise as a read on its own."""
+    import threading
+
+    basis = GaussianBasis(64, (0.01, 0.05))
+    cases = [_inputs(torch.float32, seed=seed) for seed in (1, 2)]
+
+    def read(inputs, grad_z):
+        z = expected_values(*inputs, basis, block_elements=1000)
+        grads = torch.autograd.grad(z, inputs, grad_z)
+        return [z.detach(), *grads]
+
+    alone = [read(*case) for case in cases]
+    again = [read(*case) for case in reversed(cases)][::-1]
+    threaded: list = [None, None]
+
+    def worker(i: int) -> None:
+        for _ in range(20):  # long enough that the two threads' reads interleave
+            threaded[i] = read(*cases[i])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for ref, seq, par in zip(alone, again, threaded, strict=True):
+        for a, b, c in zip(ref, seq, par, strict=True):
+            assert torch.equal(a, b) and torch.equal(a, c)
+    assert not torch.equal(alone[0][0], alone[1][0])  # the two cases do differ
+
+
+def test_scratch_keeps_only_the_shapes_used_last():
+    """Calls of many lengths (a stream's tail segments, evaluation) keep a few scratch shapes,
+    not one per length, and each read stays right."""
+    from inftyformer.core import fused_read
+
+    basis = GaussianBasis(64, (0.01, 0.05))
+    for queries in range(3, 12):
+        inputs, _ = _inputs(torch.float32, queries=queries, seed=queries)
+        z = expected_values(*[t.detach() for t in inputs], basis, block_elements=1000)
+        assert _rel(z, _reference(*[t.detach() for t in inputs], basis)) < 2e-6
+    kept = fused_read._WORKSPACE.tensors
+    assert 1 <= len(kept) <= fused_read._WORKSPACE_SHAPES

@@ -60,6 +60,32 @@ def test_unbounded_update_squeezes_the_old_signal_into_tau():
     assert ((read_new - new).norm() / new.norm()).item() < 0.1
 
 
+def test_resampling_at_the_grid_uses_one_cached_basis_and_changes_nothing(monkeypatch):
+    """ψ(u) at the grid u = i/M is a constant: computed once (one entry in the design cache the
+    layers share) and the update is bitwise the one that evaluates ψ(u) every call."""
+    from inftyformer.core.squeeze import ResamplingSqueeze
+
+    cfg = small_config(num_basis=64, num_samples=64)
+    designs: dict = {}
+    memory = LongTermMemory(cfg, designs)
+    g = torch.Generator().manual_seed(0)
+    chunks = [torch.randn(2, 12, 8, generator=g) for _ in range(3)]
+
+    def stream(mem):
+        state = mem.init_state(2)
+        for x in chunks:
+            state = mem.update(state, x)
+        return state.coefficients
+
+    cached = stream(memory)
+    bases = [k for k in designs if k[0][1] == "basis"]
+    assert len(bases) == 1 and bases[0][0][2] == ("grid", 64, torch.float32)
+    monkeypatch.setattr(ResamplingSqueeze, "_samples_on_grid", lambda self: False)
+    fresh = LongTermMemory(cfg)
+    fresh.load_state_dict(memory.state_dict())
+    assert torch.equal(stream(fresh), cached)
+
+
 @pytest.mark.parametrize("sticky", [False, True])
 def test_thousand_updates_keep_shape_footprint_and_finiteness(sticky):
     cfg = small_config(sticky=sticky)

@@ -82,3 +82,33 @@ def test_the_model_boundary_still_refuses_bad_values_with_clear_messages():
     broken = type(state)((state.layers[0], replace(layer, long_term=bad)))
     with pytest.raises(_checks.NonFiniteError, match=r"state.layers\[1\].long_term.coefficients"):
         model(tokens, broken)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize(
+    "bad, finite_fails, bounded_fails",
+    [
+        (None, False, False),
+        (float("nan"), True, True),
+        (float("inf"), True, True),
+        (-float("inf"), True, True),
+        (-3.0, False, True),  # beyond the bound of 2, finite
+        (2.0, False, False),  # on the bound
+    ],
+)
+def test_value_checks_finite_and_bounded(dtype, bad, finite_fails, bounded_fails):
+    """`finite` fails on NaN and ±inf anywhere, `bounded` also on |x| beyond the bound, in any
+    floating dtype; an empty tensor passes both."""
+    x = torch.linspace(-1.5, 1.5, 37, dtype=dtype).reshape(1, 37)
+    if bad is not None:
+        x[0, 17] = bad
+    for kind, fails in (("finite", finite_fails), ("bounded", bounded_fails)):
+        values = _checks.ValueChecks()
+        getattr(values, kind)("x", x, *((2.0,) if kind == "bounded" else ()))
+        values.finite("empty", torch.empty(0, 3, dtype=dtype))
+        values.bounded("empty", torch.empty(0, dtype=dtype), 2.0)
+        if fails:
+            with pytest.raises(_checks.NonFiniteError, match="x contains NaN"):
+                values.run()
+        else:
+            values.run()

@@ -181,7 +181,8 @@ class LongTermAttention(nn.Module):
         z = read.z.transpose(1, 2).reshape(batch, num_q, H * d)  # [batch, Q, e]
 
         filled = (~state.empty).to(device=query.device, dtype=query.dtype)  # [batch]
-        context = self.out(z) * filled[:, None, None]  # [batch, Q, out_dim]
+        # in place: the projection's backward does not need its output
+        context = self.out(z).mul_(filled[:, None, None])  # [batch, Q, out_dim]
         return LongTermAttentionOutput(
             context=context, kl=self._kl(read.sigma_sq, filled), mu=read.mu, sigma_sq=read.sigma_sq
         )

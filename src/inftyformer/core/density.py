@@ -37,11 +37,10 @@ class PreparedMemory:
     """The parts of a read that depend on the memory only (`Density.prepare`)."""
 
     values: torch.Tensor  # V = B W^V  [batch, H, N, d] (a discrete density: v(c_n))
-    # the paper's: W^Kᵀ Bᵀ [w_μ, w_σ] / √d  [b, H, d, 2] (B centred over the basis when
-    # standardised); a discrete density: the keys themselves, x̄(c) W^K / √d  [b, H, N, d]
+    # the paper's: W^Kᵀ Bᵀ [w_μ, w_σ] / √d  [b, H, d, 2]; standardised scores: the same of the
+    # centred B, and beside it the second moment of the centred scores, K̃ᵀK̃ / (N d)
+    # [b, H, d, 2 + d]; a discrete density: the keys themselves, x̄(c) W^K / √d  [b, H, N, d]
     keys: torch.Tensor
-    # standardised scores only: the second moment of the centred scores, K̃ᵀK̃ / (N d)  [b, H, d, d]
-    gram: torch.Tensor | None = None
     # a memory that holds its stream on part of [0, 1]: the centres that may be read  bool [b, N]
     readable: torch.Tensor | None = None
 
@@ -49,9 +48,7 @@ class PreparedMemory:
         def rows(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.repeat_interleave(repeats, 0)
 
-        return PreparedMemory(
-            rows(self.values), rows(self.keys), rows(self.gram), rows(self.readable)
-        )
+        return PreparedMemory(rows(self.values), rows(self.keys), rows(self.readable))
 
 
 @dataclass

@@ -26,6 +26,8 @@ exponent: bf16 would keep 2–3 significant digits of it); the result is float32
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 
 import torch
 
@@ -35,17 +37,36 @@ from .basis import GaussianBasis
 _LOG2_E = 1.0 / math.log(2.0)  # log₂ e
 
 
+# Scratch tensors per thread, by (device, dtype, G, block, W, C): a cache of workspace, not state
+# (every read overwrites them before reading them, and none is saved for the backward). One block
+# of r holds about `block_elements` values, so each entry stays small (~2.5 MB at the default),
+# and only the shapes used last are kept (a stream of calls of many lengths keeps a few).
+_WORKSPACE = threading.local()
+_WORKSPACE_SHAPES = 4
+
+
 class _Scratch:
-    """Tensors reused by every block of one call (a shorter last block gets fresh ones): one
-    allocation per call instead of one per block. Blocks of a few MB sit above glibc's mmap
-    threshold, so fresh ones would be mapped, page-faulted and unmapped block after block."""
+    """Tensors reused by every block of a call, and by the next call of the same shape in this
+    thread (a shorter last block gets fresh ones). Blocks of a MB or more sit at glibc's mmap
+    and trim thresholds: fresh ones every call were mapped (or the heap grown), page-faulted and
+    given back, thousands of page faults per training step."""
 
     def __init__(self, like: torch.Tensor, groups: int, block: int, num_w: int, num_c: int):
         self.block = block
-        self.d = like.new_empty(groups, block, num_c)  # μ − c
-        self.d_sq = like.new_empty(groups, block, num_c)  # (μ − c)²
-        self.r = like.new_empty(groups, block, num_w, num_c)  # r, then g
-        self.grad_r = like.new_empty(groups, block, num_w * num_c)  # ∂L/∂r
+        cache = _WORKSPACE.__dict__.setdefault("tensors", OrderedDict())
+        key = (like.device, like.dtype, groups, block, num_w, num_c)
+        if key in cache:
+            cache.move_to_end(key)
+        else:
+            cache[key] = (
+                like.new_empty(groups, block, num_c),  # μ − c
+                like.new_empty(groups, block, num_c),  # (μ − c)²
+                like.new_empty(groups, block, num_w, num_c),  # r, then g
+                like.new_empty(groups, block, num_w * num_c),  # ∂L/∂r
+            )
+            if len(cache) > _WORKSPACE_SHAPES:
+                cache.popitem(last=False)  # the shape used longest ago
+        self.d, self.d_sq, self.r, self.grad_r = cache[key]
 
     def get(self, name: str, size: int) -> torch.Tensor | None:
         return getattr(self, name) if size == self.block else None

@@ -118,16 +118,22 @@ def _fit_coefficients(x: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
     with full_precision(x):
         x = at_least_float32(x)
         G = G.to(dtype=x.dtype, device=x.device)
-        return torch.einsum("pn,bpe->bne" if G.dim() == 2 else "bpn,bpe->bne", G, x)
+        # a batched product: B comes out contiguous, and x is read where it lies (an einsum
+        # copied x to [P, batch, e] and returned B as a strided view of [N, batch, e])
+        return torch.matmul(G.transpose(-1, -2), x)
 
 
-def _evaluate_signal(B: torch.Tensor, basis: GaussianBasis, t: torch.Tensor) -> torch.Tensor:
+def _evaluate_signal(
+    B: torch.Tensor, basis: GaussianBasis, t: torch.Tensor, psi: torch.Tensor | None = None
+) -> torch.Tensor:
     """x̄(t) = Bᵀ ψ(t): B [batch, N, e], t [T] or [batch, T] → [batch, T, e], in float32 at
-    least, also under autocast (precision.py)."""
+    least, also under autocast (precision.py). `psi`: ψ(t) when the caller has it (a constant
+    grid's, `RidgeRegression.basis_at`)."""
     with full_precision(B):
         B = at_least_float32(B)
-        psi = basis._psi(t.to(dtype=B.dtype, device=B.device))  # [T, N] or [batch, T, N]
-        return torch.matmul(psi, B)
+        if psi is None:
+            psi = basis._psi(t.to(dtype=B.dtype, device=B.device))  # [T, N] or [batch, T, N]
+        return torch.matmul(psi.to(B.dtype), B)
 
 
 def fit_coefficients(x: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
@@ -300,6 +306,16 @@ class RidgeRegression:
             G = torch.cat([G[:at], G.new_zeros(gap, G.shape[1]), G[at:]])
             self._cache[full_key] = G
         return G
+
+    def basis_at(self, key: tuple, positions_fn, device, dtype: torch.dtype) -> torch.Tensor:
+        """ψ(t) [T, N] in `dtype` at positions t = positions_fn() that depend only on `key` (the
+        resampling grid i/M), as `_evaluate_signal` evaluates it, cached like the designs."""
+        full_key = ((self._settings, "basis", key), str(device), dtype)
+        psi = self._cache.get(full_key)
+        if psi is None:
+            psi = self.basis._psi(positions_fn().to(device=device, dtype=dtype))
+            self._cache[full_key] = psi
+        return psi
 
     def segment(self, length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """G_L [L, N] for a segment placed at (i + ½)/L."""

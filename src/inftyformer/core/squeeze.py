@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import torch
 
 from .._checks import check_bool, check_positive_int, check_range
+from ..precision import wide_dtype
 from .ridge import (
     _evaluate_signal,
     _fit_coefficients,
@@ -180,16 +181,29 @@ class ResamplingSqueeze(Strategy):
         if not bool(empty.all()):
             u = self.sample_positions(memory, state, generator)  # [M] or [batch, M]
             # x̃ = B_pastᵀ ψ(u)  [batch, M, e]
-            x_old = _evaluate_signal(B_past, memory.basis, u)
+            psi = None
+            if self._samples_on_grid():  # ψ(u) at the grid i/M: a constant of the shapes
+                psi = memory.ridge.basis_at(
+                    ("grid", u.numel(), u.dtype), lambda: u, u.device, wide_dtype(B_past.dtype)
+                )
+            x_old = _evaluate_signal(B_past, memory.basis, u, psi)
             G_inf = self.infinite_designs(memory, state, length, x.device, x.dtype)
-            # [batch, N, e]
-            B_upd = _fit_coefficients(torch.cat([x_old, x], dim=1), G_inf)
+            # B = G_infᵀ [x̃ ; X]  [batch, N, e], as the sum of its two parts: x̃ carries no
+            # gradient, so the backward reaches only the new vectors' rows of G_inf
+            M = x_old.shape[1]
+            B_upd = _fit_coefficients(x, G_inf[..., M:, :]) + _fit_coefficients(
+                x_old, G_inf[..., :M, :]
+            )
             # sticky: u follows the attention and no config check bounds A(u) (ridge.py), so
             # B is scaled to max_grid |x̄| ≤ max(max_grid |x̄_past|, max |X|)  (§3.3–3.4)
             if self.sticky:
                 B_upd = limit_to_data(B_upd, B_past, x, memory.grid_basis(x.device, x.dtype))
             B_new = B_upd if B_new is None else torch.where(empty[:, None, None], B_new, B_upd)
         return B_new, u, state.places
+
+    def _samples_on_grid(self) -> bool:
+        """Whether `sample_positions` is the grid i/M (not sticky, and not overridden)."""
+        return not self.sticky and type(self).sample_positions is ResamplingSqueeze.sample_positions
 
     def sample_positions(
         self, memory: Any, state: Any, generator: torch.Generator | None

@@ -82,21 +82,30 @@ class NormalizedDensity(Strategy):
     def prepare(self, attention: Any, state: Any, dtype: torch.dtype) -> PreparedMemory:
         """V = B W^V, the folded heads over centred scores and the scores' second moment: with
         K̃ = (B − mean_N B) W^K, s − mean(s) = K̃ q / √d and var_N(s) = qᵀ (K̃ᵀK̃ / (N d)) q, so
-        s is never built."""
+        s is never built. K̃ and V are formed transposed, K̃ᵀ = W^K (B − mean B)ᵀ [b, e, N]: split
+        into heads that is [b, H, d, N] as it lies in memory, so the Gram matrices, the folded
+        heads and the read's Vᵀ take it without a copy."""
         c = attention.config
         batch, H, d = state.batch_size, c.num_heads, c.head_dim
         B = state.coefficients.to(wide_dtype(dtype))  # [batch, N, e]
         with full_precision(B):
             B32 = at_least_float32(B)
+            N = B32.shape[1]
             w = torch.cat([attention.mu_head.weight, attention.sigma_head.weight])  # [2, N]
-            K = attention.key(B32 - B32.mean(dim=1, keepdim=True))  # K̃  [b, N, e]
-            k_folded = torch.matmul(w, K)  # wᵀ K̃  [b, 2, e]
-            K = K.view(batch, -1, H, d).transpose(1, 2)  # [b, H, N, d]
-            # mean_N (s − mean s)² = qᵀ (K̃ᵀ K̃ / (N d)) q
-            gram = torch.matmul(K.transpose(-1, -2), K) / (K.shape[2] * d)  # [b, H, d, d]
-            keys = k_folded.view(batch, 2, H, d).permute(0, 2, 3, 1) / math.sqrt(d)  # [b,H,d,2]
-        v = attention.value(B).view(batch, -1, H, d).transpose(1, 2)  # V = B W^V  [b, H, N, d]
-        return PreparedMemory(values=v, keys=keys, gram=gram)
+            centred = B32 - B32.mean(dim=1, keepdim=True)
+            K_t = _times_transposed(attention.key.weight, centred).view(batch, H, d, N)  # K̃ᵀ
+            # the folded heads K̃ᵀ [w_μ, w_σ] / √d and, in one product, mean_N (s − mean s)² =
+            # qᵀ (K̃ᵀ K̃ / (N d)) q: [b, H, d, 2 + d]
+            keys = torch.cat(
+                [
+                    torch.matmul(K_t, w.t()) / math.sqrt(d),  # [b, H, d, 2]
+                    torch.matmul(K_t, K_t.transpose(-1, -2)) / (N * d),  # [b, H, d, d]
+                ],
+                dim=-1,
+            )
+        # Vᵀ = W^V Bᵀ [b, H, d, N]; V [b, H, N, d] is its transposed view
+        v_t = _times_transposed(attention.value.weight, B).view(batch, H, d, N)
+        return PreparedMemory(values=v_t.transpose(-1, -2), keys=keys)
 
     def read(
         self, attention: Any, q: torch.Tensor, prepared: PreparedMemory, with_mass: bool
@@ -108,13 +117,22 @@ class NormalizedDensity(Strategy):
             # finite for any finite q (the result does not depend on a: a needs no gradient)
             a = q.detach().abs().amax(-1, keepdim=True).clamp(min=1.0)  # [b, H, Q, 1]
             q = q / a
-            logits = torch.matmul(q, prepared.keys)
-            var = (torch.matmul(q, prepared.gram) * q).sum(-1, keepdim=True)  # var_N(s) / a²
+            # [w_μᵀ s, w_σᵀ s] and q G in one product  [b, H, Q, 2 + d]
+            products = torch.matmul(q, prepared.keys)
+            logits, q_gram = products[..., :2], products[..., 2:]
+            var = (q_gram * q).sum(-1, keepdim=True)  # var_N(s) / a²
             denominator = (var.clamp(min=0.0) + SCORE_EPS / a.square()).clamp(
                 min=torch.finfo(var.dtype).tiny
             )
             mu, sigma_sq = linear_heads(attention, logits * torch.rsqrt(denominator))
         return DensityRead(attention.expected_values(mu, sigma_sq, prepared.values), mu, sigma_sq)
+
+
+def _times_transposed(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """W xᵀ per row: weight [out, e], x [b, N, e] → [b, out, N], contiguous. A batched product
+    with W broadcast over the rows: torch.matmul(W, xᵀ) would copy x (and its gradient) to fold
+    the batch into one matrix product."""
+    return torch.bmm(weight.to(x.dtype).expand(x.shape[0], -1, -1), x.transpose(1, 2))
 
 
 @dataclass(frozen=True)
