@@ -39,6 +39,7 @@ SHORTER = {
     "python -m pytest -q": " tests/cli/test_cli_start.py tests/data/test_default_corpus.py",
     "python benchmarks/bench_pretrained.py": " --quick",
     "python experiments/retrieval.py": " --lengths 2304 --passages 1",
+    "inftyformer ask": " --max-new-tokens 16",
 }
 
 
