@@ -227,6 +227,15 @@ def written(model, call, T: int) -> RetrievalState:
         # the queries that chose (the question's), not lost between window and choice
         selected, chosen = model.select(new, s.question, question=True)
         new = replace(new, selected=selected, chosen=chosen)
+    elif (
+        call.question_call and call.question is not None and c.blocks
+        and c.answer_choice == "question" and not torch.equal(blocks, s.blocks)
+    ):  # fmt: skip
+        # a question whose answer reads its choice: the blocks that left the window during
+        # the question's own call were stored after it chose; it chooses again with them (its
+        # queries), so they are not lost between window and choice
+        selected, chosen = model.select(new, call.question, question=True)
+        new = replace(new, selected=selected, chosen=chosen)
     return new
 
 
