@@ -82,9 +82,9 @@ PARTS: dict[str, tuple[str, bool]] = {
 
 def _targets() -> dict[str, list[tuple[Any, str]]]:
     """Which functions each label wraps: (owner, attribute)."""
-    from inftyformer.native import block, model, relative_attention, short_term_memory
     from inftyformer.core import attention, memory, squeeze
     from inftyformer.extensions import densities
+    from inftyformer.native import block, model, relative_attention, short_term_memory
 
     return {
         "model": [(model.MemoryLM, "forward")],

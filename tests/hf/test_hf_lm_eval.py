@@ -22,8 +22,8 @@ from tiny_pretrained import write_tiny_model
 
 from inftyformer.data.corpus import load_split
 from inftyformer.data.tokenizer import BPETokenizer
-from inftyformer.integrations import harness
 from inftyformer.hf.pretrained_lm import PretrainedMemoryLM
+from inftyformer.integrations import harness
 from inftyformer.integrations.lm_eval import LMEvalConfig, evaluate_lm
 from inftyformer.model_kinds import PretrainedMemoryConfig
 
