@@ -2,3 +2,6 @@
 ridge-regression fit, continuous attention, the unbounded long-term memory with sticky memories,
 and their state. Nothing here names the library's extensions; they plug in behind the seams of
 `seams.py` (`docs/ARCHITECTURE.md`)."""
+
+# the paper's strategies register when the core is imported, before any plugin's (`seams.discover`)
+from . import density, squeeze  # noqa: F401

@@ -8,11 +8,13 @@ and the registry of the strategies that make it (`docs/ARCHITECTURE.md`).
                                                      segment, and which places are kept (§3.3)
 
 A strategy is a frozen dataclass (`Strategy`) that names its seam and kind, validates its own
-settings when built and checks once what it needs of the rest of the memory's settings (`check`:
-a capability, never another strategy's name). Strategies register by kind (`register`): the
-core's when their module is imported; any package's that declares a module in the entry-point
-group "inftyformer.strategies" (as this library's pyproject.toml declares its extensions) when
-a kind is first looked up (`discover`), so that the core names no strategy but its own.
+settings when built, checks once what it needs of the rest of the memory's settings (`check`:
+a capability, never another strategy's name) and lists the settings a trained model may change
+(`changeable`, gathered per seam by `changeable_settings`). Strategies register by kind
+(`register`): the core's when their module is imported; any package's that declares a module in
+the entry-point group "inftyformer.strategies" (as this library's pyproject.toml declares its
+extensions) when a kind is first looked up (`discover`), so that the core names no strategy but
+its own.
 
 A memory's settings can then be written flat (`--set keep_first=64`): `build` resolves each flat
 name to the strategy that owns it and refuses a name that belongs to a strategy that was not
@@ -39,6 +41,9 @@ class Strategy:
 
     seam: ClassVar[str]
     kind: ClassVar[str]
+    # its settings a trained model may change (resume with other settings, evaluation): those
+    # that change how the memory is updated or read, not what its weights learned
+    changeable: ClassVar[tuple[str, ...]] = ()
 
     def settings(self) -> dict[str, Any]:
         """Its own settings, by name."""
@@ -75,9 +80,7 @@ def discover() -> None:
     strategies and the other plugins' load all the same."""
     if _discovered:
         return
-    _discovered.append(True)
-    from . import density, squeeze  # noqa: F401  (the core's own, before any plugin's)
-
+    _discovered.append(True)  # (the core's own registered first: the package imports them)
     for entry in importlib.metadata.entry_points(group=ENTRY_POINTS):
         plugin = f"entry point {entry.name!r} (module {entry.value!r})"
         _loading.append(plugin)
@@ -125,6 +128,12 @@ def register(cls: type[Strategy]) -> type[Strategy]:
             raise TypeError(
                 f"a strategy must name its {attribute}: {_origin(cls, plugin)} does not"
             )
+    stray = sorted(set(cls.changeable) - {f.name for f in dataclasses.fields(cls)})
+    if stray:
+        raise TypeError(
+            f"a strategy's changeable settings must be its own: {_origin(cls, plugin)} names "
+            f"{stray}, which are not its fields"
+        )
     kinds = REGISTRY.setdefault(cls.seam, {})
     there = kinds.get(cls.kind)
     if there is not None and there is not cls:
@@ -153,6 +162,16 @@ def setting_names(seam: str) -> dict[str, type]:
         for f in dataclasses.fields(cls):
             out.setdefault(f.name, hints[f.name])
     return out
+
+
+def changeable_settings(seam: str) -> tuple[str, ...]:
+    """Every flat setting of the strategies at `seam` that a trained model may change
+    (`Strategy.changeable`), in the order the strategies registered."""
+    discover()
+    out: dict[str, None] = {}
+    for cls in REGISTRY.get(seam, {}).values():
+        out.update(dict.fromkeys(cls.changeable))
+    return tuple(out)
 
 
 def owners(seam: str, name: str) -> list[str]:
@@ -270,6 +289,7 @@ __all__ = [
     "Squeeze",
     "Strategy",
     "build",
+    "changeable_settings",
     "discover",
     "kinds",
     "lookup",

@@ -104,6 +104,7 @@ class ResamplingSqueeze(Strategy):
     ordered: ClassVar[bool] = False  # places are resampled, not runs of the stream in order
     partial: ClassVar[bool] = False  # the stream always fills [0, 1]
     wants_salience: ClassVar[bool] = False
+    changeable: ClassVar[tuple[str, ...]] = ("num_samples", "tau", "sticky", "sticky_bins")
 
     tau: float = 0.75  # τ: the old signal is squeezed into [0, τ]
     num_samples: int = 512  # M: points at which the old signal is resampled

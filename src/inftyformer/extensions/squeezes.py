@@ -59,6 +59,12 @@ class FillSqueeze(Strategy):
     even: ClassVar[bool] = True
     sticky: ClassVar[bool] = False  # the places follow the stream, not the reads
     bins: ClassVar[int] = 128  # the state's (unused) attention histogram
+    changeable: ClassVar[tuple[str, ...]] = (
+        "keep_first",
+        "keep_last",
+        "keep_salient",
+        "salient_before",
+    )
 
     keep_first: int = 0  # the stream's first tokens keep a place each, never merged
     keep_last: int = 0  # its most recent tokens keep the last places, never merged
