@@ -254,11 +254,15 @@ class Squeeze(Protocol):
 
     fit(memory, state, x, generator, salience) → (B [batch, N, e], samples, records): the new
         coefficients after fitting the (gated) new vectors x [batch, L, e] into `state`, where
-        the old signal was read (for inspection) and the per-place records it keeps (or the
-        state's); `salience` [batch, L] are per-token scores a squeeze may keep places by
+        the old signal was read (for inspection) and the squeeze's own records of the stream
+        after the update (`LongTermState.records`; the state's when it keeps none); `salience`
+        [batch, L] are per-token scores a squeeze may keep places by (`wants_salience`)
     extent(stored, num_centers) → float64 [batch]: the stream lies on [0, e] of the signal
-    records(num_centers) → how many per-place records a state keeps (0: none)
+    initial_records(batch, num_centers, device) → {name: [batch, ...]}: the records it keeps
+        in a state, as an empty memory holds them (zeros; {}: none)
+    check_records(state, name, values) → queue in `values` what its records must satisfy
     resamples: the old signal is resampled between the centres (the update's gain applies)
+    wants_salience: its update needs the new tokens' `salience`
     sticky: where past reads attended is recorded (sticky memories, §3.4)
     even: every place stands for as many tokens
     partial: the signal may hold the stream on part of [0, 1] only (its reads skip the rest)"""
@@ -267,6 +271,7 @@ class Squeeze(Protocol):
     resamples: ClassVar[bool]
     partial: ClassVar[bool]
     even: ClassVar[bool]
+    wants_salience: bool
 
     def fit(
         self,
@@ -279,7 +284,11 @@ class Squeeze(Protocol):
 
     def extent(self, stored: torch.Tensor, num_centers: int) -> torch.Tensor: ...
 
-    def records(self, num_centers: int) -> int: ...
+    def initial_records(
+        self, batch: int, num_centers: int, device: torch.device | str | None
+    ) -> dict[str, torch.Tensor]: ...
+
+    def check_records(self, state: Any, name: str, values: Any) -> None: ...
 
 
 __all__ = [

@@ -122,8 +122,12 @@ class ResamplingSqueeze(Strategy):
         """The width of a state's attention histogram."""
         return self.sticky_bins
 
-    def records(self, num_centers: int) -> int:
-        return 0
+    def initial_records(self, batch: int, num_centers: int, device) -> dict[str, torch.Tensor]:
+        """None: the signal is all it keeps."""
+        return {}
+
+    def check_records(self, state: Any, name: str, values: Any) -> None:
+        """No records, nothing to check."""
 
     def extent(self, stored: torch.Tensor, num_centers: int) -> torch.Tensor:
         """The stream fills the whole of [0, 1]."""
@@ -190,7 +194,7 @@ class ResamplingSqueeze(Strategy):
             if self.sticky:
                 B_upd = limit_to_data(B_upd, B_past, x, memory.grid_basis(x.device, x.dtype))
             B_new = B_upd if B_new is None else torch.where(empty[:, None, None], B_new, B_upd)
-        return B_new, u, state.places
+        return B_new, u, state.records
 
     def sample_positions(
         self, memory: Any, state: Any, generator: torch.Generator | None

@@ -1,4 +1,4 @@
-"""The places of a squeeze="fill" memory (`core/memory.py`): K places on the basis centres,
+"""The places of a squeeze="fill" memory (`squeezes.FillSqueeze`): K places on the basis centres,
 one token each until the memory is full, then equal runs of the stream, and where each lies.
 
     pool_by_length   the K places after L new tokens: place k = the mean of the stream over
@@ -178,8 +178,9 @@ def rank_positions(stored: torch.Tensor, num_places: int) -> torch.Tensor:
     return k + (stored.to(torch.float64)[:, None] - num_places).clamp(min=0)
 
 
-# a place record (`LongTermState.places`, float64 [batch, K, 4]): the span of token indices
-# [lo, hi) it stands for, how many tokens, their salience (−inf once merged); tokens = 0: empty
+# a place record (`LongTermState.records["places"]`, float64 [batch, K, 4]): the span of token
+# indices [lo, hi) it stands for, how many tokens, their salience (−inf once merged); tokens = 0:
+# empty
 LO, HI, TOKENS, SALIENCE = range(4)
 
 
