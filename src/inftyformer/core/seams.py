@@ -153,6 +153,13 @@ def kinds(seam: str) -> tuple[str, ...]:
     return tuple(REGISTRY.get(seam, {}))
 
 
+def kinds_that(seam: str, capability: str) -> tuple[str, ...]:
+    """The kinds at `seam` whose strategy declares `capability` (a class attribute that is
+    true, e.g. a density that is `discrete`): what an error can offer instead of names."""
+    discover()
+    return tuple(k for k, cls in REGISTRY.get(seam, {}).items() if getattr(cls, capability, False))
+
+
 def setting_names(seam: str) -> dict[str, type]:
     """Every flat setting of the strategies at `seam` and its type."""
     discover()
@@ -301,6 +308,7 @@ __all__ = [
     "changeable_settings",
     "discover",
     "kinds",
+    "kinds_that",
     "lookup",
     "owners",
     "register",
