@@ -16,7 +16,7 @@ others are merged, in equal runs of tokens by position. A place's position is th
 the tokens merged into it (a run that splits an older place takes that place's tokens as spread
 evenly over its span), the places sorted by position.
 
-Salience of token i: `stream_places.salience` (the largest mean surprisal of `burst` consecutive
+Salience of token i: `places.salience` (the largest mean surprisal of `burst` consecutive
 tokens among those ending at i − after + 1 … i), the surprisal −log p(x_j | x_<j) from the base
 with the same window as the memory row (W tokens before each block): what a model streaming the
 text knows when the token is written, less its memory (row xx uses the memory model's own).
@@ -143,7 +143,7 @@ class SalientPlaces:
         return self.plans[(S, L)]
 
     def pool(self, old, stored, new, keep=0, keep_last=0):
-        """Stands in for `stream_places.pool_by_length` (same arguments and results)."""
+        """Stands in for `places.pool_by_length` (same arguments and results)."""
         import torch
 
         S = int(stored[0])
@@ -154,7 +154,7 @@ class SalientPlaces:
         return V, torch.full_like(stored, min(S + new.shape[1], self.K))
 
     def positions(self, stored, num_places, keep=0, keep_last=0):
-        """Stands in for `stream_places.place_positions`."""
+        """Stands in for `places.place_positions`."""
         import torch
 
         T = int(stored[0])

@@ -178,7 +178,7 @@ def collect(path: Path, make, count: int, reader: Reader, label: str) -> list[di
 
 # ---------------------------------------------------------------------- scores and training
 def block_logits(query: torch.Tensor, keys: torch.Tensor, kv_heads: int, block: int):
-    """The "attention" score of every stored block [n] (`retrieval_scores.attention_score`,
+    """The "attention" score of every stored block [n] (`retrieval.scorers.attention_score`,
     differentiable): query [H, T, d], keys [n·B, Hkv, d]."""
     H, T, d = query.shape
     q = query.float().view(kv_heads, H // kv_heads, T, d) / math.sqrt(d)

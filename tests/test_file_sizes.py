@@ -22,7 +22,7 @@ def line_counts() -> dict[str, int]:
 
 def test_every_file_fits_in_500_lines_but_the_listed_ones():
     counts = line_counts()
-    assert len(counts) > 60 and "src/inftyformer/model.py" in counts
+    assert len(counts) > 60 and "src/inftyformer/native/model.py" in counts
     over = {path: n for path, n in counts.items() if n > MAX_LINES}
     assert {p: n for p, n in over.items() if p not in EXCEPTIONS} == {}
 

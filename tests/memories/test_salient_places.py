@@ -1,5 +1,5 @@
 """keep_salient: a fill memory keeps B places for the most salient tokens between the kept first
-and last ones (`stream_places.pool_salient`), the places' records in the state."""
+and last ones (`places.pool_salient`), the places' records in the state."""
 
 import dataclasses
 

@@ -196,7 +196,7 @@ def written(
     this call read. A call continuing a cache (`past` > 0, generation) writes nothing: its
     memory is the one it read, nothing waiting.
     `surprisal` [batch, T] of this call's tokens (keep_salient): their salience
-    (`stream_places.salience`, over the window's surprisal before them, then theirs) goes into
+    (`places.salience`, over the window's surprisal before them, then theirs) goes into
     the window with them, and the salience of the tokens that leave the window waits beside
     them for the long-term memory."""
     salience = None

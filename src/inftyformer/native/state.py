@@ -56,7 +56,7 @@ class TokenWindow:
     """tokens [batch, W] int64, right-aligned; length [batch]: how many are valid per row (0
     after a reset). The text a pretrained model recomputes as context before its next call.
     surprisal, salience [batch, W] float64 (keep_salient; zeros otherwise): −log p of each
-    token when it was read, and its salience then (`stream_places.salience`, over the surprisal
+    token when it was read, and its salience then (`places.salience`, over the surprisal
     of the tokens before it, which the window holds): what the next call's salience is computed
     from, and what the tokens leaving the window carry into the long-term memory."""
 
