@@ -293,9 +293,12 @@ def pool_salient(
     # every candidate place: the units kept whole (or unmerged), then the runs; sorted by
     # position, the K first valid ones are the places
     pos = torch.cat(
-        [torch.where(kept, lo - 0.5 + (hi - lo) / 2, torch.inf),
-         torch.where(is_run, run_pos, torch.inf)], 1,
-    )  # fmt: skip
+        [
+            torch.where(kept, lo - 0.5 + (hi - lo) / 2, torch.inf),
+            torch.where(is_run, run_pos, torch.inf),
+        ],
+        1,
+    )
     pick = pos.argsort(1)[:, :K]  # [batch, K]
     valid = torch.gather(torch.isfinite(pos), 1, pick)
     cand_vals = torch.cat([units.to(torch.float64), run_vals], 1)

@@ -49,9 +49,13 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PREFIX = "base."  # where the base's tensors sit in InftyformerForCausalLM's state dict
 # the files of a whole model's save (Hugging Face's names, shards and indexes included)
 WHOLE_WEIGHTS = (
-    "model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors",
-    "pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*-of-*.bin",
-)  # fmt: skip
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "model-*-of-*.safetensors",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "pytorch_model-*-of-*.bin",
+)
 ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)  # the marker first
 
 

@@ -160,10 +160,20 @@ def command(model_dir: str | Path, task_dir: str | Path, name: str = TASK) -> li
     """The `lm_eval` command line that evaluates `model_dir` on the task in `task_dir`."""
     check_task_name(name)
     return [
-        "lm_eval", "--model", "hf", "--model_args", model_args(model_dir),
-        "--include_path", str(task_dir), "--tasks", name, "--batch_size", "1",
-        "--device", "cpu",
-    ]  # fmt: skip
+        "lm_eval",
+        "--model",
+        "hf",
+        "--model_args",
+        model_args(model_dir),
+        "--include_path",
+        str(task_dir),
+        "--tasks",
+        name,
+        "--batch_size",
+        "1",
+        "--device",
+        "cpu",
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

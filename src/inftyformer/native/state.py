@@ -261,9 +261,12 @@ class MemoryState:
 
     def detach(self) -> MemoryState:
         return MemoryState(
-            tuple(layer.detach() for layer in self.layers), self.window, self.source,
-            self.salience, self.memory,
-        )  # fmt: skip
+            tuple(layer.detach() for layer in self.layers),
+            self.window,
+            self.source,
+            self.salience,
+            self.memory,
+        )
 
     def to(self, device: torch.device | str) -> MemoryState:
         window = None if self.window is None else self.window.to(device)
@@ -320,9 +323,12 @@ class MemoryState:
                 check_tensor(f"{name}.{part}.memory", ragged.memory, 3)
                 dims.add(ragged.memory.shape[-1])
                 ragged.check(
-                    f"{name}.{part}", batch, ragged.memory.shape[-1], ragged.memory.shape[1],
+                    f"{name}.{part}",
+                    batch,
+                    ragged.memory.shape[-1],
+                    ragged.memory.shape[1],
                     values=values,
-                )  # fmt: skip
+                )
             if layer.long_term is not None:
                 lt = layer.long_term
                 check_tensor(f"{name}.long_term.coefficients", lt.coefficients, 3)

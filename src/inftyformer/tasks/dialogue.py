@@ -138,8 +138,11 @@ class DialogueTask(Task):
     def describe(self, metrics: dict[str, float]) -> str:
         """'ppl 24.31', and the reply scores when replies were generated."""
         text = super().describe(metrics)
-        scores = [f"{name} {metrics[name]:.2f}" for name in ("f1", "rougeL", "meteor", "bleu")
-                  if name in metrics]  # fmt: skip
+        scores = [
+            f"{name} {metrics[name]:.2f}"
+            for name in ("f1", "rougeL", "meteor", "bleu")
+            if name in metrics
+        ]
         return ", ".join([text, *scores])
 
     def __init__(self, config: DialogueConfig, model_config: Any, context: RunContext) -> None:
@@ -241,8 +244,16 @@ class DialogueTask(Task):
         """Lay `example` out for the model (`dialogue_examples.lay_out`)."""
         c = self.config
         document, memory = self._document(example)
-        return lay_out(example, self.format, document, memory, self.model_config.segment_len,
-                       c.max_context, c.max_reply, c.placement)  # fmt: skip
+        return lay_out(
+            example,
+            self.format,
+            document,
+            memory,
+            self.model_config.segment_len,
+            c.max_context,
+            c.max_reply,
+            c.placement,
+        )
 
     # ------------------------------------------------------------------ training
     def batch(self, step: int) -> DialogueBatch:

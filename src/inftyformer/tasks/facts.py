@@ -291,13 +291,20 @@ class FactsTask(LastBlockTask):
     def dataset(self, split: str) -> FactsDataset:
         if split not in self._datasets:
             books = load_split(
-                training_source(self.config.data_dir), check_split(split), self.tokenizer,
+                training_source(self.config.data_dir),
+                check_split(split),
+                self.tokenizer,
                 self.context.progress,
-            )  # fmt: skip
+            )
             self._datasets[split] = FactsDataset(
-                self.config, self.tokenizer, books, self.context.batch_size,
-                self.model_config.segment_len, split, self.context.seed,
-            )  # fmt: skip
+                self.config,
+                self.tokenizer,
+                books,
+                self.context.batch_size,
+                self.model_config.segment_len,
+                split,
+                self.context.seed,
+            )
         return self._datasets[split]
 
     @classmethod

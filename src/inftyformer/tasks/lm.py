@@ -246,9 +246,11 @@ class LanguageModelTask(Task):
             for part, state in self._memory.items()
         }
         return {
-            "step": self._step, "stream": self._cursor, "parts": sorted(self._memory),
+            "step": self._step,
+            "stream": self._cursor,
+            "parts": sorted(self._memory),
             "records": records,
-        }  # fmt: skip
+        }
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {
