@@ -75,7 +75,7 @@ def _unfused(att):
 
         return torch.matmul(continuous_softmax(mu, sigma_sq, att.basis), v)  # [B, H, Q, d]
 
-    att._expected_values = read
+    att.expected_values = read  # what the densities call
     return att
 
 

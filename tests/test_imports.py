@@ -235,3 +235,41 @@ def test_the_sources_and_docs_point_only_inside_the_repository():
             named += 1
             assert (root / test_path).is_file(), f"{path} names {test_path}, which does not exist"
     assert named >= 2  # the streaming module and docs/results/lm.md name their tests
+
+
+def test_the_core_code_names_no_strategy_of_ours():
+    """Beyond imports: no name in the core's code (an identifier, an attribute, a string that is
+    not a docstring) is the kind or a setting of one of our strategies; the core meets them only
+    through the seams' protocols and capabilities (`core/seams.py`)."""
+    import dataclasses
+
+    from inftyformer.core import seams
+
+    seams.discover()
+    kinds = [cls for seam in seams.SEAMS for cls in seams.REGISTRY[seam].values()]
+    theirs = {c for c in kinds if not c.__module__.startswith("inftyformer.core")}
+
+    def names(classes: set[type]) -> set[str]:
+        return {n for c in classes for n in (c.kind, *(f.name for f in dataclasses.fields(c)))}
+
+    ours = names(theirs) - names(set(kinds) - theirs)  # (a setting the paper's have is theirs)
+    assert {"fill", "mixture", "keep_first", "sharpness"} <= ours
+    found = []
+    for path in sorted((SRC / "inftyformer" / "core").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(getattr(node, "body", None), list)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name | ast.Attribute | ast.arg):
+                words = {getattr(node, "id", None) or getattr(node, "attr", None) or node.arg}
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                words = set() if id(node) in docstrings else set(re.findall(r"\w+", node.value))
+            else:
+                continue
+            found += [f"{path.name}:{node.lineno}: {w}" for w in sorted(words & ours)]
+    assert found == []

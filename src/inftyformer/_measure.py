@@ -25,10 +25,7 @@ from typing import Any
 # glibc serves allocations above M_MMAP_THRESHOLD with a fresh mmap (page-faulted on first touch,
 # unmapped on free) and gives free heap memory back above M_TRIM_THRESHOLD. PyTorch's CPU tensors
 # of tens of MB are then re-faulted every step; raising both thresholds keeps them in the heap.
-TUNED_MALLOC_ENV = {
-    "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
-    "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
-}
+# A measurement records which of these the run had set (`machine_info`).
 MALLOC_VARS = (
     "MALLOC_MMAP_THRESHOLD_",
     "MALLOC_TRIM_THRESHOLD_",
@@ -140,10 +137,6 @@ def reset_peak_rss() -> bool:
 def _maxrss_kb() -> float:
     value = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return value / 1024.0 if sys.platform == "darwin" else float(value)
-
-
-def minor_faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 # ----------------------------------------------------------------------------- machine

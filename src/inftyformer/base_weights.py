@@ -38,15 +38,36 @@ _CACHE: dict[tuple[str, int, int], list[str]] = {}
 # config.json entries that do not change what a model computes from its weights
 NOT_BEHAVIOUR = frozenset(
     {
-        "_name_or_path", "transformers_version", "dtype", "torch_dtype", "use_cache",
-        "return_dict", "output_hidden_states", "output_attentions", "torchscript",
-        "attn_implementation", "_attn_implementation", "_attn_implementation_autoset",
-        "id2label", "label2id", "problem_type", "finetuning_task", "task_specific_params",
-        "tokenizer_class", "prefix", "bos_token_id", "eos_token_id", "pad_token_id",
-        "sep_token_id", "decoder_start_token_id", "initializer_range", "chunk_size_feed_forward",
-        "auto_map", "_commit_hash",
+        "_name_or_path",
+        "transformers_version",
+        "dtype",
+        "torch_dtype",
+        "use_cache",
+        "return_dict",
+        "output_hidden_states",
+        "output_attentions",
+        "torchscript",
+        "attn_implementation",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "id2label",
+        "label2id",
+        "problem_type",
+        "finetuning_task",
+        "task_specific_params",
+        "tokenizer_class",
+        "prefix",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "sep_token_id",
+        "decoder_start_token_id",
+        "initializer_range",
+        "chunk_size_feed_forward",
+        "auto_map",
+        "_commit_hash",
     }
-)  # fmt: skip
+)
 
 
 class BaseMismatchError(ValueError):

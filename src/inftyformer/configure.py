@@ -45,8 +45,11 @@ def split_settings(
             typer.echo(
                 f"settings for --set KEY=VALUE (task {task!r}): name, type, default, meaning"
             )
-            classes = {"model": model_cls or ModelConfig, "train": TrainConfig,
-                       "task": get_task(task).Config}  # fmt: skip
+            classes = {
+                "model": model_cls or ModelConfig,
+                "train": TrainConfig,
+                "task": get_task(task).Config,
+            }
             for group in GROUPS:
                 typer.echo(f"  {group}:")
                 skip = frozenset({"task"}) if group == "train" else frozenset()

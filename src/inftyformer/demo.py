@@ -65,7 +65,7 @@ def run_demo(
         ("dim", dim),
         ("num_samples", num_samples),
     ):
-        check_positive_int(name, value)  # fmt: skip
+        check_positive_int(name, value)
     check_positive_int("seed", seed, minimum=0)
     check_positive_int("ages", ages, minimum=0)
     if length < segment_len:

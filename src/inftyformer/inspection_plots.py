@@ -171,8 +171,13 @@ def plot_sigma(result: Inspection, path: str | Path, dpi: int = 80) -> Path | No
             for h in range(s.shape[0]):
                 ax.hist(s[h], bins=edges, histtype="step", lw=1.8, label=f"head {h}")
         if result.sigma_0:
-            ax.axvline(result.sigma_0, color="k", ls="--", lw=1.8,
-                       label=f"σ₀ = {result.sigma_0:g} (the KL term's target)")  # fmt: skip
+            ax.axvline(
+                result.sigma_0,
+                color="k",
+                ls="--",
+                lw=1.8,
+                label=f"σ₀ = {result.sigma_0:g} (the KL term's target)",
+            )
         ax.set_xscale("log")
         ax.set_title(f"layer {i}: median σ = {float(np.median(s)):#.3g}", fontsize=LABEL)
         ax.set_xlabel("σ of a read (memory: t ∈ [0, 1])", fontsize=LABEL)
@@ -183,8 +188,14 @@ def plot_sigma(result: Inspection, path: str | Path, dpi: int = 80) -> Path | No
     for ax in axes[0]:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             legend.setdefault(label, handle)
-    fig.legend(list(legend.values()), list(legend), loc="outside lower center",
-               ncols=min(len(legend), 4), fontsize=LABEL, frameon=False)  # fmt: skip
+    fig.legend(
+        list(legend.values()),
+        list(legend),
+        loc="outside lower center",
+        ncols=min(len(legend), 4),
+        fontsize=LABEL,
+        frameon=False,
+    )
     fig.suptitle(
         _title(result, "how wide the long-term reads are")
         + "\nsmall σ: a read picks out one part of the memory; σ near 1: it averages all of it",
@@ -203,9 +214,12 @@ def plot_samples(result: Inspection, path: str | Path, dpi: int = 80) -> Path | 
 
     plt = _pyplot()
     fig, axes = plt.subplots(
-        len(layers), 2, figsize=(9.5, 3.2 * len(layers) + 1.6), squeeze=False,
+        len(layers),
+        2,
+        figsize=(9.5, 3.2 * len(layers) + 1.6),
+        squeeze=False,
         layout="constrained",
-    )  # fmt: skip
+    )
     C = result.segment_len
     for row, i in enumerate(layers):
         s = result.samples[i]
@@ -216,8 +230,13 @@ def plot_samples(result: Inspection, path: str | Path, dpi: int = 80) -> Path | 
         left.imshow(s.t_hist.numpy().T, extent=(*span, 0, 1), **style)
         left.set_ylabel("sample position u\n(0: oldest, 1: newest)", fontsize=LABEL)
         left.set_title(f"layer {i}: over the memory", fontsize=LABEL)
-        right.pcolormesh([*(calls - 0.5), calls[-1] + 0.5], s.abs_edges.numpy(),
-                         s.abs_hist.numpy().T, cmap="viridis", shading="flat")  # fmt: skip
+        right.pcolormesh(
+            [*(calls - 0.5), calls[-1] + 0.5],
+            s.abs_edges.numpy(),
+            s.abs_hist.numpy().T,
+            cmap="viridis",
+            shading="flat",
+        )
         right.set_yscale("symlog", linthresh=C, linscale=0.5)
         right.set_ylim(0, float(s.abs_edges[-1]))
         right.yaxis.set_major_formatter(plt.FuncFormatter(lambda y, _: f"{y:,.0f}"))
@@ -261,22 +280,33 @@ def plot_fidelity(
     fig, axes = plt.subplots(1, 3, figsize=(12.5, 4.4), layout="constrained")
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     panels = (  # (field, title: what and which way is better, y label, baseline field)
-        ("cosine", "similarity: higher is better", "cosine(read back, stored)",
-         "baseline_cosine"),
-        ("centred_cosine", "specific to the vector: higher is better",
-         "cosine after removing the mean vector", None),
-        ("rel_error", "error: LOWER is better", "‖read back − stored‖ / ‖stored‖",
-         "baseline_rel_error"),
-    )  # fmt: skip
+        ("cosine", "similarity: higher is better", "cosine(read back, stored)", "baseline_cosine"),
+        (
+            "centred_cosine",
+            "specific to the vector: higher is better",
+            "cosine after removing the mean vector",
+            None,
+        ),
+        (
+            "rel_error",
+            "error: LOWER is better",
+            "‖read back − stored‖ / ‖stored‖",
+            "baseline_rel_error",
+        ),
+    )
     oldest = 1
     for n, (label, fid) in enumerate(curves.items()):
         colour = colours[n % len(colours)]
         for ax, (field, _, _, baseline) in zip(axes, panels, strict=True):
-            pairs = [(a, v) for a, v in zip(fid.ages, getattr(fid, field), strict=True)
-                     if not math.isnan(v)]  # fmt: skip
+            pairs = [
+                (a, v)
+                for a, v in zip(fid.ages, getattr(fid, field), strict=True)
+                if not math.isnan(v)
+            ]
             if pairs:
-                ax.plot(*zip(*pairs, strict=True), marker="o", ms=4, lw=1.8, color=colour,
-                        label=label)  # fmt: skip
+                ax.plot(
+                    *zip(*pairs, strict=True), marker="o", ms=4, lw=1.8, color=colour, label=label
+                )
                 oldest = max(oldest, max(a for a, _ in pairs))
             if baseline is not None and not math.isnan(getattr(fid, baseline)):
                 ax.axhline(getattr(fid, baseline), color=colour, ls=":", lw=1.5)
@@ -295,11 +325,24 @@ def plot_fidelity(
         ax.grid(alpha=0.3)
     axes[0].axhline(0, color="grey", lw=0.6)
     axes[1].axhline(0, color="grey", lw=0.6)
-    handles = [*axes[0].get_legend_handles_labels()[0],
-               Line2D([], [], color="0.3", ls=":", lw=1.5,
-                      label="dotted: a memory that returns the mean vector")]  # fmt: skip
-    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4),
-               fontsize=LABEL, frameon=False)  # fmt: skip
+    handles = [
+        *axes[0].get_legend_handles_labels()[0],
+        Line2D(
+            [],
+            [],
+            color="0.3",
+            ls=":",
+            lw=1.5,
+            label="dotted: a memory that returns the mean vector",
+        ),
+    ]
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncols=min(len(handles), 4),
+        fontsize=LABEL,
+        frameon=False,
+    )
     fig.suptitle(
         (title or "fidelity of the memory by age")
         + "\nhow well a stored vector is read back, as it ages",

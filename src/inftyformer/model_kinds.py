@@ -23,9 +23,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .native.model import LMOutput
-from .native.model_config import MEMORY_SETTINGS, ModelConfig
+from .native.model_config import ModelConfig
+from .native.model_config import changeable_settings as native_changeable
 from .native.state import MemoryState
-from .pretrained_config import PRETRAINED_MEMORY_SETTINGS, PretrainedMemoryConfig
+from .pretrained_config import PretrainedMemoryConfig, pretrained_changeable
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,9 @@ class ModelKind:
     name: str
     config: type
     model: str  # "module:Class"
-    changeable: tuple[str, ...]  # settings a trained model may change (resume, evaluation)
+    # the settings a trained model may change (resume, evaluation), asked when needed: they
+    # include those of every strategy registered by then
+    changeable: Callable[[], tuple[str, ...]]
     extra: str | None = None  # the pip extra the model class needs
     # config → (directory, state-dict prefix) of a frozen pretrained base that checkpoints refer
     # to instead of holding (`inftyformer.base_weights`), or None; None here: they hold it all
@@ -67,14 +70,14 @@ def register_model_kind(kind: ModelKind) -> ModelKind:
 
 
 register_model_kind(
-    ModelKind("native", ModelConfig, "inftyformer.native.model:MemoryLM", MEMORY_SETTINGS)
+    ModelKind("native", ModelConfig, "inftyformer.native.model:MemoryLM", native_changeable)
 )
 register_model_kind(
     ModelKind(
         "pretrained",
         PretrainedMemoryConfig,
         "inftyformer.hf.pretrained_lm:PretrainedMemoryLM",
-        PRETRAINED_MEMORY_SETTINGS,
+        pretrained_changeable,
         extra="hf",
         frozen_base=PretrainedMemoryConfig.frozen_base,
     )
@@ -90,7 +93,7 @@ def frozen_base(config: Any) -> tuple[str, str] | None:
 
 def changeable_settings(config: Any) -> tuple[str, ...]:
     """The settings of `config` that a trained model may change (its weights stay usable)."""
-    return MODEL_KINDS[model_kind(config)].changeable
+    return MODEL_KINDS[model_kind(config)].changeable()
 
 
 def model_kind(config: Any) -> str:
@@ -175,7 +178,6 @@ __all__ = [
     "MODEL_KINDS",
     "ModelKind",
     "register_model_kind",
-    "PRETRAINED_MEMORY_SETTINGS",
     "changeable_settings",
     "unwrap",
     "PretrainedMemoryConfig",

@@ -35,7 +35,8 @@ from typing import Any, ClassVar
 
 from . import extensions  # noqa: F401  (registers our strategies: their settings are names here)
 from ._checks import check_bool, check_memory_layers, check_positive_int, check_range
-from .core.config import CHANGEABLE_SETTINGS, DERIVED_SETTINGS, LongTermConfig
+from .core import seams
+from .core.config import DERIVED_SETTINGS, LongTermConfig, changeable_settings
 from .core.seams import Strategy, build, owners, register, setting_names
 from .core.squeeze import FixedSqueeze
 from .extensions.densities import NormalizedDensity
@@ -71,6 +72,7 @@ class HeadsRead(Strategy):
 
     memory_positions: str = "window"  # where the places sit for the heads: window, places, ranks
     token_mass: bool = False  # a place's mass counts the tokens it stands for
+    changeable: ClassVar[tuple[str, ...]] = ("token_mass",)
 
     def __post_init__(self) -> None:
         if self.memory_positions not in MEMORY_POSITIONS:
@@ -444,29 +446,33 @@ class PretrainedMemoryConfig:
         return cls(**data)
 
     def with_memory_settings(self, overrides: dict[str, Any] | None = None) -> Any:
-        """Other memory settings for evaluation (:data:`PRETRAINED_MEMORY_SETTINGS`); the
-        fields that shape the weights or what trains stay."""
+        """Other memory settings for evaluation (`pretrained_changeable()`); the fields that
+        shape the weights or what trains stay."""
         if not overrides:
             return self
-        bad = sorted(set(overrides) - set(PRETRAINED_MEMORY_SETTINGS))
+        allowed = pretrained_changeable()
+        bad = sorted(set(overrides) - set(allowed))
         if bad:
             raise ValueError(
                 f"cannot change {', '.join(bad)} of a trained pretrained model; allowed: "
-                f"{', '.join(PRETRAINED_MEMORY_SETTINGS)}"
+                f"{', '.join(allowed)}"
             )
         return self.replace(**overrides)
 
 
 # what a trained pretrained model may change, like ModelConfig's MEMORY_SETTINGS: not the base,
-# N, the widths or the gate (they shape weights), nor whether the memory or the base trains
-PRETRAINED_MEMORY_SETTINGS = (
-    "segment_len",
-    "window",
-    *CHANGEABLE_SETTINGS,  # the long-term memory's
-    "token_mass",
-    "memory_lr",
-    "density_lr",
-)
+# N, the widths or the gate (they shape weights), nor whether the memory or the base trains;
+# beside the long-term memory's and the read's (`pretrained_changeable`)
+PRETRAINED_MEMORY_SETTINGS = ("segment_len", "window", "memory_lr", "density_lr")
+
+
+def pretrained_changeable() -> tuple[str, ...]:
+    """Every setting a trained pretrained model may change: `PRETRAINED_MEMORY_SETTINGS`, the
+    long-term memory's (`core.config.changeable_settings`) and its read's
+    (`Strategy.changeable` of the `memory_read` strategies)."""
+    own = PRETRAINED_MEMORY_SETTINGS
+    return (*own[:2], *changeable_settings(), *seams.changeable_settings(READ_SEAM), *own[2:])
+
 
 __all__ = [
     "ADAPTER_DECIDES",
@@ -478,6 +484,7 @@ __all__ = [
     "PRETRAINED_LONG_TERM",
     "PRETRAINED_MEMORY_SETTINGS",
     "PretrainedMemoryConfig",
+    "pretrained_changeable",
     "base_blocks",
     "base_positions",
     "decide_lengths",

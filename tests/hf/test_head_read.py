@@ -546,11 +546,12 @@ def test_the_salience_of_a_stored_token_is_from_the_bases_own_surprisal(arch, be
     want = salience(want, before=before)
     lt = state.layers[0].long_term
     assert lt.stored.tolist() == [48, 48]
+    places = lt.records["places"]
     for row in range(2):
-        whole = lt.places[row, :, TOKENS] == 1
-        at = record_positions(lt.places)[row, whole].long()
+        whole = places[row, :, TOKENS] == 1
+        at = record_positions(places)[row, whole].long()
         assert len(at) == 2 + 3  # the first 2 and the 3 most salient
-        assert torch.allclose(lt.places[row, whole, 3], want[row, at], atol=1e-4)
+        assert torch.allclose(places[row, whole, 3], want[row, at], atol=1e-4)
         top = want[row, 2:48].topk(3).values  # (bursts make ties: compare the values)
         assert torch.allclose(want[row, at[2:]].sort().values, top.sort().values)
     waiting = state.salience  # the window's 8 tokens that left it, waiting
@@ -566,7 +567,8 @@ def test_salient_places_survive_save_load_and_generate_like_recomputation(tmp_pa
     memory = model(ids).state
     save_state(tmp_path / "memory.safetensors", memory)
     loaded = load_state(tmp_path / "memory.safetensors")
-    assert torch.equal(loaded.layers[0].long_term.places, memory.layers[0].long_term.places)
+    places = memory.layers[0].long_term.records["places"]
+    assert torch.equal(loaded.layers[0].long_term.records["places"], places)
     assert torch.equal(loaded.salience, memory.salience)
     assert torch.equal(loaded.window.surprisal, memory.window.surprisal)
     nxt = ids[:, :8]

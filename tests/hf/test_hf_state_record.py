@@ -69,7 +69,7 @@ class _Batch3:
 def test_the_newer_fields_of_a_state_are_checked_by_name():
     model = tiny_memory_model("llama", **FILL, keep_first=1, keep_salient=2)
     state = stream(model, ids())
-    assert state.salience is not None and state.layers[0].long_term.places.shape[1] == 8
+    assert state.salience is not None and state.layers[0].long_term.records["places"].shape[1] == 8
     x = ids()[:, :8]
     # a salience with other rows than the batch: a raw RuntimeError deep inside before
     for bad, match in (
@@ -82,14 +82,14 @@ def test_the_newer_fields_of_a_state_are_checked_by_name():
             model(x, state=replace(state, salience=bad))
     # place spans far outside the stream
     lt = state.layers[0].long_term
-    held = lt.places[..., 2] > 0
+    held = lt.records["places"][..., 2] > 0
     assert bool(held.any())
     for value in (1e6, -5.0):
-        places = lt.places.clone()
+        places = lt.records["places"].clone()
         places[..., 0] = torch.where(held, value, places[..., 0])
-        layers = (replace(state.layers[0], long_term=replace(lt, places=places)),
+        layers = (replace(state.layers[0], long_term=replace(lt, records={"places": places})),
                   *state.layers[1:])  # fmt: skip
-        with pytest.raises(ValueError, match="places must hold spans of token indices within"):
+        with pytest.raises(ValueError, match=r"\['places'\] must hold spans of token indices"):
             model(x, state=MemoryState(layers, state.window, state.source, state.salience,
                                        state.memory))  # fmt: skip
     # the window's surprisal and salience: finite and >= 0

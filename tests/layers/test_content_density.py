@@ -167,6 +167,18 @@ def test_mixture_read_matches_a_hand_computation(settings):
     torch.testing.assert_close(heads.log_mass.double(), log_mass, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("density", ["paper", "normalized"])
+def test_read_heads_refuses_a_continuous_density_offering_the_discrete_ones(density):
+    """The core knows the densities that read places by their capability (`discrete`), not by
+    name: the error lists the kinds registered with it."""
+    _, att, state, q = _setup(density=density)
+    with pytest.raises(ValueError) as refused:
+        att.read_heads(att.project_queries(q), state)
+    message = str(refused.value)
+    assert "reads places (discrete: content, mixture)" in message
+    assert message.endswith(f"got {density!r}")
+
+
 def test_two_matches_read_both_values_not_the_signal_between_them():
     """A query matching two places equally reads the mean of their values and nothing of the
     place between them; the Gaussian of density='content' sits between them and reads it."""

@@ -162,3 +162,32 @@ def test_register_itself_names_the_class_and_its_module(monkeypatch):
 
     with pytest.raises(TypeError, match="must name its kind: .*Nameless"):
         seams.register(Nameless)
+
+
+def test_a_strategy_lists_its_own_changeable_settings(monkeypatch):
+    """What a trained model may change is listed by the strategy that owns the settings (the
+    core names none of ours), gathered per seam; a name that is not its setting is refused."""
+    from inftyformer.core.config import CHANGEABLE_SETTINGS, changeable_settings
+    from inftyformer.core.squeeze import FixedSqueeze
+
+    monkeypatch.setattr(seams, "REGISTRY", {s: dict(k) for s, k in seams.REGISTRY.items()})
+    assert "keep_first" not in CHANGEABLE_SETTINGS and "keep_first" in changeable_settings()
+
+    @dataclasses.dataclass(frozen=True)
+    class Wider(FixedSqueeze):
+        kind = "plugin_test_wider"
+        changeable = ("margin",)
+        margin: int = 0
+
+    seams.register(Wider)
+    assert "margin" in seams.changeable_settings("squeeze")
+    assert "margin" in changeable_settings()
+
+    @dataclasses.dataclass(frozen=True)
+    class Stray(FixedSqueeze):
+        kind = "plugin_test_stray"
+        changeable = ("tau", "nowhere")
+
+    with pytest.raises(TypeError, match=r"Stray .*names \['nowhere'\], which are not its fields"):
+        seams.register(Stray)
+    assert "plugin_test_stray" not in seams.kinds("squeeze")

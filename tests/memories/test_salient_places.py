@@ -1,5 +1,7 @@
 """keep_salient: a fill memory keeps B places for the most salient tokens between the kept first
-and last ones (`stream_places.pool_salient`), the places' records in the state."""
+and last ones (`places.pool_salient`), the places' records in the state."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -109,39 +111,46 @@ def test_the_memory_keeps_the_salient_tokens_and_their_records_in_its_state():
     c = config(keep_first=2, keep_last=4, keep_salient=3)
     memory = LongTermMemory(c).eval()
     state = memory.init_state(2)
-    assert state.places.shape == (2, 24, 4)
+    assert state.records["places"].shape == (2, 24, 4)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 64, 3, generator=g)
     sal = torch.zeros(2, 64)
     sal[0, 10], sal[1, 40] = 5.0, 5.0
     for a in range(0, 64, 8):
         state = memory.update(state, x[:, a : a + 8], salience=sal[:, a : a + 8])
-    whole = state.places[..., TOKENS] == 1
-    at = record_positions(state.places)
+    places = state.records["places"]
+    whole = places[..., TOKENS] == 1
+    at = record_positions(places)
     assert 10.0 in at[0, whole[0]].tolist() and 40.0 in at[1, whole[1]].tolist()
     k = int((at[0] == 10.0).nonzero())
     centre = memory.basis.center_grid[k : k + 1]
     assert torch.allclose(memory.signal(state, centre)[0, 0], x[0, 10], atol=1e-2)  # the fits
     again = LongTermState.from_tensors(state.tensors())
-    assert torch.equal(again.places, state.places)
-    cleared = state.reset(torch.tensor([True, False]))
-    assert not bool(cleared.places[0].any()) and torch.equal(cleared.places[1], state.places[1])
+    assert torch.equal(again.records["places"], places)
+    cleared = state.reset(torch.tensor([True, False])).records["places"]
+    assert not bool(cleared[0].any()) and torch.equal(cleared[1], places[1])
 
 
 def test_the_salience_is_required_and_checked():
     memory = LongTermMemory(config(keep_salient=3))
     state, x = memory.init_state(2), torch.randn(2, 8, 3)
-    with pytest.raises(ValueError, match="keep_salient needs the new tokens' salience"):
+    with pytest.raises(ValueError, match=r"fill\(.*keep_salient=3.*\) keeps places by the new"):
         memory.update(state, x)
     with pytest.raises(ValueError, match="salience"):
         memory.update(state, x, salience=torch.zeros(2, 7))
     with pytest.raises(ValueError, match="salience must not be NaN"):
         memory.update(state, x, salience=torch.full((2, 8), float("nan")))
-    bad = LongTermState(**{**state.tensors(), "places": initial_records(2, 5)})
-    with pytest.raises(ValueError, match="places"):
+    bad = dataclasses.replace(state, records={"places": initial_records(2, 5)})
+    with pytest.raises(ValueError, match=r"state.records\['places'\] must have shape \(2, 24, 4\)"):
         memory.update(bad, x, salience=torch.zeros(2, 8))
-    # a memory without keep_salient keeps no records
-    assert LongTermMemory(config()).init_state(2).places.shape == (2, 0, 4)
+    bad = dataclasses.replace(state, records={})
+    with pytest.raises(ValueError, match=r"state.records holds \[\]; squeeze 'fill' keeps"):
+        memory.update(bad, x, salience=torch.zeros(2, 8))
+    # a memory without keep_salient keeps no records, and takes none
+    plain = LongTermMemory(config())
+    assert plain.init_state(2).records == {}
+    with pytest.raises(ValueError, match=r"records holds \['places'\]; squeeze 'fill' keeps \[\]"):
+        plain.update(state, x)
 
 
 def test_keep_salient_needs_fill_and_a_merged_place():

@@ -81,18 +81,32 @@ def test_callers_use_only_the_contract():
 
 def test_one_list_of_the_memory_settings_that_may_change():
     """Every kind lets the long-term memory's changeable settings change, and only settings its
-    config has; they are settings of the memory (flat names of its strategies included)."""
-    from inftyformer.core.config import CHANGEABLE_SETTINGS, LongTermConfig
-    from inftyformer.model_kinds import changeable_settings
+    config has; they are settings of the memory (flat names of its strategies included), the
+    paper's listed by the core and each strategy's by the strategy that owns it."""
+    from inftyformer.core.config import CHANGEABLE_SETTINGS, LongTermConfig, changeable_settings
+    from inftyformer.core.seams import REGISTRY
+    from inftyformer.model_kinds import changeable_settings as kind_changeable
 
-    assert set(CHANGEABLE_SETTINGS) <= set(LongTermConfig.user_settings())
+    memory_settings = changeable_settings()
+    assert set(memory_settings) <= set(LongTermConfig.user_settings())
+    assert set(CHANGEABLE_SETTINGS) <= set(memory_settings)
+    # the core's list names none of the strategies' settings: each strategy lists its own
+    for seam in ("density", "squeeze"):
+        for cls in REGISTRY[seam].values():
+            assert not set(cls.changeable) & set(CHANGEABLE_SETTINGS), cls.kind
+            assert set(cls.changeable) <= set(memory_settings), cls.kind
+    assert {"tau", "num_samples", "sharpness", "keep_first"} <= set(memory_settings)
+    assert not {"sigma_init", "num_basis", "widths", "density"} & set(memory_settings)
     for kind in MODEL_KINDS.values():
         names = set(kind.config.setting_types())
-        assert set(CHANGEABLE_SETTINGS) <= set(kind.changeable) <= names, kind.name
-        memory = [name for name in kind.changeable if name in LongTermConfig.user_settings()]
-        assert memory == list(CHANGEABLE_SETTINGS), kind.name  # the list, not a copy of it
+        allowed = kind.changeable()
+        assert set(memory_settings) <= set(allowed) <= names, kind.name
+        memory = [name for name in allowed if name in LongTermConfig.user_settings()]
+        assert memory == list(memory_settings), kind.name  # the list, not a copy of it
     config = ModelConfig(vocab_size=8)
-    assert changeable_settings(config) == MODEL_KINDS["native"].changeable
-    assert "num_basis" not in changeable_settings(config)  # it shapes the weights
+    assert kind_changeable(config) == MODEL_KINDS["native"].changeable()
+    assert "num_basis" not in kind_changeable(config)  # it shapes the weights
+    assert "token_mass" not in kind_changeable(config)  # the pretrained read's
+    assert "token_mass" in MODEL_KINDS["pretrained"].changeable()
     with pytest.raises(ValueError, match="num_basis"):
         config.with_memory_settings({"num_basis": 64})

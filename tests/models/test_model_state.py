@@ -153,3 +153,37 @@ def test_load_state_checks_against_a_model_when_given_one(tmp_path):
     load_state(path, model=MemoryLM(tiny("infty")))
     with pytest.raises(ValueError, match=f"{path.name}.*long_term must be absent"):
         load_state(path, model=MemoryLM(tiny("xl", mem_len=40)))
+
+
+def test_a_state_saved_before_records_had_their_own_slot_still_loads(tmp_path):
+    """Versions 1–2 wrote the fill squeeze's place records as `long_term.places` (also empty,
+    [batch, 0, 4], for every other squeeze); they load into `LongTermState.records`. A version-3
+    file with that key is refused: the key is no longer written."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    model = MemoryLM(tiny("infty")).eval()
+    state = ragged_state(model)
+    path = tmp_path / "state.safetensors"
+    save_state(path, state)
+    tensors = load_file(str(path))
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()["inftyformer"])
+    assert meta["version"] == 3 and not any("places" in k for k in tensors)
+    layers = range(len(state.layers))
+    old = {**tensors, **{f"layers.{i}.long_term.places": torch.zeros(3, 0, 4) for i in layers}}
+    _rewrite(path, old, json.dumps({**meta, "version": 2}))
+    loaded = load_state(path, model=model)
+    assert_same(state, loaded)
+    assert all(layer.long_term.records == {} for layer in loaded.layers)
+    # a keep_salient memory's records: the same numbers under their new name
+    records = torch.rand(3, 5, 4, dtype=torch.float64)
+    _rewrite(
+        path, {**tensors, "layers.0.long_term.places": records}, json.dumps(meta | {"version": 2})
+    )
+    loaded = load_state(path)
+    assert torch.equal(loaded.layers[0].long_term.records["places"], records)
+    assert "layers.0.long_term.records.places" in loaded.tensors()
+    _rewrite(path, old, json.dumps(meta))
+    with pytest.raises(ValueError, match=r"unexpected tensors \['layers.0.long_term.places'"):
+        load_state(path)

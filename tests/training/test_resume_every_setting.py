@@ -1,4 +1,4 @@
-"""Every setting a trained model may change (`models.changeable_settings`: resume with
+"""Every setting a trained model may change (`model_kinds.changeable_settings`: resume with
 --allow-changes, evaluation with other memory settings) is one a resumed run continues with:
 for each model kind, each setting on its list is changed on a language-model run that carries
 its memory from step to step, the run is resumed with the change, and it must take a step (or

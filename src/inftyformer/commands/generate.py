@@ -169,8 +169,9 @@ def _read_prompt(model: Any, prompt: Any, segment_len: int) -> tuple[Any, Any]:
     if cut < LONG_PROMPT_SEGMENTS * segment_len:
         return None, prompt
     state = None
-    starts = progress(range(0, cut, segment_len), desc="reading the prompt", unit=" segments",
-                      leave=False)  # fmt: skip
+    starts = progress(
+        range(0, cut, segment_len), desc="reading the prompt", unit=" segments", leave=False
+    )
     for start in starts:
         state = model.push(prompt[:, start : start + segment_len], state)
     return state, prompt[:, cut:]
@@ -224,8 +225,9 @@ def _memory_summary(state: Any) -> str:
     parts = []
     long_terms = [layer.long_term for layer in layers if layer.long_term is not None]
     if long_terms:
-        stored = [int(lt.stored[0]) if lt.stored is not None else UNKNOWN_STORED
-                  for lt in long_terms]  # fmt: skip
+        stored = [
+            int(lt.stored[0]) if lt.stored is not None else UNKNOWN_STORED for lt in long_terms
+        ]
         if all(bool(lt.empty[0]) for lt in long_terms):
             where = "the window" if state.window is not None else "the short-term memory"
             parts.append(f"long-term memory empty (text enters it once it has left {where})")

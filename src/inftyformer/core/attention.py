@@ -44,6 +44,7 @@ from .config import LongTermConfig
 from .continuous_softmax import _variance_kl
 from .density import PreparedMemory, softplus_bias
 from .fused_read import expected_values
+from .seams import kinds_that
 from .state import LongTermState
 
 
@@ -202,8 +203,12 @@ class LongTermAttention(nn.Module):
         places): q [batch, H, Q, d] each head's query (`project_queries`). The caller merges z
         into its own heads by the log-mass (`hf/head_read.py`); rows whose memory is empty get
         log-mass −inf (no weight) and z = 0."""
-        if not self.config.density.discrete:
-            raise ValueError("read_heads needs a density that reads places ('mixture', 'content')")
+        density = self.config.density
+        if not density.discrete:
+            raise ValueError(
+                f"read_heads needs a density that reads places (discrete: "
+                f"{', '.join(kinds_that('density', 'discrete'))}), got {density.kind!r}"
+            )
         if prepared is None:
             prepared = self.prepare(state, q.dtype)
         read = self.config.density.read(self, q, prepared, True)

@@ -1,7 +1,7 @@
 """The long-term memory's settings (`LongTermConfig`): the paper's, plus the two strategies behind
 the core's seams (`seams.py`): how a query's density is formed and how the old signal is
-squeezed. Which settings may change on a trained memory (`CHANGEABLE_SETTINGS`), and which the
-model around the memory decides (`DERIVED_SETTINGS`).
+squeezed. Which settings may change on a trained memory (`changeable_settings`: the paper's and
+each strategy's), and which the model around the memory decides (`DERIVED_SETTINGS`).
 
     LongTermConfig(num_basis=512, widths=(0.01, 0.05), ridge_lambda=1.0,
                    density=PaperDensity(), squeeze=FixedSqueeze(tau=0.75, num_samples=512))
@@ -22,35 +22,31 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .._checks import check_bool, check_positive_int, check_range
+from . import seams
 from .basis import MAX_WIDTH, check_widths
 from .density import PaperDensity
 from .seams import SEAMS, Strategy, build, owners, setting_names
 from .squeeze import FixedSqueeze, check_update_gain
 
-# The settings of a trained long-term memory that may change (`--resume --allow-changes`, or
-# evaluation with other memory settings): how the memory is updated and read and the weight of
-# its KL term, not N, the widths, the gate or the density, which shape its weights or what they
-# learned. Each model kind adds its own (`models.MODEL_KINDS`).
-CHANGEABLE_SETTINGS = (
-    "num_samples",
-    "tau",
-    "squeeze",
-    "ridge_lambda",
-    "sticky",
-    "sticky_bins",
-    "edge_padding",
-    "sigma_0",
-    "sharpness",
-    "sink_edge",
-    "keep_first",
-    "keep_last",
-    "keep_salient",
-    "salient_before",
-    "kl_weight",
-)
+# The paper's settings of a trained long-term memory that may change (`--resume
+# --allow-changes`, or evaluation with other memory settings): how the memory is updated and read
+# and the weight of its KL term, not N, the widths, the gate or the density, which shape its
+# weights or what they learned. Each strategy adds its own (`Strategy.changeable`), each model
+# kind its own (`model_kinds.ModelKind.changeable`): `changeable_settings`.
+CHANGEABLE_SETTINGS = ("squeeze", "ridge_lambda", "edge_padding", "sigma_0", "kl_weight")
 # what the model around the memory decides, never a user's setting (None in a config nested in
 # a model's config, filled in by `LongTermConfig.sized`)
 DERIVED_SETTINGS = ("dim", "out_dim", "query_projection", "segment_len")
+
+
+def changeable_settings() -> tuple[str, ...]:
+    """Every flat setting of a trained long-term memory that may change: the paper's
+    (`CHANGEABLE_SETTINGS`) and those of every strategy registered at the seams
+    (`Strategy.changeable`)."""
+    names = list(CHANGEABLE_SETTINGS)
+    for seam in SEAMS:
+        names += seams.changeable_settings(seam)
+    return tuple(dict.fromkeys(names))
 
 
 def takes_flat_settings(cls: type) -> type:
@@ -231,6 +227,7 @@ __all__ = [
     "CHANGEABLE_SETTINGS",
     "DERIVED_SETTINGS",
     "LongTermConfig",
+    "changeable_settings",
     "replace_settings",
     "takes_flat_settings",
 ]

@@ -54,7 +54,8 @@ class LongTermUpdate:
                                     (i + ½)/L by a first fit, else at τ + (1 − τ)(i + ½)/L
     samples    [M] or [batch, M]    where the old signal was read before it was squeezed to
                                     τ·i/M, i = 1..M (None when every row got a first fit;
-                                    squeeze="fill": the K centres its places were read at)
+                                    a squeeze that does not resample: where it read the old
+                                    signal, e.g. the K centres)
     first_fit  bool [batch]         rows whose memory was empty (first fit, nothing squeezed)
     """
 
@@ -108,10 +109,8 @@ class LongTermMemory(nn.Module):
             observed=torch.zeros(batch_size, device=device, dtype=dtype),
             empty=torch.ones(batch_size, dtype=torch.bool, device=device),
             stored=torch.zeros(batch_size, dtype=torch.int64, device=device),
-            # the squeeze's per-place records (none for most squeezes)
-            places=torch.zeros(
-                batch_size, c.squeeze.records(c.num_centers), 4, dtype=torch.float64, device=device
-            ),
+            # the squeeze's own records of the stream (none for most squeezes)
+            records=c.squeeze.initial_records(batch_size, c.num_centers, device),
         )
 
     def reset(self, state: LongTermState, rows: torch.Tensor) -> LongTermState:
@@ -279,11 +278,11 @@ class LongTermMemory(nn.Module):
             )
         check_generator(generator)
         values.finite("x", x)
-        if c.squeeze.wants_salience:  # the tokens' salience chooses the places kept whole
+        if c.squeeze.wants_salience:  # the squeeze keeps places by the tokens' salience
             if salience is None:
                 raise ValueError(
-                    "keep_salient needs the new tokens' salience [batch, L] "
-                    "(extensions.places.salience of their surprisal)"
+                    f"squeeze {c.squeeze.describe()} keeps places by the new tokens' salience: "
+                    "it needs salience [batch, L]"
                 )
             check_shape("salience", salience, tuple(x.shape[:2]))
             check_floating("salience", salience)
@@ -298,7 +297,8 @@ class LongTermMemory(nn.Module):
         generator: torch.Generator | None,
         salience: torch.Tensor | None = None,
     ) -> tuple[LongTermState, LongTermUpdate]:
-        """`update_traced` on valid arguments (`salience` [batch, L]: keep_salient only)."""
+        """`update_traced` on valid arguments (`salience` [batch, L]: a squeeze that
+        `wants_salience` only)."""
         c = self.config
         x = self.smooth(x.to(state.coefficients.dtype))
         length = x.shape[1]
@@ -311,7 +311,7 @@ class LongTermMemory(nn.Module):
             observed=torch.zeros_like(state.observed),
             empty=torch.zeros_like(state.empty),
             stored=state.stored + length,
-            places=records,
+            records=records,
         )
         return new_state, LongTermUpdate(stored=x, samples=u, first_fit=empty)
 

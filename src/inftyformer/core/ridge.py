@@ -275,8 +275,11 @@ class RidgeRegression:
         self.edge_padding = bool(edge_padding)
         self._cache: dict[tuple, torch.Tensor] = {} if cache is None else cache
         self._settings = (
-            basis.num_basis, tuple(basis.width_values), self.ridge_lambda, self.edge_padding
-        )  # fmt: skip
+            basis.num_basis,
+            tuple(basis.width_values),
+            self.ridge_lambda,
+            self.edge_padding,
+        )
 
     def design(
         self, key: tuple, positions_fn, device: torch.device, dtype: torch.dtype

@@ -8,11 +8,13 @@ and the registry of the strategies that make it (`docs/ARCHITECTURE.md`).
                                                      segment, and which places are kept (§3.3)
 
 A strategy is a frozen dataclass (`Strategy`) that names its seam and kind, validates its own
-settings when built and checks once what it needs of the rest of the memory's settings (`check`:
-a capability, never another strategy's name). Strategies register by kind (`register`): the
-core's when their module is imported; any package's that declares a module in the entry-point
-group "inftyformer.strategies" (as this library's pyproject.toml declares its extensions) when
-a kind is first looked up (`discover`), so that the core names no strategy but its own.
+settings when built, checks once what it needs of the rest of the memory's settings (`check`:
+a capability, never another strategy's name) and lists the settings a trained model may change
+(`changeable`, gathered per seam by `changeable_settings`). Strategies register by kind
+(`register`): the core's when their module is imported; any package's that declares a module in
+the entry-point group "inftyformer.strategies" (as this library's pyproject.toml declares its
+extensions) when a kind is first looked up (`discover`), so that the core names no strategy but
+its own.
 
 A memory's settings can then be written flat (`--set keep_first=64`): `build` resolves each flat
 name to the strategy that owns it and refuses a name that belongs to a strategy that was not
@@ -44,6 +46,9 @@ class Strategy:
 
     seam: ClassVar[str]
     kind: ClassVar[str]
+    # its settings a trained model may change (resume with other settings, evaluation): those
+    # that change how the memory is updated or read, not what its weights learned
+    changeable: ClassVar[tuple[str, ...]] = ()
 
     def settings(self) -> dict[str, Any]:
         """Its own settings, by name."""
@@ -80,7 +85,7 @@ def discover() -> None:
     strategies and the other plugins' load all the same."""
     if _discovered:
         return
-    _discovered.append(True)
+    _discovered.append(True)  # (the core's own registered first: the package imports them)
     for entry in importlib.metadata.entry_points(group=ENTRY_POINTS):
         plugin = f"entry point {entry.name!r} (module {entry.value!r})"
         _loading.append(plugin)
@@ -128,6 +133,12 @@ def register(cls: type[Strategy]) -> type[Strategy]:
             raise TypeError(
                 f"a strategy must name its {attribute}: {_origin(cls, plugin)} does not"
             )
+    stray = sorted(set(cls.changeable) - {f.name for f in dataclasses.fields(cls)})
+    if stray:
+        raise TypeError(
+            f"a strategy's changeable settings must be its own: {_origin(cls, plugin)} names "
+            f"{stray}, which are not its fields"
+        )
     kinds = REGISTRY.setdefault(cls.seam, {})
     there = kinds.get(cls.kind)
     if there is not None and there is not cls:
@@ -147,6 +158,13 @@ def kinds(seam: str) -> tuple[str, ...]:
     return tuple(REGISTRY.get(seam, {}))
 
 
+def kinds_that(seam: str, capability: str) -> tuple[str, ...]:
+    """The kinds at `seam` whose strategy declares `capability` (a class attribute that is
+    true, e.g. a density that is `discrete`): what an error can offer instead of names."""
+    discover()
+    return tuple(k for k, cls in REGISTRY.get(seam, {}).items() if getattr(cls, capability, False))
+
+
 def setting_names(seam: str) -> dict[str, type]:
     """Every flat setting of the strategies at `seam` and its type."""
     discover()
@@ -156,6 +174,16 @@ def setting_names(seam: str) -> dict[str, type]:
         for f in dataclasses.fields(cls):
             out.setdefault(f.name, hints[f.name])
     return out
+
+
+def changeable_settings(seam: str) -> tuple[str, ...]:
+    """Every flat setting of the strategies at `seam` that a trained model may change
+    (`Strategy.changeable`), in the order the strategies registered."""
+    discover()
+    out: dict[str, None] = {}
+    for cls in REGISTRY.get(seam, {}).values():
+        out.update(dict.fromkeys(cls.changeable))
+    return tuple(out)
 
 
 def owners(seam: str, name: str) -> list[str]:
@@ -242,11 +270,15 @@ class Squeeze(Protocol):
 
     fit(memory, state, x, generator, salience) → (B [batch, N, e], samples, records): the new
         coefficients after fitting the (gated) new vectors x [batch, L, e] into `state`, where
-        the old signal was read (for inspection) and the per-place records it keeps (or the
-        state's); `salience` [batch, L] are per-token scores a squeeze may keep places by
+        the old signal was read (for inspection) and the squeeze's own records of the stream
+        after the update (`LongTermState.records`; the state's when it keeps none); `salience`
+        [batch, L] are per-token scores a squeeze may keep places by (`wants_salience`)
     extent(stored, num_centers) → float64 [batch]: the stream lies on [0, e] of the signal
-    records(num_centers) → how many per-place records a state keeps (0: none)
+    initial_records(batch, num_centers, device) → {name: [batch, ...]}: the records it keeps
+        in a state, as an empty memory holds them (zeros; {}: none)
+    check_records(state, name, values) → queue in `values` what its records must satisfy
     resamples: the old signal is resampled between the centres (the update's gain applies)
+    wants_salience: its update needs the new tokens' `salience`
     sticky: where past reads attended is recorded (sticky memories, §3.4)
     even: every place stands for as many tokens
     partial: the signal may hold the stream on part of [0, 1] only (its reads skip the rest)"""
@@ -255,6 +287,7 @@ class Squeeze(Protocol):
     resamples: ClassVar[bool]
     partial: ClassVar[bool]
     even: ClassVar[bool]
+    wants_salience: bool
 
     def fit(
         self,
@@ -267,7 +300,11 @@ class Squeeze(Protocol):
 
     def extent(self, stored: torch.Tensor, num_centers: int) -> torch.Tensor: ...
 
-    def records(self, num_centers: int) -> int: ...
+    def initial_records(
+        self, batch: int, num_centers: int, device: torch.device | str | None
+    ) -> dict[str, torch.Tensor]: ...
+
+    def check_records(self, state: Any, name: str, values: Any) -> None: ...
 
 
 __all__ = [
@@ -277,8 +314,10 @@ __all__ = [
     "Squeeze",
     "Strategy",
     "build",
+    "changeable_settings",
     "discover",
     "kinds",
+    "kinds_that",
     "lookup",
     "owners",
     "register",

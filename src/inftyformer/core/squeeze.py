@@ -105,6 +105,7 @@ class ResamplingSqueeze(Strategy):
     ordered: ClassVar[bool] = False  # places are resampled, not runs of the stream in order
     partial: ClassVar[bool] = False  # the stream always fills [0, 1]
     wants_salience: ClassVar[bool] = False
+    changeable: ClassVar[tuple[str, ...]] = ("num_samples", "tau", "sticky", "sticky_bins")
 
     tau: float = 0.75  # τ: the old signal is squeezed into [0, τ]
     num_samples: int = 512  # M: points at which the old signal is resampled
@@ -122,8 +123,12 @@ class ResamplingSqueeze(Strategy):
         """The width of a state's attention histogram."""
         return self.sticky_bins
 
-    def records(self, num_centers: int) -> int:
-        return 0
+    def initial_records(self, batch: int, num_centers: int, device) -> dict[str, torch.Tensor]:
+        """None: the signal is all it keeps."""
+        return {}
+
+    def check_records(self, state: Any, name: str, values: Any) -> None:
+        """No records, nothing to check."""
 
     def extent(self, stored: torch.Tensor, num_centers: int) -> torch.Tensor:
         """The stream fills the whole of [0, 1]."""
@@ -199,7 +204,7 @@ class ResamplingSqueeze(Strategy):
             if self.sticky:
                 B_upd = limit_to_data(B_upd, B_past, x, memory.grid_basis(x.device, x.dtype))
             B_new = B_upd if B_new is None else torch.where(empty[:, None, None], B_new, B_upd)
-        return B_new, u, state.places
+        return B_new, u, state.records
 
     def _samples_on_grid(self) -> bool:
         """Whether `sample_positions` is the grid i/M (not sticky, and not overridden)."""

@@ -1,9 +1,9 @@
 """The state of a long-term memory (`LongTermState`): what one batch of streams holds, passed in
-and returned by `long_term_memory.LongTermMemory`, saveable and resettable per row."""
+and returned by `memory.LongTermMemory`, saveable and resettable per row."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -24,11 +24,11 @@ class LongTermState:
     observed        [batch]              queries behind `attention_mass` (its weight when the
                                          next call's histogram is averaged in)
     empty           bool [batch]         rows with nothing in memory (fresh stream or reset)
-    stored          int64 [batch]        S: tokens fitted into the row since its reset (what
-                                         `squeeze="by_length"` shares [0, 1] by)
-    places          float64 [batch, P, 4]  keep_salient only (P = K; else P = 0): each place's
-                                         record (`stream_places.pool_salient`: its span of
-                                         token indices, how many tokens, their salience)
+    stored          int64 [batch]        S: tokens fitted into the row since its reset (what a
+                                         squeeze may share [0, 1] by)
+    records         {name: [batch, ...]}  the squeeze's own records of the row's stream, as it
+                                         defines them (`Squeeze.initial_records`; none for the
+                                         paper's): kept, saved and reset (to zeros) with the rest
     """
 
     coefficients: torch.Tensor
@@ -36,30 +36,36 @@ class LongTermState:
     observed: torch.Tensor
     empty: torch.Tensor
     stored: torch.Tensor | None = None
-    places: torch.Tensor | None = None
+    records: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.stored is None and isinstance(self.empty, torch.Tensor):
             # not given (a state built by hand, or saved before states counted their tokens): a
-            # row that holds something counts as long, τ at its cap under squeeze="by_length"
+            # row that holds something counts as long, τ at its cap under a squeeze by length
             self.stored = torch.where(self.empty, 0, UNKNOWN_STORED).to(self.empty.device)
-        if self.places is None and isinstance(self.empty, torch.Tensor):
-            # a memory without keep_salient: its places follow from `stored` (no records)
-            batch = self.empty.shape[0] if self.empty.dim() else 0
-            self.places = torch.zeros(batch, 0, 4, dtype=torch.float64, device=self.empty.device)
+        if self.records is None:
+            self.records = {}
         for f in fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(
-                    f"LongTermState.{f.name} must be a torch.Tensor, got {type(value).__name__}"
-                )
+            if f.name != "records" and not isinstance(getattr(self, f.name), torch.Tensor):
+                kind = type(getattr(self, f.name)).__name__
+                raise TypeError(f"LongTermState.{f.name} must be a torch.Tensor, got {kind}")
+        if not isinstance(self.records, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in self.records.items()
+        ):
+            raise TypeError(
+                "LongTermState.records must be a dict of named tensors (the squeeze's records), "
+                f"got {self.records!r:.80}"
+            )
 
     @property
     def batch_size(self) -> int:
         return self.coefficients.shape[0]
 
     def _map(self, fn) -> LongTermState:
-        return LongTermState(*(fn(getattr(self, f.name)) for f in fields(self)))
+        records = {k: fn(v) for k, v in self.records.items()}
+        return LongTermState(
+            *(fn(getattr(self, f.name)) for f in fields(self) if f.name != "records"), records
+        )
 
     def detach(self) -> LongTermState:
         return self._map(lambda t: t.detach())
@@ -68,17 +74,20 @@ class LongTermState:
         return self._map(lambda t: t.to(device))
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """Flat dict for saving (safetensors)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Flat dict for saving (safetensors): the fields, and each record as `records.NAME`."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "records"}
+        out.update({f"records.{k}": v for k, v in self.records.items()})
+        return out
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> LongTermState:
-        # saved before states counted their tokens, or kept records: see __post_init__
-        optional = ("stored", "places")
-        missing = [f.name for f in fields(cls) if f.name not in tensors and f.name not in optional]
+        """`tensors()`'s dict back (`stored` optional: states saved before it was counted)."""
+        names = [f.name for f in fields(cls) if f.name != "records"]
+        missing = [n for n in names if n not in tensors and n != "stored"]
         if missing:
             raise ValueError(f"long-term state is missing tensors {missing}")
-        return cls(**{f.name: tensors[f.name] for f in fields(cls) if f.name in tensors})
+        records = {k[len("records.") :]: v for k, v in tensors.items() if k.startswith("records.")}
+        return cls(**{n: tensors[n] for n in names if n in tensors}, records=records)
 
     def check(
         self,
@@ -96,11 +105,12 @@ class LongTermState:
         c = config
         check_shape(f"{name}.coefficients", self.coefficients, (None, c.num_basis, c.dim))
         batch = self.batch_size
-        for field in ("attention_mass", "observed", "empty", "stored", "places"):
-            t = getattr(self, field)
+        parts = {n: getattr(self, n) for n in ("attention_mass", "observed", "empty", "stored")}
+        parts.update({f"records[{k!r}]": v for k, v in self.records.items()})
+        for part, t in parts.items():
             if t.dim() and t.shape[0] != batch:
                 raise ValueError(
-                    f"{name}.{field} has {t.shape[0]} rows, {name}.coefficients {batch}: the "
+                    f"{name}.{part} has {t.shape[0]} rows, {name}.coefficients {batch}: the "
                     "fields of a state hold the same rows"
                 )
         squeeze = getattr(c, "squeeze", None)  # None: a layout check without the settings
@@ -109,29 +119,25 @@ class LongTermState:
         check_shape(f"{name}.observed", self.observed, (batch,))
         check_shape(f"{name}.empty", self.empty, (batch,))
         check_shape(f"{name}.stored", self.stored, (batch,))
-        # the squeeze's records, one per place (none for most squeezes)
-        records = None if squeeze is None else squeeze.records(c.num_basis // len(c.widths))
-        check_shape(f"{name}.places", self.places, (batch, records, 4))
-        records = self.places.shape[1]
-        check_dtype(f"{name}.places", self.places, torch.float64)
+        if squeeze is not None:  # the squeeze's records, as it makes them for an empty memory
+            self._check_records(squeeze, c.num_basis // len(c.widths), name)
         check_floating(f"{name}.coefficients", self.coefficients)
         dtype = self.coefficients.dtype
         if dtypes is not None:
             check_dtype(f"{name}.coefficients", self.coefficients, *dtypes)
-        for field in ("attention_mass", "observed"):
-            if getattr(self, field).dtype != dtype:
+        for part in ("attention_mass", "observed"):
+            if getattr(self, part).dtype != dtype:
                 raise TypeError(
-                    f"{name}.{field} must have the dtype of {name}.coefficients ({dtype}), "
-                    f"got {getattr(self, field).dtype}"
+                    f"{name}.{part} must have the dtype of {name}.coefficients ({dtype}), "
+                    f"got {getattr(self, part).dtype}"
                 )
         check_dtype(f"{name}.empty", self.empty, torch.bool)
         check_dtype(f"{name}.stored", self.stored, torch.int64)
         device = self.coefficients.device
-        for f in fields(self):
-            t = getattr(self, f.name)
+        for part, t in parts.items():
             if t.device != device:
                 raise ValueError(
-                    f"{name}.{f.name} is on {t.device}, {name}.coefficients on {device}: "
+                    f"{name}.{part} is on {t.device}, {name}.coefficients on {device}: "
                     "a state lives on one device"
                 )
         own = values is None
@@ -153,24 +159,22 @@ class LongTermState:
         values.require(
             self.stored >= 0, f"{name}.stored must be >= 0 (tokens fitted since the reset)"
         )
-        if records:  # the records count the row's tokens, and none is negative
-            tokens = self.places[..., 2]
-            values.require(
-                (tokens >= 0).all(-1)
-                & ((tokens.sum(-1) - self.stored.double()).abs() <= 1e-6 * (self.stored + 1)),
-                f"{name}.places must count each row's stored tokens (tokens >= 0, summing to "
-                f"{name}.stored)",
-            )
-            # each filled place's span ends (token indices) lie within the stream
-            ends, held = self.places[..., :2], (tokens > 0)[..., None]
-            last = self.stored.double()[:, None, None] * (1 + 1e-9) + 1e-6  # (runs' rounding)
-            values.require(
-                ~held | ((ends >= -1e-6) & (ends <= last)),
-                f"{name}.places must hold spans of token indices within the stream: lo and hi "
-                f"in [0, {name}.stored] for each place that holds tokens",
-            )
+        if squeeze is not None and self.records:
+            squeeze.check_records(self, name, values)
         if own:
             values.run()
+
+    def _check_records(self, squeeze, num_centers: int, name: str) -> None:
+        """The records' names, shapes and dtypes are those the squeeze gives an empty memory."""
+        wanted = squeeze.initial_records(self.batch_size, num_centers, "meta")
+        if set(self.records) != set(wanted):
+            raise ValueError(
+                f"{name}.records holds {sorted(self.records)}; squeeze {squeeze.kind!r} keeps "
+                f"{sorted(wanted)}"
+            )
+        for key, want in wanted.items():
+            check_shape(f"{name}.records[{key!r}]", self.records[key], tuple(want.shape))
+            check_dtype(f"{name}.records[{key!r}]", self.records[key], want.dtype)
 
     def select(self, rows: torch.Tensor, other: LongTermState) -> LongTermState:
         """Row-wise choice: this state where the bool mask `rows` [batch] is True, `other`
@@ -179,8 +183,14 @@ class LongTermState:
         def pick(mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
             return torch.where(rows.view(-1, *([1] * (mine.dim() - 1))), mine, theirs)
 
+        records = {k: pick(v, other.records[k]) for k, v in self.records.items()}
         return LongTermState(
-            *(pick(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+            *(
+                pick(getattr(self, f.name), getattr(other, f.name))
+                for f in fields(self)
+                if f.name != "records"
+            ),
+            records,
         )
 
     def reset(self, rows: torch.Tensor) -> LongTermState:
@@ -193,6 +203,6 @@ class LongTermState:
             observed=torch.zeros_like(self.observed),
             empty=torch.ones_like(self.empty),
             stored=torch.zeros_like(self.stored),
-            places=torch.zeros_like(self.places),
+            records={k: torch.zeros_like(v) for k, v in self.records.items()},
         )
         return cleared.select(rows, self)

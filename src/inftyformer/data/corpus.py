@@ -227,8 +227,9 @@ def load_split(
     if layout == "dataset":
         from .hf_datasets import load_hf_split
 
-        return load_hf_split(source if str(source).startswith("hf:") else root, split,
-                             tokenizer, progress)  # fmt: skip
+        return load_hf_split(
+            source if str(source).startswith("hf:") else root, split, tokenizer, progress
+        )
     if layout == "corpus":
         return load_corpus(root, split, tokenizer, progress=progress)
     files = sorted(p for p in root.glob("*.txt") if p.is_file())

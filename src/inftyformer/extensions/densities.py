@@ -141,6 +141,7 @@ class DiscreteDensity(Strategy):
 
     seam: ClassVar[str] = "density"
     discrete: ClassVar[bool] = True
+    changeable: ClassVar[tuple[str, ...]] = ("sharpness", "sink_edge")
 
     sharpness: float = 1.0  # β of p_n = softmax(β s_n + w_μ,n)
     sink_edge: float = 0.0  # the centres c_n < sink_edge are not read

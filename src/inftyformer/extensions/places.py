@@ -1,4 +1,4 @@
-"""The places of a squeeze="fill" memory (`core/memory.py`): K places on the basis centres,
+"""The places of a squeeze="fill" memory (`squeezes.FillSqueeze`): K places on the basis centres,
 one token each until the memory is full, then equal runs of the stream, and where each lies.
 
     pool_by_length   the K places after L new tokens: place k = the mean of the stream over
@@ -178,8 +178,9 @@ def rank_positions(stored: torch.Tensor, num_places: int) -> torch.Tensor:
     return k + (stored.to(torch.float64)[:, None] - num_places).clamp(min=0)
 
 
-# a place record (`LongTermState.places`, float64 [batch, K, 4]): the span of token indices
-# [lo, hi) it stands for, how many tokens, their salience (−inf once merged); tokens = 0: empty
+# a place record (`LongTermState.records["places"]`, float64 [batch, K, 4]): the span of token
+# indices [lo, hi) it stands for, how many tokens, their salience (−inf once merged); tokens = 0:
+# empty
 LO, HI, TOKENS, SALIENCE = range(4)
 
 
@@ -292,9 +293,12 @@ def pool_salient(
     # every candidate place: the units kept whole (or unmerged), then the runs; sorted by
     # position, the K first valid ones are the places
     pos = torch.cat(
-        [torch.where(kept, lo - 0.5 + (hi - lo) / 2, torch.inf),
-         torch.where(is_run, run_pos, torch.inf)], 1,
-    )  # fmt: skip
+        [
+            torch.where(kept, lo - 0.5 + (hi - lo) / 2, torch.inf),
+            torch.where(is_run, run_pos, torch.inf),
+        ],
+        1,
+    )
     pick = pos.argsort(1)[:, :K]  # [batch, K]
     valid = torch.gather(torch.isfinite(pos), 1, pick)
     cand_vals = torch.cat([units.to(torch.float64), run_vals], 1)

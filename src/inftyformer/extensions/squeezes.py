@@ -15,7 +15,7 @@ themselves. Places can be kept out of the merge, one token each: the stream's fi
 its most recent ones (`keep_last`), and the most salient tokens between them (`keep_salient`, by
 a pretrained model's surprisal, `places.salience`; `salient_before` widens a burst of surprise
 to the words just before it). With `keep_salient` the places' records (span, tokens, salience)
-are kept in the state, as they no longer follow from S alone.
+are kept in the state (`LongTermState.records["places"]`), as they no longer follow from S alone.
 """
 
 from __future__ import annotations
@@ -29,7 +29,16 @@ from .._checks import check_positive_int
 from ..core.ridge import _evaluate_signal, _fit_coefficients
 from ..core.seams import Strategy, register
 from ..core.squeeze import ResamplingSqueeze, per_row
-from .places import place_positions, pool_by_length, pool_salient, record_positions
+from .places import (
+    HI,
+    LO,
+    TOKENS,
+    initial_records,
+    place_positions,
+    pool_by_length,
+    pool_salient,
+    record_positions,
+)
 
 
 @register
@@ -59,6 +68,12 @@ class FillSqueeze(Strategy):
     even: ClassVar[bool] = True
     sticky: ClassVar[bool] = False  # the places follow the stream, not the reads
     bins: ClassVar[int] = 128  # the state's (unused) attention histogram
+    changeable: ClassVar[tuple[str, ...]] = (
+        "keep_first",
+        "keep_last",
+        "keep_salient",
+        "salient_before",
+    )
 
     keep_first: int = 0  # the stream's first tokens keep a place each, never merged
     keep_last: int = 0  # its most recent tokens keep the last places, never merged
@@ -97,9 +112,33 @@ class FillSqueeze(Strategy):
                 f"{self.keep_first}, keep_last={self.keep_last}, keep_salient={self.keep_salient}"
             )
 
-    def records(self, num_centers: int) -> int:
-        """One record per place under keep_salient, none otherwise."""
-        return num_centers if self.keep_salient else 0
+    def initial_records(self, batch: int, num_centers: int, device) -> dict[str, torch.Tensor]:
+        """Under keep_salient, "places": each place's record (`places.pool_salient`: its span
+        of token indices, how many tokens, their salience; float64 [batch, K, 4]); none
+        otherwise (the places follow from S alone)."""
+        if not self.keep_salient:
+            return {}
+        return {"places": initial_records(batch, num_centers, device)}
+
+    def check_records(self, state: Any, name: str, values: Any) -> None:
+        """The places' records count each row's stored tokens, and their spans lie within the
+        stream."""
+        places = state.records["places"]
+        tokens, stored = places[..., TOKENS], state.stored
+        values.require(
+            (tokens >= 0).all(-1)
+            & ((tokens.sum(-1) - stored.double()).abs() <= 1e-6 * (stored + 1)),
+            f"{name}.records['places'] must count each row's stored tokens (tokens >= 0, "
+            f"summing to {name}.stored)",
+        )
+        # each filled place's span ends (token indices) lie within the stream
+        ends, held = places[..., LO : HI + 1], (tokens > 0)[..., None]
+        last = stored.double()[:, None, None] * (1 + 1e-9) + 1e-6  # (runs' rounding)
+        values.require(
+            ~held | ((ends >= -1e-6) & (ends <= last)),
+            f"{name}.records['places'] must hold spans of token indices within the stream: lo "
+            f"and hi in [0, {name}.stored] for each place that holds tokens",
+        )
 
     def extent(self, stored: torch.Tensor, num_centers: int) -> torch.Tensor:
         """The signal of S = `stored` tokens holds the stream on [0, e], float64 [batch]:
@@ -111,7 +150,7 @@ class FillSqueeze(Strategy):
         """Where each place lies in the stream, float64 [batch, K] (`places.place_positions`,
         or the places' records under keep_salient)."""
         if self.keep_salient:
-            return record_positions(state.places)
+            return record_positions(state.records["places"])
         return place_positions(state.stored, num_centers, self.keep_first, self.keep_last)
 
     def fill_design(self, memory: Any, places: int, device, dtype) -> torch.Tensor:
@@ -137,13 +176,13 @@ class FillSqueeze(Strategy):
         u = memory.basis.center_grid.to(x)  # [K]
         x_old = _evaluate_signal(B_past, memory.basis, u)  # [batch, K, e]
         stored = torch.where(empty, 0, state.stored)
-        records = state.places
+        records = state.records
         if self.keep_salient:  # the places chosen by salience, their records in the state
-            records = torch.where(empty[:, None, None], 0.0, state.places)
-            V, records, places = pool_salient(
-                x_old, records, stored, x, salience, self.keep_first, self.keep_last,
-                self.keep_salient,
-            )  # [b, K, e], [b, K, 4]  # fmt: skip
+            old = torch.where(empty[:, None, None], 0.0, records["places"])  # [b, K, 4]
+            V, new, places = pool_salient(
+                x_old, old, stored, x, salience, self.keep_first, self.keep_last, self.keep_salient
+            )  # [b, K, e], [b, K, 4]
+            records = {"places": new}
         else:
             V, places = pool_by_length(x_old, stored, x, self.keep_first, self.keep_last)
         designs = per_row(

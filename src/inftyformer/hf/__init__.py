@@ -11,7 +11,7 @@
 Needs the optional extra `inftyformer[hf]` (transformers >= 5); the rest of inftyformer works
 without it. Modules: `adapters.py` (where the memory plugs into each architecture),
 `config.py`, `model.py` (the model; its hooks `hooks.py`, its memory between calls `memory.py`,
-its argument checks `validation.py`, `generation.py`, its weights' initialisation `weights.py`),
+its argument checks `validation.py`, `generation.py`, its weights' start `init_weights.py`),
 `segments.py` (the segment loop of a long input), `streaming.py` (long documents in segments),
 `convert.py` (a GGUF file to a safetensors model directory).
 """

@@ -31,7 +31,7 @@ memory, λ = 0 and the logits are the base's).
 Positions (rotary bases). By default (`memory_positions="window"`) every place is read at one
 distance, Δ = W: the query projection is R_Δ W_q, and a place's key carries no position. With
 `memory_positions="places"` (squeeze="fill"), each place keeps where its tokens lie in the stream
-(`stream_places.place_positions`: token k, or the middle of its run once places merge), and
+(`places.place_positions`: token k, or the middle of its run once places merge), and
 the read turns query and key by their own positions as the base's attention does:
 
     q = R_{i} W_q h                the head's own query at its position i in this call (the base's
@@ -44,7 +44,7 @@ token of the window, and no place sits further from a query than the base has po
 (older places share the farthest position: `read_at_places`).
 
 With `memory_positions="ranks"` each place sits at its rank instead, p_n = n + max(S − K, 0)
-(`stream_places.rank_positions`): the K places read as if they were the last K tokens before
+(`places.rank_positions`): the K places read as if they were the last K tokens before
 the window. While every place holds one token this is "places"; once places merge, neighbouring
 places stay one position apart, so a key kept whole keeps its tokens in order one position
 apart however far back it lies, and no place is ever further than K tokens before the window

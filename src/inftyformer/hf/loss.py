@@ -19,7 +19,7 @@ the values equal `token_losses` of the full logits to round-off (`tests/hf/test_
 pre-hook that acts only inside `with HeadInputs(head)` on the same thread, like the adapter's
 hooks) and, with `skip=True`, hands the head zero positions instead, so that the Hugging Face
 model computes no logits: the caller computes what it needs from the recorded input
-(`hf.lm.PretrainedMemoryLM` gives them on first use).
+(`hf.pretrained_lm.PretrainedMemoryLM` gives them on first use).
 """
 
 from __future__ import annotations

@@ -196,7 +196,7 @@ def written(
     this call read. A call continuing a cache (`past` > 0, generation) writes nothing: its
     memory is the one it read, nothing waiting.
     `surprisal` [batch, T] of this call's tokens (keep_salient): their salience
-    (`stream_places.salience`, over the window's surprisal before them, then theirs) goes into
+    (`places.salience`, over the window's surprisal before them, then theirs) goes into
     the window with them, and the salience of the tokens that leave the window waits beside
     them for the long-term memory."""
     salience = None
@@ -229,10 +229,12 @@ def written(
             waiting = ShortTermState(*pack(call.normed[i].detach(), leaving))
         layers.append(LayerState(short_term=waiting, long_term=lt.detach()))
     c = inputs.context  # the reads of the window's tokens come first: the call's after them
-    per_token = torch.stack([
-        token_kl(r.sigma_sq[..., c:], layer.attention.config.sigma_0, ~lt.empty)
-        for r, layer, lt in zip(call.reads, model.long_term, long_term, strict=True)
-    ]).mean(0)  # [batch, T]  # fmt: skip
+    per_token = torch.stack(
+        [
+            token_kl(r.sigma_sq[..., c:], layer.attention.config.sigma_0, ~lt.empty)
+            for r, layer, lt in zip(call.reads, model.long_term, long_term, strict=True)
+        ]
+    ).mean(0)  # [batch, T]
     zeros = per_token.new_zeros(())
     for zero in unused:
         zeros = zeros + zero

@@ -50,10 +50,14 @@ PREFIX = "base."  # where the base's tensors sit in InftyformerForCausalLM's sta
 # the files of a whole model's save (Hugging Face's names, shards and indexes included)
 MEMORY_BLOCKS = "memory_blocks.json"  # a whole save's record of where its memories sit
 WHOLE_WEIGHTS = (
-    "model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors",
-    "pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*-of-*.bin",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "model-*-of-*.safetensors",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "pytorch_model-*-of-*.bin",
     MEMORY_BLOCKS,
-)  # fmt: skip
+)
 ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)  # the marker first
 
 

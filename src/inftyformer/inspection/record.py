@@ -65,8 +65,9 @@ def record_stream(model: MemoryLM, tokens: torch.Tensor, progress: bool = False)
     layers = [LayerRecord() for _ in range(c.n_layers)]
     try:
         state = model.init_state(batch)
-        starts = show_progress(range(0, total, C), desc="streaming", unit=" segments",
-                               enabled=progress)  # fmt: skip
+        starts = show_progress(
+            range(0, total, C), desc="streaming", unit=" segments", enabled=progress
+        )
         for call, start in enumerate(starts):
             out = model(tokens[:, start : start + C], state=state, return_trace=True)
             state = out.state

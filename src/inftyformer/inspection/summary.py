@@ -161,8 +161,9 @@ def inspect_stream(
         compressed=list(none),
         pooled_reference=list(none),
     )
-    layers = show_progress(list(enumerate(model.blocks)), desc="measuring", unit=" layers",
-                           enabled=progress)  # fmt: skip
+    layers = show_progress(
+        list(enumerate(model.blocks)), desc="measuring", unit=" layers", enabled=progress
+    )
     for i, block in layers:
         rec = record.layers[i]
         if block.long_term_memory is not None:

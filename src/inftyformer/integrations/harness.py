@@ -18,7 +18,8 @@ printed command sets it to the id the library puts there (the tokenizer's `<|end
 else its end-of-sequence token), and `max_length` above any document's length, so that each
 document reaches the model in one call, which streams it through the memory segment by segment
 (`segments.py`); the summed log-likelihood is then the library's. With a smaller max_length,
-lm_eval cuts documents into windows of that many tokens and the memory starts empty in each.
+lm_eval cuts documents into rolling windows (its term: pieces of that many tokens) and the
+memory starts empty in each.
 """
 
 from __future__ import annotations
@@ -160,10 +161,20 @@ def command(model_dir: str | Path, task_dir: str | Path, name: str = TASK) -> li
     """The `lm_eval` command line that evaluates `model_dir` on the task in `task_dir`."""
     check_task_name(name)
     return [
-        "lm_eval", "--model", "hf", "--model_args", model_args(model_dir),
-        "--include_path", str(task_dir), "--tasks", name, "--batch_size", "1",
-        "--device", "cpu",
-    ]  # fmt: skip
+        "lm_eval",
+        "--model",
+        "hf",
+        "--model_args",
+        model_args(model_dir),
+        "--include_path",
+        str(task_dir),
+        "--tasks",
+        name,
+        "--batch_size",
+        "1",
+        "--device",
+        "cpu",
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -14,18 +14,6 @@ from typing import Any, ClassVar
 from .. import extensions  # noqa: F401  (registers our strategies: their settings are names here)
 from .._checks import check_range
 from ..core.config import DERIVED_SETTINGS, LongTermConfig
-from ..core.squeeze import FixedSqueeze
-from ..extensions.densities import NormalizedDensity
-
-# the pretrained model's memory by default: the paper's GPT-2 memory (§4.2: N = 512, widths
-# {0.005, 0.01}, λ = 0.5, τ = 0.5, M = 512) with standardised scores (`NormalizedDensity`)
-PRETRAINED_LONG_TERM = LongTermConfig(
-    num_basis=512,
-    widths=(0.005, 0.01),
-    ridge_lambda=0.5,
-    density=NormalizedDensity(),
-    squeeze=FixedSqueeze(tau=0.5, num_samples=512),
-)
 
 
 class WithLongTerm:
@@ -120,53 +108,4 @@ def takes_long_term_settings(cls: type) -> type:
     return cls
 
 
-# how a pretrained model's block uses its read (`inftyformer.hf`): added to the attention output
-# (the paper's), or merged into the base's own heads by attention mass (`hf/head_read.py`)
-MEMORY_READS = ("added", "heads")
-# where a pretrained model's heads read puts the memory's places (`hf/head_read.py`): every
-# place just beyond the window, each at its own stream position, or each at its rank (the
-# places as the last tokens before the window; rotary bases)
-MEMORY_POSITIONS = ("window", "places", "ranks")
-
-
-def check_memory_read(memory_read: object, memory: LongTermConfig) -> None:
-    """`memory_read` of a pretrained model's memory: one of MEMORY_READS; "heads" reads with a
-    density that reads places ("content" or "mixture")."""
-    if memory_read not in MEMORY_READS:
-        raise ValueError(f"memory_read must be one of {MEMORY_READS}, got {memory_read!r}")
-    if memory_read == "heads" and not memory.density.discrete:
-        raise ValueError(
-            "memory_read='heads' reads with a density that reads places: set density='mixture' "
-            f"or 'content' (got {memory.density.kind!r})"
-        )
-
-
-def check_memory_positions(
-    memory_positions: object, memory_read: object, memory: LongTermConfig
-) -> None:
-    """`memory_positions` of a pretrained model's memory: one of MEMORY_POSITIONS; "places" and
-    "ranks" read with the base's heads (memory_read="heads") a memory whose places know where
-    their tokens lie (squeeze="fill"). Whether the base has rotary positions is the model's
-    check."""
-    if memory_positions not in MEMORY_POSITIONS:
-        raise ValueError(
-            f"memory_positions must be one of {MEMORY_POSITIONS}, got {memory_positions!r}"
-        )
-    if memory_positions != "window" and (memory_read != "heads" or not memory.squeeze.ordered):
-        raise ValueError(
-            f"memory_positions={memory_positions!r} needs memory_read='heads' and "
-            "squeeze='fill' (places "
-            f"that know where their tokens lie), got memory_read={memory_read!r}, "
-            f"squeeze={memory.squeeze.kind!r}"
-        )
-
-
-__all__ = [
-    "MEMORY_POSITIONS",
-    "MEMORY_READS",
-    "PRETRAINED_LONG_TERM",
-    "WithLongTerm",
-    "check_memory_positions",
-    "check_memory_read",
-    "takes_long_term_settings",
-]
+__all__ = ["WithLongTerm", "takes_long_term_settings"]

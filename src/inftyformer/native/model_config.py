@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._checks import check_positive_int, check_range
-from ..core.config import CHANGEABLE_SETTINGS, DERIVED_SETTINGS, LongTermConfig
+from ..core.config import DERIVED_SETTINGS, LongTermConfig
+from ..core.config import changeable_settings as long_term_changeable
 from ..core.squeeze import FixedSqueeze
 from ..extensions.densities import NormalizedDensity
 from ..presets import preset_settings
@@ -26,16 +27,16 @@ from .memory_settings import WithLongTerm, takes_long_term_settings
 MODEL_TYPES = ("transformer", "xl", "compressive", "infty")
 
 # Fields a trained model may change without touching its weights' shapes: how much memory is kept
-# and how it is updated (and dropout). Everything else (sizes, vocabulary, N, widths, the model
-# type) is fixed by the weights. `segment_len` only bounds the tokens per call.
-MEMORY_SETTINGS = (
-    "segment_len",
-    "mem_len",
-    "compressed_len",
-    *CHANGEABLE_SETTINGS,  # the long-term memory's
-    "dropout",
-    "attention_dropout",
-)
+# and how it is updated (and dropout), beside the long-term memory's (`changeable_settings`).
+# Everything else (sizes, vocabulary, N, widths, the model type) is fixed by the weights.
+# `segment_len` only bounds the tokens per call.
+MEMORY_SETTINGS = ("segment_len", "mem_len", "compressed_len", "dropout", "attention_dropout")
+
+
+def changeable_settings() -> tuple[str, ...]:
+    """Every setting a trained native model may change: `MEMORY_SETTINGS` and the long-term
+    memory's (`core.config.changeable_settings`: the paper's and its strategies')."""
+    return (*MEMORY_SETTINGS[:3], *long_term_changeable(), *MEMORY_SETTINGS[3:])
 
 
 # the native model's long-term memory by default: cpu-small's N = M = 128, standardised scores
@@ -165,15 +166,16 @@ class ModelConfig(WithLongTerm):
 
     def with_memory_settings(self, overrides: dict[str, Any] | None = None) -> ModelConfig:
         """This config with other memory settings for evaluation (e.g. ``mem_len=512``): only
-        the fields in :data:`MEMORY_SETTINGS` may change, since they leave every weight's shape
+        the fields in `changeable_settings()` may change, since they leave every weight's shape
         alone; anything else raises ValueError naming it. A "transformer" keeps mem_len = 0."""
         if not overrides:
             return self
-        bad = sorted(set(overrides) - set(MEMORY_SETTINGS))
+        allowed = changeable_settings()
+        bad = sorted(set(overrides) - set(allowed))
         if bad:
             raise ValueError(
                 f"cannot change {', '.join(bad)} of a trained model (it changes the weights or "
-                f"the model); allowed: {', '.join(MEMORY_SETTINGS)}"
+                f"the model); allowed: {', '.join(allowed)}"
             )
         if self.model_type == "transformer" and overrides.get("mem_len", 0) != 0:
             raise ValueError("a 'transformer' model has no short-term memory: mem_len must stay 0")
@@ -193,4 +195,10 @@ class ModelConfig(WithLongTerm):
         return cls(**values)
 
 
-__all__ = ["MEMORY_SETTINGS", "MODEL_TYPES", "NATIVE_LONG_TERM", "ModelConfig"]
+__all__ = [
+    "MEMORY_SETTINGS",
+    "MODEL_TYPES",
+    "NATIVE_LONG_TERM",
+    "ModelConfig",
+    "changeable_settings",
+]

@@ -43,7 +43,7 @@ class ShortTermState(RaggedState):
 
 
 class ShortTermMemory(nn.Module):
-    """No parameters: decides what leaves the window and appends the new inputs."""
+    """No parameters: decides what leaves the short-term memory and appends the new inputs."""
 
     def __init__(self, mem_len: int, block_len: int, unit: int = 1) -> None:
         super().__init__()

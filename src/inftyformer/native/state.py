@@ -44,7 +44,11 @@ class StateChecker(Protocol):
 
 
 STATE_FORMAT = "inftyformer.MemoryState"
-STATE_VERSION = 2  # 2: the sticky counter `observed` moved into the long-term state
+# 2: the sticky counter `observed` moved into the long-term state; 3: a squeeze's own records
+# as `long_term.records.NAME` (the fill squeeze's were `long_term.places`, kept even when empty)
+STATE_VERSION = 3
+# the tensors of versions 1 and 2 that load under other names (`LayerState.from_tensors`)
+LEGACY_TENSORS = ("observed", "long_term.places")
 
 
 @dataclass
@@ -52,7 +56,7 @@ class TokenWindow:
     """tokens [batch, W] int64, right-aligned; length [batch]: how many are valid per row (0
     after a reset). The text a pretrained model recomputes as context before its next call.
     surprisal, salience [batch, W] float64 (keep_salient; zeros otherwise): −log p of each
-    token when it was read, and its salience then (`stream_places.salience`, over the surprisal
+    token when it was read, and its salience then (`places.salience`, over the surprisal
     of the tokens before it, which the window holds): what the next call's salience is computed
     from, and what the tokens leaving the window carry into the long-term memory."""
 
@@ -188,6 +192,9 @@ class LayerState:
         short, comp, long = group("short_term."), group("compressed."), group("long_term.")
         if long and "observed" in tensors:  # version 1 kept the sticky counter beside long_term
             long.setdefault("observed", tensors["observed"])
+        places = long.pop("places", None)  # versions 1–2: the fill squeeze's place records
+        if places is not None and places.shape[1]:  # (a squeeze without records: [batch, 0, 4])
+            long.setdefault("records.places", places)
         if not short:
             raise ValueError("layer state has no short_term tensors")
         return cls(
@@ -254,9 +261,12 @@ class MemoryState:
 
     def detach(self) -> MemoryState:
         return MemoryState(
-            tuple(layer.detach() for layer in self.layers), self.window, self.source,
-            self.salience, self.memory,
-        )  # fmt: skip
+            tuple(layer.detach() for layer in self.layers),
+            self.window,
+            self.source,
+            self.salience,
+            self.memory,
+        )
 
     def to(self, device: torch.device | str) -> MemoryState:
         window = None if self.window is None else self.window.to(device)
@@ -311,9 +321,12 @@ class MemoryState:
                 check_tensor(f"{name}.{part}.memory", ragged.memory, 3)
                 dims.add(ragged.memory.shape[-1])
                 ragged.check(
-                    f"{name}.{part}", batch, ragged.memory.shape[-1], ragged.memory.shape[1],
+                    f"{name}.{part}",
+                    batch,
+                    ragged.memory.shape[-1],
+                    ragged.memory.shape[1],
                     values=values,
-                )  # fmt: skip
+                )
             if layer.long_term is not None:
                 lt = layer.long_term
                 check_tensor(f"{name}.long_term.coefficients", lt.coefficients, 3)
@@ -335,11 +348,11 @@ class MemoryState:
             "window.surprisal",
             "window.salience",
             "salience",
-        )  # float64 records, whatever the memory's
+        )  # float64 records, whatever the memory's (and a squeeze's records, as it keeps them)
         floats = {
             t.dtype
             for k, t in self.tensors().items()
-            if t.is_floating_point() and k not in float64 and not k.endswith("long_term.places")
+            if t.is_floating_point() and k not in float64 and ".long_term.records." not in k
         }
         if len(floats) > 1:
             raise TypeError(f"the state mixes floating dtypes {sorted(map(str, floats))}")
@@ -442,7 +455,7 @@ def load_state(
         raise ValueError(f"{path}: the state's metadata is not valid JSON ({err})") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: the state's metadata must be a JSON object, got {raw[:60]!r}")
-    if meta.get("format") != STATE_FORMAT or meta.get("version") not in (1, STATE_VERSION):
+    if meta.get("format") != STATE_FORMAT or meta.get("version") not in (1, 2, STATE_VERSION):
         raise ValueError(
             f"{path}: unsupported state format {meta.get('format')!r} "
             f"version {meta.get('version')!r}"
@@ -462,8 +475,9 @@ def load_state(
             raise ValueError(f"the state's metadata has a memory that is not an object: {memory!r}")
         state = MemoryState.from_tensors(tensors, meta["num_layers"], source, memory)
         expected = set(state.tensors())
-        unexpected = sorted(set(tensors) - expected - {f"layers.{i}.observed" for i in range(
-            meta["num_layers"])})  # fmt: skip
+        legacy = {f"layers.{i}.{k}" for i in range(meta["num_layers"]) for k in LEGACY_TENSORS}
+        legacy = legacy if meta["version"] < STATE_VERSION else set()
+        unexpected = sorted(set(tensors) - expected - legacy)
         if unexpected:
             raise ValueError(f"unexpected tensors {unexpected[:5]}")
         state.check_layout(meta["batch_size"])

@@ -50,7 +50,8 @@ def block_phase(model: nn.Module, state: MemoryState | None) -> int | None:
         return 0
     c = model.config
     if c.has_compressive and c.segment_len % c.compression_rate:
-        return None  # states leave in multiples of c, not of C: the window start drifts
+        # states leave in multiples of c, not of C: the short-term memory's start drifts
+        return None
     phase = state.layers[0].short_term.length % c.segment_len  # [batch]
     if not bool((phase == phase[0]).all()):
         return None

@@ -4,7 +4,7 @@ Speakers. The speaker who writes the reply is always the one the model speaks fo
 
 - a tokenizer with a chat template (a Hugging Face model directory with ``chat_template.jinja``
   or a ``chat_template`` in ``tokenizer_config.json``, e.g. SmolLM2's ChatML): the reply's
-  speaker is ``assistant``, the other ``user``; the window opens with a system message holding
+  speaker is ``assistant``, the other ``user``; the call opens with a system message holding
   ``instruction``; the end of a turn is the tokenizer's ``eos_token`` (``<|im_end|>``);
 - otherwise (GPT-2 BPE, bytes): every turn is ``"A: text"`` (the other speaker) or ``"B: text"``
   (the reply's speaker) followed by the end-of-text id, which ends a turn.

@@ -17,7 +17,8 @@ one example, as the authors scored them).
 
 Speakers: :mod:`inftyformer.tasks.chat` (a chat template, or speaker marks).
 
-The window and where the document goes (``placement``): :mod:`inftyformer.tasks.dialogue_examples`.
+The reply's call and where the document goes (``placement``):
+:mod:`inftyformer.tasks.dialogue_examples`.
 
 ``other_document`` (a control) gives each conversation the document of another movie (the next
 document id, cyclically) instead of its own.
@@ -26,7 +27,7 @@ Batches. All conversations are about 30 documents, so a training batch is drawn 
 document: one example of the training set drawn uniformly (the step's rng), then the batch's other
 rows from the examples about the same document (sections: the same section). The document then
 streams through the model once per step, at batch 1 (micro-batches of a step reuse it: the weights
-do not change within a step), and its memory is repeated for the rows; the windows
+do not change within a step), and its memory is repeated for the rows; the calls
 of different lengths are right-padded (the pad is never attended to by real tokens, and its
 targets are −100). A batch is a pure function of (seed, step): resuming needs no data cursor.
 
@@ -138,8 +139,11 @@ class DialogueTask(Task):
     def describe(self, metrics: dict[str, float]) -> str:
         """'ppl 24.31', and the reply scores when replies were generated."""
         text = super().describe(metrics)
-        scores = [f"{name} {metrics[name]:.2f}" for name in ("f1", "rougeL", "meteor", "bleu")
-                  if name in metrics]  # fmt: skip
+        scores = [
+            f"{name} {metrics[name]:.2f}"
+            for name in ("f1", "rougeL", "meteor", "bleu")
+            if name in metrics
+        ]
         return ", ".join([text, *scores])
 
     def __init__(self, config: DialogueConfig, model_config: Any, context: RunContext) -> None:
@@ -241,8 +245,16 @@ class DialogueTask(Task):
         """Lay `example` out for the model (`dialogue_examples.lay_out`)."""
         c = self.config
         document, memory = self._document(example)
-        return lay_out(example, self.format, document, memory, self.model_config.segment_len,
-                       c.max_context, c.max_reply, c.placement)  # fmt: skip
+        return lay_out(
+            example,
+            self.format,
+            document,
+            memory,
+            self.model_config.segment_len,
+            c.max_context,
+            c.max_reply,
+            c.placement,
+        )
 
     # ------------------------------------------------------------------ training
     def batch(self, step: int) -> DialogueBatch:

@@ -1,6 +1,6 @@
 """The dialogue task's settings (`DialogueConfig`) and their checks: what the document is
-(grounding), where it goes (placement), speakers, the window, evaluation and sampling. The task
-(`dialogue.py`, whose docstring says what each setting does) reads them."""
+(grounding), where it goes (placement), speakers, the reply's call, evaluation and sampling.
+The task (`dialogue.py`, whose docstring says what each setting does) reads them."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ class DialogueConfig(TaskConfig):
     instruction: str | None = None  # system message (chat); None: DEFAULT_INSTRUCTION (chat)
     min_history: int = 3  # earlier turns an example needs (3: from the fourth utterance)
     merge_turns: bool = False  # join consecutive turns of one speaker
-    max_context: int = 256  # history tokens kept in the window
-    max_reply: int = 64  # reply tokens (end of turn included) scored; room kept in the window
+    max_context: int = 256  # history tokens kept in the reply's call
+    max_reply: int = 64  # reply tokens (end of turn included) scored; room kept in the call
     eval_examples: int | None = 64  # fixed subset of the evaluation split; None: all
     generate: bool = True  # evaluation generates replies (else teacher forcing only)
     top_p: float = 0.9  # nucleus sampling: the smallest set of tokens with this mass
@@ -67,7 +67,7 @@ class DialogueConfig(TaskConfig):
         if self.max_new_tokens > self.max_reply:
             raise ValueError(
                 f"max_new_tokens ({self.max_new_tokens}) must be <= max_reply "
-                f"({self.max_reply}), the room the window keeps for the reply"
+                f"({self.max_reply}), the room the call keeps for the reply"
             )
 
 

@@ -1,8 +1,9 @@
 """The dialogue task's examples as the model sees them, and its replies: an example laid out as
-one window, padded batches, the document's memory and a reply generated from it
+one call, padded batches, the document's memory and a reply generated from it
 (`tasks.dialogue`).
 
-The window (one call of at most ``segment_len`` tokens)::
+The call (one, of at most ``segment_len`` tokens; a pretrained model's `window` of earlier
+tokens is the document's, when it is streamed first)::
 
     [prefix] [history: whole turns, newest kept, <= max_context tokens] [reply prompt] [reply] [eot]
 
@@ -14,13 +15,13 @@ same whether its reply is scored (teacher forcing) or generated. ``placement`` p
 - ``"memory"``: into the long-term memory first: the document (a system message ``Document:
   ...`` in the chat format, ``Document: ...`` + end-of-text otherwise) is streamed through the
   model in segments of ``segment_len`` (no gradient: the memory is detached between calls
-  anyway; the last segment waits and enters the memory at the start of the window's call, inside
-  its graph, so the CNN gate learns), then the window, whose prefix is the instruction's system
+  anyway; the last segment waits and enters the memory at the start of the reply's call, inside
+  its graph, so the CNN gate learns), then the call, whose prefix is the instruction's system
   message (chat) or nothing;
-- ``"context"``: into the window, as much of it as fits: the prefix is a system message holding
+- ``"context"``: into the call, as much of it as fits: the prefix is a system message holding
   the instruction and then ``Document:`` with the document's first tokens, cut so that prefix +
   history + reply room = ``segment_len``;
-- ``"none"``: nowhere (the window as for "memory", with an empty memory).
+- ``"none"``: nowhere (the call as for "memory", with an empty memory).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ SECTION_SEPARATOR = "\n\n"
 class EncodedExample:
     """One example laid out for the model (module docstring).
 
-    tokens      the window: prefix, history, reply prompt, reply, end of turn
+    tokens      the call: prefix, history, reply prompt, reply, end of turn
     prompt_len  tokens[:prompt_len] is what generation continues (the reply starts there)
     memory      the document's tokens for the long-term memory (empty unless placement memory)
     """
@@ -87,7 +88,7 @@ def lay_out(
     max_reply: int,
     placement: str,
 ) -> EncodedExample:
-    """`example` as one window (module docstring): `document` the document's tokens for the
+    """`example` as one call (module docstring): `document` the document's tokens for the
     context, `memory` those streamed into the memory first."""
     reply = example.reply
     history = [

@@ -2,7 +2,7 @@
 for training a memory on natural text, and the pass-key test on held-out books.
 
 Plain language-model loss on books gives a memory little reason to retrieve anything precise;
-this task asks for it. Each example is a window of a real book with one fact written into it,
+this task asks for it. Each example is a passage of a real book with one fact written into it,
 d tokens before a question about it; the answer's tokens are scored::
 
     [book text … | FACT | book text … | QUESTION | ANSWER]
@@ -16,7 +16,7 @@ d tokens before a question about it; the answer's tokens are scored::
 Evaluation facts differ from training ones in wording and key format (five digits are never
 trained), and come from other books (the corpus's valid/test splits), so a model that scores on
 them retrieves rather than remembers. Each batch draws one distance d from ``distance`` (all rows
-share it, so their blocks line up); every row draws its book window, wording and key. The stream
+share it, so their blocks line up); every row draws its book passage, wording and key. The stream
 is a whole number of segments of C = ``segment_len`` and the answer ends the last one: every
 segment but the last streams into the memory without gradients (as in sorting and recall,
 `streamed.py`), the last is scored, so the answer and the token before it must fit in one
@@ -195,7 +195,7 @@ class FactsDataset:
         answer = np.full((self.batch_size, S), IGNORE_INDEX, dtype=np.int64)
         key_at = np.empty(self.batch_size, dtype=np.int64)
         for row, f in enumerate(facts):
-            text = self.book_text(rng, S)  # one window of a book, cut where the parts go
+            text = self.book_text(rng, S)  # one passage of a book, cut where the parts go
             lead = S - len(f.statement) - d - len(f.answer)
             after = d - len(f.question)
             parts = [text[:lead], f.statement, text[lead : lead + after], f.question, f.answer]
@@ -243,7 +243,7 @@ def read_targets(
     key_at: torch.Tensor, length: int, segment_len: int, window: int, tau: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Where each row's key lies in the long-term memory when the last block of a stream of
-    `length` tokens is read (blocks of C = `segment_len`, a short-term window of 0 or C tokens,
+    `length` tokens is read (blocks of C = `segment_len`, a window of 0 or C tokens,
     no sticky sampling), float64 [B], and whether it is there at all (not still in the window
     or the block) [B] bool. The memory then holds blocks 0 … n − 2 − W/C, block b fitted after
     b other fits."""
@@ -291,13 +291,20 @@ class FactsTask(LastBlockTask):
     def dataset(self, split: str) -> FactsDataset:
         if split not in self._datasets:
             books = load_split(
-                training_source(self.config.data_dir), check_split(split), self.tokenizer,
+                training_source(self.config.data_dir),
+                check_split(split),
+                self.tokenizer,
                 self.context.progress,
-            )  # fmt: skip
+            )
             self._datasets[split] = FactsDataset(
-                self.config, self.tokenizer, books, self.context.batch_size,
-                self.model_config.segment_len, split, self.context.seed,
-            )  # fmt: skip
+                self.config,
+                self.tokenizer,
+                books,
+                self.context.batch_size,
+                self.model_config.segment_len,
+                split,
+                self.context.seed,
+            )
         return self._datasets[split]
 
     @classmethod

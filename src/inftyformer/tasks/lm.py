@@ -216,7 +216,8 @@ class LanguageModelTask(Task):
         if out.state is not None:  # a model without memory carries nothing
             self._next_memory[part] = out.state.detach()
         # the NLL the model computed (0 where ignored): no second pass over the logits, which a
-        # pretrained model with a frozen head does not even make unless asked (`hf.lm`)
+        # pretrained model with a frozen head does not even make unless asked
+        # (`hf/pretrained_lm.py`)
         nll = out.token_loss.detach().sum()
         sums = {"nll": float(nll), "count": float((targets != IGNORE_INDEX).sum())}
         sums["tokens"] = float(inputs.numel())
@@ -245,9 +246,11 @@ class LanguageModelTask(Task):
             for part, state in self._memory.items()
         }
         return {
-            "step": self._step, "stream": self._cursor, "parts": sorted(self._memory),
+            "step": self._step,
+            "stream": self._cursor,
+            "parts": sorted(self._memory),
             "records": records,
-        }  # fmt: skip
+        }
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {

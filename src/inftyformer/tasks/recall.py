@@ -4,7 +4,8 @@ How far back can a model retrieve something? A few key→value pairs open the st
 tokens, then the keys again (in a random order) as queries: the model must answer each query with
 the value that followed that key. This is the multi-query associative-recall labelling of the MQAR
 benchmark (Arora et al. 2023, "Zoology"), with the distance G as the variable: sweep G past a
-model's short-term window and its accuracy shows how far its memory reaches.
+model's short-term memory (a pretrained model's window) and its accuracy shows how far its
+memory reaches.
 
 Vocabulary (K keys, V values, F fillers; disjoint ranges)::
 

@@ -80,8 +80,12 @@ class LastBlockTask(Task):
         model.eval()
         total: dict[str, float] = {}
         try:
-            batches = show_progress(range(num_batches), desc=f"evaluating {split}",
-                                    enabled=self.context.progress, leave=False)  # fmt: skip
+            batches = show_progress(
+                range(num_batches),
+                desc=f"evaluating {split}",
+                enabled=self.context.progress,
+                leave=False,
+            )
             for index in batches:
                 inputs, targets = self.eval_batch(split, index)
                 rows = shard.rows(inputs.shape[0])

@@ -184,13 +184,18 @@ class RunDirectory:
                 + " (these fix the weights; start a new run to change them)"
             )
         changes = {
-            **{f"train.{k}": v for k, v in changed(
-                meta.get("train_config", {}), self.cfg.to_dict(), RUN_SETTINGS).items()},
-            **{f"task.{k}": v for k, v in changed(
-                meta.get("task_config", {}), self.task_cfg.to_dict()).items()},
-            **{f"model.{k}": v for k, v in changed(
-                saved_model, model_now, changeable).items()},
-        }  # fmt: skip
+            **{
+                f"train.{k}": v
+                for k, v in changed(
+                    meta.get("train_config", {}), self.cfg.to_dict(), RUN_SETTINGS
+                ).items()
+            },
+            **{
+                f"task.{k}": v
+                for k, v in changed(meta.get("task_config", {}), self.task_cfg.to_dict()).items()
+            },
+            **{f"model.{k}": v for k, v in changed(saved_model, model_now, changeable).items()},
+        }
         history = meta.get("history", [])
         self.history = list(history) if isinstance(history, list) else []
         if not changes:

@@ -6,7 +6,7 @@ evaluation mode), optionally with other memory settings (`ModelConfig.with_memor
 a longer short-term memory at evaluation), and `SavedRun.task` builds the task, optionally with
 other task settings (e.g. another data directory). A run whose pretrained base moved is pointed
 at its new folder with `base_model` (its weights are checked when the checkpoint refers to a
-frozen base instead of holding it, `weights.py`).
+frozen base instead of holding it, `checkpoint_weights.py`).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def read_configs(
     path: str | Path, base_model: str | None = None
 ) -> tuple[TrainConfig, TaskConfig, Any]:
     """(train, task, model) settings stored in a checkpoint (a run directory reads `last`),
-    with the pretrained base in folder `base_model` if given (see `weights.relocate`)."""
+    with the pretrained base in folder `base_model` if given (see `checkpoint_weights.relocate`)."""
     return _configs(load_checkpoint(_default_name(path, "last")), base_model)
 
 

@@ -137,7 +137,8 @@ class Trainer(RunDirectory, RunState, TrainStep, Evaluation):
         train_cfg, task_cfg, model_cfg = self.cfg, self.task_cfg, self.model_cfg
         task_cls = get_task(train_cfg.task)
         checkpoint = self._open_run_dir(resume, overwrite, allow_changes)
-        # with a frozen base, checkpoints hold what trains and refer to the base (weights.py)
+        # with a frozen base, checkpoints hold what trains and refer to the base
+        # (checkpoint_weights.py)
         self.base_reference = base_reference(model_cfg)
         self.base_config = base_config(model_cfg)  # what the base's config.json computes
 
