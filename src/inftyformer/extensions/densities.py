@@ -92,8 +92,12 @@ class NormalizedDensity(Strategy):
             B32 = at_least_float32(B)
             N = B32.shape[1]
             w = torch.cat([attention.mu_head.weight, attention.sigma_head.weight])  # [2, N]
-            centred = B32 - B32.mean(dim=1, keepdim=True)
-            K_t = _times_transposed(attention.key.weight, centred).view(batch, H, d, N)  # K̃ᵀ
+            # K̃ = (B − mean B) W^K  [b, N, e], split into heads [b, H, N, d]: formed as the
+            # key projection's own product (formed transposed, K̃ᵀ = W^K (B − mean B)ᵀ, its
+            # gradient through the Gram matrix came out 4e-4 off (relative) between two float32
+            # orders of the same loss, tests/hf/test_hf_loss.py)
+            K = attention.key(B32 - B32.mean(dim=1, keepdim=True))
+            K_t = K.view(batch, N, H, d).permute(0, 2, 3, 1)  # K̃ᵀ per head  [b, H, d, N]
             # the folded heads K̃ᵀ [w_μ, w_σ] / √d and, in one product, mean_N (s − mean s)² =
             # qᵀ (K̃ᵀ K̃ / (N d)) q: [b, H, d, 2 + d]
             keys = torch.cat(
