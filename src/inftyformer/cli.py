@@ -203,10 +203,10 @@ def train(
 @app.command()
 @user_errors()
 def evaluate(
-    checkpoint: Path = typer.Argument(  # noqa: B008
-        ...,
+    checkpoint: Path | None = typer.Argument(  # noqa: B008
+        None,
         help="A checkpoint: RUN_DIR (its best, else last), RUN_DIR/best.safetensors, "
-        "RUN_DIR/last.json, ...",
+        "RUN_DIR/last.json, ...; none: --base-model DIR reads --data-dir by a retrieval preset.",
     ),
     split: str = typer.Option("test", help="Split to evaluate: train, valid or test."),
     batches: int | None = typer.Option(

@@ -91,3 +91,35 @@ def test_the_command_line_generates_with_the_retrieval_and_refuses_to_train_it(f
                                  "retrieval", "--out-dir", str(tmp_path / "run")])  # fmt: skip
     assert result.exit_code != 0 and "training-free" in result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_evaluate_scores_text_read_by_the_retrieval_as_the_base_does_within_its_window(
+    folder, tmp_path
+):
+    """`inftyformer evaluate --base-model DIR --data-dir TEXT`: each document after the
+    end-of-text token, every token scored once; while the default preset's window holds a
+    document, the loss is the base's own on the whole document."""
+    import json
+    import math
+
+    from inftyformer.data.tokenizer import BPETokenizer
+
+    texts = ["the memory of a long book, said the signal. " * 12, "a short one. " * 9]
+    for i, text in enumerate(texts):
+        (tmp_path / f"doc{i}.txt").write_text(text)
+    out = tmp_path / "scores.json"
+    result = CliRunner().invoke(app, ["evaluate", "--base-model", str(folder), "--data-dir",
+                                      str(tmp_path), "--json", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(out.read_text())["metrics"]
+    tokenizer, base, nll, count = BPETokenizer.from_directory(folder), base_of(folder), 0.0, 0
+    for text in texts:
+        ids = torch.tensor([[tokenizer.eos_id, *tokenizer.encode(text)]])
+        with torch.no_grad():
+            logits = base(ids).logits[:, :-1]
+        nll += float(torch.nn.functional.cross_entropy(logits[0], ids[0, 1:], reduction="sum"))
+        count += ids.shape[1] - 1
+    assert metrics["tokens"] == count and metrics["documents"] == 2
+    assert math.isclose(metrics["loss"], nll / count, rel_tol=1e-4)
+    bad = CliRunner().invoke(app, ["evaluate", "--base-model", str(folder)])
+    assert bad.exit_code != 0 and "--data-dir TEXT" in bad.output

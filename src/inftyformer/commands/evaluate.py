@@ -10,12 +10,11 @@ from pathlib import Path
 import typer
 
 from .._files import write_atomic
-from ..configure import split_settings, task_settings
 from ..errors import CommandError, check_output_file, os_message
 
 
 def run_evaluate(
-    checkpoint: Path,
+    checkpoint: Path | None,
     split: str,
     batches: int | None,
     device: str,
@@ -31,6 +30,15 @@ def run_evaluate(
     preset: str | None = None,
 ) -> None:
     """Evaluate `checkpoint` (see `inftyformer evaluate --help`); `progress`: show a bar."""
+    if checkpoint is None:  # no trained run: the base reads its own past (training-free)
+        if base_model is None or data_dir is None or settings:
+            raise ValueError(
+                "give a checkpoint, or --base-model DIR and --data-dir TEXT to score the text "
+                "with the base reading its own past by a retrieval --preset (no --set)"
+            )
+        return evaluate_by_retrieval(base_model, preset, data_dir, split, max_docs, max_tokens,
+                                     json_out, progress)  # fmt: skip
+    from ..configure import split_settings, task_settings
     from ..training import evaluate_run, read_configs
     from ..training.config import parse_overrides
 
@@ -93,6 +101,69 @@ def run_evaluate(
             "the result was written to stdout instead"
         ) from err
     typer.echo(f"  wrote {json_out}")
+
+
+def evaluate_by_retrieval(
+    base_model: str,
+    preset: str | None,
+    data_dir: str,
+    split: str,
+    max_docs: int | None,
+    max_tokens: int | None,
+    json_out: Path | None,
+    progress: bool,
+) -> None:
+    """Score the documents of `data_dir` (any layout `--data-dir` reads, every file a document)
+    with the base in `base_model` reading its own past by a retrieval preset (default: the
+    default preset): each document after the tokenizer's end-of-text token, every token scored
+    once, streamed in calls of the preset's segment; the loss, perplexity and bits per byte."""
+    import math
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .._progress import progress as bar
+    from ..data.corpus import load_split
+    from ..data.tokenizer import BPETokenizer
+    from ..presets import retrieval_settings
+    from ..retrieval import RetrievalLM
+
+    preset = preset or "retrieval"
+    retrieval_settings(preset)  # a named error before any weight is read
+    for name, value in (("max-docs", max_docs), ("max-tokens", max_tokens)):
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be >= 1, got {value}")
+    corpus = load_split(data_dir, split, BPETokenizer.from_directory(base_model), whole=True)
+    base = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    model = RetrievalLM(base, preset=preset).eval()
+    segment, offsets = model.config.segment_len, corpus.doc_offsets
+    documents = range(len(corpus.doc_names))[:max_docs]
+    nll, count, size, start = 0.0, 0, 0, time.perf_counter()
+    for i in bar(documents, enabled=progress, desc="scoring", unit=" documents"):
+        ids = [corpus.eos_id, *corpus.tokens[offsets[i] : offsets[i + 1]].tolist()]
+        ids = torch.tensor([ids[: None if max_tokens is None else max_tokens + 1]])
+        state = None
+        with torch.no_grad():
+            for at in range(0, ids.shape[1] - 1, segment):
+                chunk = ids[:, at : at + segment + 1]
+                out = model(chunk[:, :-1], state, targets=chunk[:, 1:])
+                nll, state = nll + float(out.token_loss.sum()), out.state
+        state.store.close()
+        count += ids.shape[1] - 1
+        size += int(corpus.doc_bytes[i])
+    loss = nll / count
+    bits = nll / (math.log(2) * size) if size else None
+    metrics = {"loss": loss, "perplexity": math.exp(loss), "bits_per_byte": bits,
+               "tokens": count, "documents": len(documents)}  # fmt: skip
+    seconds = time.perf_counter() - start
+    typer.echo(f"{_evaluated(split, data_dir)} read by preset {preset} ({seconds:.1f} s)")
+    shown = (f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+    typer.echo("  " + ", ".join(shown))
+    if json_out is not None:
+        payload = {"base_model": str(base_model), "preset": preset, "split": split,
+                   "settings": model.config.to_dict(), "metrics": metrics}  # fmt: skip
+        document = json.dumps(payload, indent=1)
+        typer.echo(document) if str(json_out) == "-" else write_atomic(json_out, document)
 
 
 def preset_memory(preset: str, model_config) -> dict:
