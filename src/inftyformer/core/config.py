@@ -16,16 +16,15 @@ same way: ``config.tau`` is ``config.squeeze.tau``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import typing
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .._checks import check_bool, check_positive_int, check_range
-from . import seams
+from . import flat_settings, seams
 from .basis import MAX_WIDTH, check_widths
 from .density import PaperDensity
-from .seams import SEAMS, Strategy, build, owners, setting_names
+from .seams import SEAMS, Strategy, owners, setting_names
 from .squeeze import FixedSqueeze, check_update_gain
 
 # The paper's settings of a trained long-term memory that may change (`--resume
@@ -49,26 +48,9 @@ def changeable_settings() -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def takes_flat_settings(cls: type) -> type:
-    """Class decorator, over @dataclass, of `LongTermConfig`: its constructor (hence
-    `dataclasses.replace`) also takes the strategies' settings by their flat names and a
-    strategy by its kind's name or as a dict (JSON); `seams.build` resolves them."""
-    init = cls.__init__
-    defaults = {seam: next(f for f in fields(cls) if f.name == seam) for seam in SEAMS}
-
-    @functools.wraps(init)
-    def __init__(self: Any, *args: Any, **settings: Any) -> None:
-        for seam in SEAMS:
-            names = setting_names(seam)
-            flat = {k: settings.pop(k) for k in list(settings) if k in names}
-            chosen = settings.get(seam)
-            if flat or not isinstance(chosen, Strategy | None):
-                default = defaults[seam].default_factory()
-                settings[seam] = build(seam, chosen, default, flat)
-        init(self, *args, **settings)
-
-    cls.__init__ = __init__
-    return cls
+# the constructor (hence `dataclasses.replace`) also takes the strategies' settings by their flat
+# names and a strategy by its kind's name or as a dict (JSON): `flat_settings.py`
+takes_flat_settings = flat_settings.takes_flat_settings(*SEAMS)
 
 
 @takes_flat_settings
@@ -174,17 +156,7 @@ class LongTermConfig:
     def settings(self) -> dict[str, Any]:
         """Every setting a user sets, flat: the paper's, each strategy's kind and its settings
         (what `--set` names; `LongTermConfig(**settings)` gives this config back)."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            if f.name in DERIVED_SETTINGS:
-                continue
-            value = getattr(self, f.name)
-            if isinstance(value, Strategy):
-                out[f.name] = value.kind
-                out.update(value.settings())
-            else:
-                out[f.name] = value
-        return out
+        return flat_settings.flat_dict(self, skip=DERIVED_SETTINGS)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON, nested: each strategy as {"kind": …, its settings}; tuples as lists."""

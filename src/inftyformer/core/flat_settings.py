@@ -67,4 +67,20 @@ def flat_setting(config: Any, name: str, seams: Sequence[str]) -> Any:
     raise AttributeError(f"{type(config).__name__!r} object has no attribute {name!r}")
 
 
-__all__ = ["flat_setting", "takes_flat_settings"]
+def flat_dict(config: Any, skip: Sequence[str] = ()) -> dict[str, Any]:
+    """Every setting of `config` (a dataclass) flat, but those in `skip`: each strategy's kind
+    by its field's name and its settings beside it (what `type(config)(**flat)` takes back)."""
+    out: dict[str, Any] = {}
+    for f in fields(config):
+        if f.name in skip:
+            continue
+        value = getattr(config, f.name)
+        if isinstance(value, Strategy):
+            out[f.name] = value.kind
+            out.update(value.settings())
+        else:
+            out[f.name] = value
+    return out
+
+
+__all__ = ["flat_dict", "flat_setting", "takes_flat_settings"]

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .._checks import check_positive_int
-from ..core.flat_settings import flat_setting, takes_flat_settings
+from ..core.flat_settings import flat_dict, flat_setting, takes_flat_settings
 from ..core.seams import Strategy, setting_names
 from . import layouts, scorers  # noqa: F401  (register the strategies: their settings are names)
 from .layouts import StreamLayout
@@ -84,15 +84,7 @@ class RetrievalConfig:
     def settings(self) -> dict[str, Any]:
         """Every setting, flat: each strategy's kind and its settings (what `--set` names and
         `RetrievalConfig(**settings)` takes back)."""
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, Strategy):
-                out[f.name] = value.kind
-                out.update(value.settings())
-            else:
-                out[f.name] = value
-        return out
+        return flat_dict(self)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON, nested: each strategy as {"kind": …, its settings}."""
