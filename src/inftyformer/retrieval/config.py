@@ -7,14 +7,16 @@ transformers import): what every call reads, and two strategies behind seams of 
     seam     what it decides                      kinds (`scorers.py`, `layouts.py`)
     choice   which stored blocks a call reads     "max": the best q·k of any query, head and
                                                   token; "attention": the best attention weight
-                                                  over all stored tokens; "none": no past blocks
-                                                  (the baselines: sink and window only)
+                                                  over all stored tokens; "question": a stream's
+                                                  call as "max", a question's as "attention";
+                                                  "none": no past blocks (the baselines: sink
+                                                  and window only)
     layout   where the chosen blocks sit          "stream": in stream order; "nearest": by
                                                   rising score, the best next to the window
 
 Each strategy validates its own settings; a setting of a strategy that was not chosen cannot be
-written: ``RetrievalConfig(choice="none", blocks=4)`` is refused (blocks is a setting of choice
-'max' or 'attention'). The settings go by flat names too, as presets and the command line write
+written: ``RetrievalConfig(choice="none", blocks=4)`` is refused (blocks is a setting of the
+choices that score blocks). The settings go by flat names too, as presets and the command line write
 them (``RetrievalConfig(choice="attention", blocks=2, select_queries=32)``), and read back the
 same way (``config.blocks`` is ``config.choice.blocks``; 0 for choice "none").
 """
