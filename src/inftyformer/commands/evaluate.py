@@ -148,7 +148,8 @@ def evaluate_by_retrieval(
                 chunk = ids[:, at : at + segment + 1]
                 out = model(chunk[:, :-1], state, targets=chunk[:, 1:])
                 nll, state = nll + float(out.token_loss.sum()), out.state
-        state.store.close()
+        if state is not None:  # (a document of no token reads nothing)
+            state.store.close()
         count += ids.shape[1] - 1
         size += int(corpus.doc_bytes[i])
     loss = nll / count

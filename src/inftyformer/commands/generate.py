@@ -117,6 +117,7 @@ def _generate_by_retrieval(
 
     from ..presets import retrieval_settings
     from ..retrieval import RetrievalLM
+    from ..retrieval.prompts import stop_tokens
     from ..training.distributed import resolve_device
 
     preset = preset or "retrieval"
@@ -130,7 +131,7 @@ def _generate_by_retrieval(
     ids = torch.tensor([tokenizer(prompt).input_ids], device=dev)
     temperature = sampling["temperature"] or 0.0
     gen = torch.Generator(device=dev).manual_seed(sampling["seed"])
-    ends = end_token_ids(tokenizer, base)
+    ends = sorted(stop_tokens(tokenizer, base))
     start = time.perf_counter()
     state, rest = _read_prompt(model, ids, model.config.segment_len)
     new, _ = model.generate(
@@ -143,17 +144,6 @@ def _generate_by_retrieval(
                "with generation)")  # fmt: skip
     typer.echo(f"decoding: {_decoding(temperature, sampling['top_k'], sampling['top_p'], 0)}")
     typer.echo(f"output:   {visible_text(tokenizer.decode(tokens))}")
-
-
-def end_token_ids(tokenizer: Any, base: Any) -> tuple[int, ...]:
-    """The ids that end a reply: the tokenizer's end-of-sequence token and those of the base's
-    generation config (an int or a list)."""
-    ids: list[int] = []
-    for value in (tokenizer.eos_token_id, getattr(base.generation_config, "eos_token_id", None)):
-        for i in value if isinstance(value, list | tuple) else [value]:
-            if isinstance(i, int) and i not in ids:
-                ids.append(i)
-    return tuple(ids)
 
 
 LONG_PROMPT_SEGMENTS = 4  # a prompt of more segments is read into the memory with a bar

@@ -222,19 +222,13 @@ def written(model, call, T: int) -> RetrievalState:
         block_ids=block_ids, blocks=blocks, keys=keys, tokens=s.tokens + T,
         **_carried(call),
     )  # fmt: skip
-    if call.hold and s.question is not None and c.blocks and not torch.equal(blocks, s.blocks):
-        # a held answer: the blocks that left its window are chosen from with the rest by
-        # the queries that chose (the question's), not lost between window and choice
-        selected, chosen = model.select(new, s.question, question=True)
-        new = replace(new, selected=selected, chosen=chosen)
-    elif (
-        call.question_call and call.question is not None and c.blocks
-        and c.answer_choice == "question" and not torch.equal(blocks, s.blocks)
-    ):  # fmt: skip
-        # a question whose answer reads its choice: the blocks that left the window during
-        # the question's own call were stored after it chose; it chooses again with them (its
-        # queries), so they are not lost between window and choice
-        selected, chosen = model.select(new, call.question, question=True)
+    # an answer reads the choice its question made (a held answer, or the question's own call
+    # when its answer reads its choice): blocks that left the window since were stored after
+    # that choice, so the question's queries choose again among every stored block, and none
+    # is lost between window and choice
+    answered = call.hold or (call.question_call and c.answer_choice == "question")
+    if answered and new.question is not None and c.blocks and not torch.equal(blocks, s.blocks):
+        selected, chosen = model.select(new, new.question, question=True)
         new = replace(new, selected=selected, chosen=chosen)
     return new
 
