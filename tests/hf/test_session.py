@@ -15,33 +15,15 @@ from ask_models import (
     TEXT,
     cli_args,
     count_reads,
-    record_streams,
     run_cli,
     settings_args,
     write_chat_model,
-    write_document,
 )
 
 from inftyformer.errors import EXIT_USAGE
 from inftyformer.retrieval import session as sessions
 from inftyformer.retrieval.ask import Chat, DocumentReader
 from inftyformer.retrieval.store import BlockStore
-
-
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory):
-    return write_chat_model(tmp_path_factory.mktemp("chat-model"))
-
-
-@pytest.fixture(scope="module")
-def doc_file(tmp_path_factory):
-    return write_document(tmp_path_factory.mktemp("doc"))
-
-
-@pytest.fixture
-def recorded(monkeypatch):
-    """The token ids each answer the command line printed (its streamer records them)."""
-    return record_streams(monkeypatch)
 
 
 @pytest.fixture
@@ -54,7 +36,7 @@ LONG = DOCUMENT * 4  # ~660 tokens: a full chunk of 512 choosing keys
 
 
 def test_a_session_answers_as_without_and_the_second_ask_reads_only_the_question(
-    base_dir,
+    chat_dir,
     doc_file,
     tmp_path,
     recorded,
@@ -67,7 +49,7 @@ def test_a_session_answers_as_without_and_the_second_ask_reads_only_the_question
     counts = []
     for extra in ([], ["--session", str(folder)], ["--session", str(folder)]):
         before = read_tokens[0]
-        result = run_cli(cli_args(base_dir, doc_file, *extra))
+        result = run_cli(cli_args(chat_dir, doc_file, *extra))
         assert result.exit_code == 0, result.output
         counts.append(read_tokens[0] - before)
         if len(counts) == 2:
@@ -85,38 +67,38 @@ def test_a_session_answers_as_without_and_the_second_ask_reads_only_the_question
 
 
 def test_a_session_refuses_another_base_preset_settings_or_document(
-    base_dir,
+    chat_dir,
     doc_file,
     tmp_path,
 ):
     folder = tmp_path / "session"
-    assert run_cli(cli_args(base_dir, doc_file, "--session", str(folder))).exit_code == 0
+    assert run_cli(cli_args(chat_dir, doc_file, "--session", str(folder))).exit_code == 0
     other = write_chat_model(tmp_path / "other-model", seed=1)
     result = run_cli(cli_args(other, doc_file, "--session", str(folder)))
     assert result.exit_code == EXIT_USAGE
-    assert str(base_dir) in result.stderr and str(other) in result.stderr
+    assert str(chat_dir) in result.stderr and str(other) in result.stderr
     sink_and_window = {k: v for k, v in SMALL.items() if k != "blocks"}  # a baseline's
-    result = run_cli(cli_args(base_dir, doc_file, "--session", str(folder), "--preset", "window",
+    result = run_cli(cli_args(chat_dir, doc_file, "--session", str(folder), "--preset", "window",
                               settings=sink_and_window))  # fmt: skip
     assert result.exit_code == EXIT_USAGE
     assert "preset 'retrieval', not 'window'" in result.stderr
     restated = {**SMALL, "choice": "max"}  # the default, given: the same memory
-    result = run_cli(cli_args(base_dir, doc_file, "--session", str(folder), settings=restated))
+    result = run_cli(cli_args(chat_dir, doc_file, "--session", str(folder), settings=restated))
     assert result.exit_code == 0 and "not read again" in result.stderr
     wider = {**SMALL, "window": 40}
-    result = run_cli(cli_args(base_dir, doc_file, "--session", str(folder), settings=wider))
+    result = run_cli(cli_args(chat_dir, doc_file, "--session", str(folder), settings=wider))
     assert result.exit_code == EXIT_USAGE and "window=32 (now 40)" in result.stderr
     (tmp_path / "other.txt").write_text(TEXT, encoding="utf-8")
-    result = run_cli(cli_args(base_dir, tmp_path / "other.txt", "--session", str(folder)))
+    result = run_cli(cli_args(chat_dir, tmp_path / "other.txt", "--session", str(folder)))
     assert result.exit_code == EXIT_USAGE and "holds another document" in result.stderr
-    result = run_cli(["chat", "--base-model", str(base_dir), "--session", str(folder),
+    result = run_cli(["chat", "--base-model", str(chat_dir), "--session", str(folder),
                       *settings_args(SMALL)], input="hello\n")  # fmt: skip
     assert result.exit_code == EXIT_USAGE
     assert "holds a document read, not a chat" in result.stderr
     mine = tmp_path / "mine"
     (mine / "blocks").mkdir(parents=True)
     (mine / "notes.txt").write_text("mine", encoding="utf-8")
-    result = run_cli(cli_args(base_dir, doc_file, "--session", str(mine)))
+    result = run_cli(cli_args(chat_dir, doc_file, "--session", str(mine)))
     assert result.exit_code == EXIT_USAGE
     assert "holds files a session does not write (notes.txt)" in result.stderr
     assert sorted(p.name for p in mine.iterdir()) == ["blocks", "notes.txt"]
@@ -135,18 +117,18 @@ def _same_state(a, b):
 
 
 def test_a_saved_memory_loads_as_it_was_in_a_full_chunk_of_keys_and_a_partial_one(
-    base_dir, tmp_path
+    chat_dir, tmp_path
 ):
     """A memory read in a temporary store and saved (its blocks copied into the session):
     every tensor, choosing key and stored block the same once loaded; the answers too."""
-    reader = DocumentReader.from_base(base_dir, **SMALL)
+    reader = DocumentReader.from_base(chat_dir, **SMALL)
     reader.read(LONG)
     assert len(reader.state.keys) == 2 and reader.state.keys[0].shape[1] == 512
     state = reader.state
     reader.save(tmp_path / "s")
     assert (tmp_path / "s" / "keys-0.safetensors").is_file()
     assert not (tmp_path / "s" / "keys-1.safetensors").exists()  # the partial one: in state
-    loaded = DocumentReader.from_base(base_dir, session=tmp_path / "s", **SMALL)
+    loaded = DocumentReader.from_base(chat_dir, session=tmp_path / "s", **SMALL)
     _same_state(state, loaded.state)
     assert loaded.answer_tokens(QUESTION, max_new_tokens=NEW) == reader.answer_tokens(
         QUESTION, max_new_tokens=NEW
@@ -156,15 +138,15 @@ def test_a_saved_memory_loads_as_it_was_in_a_full_chunk_of_keys_and_a_partial_on
 MESSAGES = ["hello, my name is ada.", "what is my name?", TEXT * 3, "and the letter?"]
 
 
-def test_a_conversation_goes_on_across_restarts_as_if_uninterrupted(base_dir, tmp_path):
+def test_a_conversation_goes_on_across_restarts_as_if_uninterrupted(chat_dir, tmp_path):
     """Four turns in one Chat, and the same four each in a new Chat loaded from the session
     the one before saved: the same answers; the blocks left the window into the store."""
     options = dict(max_new_tokens=6)
-    one = Chat.from_base(base_dir, **SMALL)
+    one = Chat.from_base(chat_dir, **SMALL)
     straight = [one.say_tokens(m, **options) for m in MESSAGES]
     folder, restarted = tmp_path / "talk", []
     for message in MESSAGES:
-        chat = Chat.from_base(base_dir, session=folder, **SMALL)
+        chat = Chat.from_base(chat_dir, session=folder, **SMALL)
         restarted.append(chat.say_tokens(message, **options))  # saved to from_base's session
     assert restarted == straight
     assert chat.info.turns == 4 and int(chat.state.blocks[0]) > 10
@@ -172,30 +154,30 @@ def test_a_conversation_goes_on_across_restarts_as_if_uninterrupted(base_dir, tm
     assert [p.name for p in folder.glob("state-*")] == ["state-4.safetensors"]
 
 
-def test_the_chat_command_keeps_its_memory_across_runs(base_dir, tmp_path, recorded):
+def test_the_chat_command_keeps_its_memory_across_runs(chat_dir, tmp_path, recorded):
     folder = tmp_path / "talk"
-    args = ["chat", "--base-model", str(base_dir), "--session", str(folder),
+    args = ["chat", "--base-model", str(chat_dir), "--session", str(folder),
             "--max-new-tokens", "6", *settings_args(SMALL)]  # fmt: skip
     result = run_cli(args, input="\n".join(MESSAGES[:2]) + "\n")
     assert result.exit_code == 0, result.output
     result = run_cli(args, input="\n" + "\n".join(MESSAGES[2:]) + "\n")  # a blank line: skipped
     assert result.exit_code == 0, result.output
     assert "session" in result.stderr and "2 turns" in result.stderr
-    chat = Chat.from_base(base_dir, **SMALL)
+    chat = Chat.from_base(chat_dir, **SMALL)
     assert recorded == [chat.say_tokens(m, max_new_tokens=6) for m in MESSAGES]
     assert result.stdout.count("\n") == 2  # each answer on its line, no prompt (not a tty)
 
 
-def test_a_conversation_opened_by_a_document(base_dir, doc_file, tmp_path, recorded):
+def test_a_conversation_opened_by_a_document(chat_dir, doc_file, tmp_path, recorded):
     """chat --document: the document is the start of the first message; the answers are the
     Python Chat's after `read`; a second --document on the same session is refused."""
     folder = tmp_path / "talk"
-    args = ["chat", "--base-model", str(base_dir), "--session", str(folder), "--document",
+    args = ["chat", "--base-model", str(chat_dir), "--session", str(folder), "--document",
             str(doc_file), "--max-new-tokens", "6", *settings_args(SMALL)]  # fmt: skip
     messages = ["when did the letter come?", "who said it?"]
     result = run_cli(args, input="\n".join(messages) + "\n")
     assert result.exit_code == 0, result.output
-    chat = Chat.from_base(base_dir, **SMALL)
+    chat = Chat.from_base(chat_dir, **SMALL)
     chat.read(DOCUMENT)
     first = chat.turn_tokens("when did the letter come?")
     assert chat.tokenizer.decode(first).startswith("\n\nwhen did")  # the same message
@@ -204,11 +186,11 @@ def test_a_conversation_opened_by_a_document(base_dir, doc_file, tmp_path, recor
     assert result.exit_code == EXIT_USAGE and "holds a conversation already" in result.stderr
 
 
-def test_a_long_conversations_save_writes_a_full_chunk_of_keys_once(base_dir, tmp_path):
+def test_a_long_conversations_save_writes_a_full_chunk_of_keys_once(chat_dir, tmp_path):
     """The choosing keys' full chunks are written once: later saves leave their file as it
     was, so a save costs the fixed-size state and the partial chunk."""
     folder = tmp_path / "talk"
-    chat = Chat.from_base(base_dir, **SMALL)
+    chat = Chat.from_base(chat_dir, **SMALL)
     chat.read(LONG, session=folder)
     chat.save(folder)
     chunk = folder / "keys-0.safetensors"
@@ -219,9 +201,9 @@ def test_a_long_conversations_save_writes_a_full_chunk_of_keys_once(base_dir, tm
     assert json.loads((folder / "session.json").read_text())["key_chunks"] == 1
 
 
-def test_a_save_that_fails_leaves_the_previous_one(base_dir, tmp_path, monkeypatch):
+def test_a_save_that_fails_leaves_the_previous_one(chat_dir, tmp_path, monkeypatch):
     folder = tmp_path / "talk"
-    chat = Chat.from_base(base_dir, **SMALL)
+    chat = Chat.from_base(chat_dir, **SMALL)
     chat.say_tokens(MESSAGES[0], session=folder, max_new_tokens=4)
     before = sessions.load_session(folder, chat.model)[0]
     import safetensors.torch
