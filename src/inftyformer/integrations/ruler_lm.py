@@ -37,7 +37,6 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from ..presets import retrieval_settings
 from ..retrieval.config import RetrievalConfig
 from ..retrieval.model import RetrievalLM
 
@@ -135,7 +134,7 @@ class RetrievalHarnessLM(LM):
             raise ValueError(f"{NAME}: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         self.batch_size = positive_batch_size(batch_size)
         # the preset and settings checked before any weight is read
-        config = RetrievalConfig(**{**retrieval_settings(preset), **settings})
+        config = RetrievalConfig.from_preset(preset, **settings)
         base = AutoModelForCausalLM.from_pretrained(str(pretrained), dtype=getattr(torch, dtype))
         self._device = pick_device(device)
         self.model = RetrievalLM(base.to(self.device), config).eval()

@@ -97,6 +97,14 @@ class RetrievalConfig:
         return out
 
     @classmethod
+    def from_preset(cls, name: str, **settings: Any) -> RetrievalConfig:
+        """Preset `name` (of the retrieval or baseline kind, `inftyformer presets`) with
+        `settings` on top; a setting of the preset's strategy that the one chosen lacks drops."""
+        from ..presets import retrieval_settings
+
+        return cls(**{**retrieval_settings(name), **settings})
+
+    @classmethod
     def setting_names(cls) -> tuple[str, ...]:
         """Every flat setting name (the fields and the settings of every registered strategy of
         the two seams)."""

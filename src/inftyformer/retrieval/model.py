@@ -84,9 +84,7 @@ class RetrievalLM(nn.Module):
         if preset is not None:
             if config is not None:
                 raise ValueError("give a config or a preset, not both")
-            from ..presets import retrieval_settings
-
-            config = RetrievalConfig(**{**retrieval_settings(preset), **settings})
+            config = RetrievalConfig.from_preset(preset, **settings)
             settings = {}
         config = (config or RetrievalConfig()).replace(**settings)
         adapter = adapter_for(type(base).__name__)
