@@ -73,6 +73,7 @@ LAYERS = {
         "retrieval.ask",
         "retrieval.prompts",
         "retrieval.session",
+        "retrieval.pipeline",
     ],
     # the glue to lm-evaluation-harness and RULER: it reads text as data/ does
     "tasks": ["data", "metrics", "tasks", "inspection", "integrations"],

@@ -10,9 +10,13 @@ its first tokens (the sink), the past blocks its queries choose and a window of 
     ask.py      DocumentReader (read a document once, ask it) and Chat (`inftyformer ask`/`chat`)
     prompts.py  the chat template cut into the turns a memory reads; the stop tokens
     session.py  a memory saved to a folder and loaded again
+    pipeline.py RetrievalQuestionPipeline: a transformers pipeline, task "inftyformer-ask"
 
     from inftyformer.retrieval import RetrievalLM
     model = RetrievalLM(base)                       # the default preset
+
+    from inftyformer.retrieval import register_pipeline
+    register_pipeline()                             # transformers.pipeline("inftyformer-ask", …)
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ _EXPORTS = {
     "RetrievalConfig": "config",
     "RetrievalLM": "model",
     "RetrievalOutput": "model",
+    "RetrievalQuestionPipeline": "pipeline",
     "RetrievalState": "state",
+    "register_pipeline": "pipeline",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -107,12 +107,7 @@ def answer(
     `max_new_tokens`; each token goes to `streamer.put` as it comes, then `streamer.end()`.
     `keep_last`: the state has also read the answer's last token (a conversation goes on
     from it); otherwise it has read all but that one."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-        raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be ≥ 0, got {temperature}")
+    check_answer_options(max_new_tokens, temperature)
     out = model(_row(prompt, model), state, reselect=True, logits_to_keep=1)
     logits, state = out.logits[:, -1], out.state
     hold = model.config.answer_choice == "question"
@@ -135,6 +130,19 @@ def answer(
     if streamer is not None:
         streamer.end()
     return new, state
+
+
+def check_answer_options(
+    max_new_tokens: int = DEFAULT_NEW_TOKENS, temperature: float = 0.0
+) -> None:
+    """`answer`'s max_new_tokens (an int ≥ 1) and temperature (≥ 0), refused by name; for a
+    caller that checks them before reading a long document."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be ≥ 0, got {temperature}")
 
 
 def _row(ids: list[int] | torch.Tensor, model: RetrievalLM) -> torch.Tensor:
@@ -345,4 +353,4 @@ class Chat(_Talk):
         return tokens
 
 
-__all__ = ["Chat", "DocumentReader", "answer", "load_model", "read"]
+__all__ = ["Chat", "DocumentReader", "answer", "check_answer_options", "load_model", "read"]
