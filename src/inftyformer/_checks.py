@@ -130,6 +130,19 @@ def check_positive_int(name: str, value: object, minimum: int = 1) -> None:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
+def check_segment_len(value: object, model_segment_len: int | None = None) -> int:
+    """`segment_len`, the tokens of one call: an int >= 1 and, given `model_segment_len`, at
+    most the model's. The value is declared once per model kind, in its config (the native
+    `ModelConfig`, the pretrained `AdapterConfig`, `RetrievalConfig`), each checking it here;
+    everything else reads it from the model or config it is handed (a long-term memory's
+    `LongTermConfig.sized`, the streaming helpers, the evaluation loop). A streaming helper
+    asked for shorter calls than its model's checks the request here too (the cap)."""
+    check_positive_int("segment_len", value)
+    if model_segment_len is not None and value > model_segment_len:
+        raise ValueError(f"segment_len {value} exceeds the model's segment_len {model_segment_len}")
+    return value
+
+
 def check_bool(name: str, value: object) -> None:
     """A real bool: strings such as 'false' or numbers such as 2 are refused, not read as truthy."""
     if not isinstance(value, bool):

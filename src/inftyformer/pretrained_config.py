@@ -34,7 +34,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from . import extensions  # noqa: F401  (registers our strategies: their settings are names here)
-from ._checks import check_bool, check_memory_layers, check_positive_int, check_range
+from ._checks import (
+    check_bool,
+    check_memory_layers,
+    check_positive_int,
+    check_range,
+    check_segment_len,
+)
 from .core import seams
 from .core.config import DERIVED_SETTINGS, LongTermConfig, changeable_settings
 from .core.seams import Strategy, build, owners, register, setting_names
@@ -187,7 +193,7 @@ class AdapterConfig:
             raise TypeError(f"memory_read must be a read strategy, got {read!r}")
         read.check(lt)
         if self.segment_len is not None:
-            check_positive_int("segment_len", self.segment_len)
+            check_segment_len(self.segment_len)
         if self.window is not None:
             check_positive_int("window", self.window, minimum=0)
         if self.memory_layers is not None:

@@ -1,14 +1,17 @@
 """`model(input_ids)` on more than a segment streams it through the memory by itself: one long
 call equals the explicit calls segment by segment (logits, loss, memory, gradients), also past
 the base's positions (the tiny models have 64, the inputs 100 tokens); a call of one segment is
-unchanged; padding on either side gives what the row alone gives; bad inputs are named."""
+unchanged; padding on either side gives what the row alone gives; the calls follow the model's
+segment_len; bad inputs are named."""
+
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_hf import MEMORY, L, V, tiny_memory_model
+from tiny_hf import MEMORY, L, V, tiny_memory_model, with_settings
 
-from inftyformer.hf import add_long_term_memory
+from inftyformer.hf import add_long_term_memory, stream_loss
 
 T = 100  # tokens per row: more than the base's 64 positions, 12 segments of 8 and 4
 
@@ -210,6 +213,35 @@ def test_logits_to_keep_computes_only_the_kept_places_logits(arch, side):
 
 
 @torch.no_grad()
+def recorded_widths(model) -> list[int]:
+    """The number of tokens of each call of `model` (its input [batch, T]), as they happen."""
+    widths: list[int] = []
+    model.register_forward_pre_hook(lambda _, args: widths.append(args[0].shape[1]))
+    return widths
+
+
+def test_streams_follow_the_model_segment_len(arch):
+    """The segment loop has no length of its own: a model whose adapter says another segment_len
+    (same weights) is called in that many tokens, by `stream_loss` and by a long `model(ids)`;
+    a stream may still ask for its own calls (checked like the configs check it)."""
+    ids = tokens(1, 30)
+    for model, length in (
+        (tiny_memory_model(arch), L),
+        (with_settings(tiny_memory_model(arch), segment_len=12), 12),
+    ):
+        assert model.config.adapter.segment_len == length
+        widths = recorded_widths(model)
+        with torch.no_grad():
+            assert stream_loss(model, ids[:, :-1], ids[:, 1:]).segments == math.ceil(29 / length)
+            assert widths == [length] * (29 // length) + [29 % length]
+            widths.clear()
+            model(ids)  # the call itself, then its calls of one segment each
+            assert widths == [30] + [length] * (30 // length) + [30 % length]
+            assert stream_loss(model, ids, segment_len=5).segments == 6
+    with pytest.raises(ValueError, match="segment_len must be >= 1, got 0"):
+        stream_loss(model, ids, segment_len=0)
+
+
 def test_bad_long_inputs_give_clear_errors(arch):
     model = tiny_memory_model(arch)
     ids = tokens(2, T)

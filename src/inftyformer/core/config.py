@@ -20,7 +20,7 @@ import typing
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from .._checks import check_bool, check_positive_int, check_range
+from .._checks import check_bool, check_positive_int, check_range, check_segment_len
 from . import flat_settings, seams
 from .basis import MAX_WIDTH, check_widths
 from .density import PaperDensity
@@ -34,7 +34,9 @@ from .squeeze import FixedSqueeze, check_update_gain
 # kind its own (`model_kinds.ModelKind.changeable`): `changeable_settings`.
 CHANGEABLE_SETTINGS = ("squeeze", "ridge_lambda", "edge_padding", "sigma_0", "kl_weight")
 # what the model around the memory decides, never a user's setting (None in a config nested in
-# a model's config, filled in by `LongTermConfig.sized`)
+# a model's config, filled in by `LongTermConfig.sized`). `segment_len` among them is not a second
+# declaration of the model's: it is the model's own value (its config's, the one place it is set)
+# handed down, so that the memory can check its update's gain for updates of that many vectors
 DERIVED_SETTINGS = ("dim", "out_dim", "query_projection", "segment_len")
 
 
@@ -83,7 +85,8 @@ class LongTermConfig:
     squeeze: Strategy = field(default_factory=FixedSqueeze)
     out_dim: int | None = None  # size of the context (default: dim)
     query_projection: bool = False  # own W^Q; otherwise queries come already projected
-    segment_len: int | None = None  # L of the updates: the update's gain is checked for it here
+    # L of the updates: the model's segment_len (`sized`); the update's gain is checked for it here
+    segment_len: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("dim", "num_heads"):
@@ -111,7 +114,7 @@ class LongTermConfig:
         for name in ("edge_padding", "conv_gate", "query_projection"):
             check_bool(name, getattr(self, name))
         if self.segment_len is not None:
-            check_positive_int("segment_len", self.segment_len)
+            check_segment_len(self.segment_len)
             if self.squeeze.resamples:  # a squeeze that never resamples has no gain
                 check_update_gain(self, (self.segment_len,))  # other L when first used
 

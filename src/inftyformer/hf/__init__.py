@@ -10,8 +10,9 @@
 
 Needs the optional extra `inftyformer[hf]` (transformers >= 5); the rest of inftyformer works
 without it. Modules: `adapters.py` (where the memory plugs into each architecture),
-`config.py`, `model.py` (the model; its hooks `hooks.py`, its memory between calls `memory.py`,
-its argument checks `validation.py`, `generation.py`, its weights' start `init_weights.py`),
+`config.py`, `model.py` (the model; one call `forward_pass.py`, its hooks `hooks.py`, its memory
+between calls `memory.py`, its argument checks `validation.py`, `generation.py`, its weights'
+start `init_weights.py`, one block's memory `layer_memory.py`, what a call returns `output.py`),
 `segments.py` (the segment loop of a long input), `streaming.py` (long documents in segments),
 `convert.py` (a GGUF file to a safetensors model directory).
 """
@@ -27,7 +28,8 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 
 from .adapters import ADAPTERS, BlockAdapter, supported_architectures
 from .config import InftyformerConfig
-from .model import InftyformerForCausalLM, InftyformerOutput, add_long_term_memory
+from .model import InftyformerForCausalLM, add_long_term_memory
+from .output import InftyformerOutput
 from .streaming import StreamOutput, stream_loss
 
 __all__ = [

@@ -44,18 +44,21 @@ the base model's exactly (`tests/hf`); W^Q, W^K, W^V ~ N(0, initializer_range²)
 
 The model's jobs, one module each (none imports this one; they are handed the model):
 
-    hooks.py       the two hooks and the call-scoped context they read
-    memory.py      an empty memory, a memory handed in, steps 1 and 3
-    validation.py  what a call is handed, checked at the boundary
-    generation.py  `generate` reading the memory, beams
+    forward_pass.py one call: steps 0–3 on one segment, or a longer input streamed
+    hooks.py        the two hooks and the call-scoped context they read
+    memory.py       an empty memory, a memory handed in, steps 1 and 3
+    validation.py   what a call is handed, checked at the boundary
+    generation.py   `generate` reading the memory, beams
     init_weights.py how the memory's weights start, whether loaded ones fit
+
+and the pieces it is built of: `layer_memory.py` (one block's memory and its read, `LayerMemory`)
+and `output.py` (what a call returns, `InftyformerOutput`); both are importable from here too.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -65,64 +68,18 @@ from transformers import (
     GenerationMixin,
     PreTrainedModel,
 )
-from transformers.utils import ModelOutput
 
-from ..core.attention import LongTermAttention
 from ..core.density import PreparedMemory
-from ..core.memory import LongTermMemory
-from ..native.model import token_losses
 from ..native.state import MemoryState
 from ..presets import preset_settings
 from ..pretrained_config import AdapterConfig
-from . import generation, hooks, init_weights, validation
+from . import forward_pass, generation, hooks, init_weights, validation
 from . import memory as memories
 from .adapters import BlockAdapter, adapter_for
 from .config import InftyformerConfig
-from .head_read import ATTENTION, WindowMass
-from .segments import stream_forward
-from .window import WindowedInputs
-
-
-class LayerMemory(nn.Module):
-    """One block's long-term memory and its continuous attention (one basis ψ for both)."""
-
-    def __init__(self, config, designs: dict | None = None) -> None:
-        super().__init__()
-        self.memory = LongTermMemory(config, designs)
-        self.attention = LongTermAttention(config, self.memory.basis)
-
-    def reset_parameters(self, std: float) -> None:
-        """W^Q, W^K, W^V ~ N(0, std²); the read's output projection zero (weight and bias), so
-        the block's output is the base's at initialisation; w_μ, w_σ and the CNN gate keep
-        PyTorch's default initialisation, as in the native model."""
-        self.attention.reset_projections(std)
-        nn.init.zeros_(self.attention.out.weight)
-        nn.init.zeros_(self.attention.out.bias)
-        self.attention.reset_density()
-        if self.memory.gate is not None:
-            self.memory.gate.reset_parameters()
-
-
-@dataclass
-class InftyformerOutput(ModelOutput):
-    """loss        lm_loss + memory_loss (when labels are given)
-    logits      [batch, T, V]
-    state       the new memory state (MemoryState, detached), to pass to the next call
-    cache       the base model's key/value cache (generation)
-    lm_loss     mean next-token NLL over labels ≠ −100 (labels shifted inside, as in HF)
-    token_loss  [batch, T − 1] NLL per predicted position, 0 where ignored
-    kl          variance KL of the reads, mean over layers (unweighted)
-    memory_loss kl_weight · kl + 0·Σp over memory parameters that had nothing to do; kl the
-                mean over the scored positions of each token's read KL (`kl_term.py`)"""
-
-    loss: torch.Tensor | None = None
-    logits: torch.Tensor | None = None
-    state: MemoryState | None = None
-    cache: object | None = None
-    lm_loss: torch.Tensor | None = None
-    token_loss: torch.Tensor | None = None
-    kl: torch.Tensor | None = None
-    memory_loss: torch.Tensor | None = None
+from .head_read import ATTENTION
+from .layer_memory import LayerMemory
+from .output import InftyformerOutput
 
 
 # ---------------------------------------------------------------------- the model
@@ -307,123 +264,32 @@ class InftyformerForCausalLM(PreTrainedModel, GenerationMixin):
         kl_weights: torch.Tensor | None = None,
         **kwargs,
     ) -> InftyformerOutput:
-        """input_ids [batch, T] (one segment; more than `segment_len` tokens are streamed
-        through the memory in calls of one segment, `_stream`), the memory state from the
-        previous call (None: empty), labels [batch, T]
-        (shifted inside as in HF, −100 ignored), reset [batch]
-        bool (rows whose document ended before this segment). `generator` seeds the sticky
-        sampling in training. `kl_weights` [batch, T] bool: the positions whose reads' KL the
-        loss counts (default: those the labels score; `memories.kl_loss`)."""
+        """input_ids [batch, T] (one segment: `forward_pass.segment_forward`; more than
+        `segment_len` tokens are streamed through the memory in calls of one segment:
+        `forward_pass.long_forward`), the memory state from the previous call (None: empty),
+        labels [batch, T] (shifted inside as in HF, −100 ignored), reset [batch] bool (rows whose
+        document ended before this segment). `generator` seeds the sticky sampling in training.
+        `kl_weights` [batch, T] bool: the positions whose reads' KL the loss counts (default:
+        those the labels score; `memories.kl_loss`)."""
         validation.check_call(self, kwargs)
         ids = self._check_ids("input_ids", input_ids, allow_ignore=False)
-        batch, length = ids.shape
         if labels is not None:
             labels = self._check_ids("labels", labels, allow_ignore=True)
             validation.check_labels(labels, ids)
-        if length > self.config.adapter.segment_len:  # more than a segment: streamed, call by call
-            return self._stream(
-                ids, state, labels, reset, attention_mask, position_ids, cache, use_cache,
-                generator, logits_to_keep, {**kwargs, "kl_weights": kl_weights},
-            )  # fmt: skip
-        past_cache = cache or kwargs.get("past_key_values")
-        validation.check_positions(self.config, length, position_ids, past_cache)
-        valid = validation.check_mask(attention_mask, batch, length, self._param().device)
-        if read_cache is None or reset is not None or not isinstance(state, MemoryState):
-            state = self.prepare_state(state, batch, reset)
-        elif state.batch_size != batch or len(read_cache) != self.num_layers:
-            raise ValueError("read_cache and state must come from prepare_reads for this batch")
-        # else: a generation step; generate() checked this state once, it does not change
-        past = 0 if cache is None else int(cache.get_seq_length())
-
-        # 1. what the previous call stored enters the long-term memory, in this call's graph
-        long_term, unused = memories.fit_waiting(self.long_term, state, generator)
-
-        # the short-term window: the previous tokens, recomputed before this call's as context
-        # (a call that continues a base cache has them in the cache already)
-        limit = validation.position_limit(self.config)
-        inputs = WindowedInputs.build(
-            state.window, ids, valid, attention_mask, position_ids, past, limit
+        options = dict(
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=use_cache,
+            generator=generator,
+            logits_to_keep=logits_to_keep,
+            kl_weights=kl_weights,
         )
-
-        # 2. the base model, with the reads added by the hooks
-        call = hooks.Call(
-            owner=self._owner,
-            norms=self._norms,
-            outputs=self._outputs,
-            layers=self.long_term,
-            long_term=long_term,
-            normed=[None] * self.num_layers,
-            reads=[None] * self.num_layers,
-            prepared=read_cache,
+        if ids.shape[1] > self.config.adapter.segment_len:  # more than a segment: streamed
+            return forward_pass.long_forward(self, ids, state, labels, reset, **options, **kwargs)
+        return forward_pass.segment_forward(
+            self, ids, state, labels, reset, read_cache=read_cache, **options, **kwargs
         )
-        if self._attentions is not None:  # the heads read
-            call.attentions = self._attentions
-            call.token_mass = self.config.adapter.memory_read.token_mass
-            call.window_mass = WindowMass({id(m) for m in call.attentions})
-        if self._rotary is not None:  # each place at its own position
-            call.rotary, call.limit = self._rotary, limit
-            call.positions, call.past = inputs.position_ids, past
-            call.ranks = self.config.adapter.positions == "ranks"
-        salient = self._salient and not past  # the call's surprisal wanted
-        keep, extra = inputs.logits_to_keep(logits_to_keep, salient)
-        with hooks.active(call):
-            base_out = self.base(
-                input_ids=inputs.ids,
-                attention_mask=inputs.attention_mask,
-                position_ids=inputs.position_ids,
-                cache=cache,
-                use_cache=use_cache,
-                logits_to_keep=keep,
-                **kwargs,
-            )
-        if any(r is None for r in call.reads):
-            missing = [self.memory_blocks[i] for i, r in enumerate(call.reads) if r is None]
-            raise RuntimeError(f"the long-term memory of blocks {missing} was not read")
-
-        # 3. the new state: long-term after step 1 (+ sticky histogram); what left the window
-        # waits (this segment, without a window), the window moves on. A call continuing a
-        # cache (generation) writes nothing.
-        logits = base_out.logits
-        surprisal = memories.surprisal(logits, ids, extra) if salient else None
-        logits = logits[:, extra:]
-        new_state, per_token, zeros = memories.written(
-            self, call, long_term, unused, inputs, state.window, batch, past, surprisal
-        )
-        kl, memory_loss = memories.kl_loss(self, per_token, zeros, labels, valid, kl_weights)
-        new_state.issued_by = self._owner  # taken back unchecked by the next call
-        output = InftyformerOutput(
-            logits=logits,
-            state=new_state,
-            cache=getattr(base_out, "cache", None),
-            kl=kl,
-            memory_loss=memory_loss,
-        )
-        if labels is not None:
-            if logits.shape[1] != length:
-                raise ValueError("labels need the logits of every position (logits_to_keep=0)")
-            # position t predicts token t + 1
-            token_loss, lm_loss = token_losses(logits[:, :-1], labels[:, 1:])
-            output.loss = lm_loss + memory_loss
-            output.lm_loss, output.token_loss = lm_loss, token_loss
-        return output
-
-    def _stream(
-        self, ids, state, labels, reset, attention_mask, position_ids, cache, use_cache,
-        generator, logits_to_keep, kwargs,
-    ) -> InftyformerOutput:  # fmt: skip
-        """`forward` on more than `segment_len` tokens: checked here, then streamed through
-        the memory in calls of one segment each (`segments.stream_forward`), so that the
-        positions never pass the base's and older text reaches later tokens through the memory.
-        """
-        batch, length = ids.shape
-        past = cache or kwargs.pop("past_key_values", None)
-        validation.check_stream(self.config, length, position_ids, past, logits_to_keep)
-        valid = validation.check_mask(attention_mask, batch, length, self._param().device)
-        fields = stream_forward(
-            self, ids, state, labels, reset, valid, use_cache, logits_to_keep, generator,
-            **kwargs,
-        )  # fmt: skip
-        return InftyformerOutput(**fields)
 
     # ------------------------------------------------------------------ generation
     def generate(self, inputs: torch.Tensor | None = None, state=None, reset=None, **kwargs):

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._checks import check_segment_len
 from ..native.model import IGNORE_INDEX, token_losses
 from ..native.state import MemoryState
 
@@ -39,11 +40,12 @@ def segment_calls(
 ) -> Iterator[tuple[int, int, Any]]:
     """(start, stop, output) of each call of `model` (an `InftyformerForCausalLM`) on
     tokens[:, start:stop], in order, the memory state carried from call to call (`reset` applies to
-    the first). `attention_mask` [batch, T] is cut like the tokens; `options(start, stop)`:
-    further keyword arguments of that call."""
-    seg = model.config.adapter.segment_len if segment_len is None else segment_len
-    if isinstance(seg, bool) or not isinstance(seg, int) or seg < 1:
-        raise ValueError(f"segment_len must be a positive int, got {seg!r}")
+    the first). `segment_len`: the tokens per call, None for the model's own (declared once, in
+    its `AdapterConfig`). `attention_mask` [batch, T] is cut like the tokens; `options(start,
+    stop)`: further keyword arguments of that call."""
+    seg = model.config.adapter.segment_len  # the model's (its config's, decided for its base)
+    if segment_len is not None:  # this stream's own calls (a longer one is cut again by the model)
+        seg = check_segment_len(segment_len)
     length = tokens.shape[1]
     for start in range(0, length, seg):
         stop = min(start + seg, length)

@@ -45,15 +45,18 @@ from ..native.model import IGNORE_INDEX, token_losses
 class LMEvalConfig:
     """How to stream a corpus through a model for evaluation.
 
-    batch_size: parallel document streams (rows); segment_len: tokens per call (None: the model's
-    ``segment_len``); bos: score every token by prefixing each document with the end-of-text id;
-    buckets_per_octave: resolution of the per-position loss; position_edges: also total the loss
-    (and bytes) over the position ranges [0, e_1), [e_1, e_2), …, [e_k, ∞); max_steps: stop early
-    (partial pass, for smoke tests; 0 = the whole corpus).
+    batch_size: parallel document streams (rows); bos: score every token by prefixing each
+    document with the end-of-text id; buckets_per_octave: resolution of the per-position loss;
+    position_edges: also total the loss (and bytes) over the position ranges [0, e_1), [e_1,
+    e_2), …, [e_k, ∞); max_steps: stop early (partial pass, for smoke tests; 0 = the whole
+    corpus).
+
+    The tokens per call are not a setting of the evaluation: each call holds the model's
+    ``config.segment_len`` (declared once, in the model's config), so that an evaluation always
+    cuts the stream as the model was configured to be called.
     """
 
     batch_size: int = 8
-    segment_len: int | None = None
     bos: bool = True
     buckets_per_octave: int = 2
     position_edges: tuple[int, ...] = ()
@@ -63,8 +66,6 @@ class LMEvalConfig:
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.segment_len is not None and self.segment_len < 1:
-            raise ValueError(f"segment_len must be >= 1, got {self.segment_len}")
         if self.buckets_per_octave < 1:
             raise ValueError(f"buckets_per_octave must be >= 1, got {self.buckets_per_octave}")
         if self.max_steps < 0:
@@ -172,7 +173,7 @@ def evaluate_lm(
     cfg = config or LMEvalConfig()
     if not isinstance(corpus, TokenizedCorpus):
         raise TypeError(f"corpus must be a TokenizedCorpus, got {type(corpus).__name__}")
-    segment_len = cfg.segment_len or model.config.segment_len
+    segment_len = model.config.segment_len  # the model's calls, as its config declares them
     vocab = model.config.vocab_size
     if corpus.vocab_size > vocab:
         raise ValueError(

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .._checks import check_positive_int, check_range
+from .._checks import check_positive_int, check_range, check_segment_len
 from ..core.config import DERIVED_SETTINGS, LongTermConfig
 from ..core.config import changeable_settings as long_term_changeable
 from ..core.squeeze import FixedSqueeze
@@ -87,8 +87,9 @@ class ModelConfig(WithLongTerm):
             )
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {self.model_type!r}")
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "segment_len"):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff"):
             check_positive_int(name, getattr(self, name))
+        check_segment_len(self.segment_len)
         for name in ("mem_len", "compressed_len"):
             check_positive_int(name, getattr(self, name), minimum=0)
         check_positive_int("compression_rate", self.compression_rate)

@@ -39,7 +39,7 @@ import math
 import torch
 from torch import nn
 
-from .._checks import check_positive_int
+from .._checks import check_positive_int, check_segment_len
 from .state import MemoryState
 
 
@@ -85,13 +85,10 @@ def cut_points(
 
 
 def _segment_len(model: nn.Module, segment_len: int | None) -> int:
+    """The tokens per call: the model's `segment_len` (its config's; None asks for it), or a
+    shorter cap for this stream only (the blocks stay the model's: `cut_points`)."""
     limit = model.config.segment_len
-    if segment_len is None:
-        return limit
-    check_positive_int("segment_len", segment_len)
-    if segment_len > limit:
-        raise ValueError(f"segment_len {segment_len} exceeds the model's segment_len {limit}")
-    return segment_len
+    return limit if segment_len is None else check_segment_len(segment_len, limit)
 
 
 def stream_loss(

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._checks import check_positive_int
+from .._checks import check_positive_int, check_segment_len
 from ..core.flat_settings import flat_dict, flat_setting, takes_flat_settings
 from ..core.seams import Strategy, setting_names
 from . import layouts, scorers  # noqa: F401  (register the strategies: their settings are names)
@@ -59,7 +59,7 @@ class RetrievalConfig:
         check_positive_int("block_size", self.block_size)
         check_positive_int("sink_blocks", self.sink_blocks, minimum=0)
         check_positive_int("window", self.window, minimum=0)
-        check_positive_int("segment_len", self.segment_len)
+        check_segment_len(self.segment_len)
         if self.store_dir is not None:
             if not isinstance(self.store_dir, str | Path) or not str(self.store_dir):
                 raise TypeError(f"store_dir must be a path or None, got {self.store_dir!r}")
