@@ -1,6 +1,8 @@
 """The choice a call makes (`retrieval/scorers.py`, choice "question"): a call that knows what
 it is, a stream's or a question's."""
 
+import dataclasses
+
 import pytest
 import torch
 from test_retrieval import model, tokens
@@ -47,3 +49,57 @@ def test_blocks_that_leave_the_window_during_the_question_are_chosen_by_its_answ
     answer = m(ids[:, 40:41], asked.state, keep_choice=True)
     assert int(asked.state.blocks[0]) > int(state.blocks[0])  # the question stored blocks
     torch.testing.assert_close(answer.logits, full[:, 40:41], rtol=0, atol=5e-3)
+
+
+@torch.no_grad()
+def test_a_shortlist_keeps_the_attention_weight_of_the_blocks_of_best_q_k_only():
+    """By hand: each block's best log attention weight over the store, then −inf outside the
+    `shortlist` blocks whose best q · k is highest; 0 is no shortlist."""
+    from inftyformer.retrieval.scorers import attention_score
+
+    g = torch.Generator().manual_seed(5)
+    n, B, H, G, T, d = 12, 4, 2, 3, 5, 8
+    keys = torch.randn(2, n * B, H, d, generator=g)
+    q = torch.randn(2, H, G, T, d, generator=g)
+    stored = torch.ones(2, n, dtype=torch.bool)
+    whole = attention_score(q, keys, stored, B)
+    got = attention_score(q, keys, stored, B, shortlist=3)
+    for row in range(2):
+        s = torch.einsum("hgtd,nhd->hgtn", q[row], keys[row])
+        best = s.unflatten(-1, (n, B)).amax(-1).amax((0, 1, 2))  # "max"
+        weight = s.log_softmax(-1).unflatten(-1, (n, B)).amax(-1).amax((0, 1, 2))
+        kept = best.topk(3).indices
+        torch.testing.assert_close(got[row, kept], weight[kept], rtol=0, atol=1e-4)
+        assert torch.isinf(got[row][~torch.isin(torch.arange(n), kept)]).all()
+    torch.testing.assert_close(whole, attention_score(q, keys, stored, B, shortlist=0))
+
+
+@torch.no_grad()
+def test_a_block_that_wins_on_weight_alone_is_not_read_by_a_shortlisted_question():
+    """A heading some head pays its weight from any query (a weak match where nothing else
+    draws that head) against the asked block, matched strongly by another head but beside an
+    alike block: by attention weight the heading wins; shortlisted by q · k, the asked block."""
+    m = model(block_size=4, blocks=1, sink_blocks=0, window=4, segment_len=4)
+    H, d = m.kv_heads, m.head_dim
+    keys = torch.zeros(1, 12, H, d)
+    a, b = torch.eye(d)[0], torch.eye(d)[1]
+    keys[0, 1, 0] = 5.0 * a  # block 0: the heading, head 0's only match
+    keys[0, 5, H - 1], keys[0, 9, H - 1] = 9.0 * b, 8.0 * b  # block 1 asked, block 2 alike
+    state = dataclasses.replace(
+        m.init_state(1), keys=keys.half(), block_ids=torch.tensor([[7, 8, 9]]),
+        blocks=torch.tensor([3]),
+    )  # fmt: skip
+    query = torch.zeros(1, m.base.config.num_attention_heads, 1, d)
+    query[0, 0, 0] = a * d**0.5
+    query[0, -1, 0] = b * d**0.5
+    settings = dict(block_size=4, blocks=1, sink_blocks=0, window=4, segment_len=4)
+    by_weight = model(**settings, choice="attention")
+    assert by_weight.select(state, query)[0].tolist() == [[7]]
+    assert model(**settings, choice="attention", shortlist=2).select(state, query)[0].tolist() == [
+        [8]
+    ]
+    with pytest.raises(ValueError, match=r"shortlist \(1\) must be 0 or at least blocks \(2\)"):
+        RetrievalConfig(choice="attention", blocks=2, shortlist=1)
+    with pytest.raises(ValueError, match="question_shortlist"):
+        RetrievalConfig(choice="question", question_blocks=2, question_shortlist=1)
+    state.store.close()
