@@ -7,7 +7,10 @@ tokens] tensor is ever whole), and the `k` blocks chosen by it.
     "max"       its best q · k / √d over the call's queries, heads and   blocks, neighbours,
                 its tokens                                               select_layer, read_from,
     "attention" its best attention weight from any of the call's         select_queries,
-                queries and heads attending over every stored token      answer_choice
+                queries and heads attending over every stored token      answer_choice;
+                (among the `shortlist` blocks of best q · k)             shortlist
+    "question"  a stream's call as "max", a question's as "attention"    question_blocks,
+                with few blocks, shortlisted                             _neighbours, _shortlist
     "none"      no past block is read (the baselines: sink and window)   –
 """
 
@@ -238,8 +241,10 @@ class QuestionChoice(ScoredChoice):
     """A call that knows what it is: a stream's call reads the `blocks` best by their best
     q · k (as "max", with all its queries), a question's call (`reselect`: the prompt's last,
     whose answer is read next) the `question_blocks` best by attention weight from its last
-    `select_queries` queries, each lead with `question_neighbours` blocks after it (as
-    "attention"): one fact among alike ones, where a stream needs many blocks read."""
+    `select_queries` queries among the `question_shortlist` of best q · k, each lead with
+    `question_neighbours` blocks after it (as "attention"): one fact among alike ones, where a
+    stream needs many blocks read. The shortlist keeps a block that some head attends to
+    from any query (a chapter heading) from winning on attention weight alone."""
 
     kind: ClassVar[str] = "question"
     select_queries: int = 32
