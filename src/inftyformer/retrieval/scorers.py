@@ -172,6 +172,9 @@ class ScoredChoice(Strategy):
     blocks its prompt's last call chose ("question")."""
 
     seam: ClassVar[str] = "choice"
+    # a question's call (reselect) reads its first pass's choice in every block, or chooses
+    # again at `select_layer` with the queries of a pass whose lower blocks read that choice
+    question_chooses_once: ClassVar[bool] = False
     blocks: int = 16
     neighbours: int = 0
     select_layer: int | None = None
@@ -247,6 +250,9 @@ class QuestionChoice(ScoredChoice):
     from any query (a chapter heading) from winning on attention weight alone."""
 
     kind: ClassVar[str] = "question"
+    # few blocks read: queries that read only them drift from what chose them (a question's
+    # lower blocks reading the needle's block and its neighbour chose a chapter's opening next)
+    question_chooses_once: ClassVar[bool] = True
     select_queries: int = 32
     answer_choice: str = "question"
     question_blocks: int = 2
@@ -287,6 +293,7 @@ class NoChoice(Strategy):
 
     seam: ClassVar[str] = "choice"
     kind: ClassVar[str] = "none"
+    question_chooses_once: ClassVar[bool] = False
     blocks: ClassVar[int] = 0
     neighbours: ClassVar[int] = 0
     select_layer: ClassVar[int | None] = None
