@@ -20,7 +20,6 @@ ROW_STYLE = {
     "retrieval-scored": ("#e377c2", "o"),
     "picked-all": ("#98df8a", "v"),
     "picked-max": ("#17becf", "v"),
-    "question-all": ("#ad494a", "P"),
     "retrieval-question": ("#843c39", "P"),
     "near-attention": ("#bcbd22", "v"),
     "near-attention-4": ("#dbdb8d", "v"),

@@ -14,9 +14,9 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
                block after it, the last 256; the answer reads the question's blocks
     picked-all, picked-max  that with the blocks chosen by every query of that call
                (`select_queries=0`); that with each block scored by its best q · k (`choice=max`)
-    question-all  `retrieval` whose question (the last call) reads as `retrieval-picked`
-    retrieval-question  that with the question's block picked by attention weight among the 8
-               of best q · k (`question_shortlist`)
+    retrieval-question  `retrieval` whose question (the prompt's last call) reads the block its
+               last 32 queries give the most attention weight among the 8 of best q · k, with
+               the block after it, chosen after a pass that read the stream's 16 blocks
     paper      the paper's memory in every block of the base (`paper-gpt2` preset, untrained),
                saved as a memory model and run as a user runs one: lm_eval's `hf` model with
                trust_remote_code (the folder made once under --models-dir)
@@ -98,7 +98,6 @@ def stale(path: Path, args) -> bool:
 
 PICKED = "retrieval-picked"  # the preset of the variant rows (VARIANTS: row: preset, settings)
 VARIANTS = {"picked-all": (PICKED, "select_queries=0"), "picked-max": (PICKED, "choice=max"),
-            "question-all": ("retrieval", "choice=question,question_shortlist=0"),
             "retrieval-question": ("retrieval", "choice=question")}  # fmt: skip
 RULER_ROWS = (*ROWS, PICKED, *VARIANTS, "paper")
 PAPER_PRESET = "paper-gpt2"
@@ -300,12 +299,10 @@ ROW_WHAT = {  # what each row reads, as the page says it
     "picked-all": "that preset with the blocks chosen by every query of that call "
     "(`select_queries=0`)",
     "picked-max": "that preset scoring each block by its best q · k (`choice=max`)",
-    "question-all": "the retrieval preset whose question call (the prompt's last) reads the 2 "
-    "blocks its last 32 queries give the most attention weight (`choice=question`, "
-    "`question_shortlist=0`)",
     "retrieval-question": "the retrieval preset whose question call (the prompt's last) reads "
-    "the 2 blocks its last 32 queries give the most attention weight among the 8 of best "
-    "q · k (`choice=question`)",
+    "the block its last 32 queries give the most attention weight among the 8 of best q · k, "
+    "with the block after it, chosen by a pass that read the stream's 16 blocks "
+    "(`choice=question`)",
     "paper": "the paper's memory in every block of the base (preset `paper-gpt2`, untrained: as "
     "wrapped, it adds nothing to the base's logits, so it reads what the base reads in its "
     "window of one segment before the segment), saved as a memory model and run by lm_eval's "

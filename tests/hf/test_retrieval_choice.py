@@ -103,3 +103,34 @@ def test_a_block_that_wins_on_weight_alone_is_not_read_by_a_shortlisted_question
     with pytest.raises(ValueError, match="question_shortlist"):
         RetrievalConfig(choice="question", question_blocks=2, question_shortlist=1)
     state.store.close()
+
+
+@torch.no_grad()
+def test_a_question_chooses_after_a_pass_that_read_the_streams_choice():
+    """choice "question", a reselect call: a first pass chooses as a stream's call would
+    (the `blocks` best by q · k), a second, whose lower blocks read those, chooses the
+    question's few, and the call then reads them in every block without choosing again.
+    The packed choice ("max") keeps its one first pass and chooses again at `select_layer`."""
+    settings = dict(block_size=4, sink_blocks=1, window=8, segment_len=8)
+    calls = {}
+    for kind, extra in (("question", dict(question_blocks=2, question_neighbours=1)),
+                        ("max", {})):  # fmt: skip
+        m = model(**settings, choice=kind, blocks=3, select_queries=3, read_from=0, **extra)
+        state = m(tokens(batch=2, length=64)).state
+        made, select = [], m.select
+
+        def recording(s, query, question=False, select=select, made=made):
+            chosen = select(s, query, question)
+            made.append((question, s.blocks.clone(), chosen[0]))
+            return chosen
+
+        m.select = recording
+        out = m(tokens(batch=2, length=8, seed=4), state, reselect=True)
+        calls[kind] = [(q, ids.shape[1]) for q, _, ids in made]
+        if kind == "question":
+            assert torch.equal(out.state.selected, made[-1][2])  # what the answer reads
+        state.store.close()
+    # a stream's 3 blocks, then the question's 2; a re-choice only if the call stored blocks
+    assert calls["question"][:2] == [(False, 3), (True, 2)]
+    assert all(q for q, _ in calls["question"][2:])
+    assert calls["max"][:2] == [(True, 3), (True, 3)]
