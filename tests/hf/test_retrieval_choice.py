@@ -134,3 +134,21 @@ def test_a_question_chooses_after_a_pass_that_read_the_streams_choice():
     assert calls["question"][:2] == [(False, 3), (True, 2)]
     assert all(q for q, _ in calls["question"][2:])
     assert calls["max"][:2] == [(True, 3), (True, 3)]
+
+
+@torch.no_grad()
+def test_a_stream_reads_the_same_under_the_question_choice_as_under_max():
+    """Only a question's call (reselect) chooses otherwise: a stream read under choice
+    "question" gives the logits and choices of choice "max" with the same blocks, exactly
+    (its perplexity is the packed preset's)."""
+    settings = dict(block_size=4, sink_blocks=1, window=8, segment_len=8, blocks=3, read_from=0)
+    ids = tokens(batch=2, length=72, seed=6)
+    question = model(**settings, choice="question", question_blocks=2)
+    packed = model(**settings, choice="max")
+    a, b = question(ids), packed(ids)
+    assert torch.equal(a.logits, b.logits)
+    assert torch.equal(a.state.selected, b.state.selected)
+    asked = question(ids[:, :8], a.state, reselect=True)
+    assert asked.state.selected.shape[1] == 2  # the question's few, not the stream's 3
+    for out in (a, b):
+        out.state.store.close()
