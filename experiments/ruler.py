@@ -14,7 +14,9 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
                block after it, the last 256; the answer reads the question's blocks
     picked-all, picked-max  that with the blocks chosen by every query of that call
                (`select_queries=0`); that with each block scored by its best q · k (`choice=max`)
-    retrieval-question  `retrieval` whose question (the last call) reads as `retrieval-picked`
+    retrieval-question  `retrieval` whose question (the prompt's last call) reads the block its
+               last 32 queries give the most attention weight among the 8 of best q · k, with
+               the block after it, chosen after a pass that read the stream's 16 blocks
     paper      the paper's memory in every block of the base (`paper-gpt2` preset, untrained),
                saved as a memory model and run as a user runs one: lm_eval's `hf` model with
                trust_remote_code (the folder made once under --models-dir)
@@ -298,7 +300,9 @@ ROW_WHAT = {  # what each row reads, as the page says it
     "(`select_queries=0`)",
     "picked-max": "that preset scoring each block by its best q · k (`choice=max`)",
     "retrieval-question": "the retrieval preset whose question call (the prompt's last) reads "
-    "the 2 blocks its last 32 queries give the most attention weight (`choice=question`)",
+    "the block its last 32 queries give the most attention weight among the 8 of best q · k, "
+    "with the block after it, chosen by a pass that read the stream's 16 blocks "
+    "(`choice=question`)",
     "paper": "the paper's memory in every block of the base (preset `paper-gpt2`, untrained: as "
     "wrapped, it adds nothing to the base's logits, so it reads what the base reads in its "
     "window of one segment before the segment), saved as a memory model and run by lm_eval's "

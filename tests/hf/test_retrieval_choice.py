@@ -1,6 +1,8 @@
 """The choice a call makes (`retrieval/scorers.py`, choice "question"): a call that knows what
 it is, a stream's or a question's."""
 
+import dataclasses
+
 import pytest
 import torch
 from test_retrieval import model, tokens
@@ -47,3 +49,106 @@ def test_blocks_that_leave_the_window_during_the_question_are_chosen_by_its_answ
     answer = m(ids[:, 40:41], asked.state, keep_choice=True)
     assert int(asked.state.blocks[0]) > int(state.blocks[0])  # the question stored blocks
     torch.testing.assert_close(answer.logits, full[:, 40:41], rtol=0, atol=5e-3)
+
+
+@torch.no_grad()
+def test_a_shortlist_keeps_the_attention_weight_of_the_blocks_of_best_q_k_only():
+    """By hand: each block's best log attention weight over the store, then −inf outside the
+    `shortlist` blocks whose best q · k is highest; 0 is no shortlist."""
+    from inftyformer.retrieval.scorers import attention_score
+
+    g = torch.Generator().manual_seed(5)
+    n, B, H, G, T, d = 12, 4, 2, 3, 5, 8
+    keys = torch.randn(2, n * B, H, d, generator=g)
+    q = torch.randn(2, H, G, T, d, generator=g)
+    stored = torch.ones(2, n, dtype=torch.bool)
+    whole = attention_score(q, keys, stored, B)
+    got = attention_score(q, keys, stored, B, shortlist=3)
+    for row in range(2):
+        s = torch.einsum("hgtd,nhd->hgtn", q[row], keys[row])
+        best = s.unflatten(-1, (n, B)).amax(-1).amax((0, 1, 2))  # "max"
+        weight = s.log_softmax(-1).unflatten(-1, (n, B)).amax(-1).amax((0, 1, 2))
+        kept = best.topk(3).indices
+        torch.testing.assert_close(got[row, kept], weight[kept], rtol=0, atol=1e-4)
+        assert torch.isinf(got[row][~torch.isin(torch.arange(n), kept)]).all()
+    torch.testing.assert_close(whole, attention_score(q, keys, stored, B, shortlist=0))
+
+
+@torch.no_grad()
+def test_a_block_that_wins_on_weight_alone_is_not_read_by_a_shortlisted_question():
+    """A heading some head pays its weight from any query (a weak match where nothing else
+    draws that head) against the asked block, matched strongly by another head but beside an
+    alike block: by attention weight the heading wins; shortlisted by q · k, the asked block."""
+    m = model(block_size=4, blocks=1, sink_blocks=0, window=4, segment_len=4)
+    H, d = m.kv_heads, m.head_dim
+    keys = torch.zeros(1, 12, H, d)
+    a, b = torch.eye(d)[0], torch.eye(d)[1]
+    keys[0, 1, 0] = 5.0 * a  # block 0: the heading, head 0's only match
+    keys[0, 5, H - 1], keys[0, 9, H - 1] = 9.0 * b, 8.0 * b  # block 1 asked, block 2 alike
+    state = dataclasses.replace(
+        m.init_state(1), keys=keys.half(), block_ids=torch.tensor([[7, 8, 9]]),
+        blocks=torch.tensor([3]),
+    )  # fmt: skip
+    query = torch.zeros(1, m.base.config.num_attention_heads, 1, d)
+    query[0, 0, 0] = a * d**0.5
+    query[0, -1, 0] = b * d**0.5
+    settings = dict(block_size=4, blocks=1, sink_blocks=0, window=4, segment_len=4)
+    by_weight = model(**settings, choice="attention")
+    assert by_weight.select(state, query)[0].tolist() == [[7]]
+    assert model(**settings, choice="attention", shortlist=2).select(state, query)[0].tolist() == [
+        [8]
+    ]
+    with pytest.raises(ValueError, match=r"shortlist \(1\) must be 0 or at least blocks \(2\)"):
+        RetrievalConfig(choice="attention", blocks=2, shortlist=1)
+    with pytest.raises(ValueError, match="question_shortlist"):
+        RetrievalConfig(choice="question", question_blocks=2, question_shortlist=1)
+    state.store.close()
+
+
+@torch.no_grad()
+def test_a_question_chooses_after_a_pass_that_read_the_streams_choice():
+    """choice "question", a reselect call: a first pass chooses as a stream's call would
+    (the `blocks` best by q · k), a second, whose lower blocks read those, chooses the
+    question's few, and the call then reads them in every block without choosing again.
+    The packed choice ("max") keeps its one first pass and chooses again at `select_layer`."""
+    settings = dict(block_size=4, sink_blocks=1, window=8, segment_len=8)
+    calls = {}
+    for kind, extra in (("question", dict(question_blocks=2, question_neighbours=1)),
+                        ("max", {})):  # fmt: skip
+        m = model(**settings, choice=kind, blocks=3, select_queries=3, read_from=0, **extra)
+        state = m(tokens(batch=2, length=64)).state
+        made, select = [], m.select
+
+        def recording(s, query, question=False, select=select, made=made):
+            chosen = select(s, query, question)
+            made.append((question, s.blocks.clone(), chosen[0]))
+            return chosen
+
+        m.select = recording
+        out = m(tokens(batch=2, length=8, seed=4), state, reselect=True)
+        calls[kind] = [(q, ids.shape[1]) for q, _, ids in made]
+        if kind == "question":
+            assert torch.equal(out.state.selected, made[-1][2])  # what the answer reads
+        state.store.close()
+    # a stream's 3 blocks, then the question's 2; a re-choice only if the call stored blocks
+    assert calls["question"][:2] == [(False, 3), (True, 2)]
+    assert all(q for q, _ in calls["question"][2:])
+    assert calls["max"][:2] == [(True, 3), (True, 3)]
+
+
+@torch.no_grad()
+def test_a_stream_reads_the_same_under_the_question_choice_as_under_max():
+    """Only a question's call (reselect) chooses otherwise: a stream read under choice
+    "question" gives the logits and choices of choice "max" with the same blocks, exactly
+    (its perplexity is the packed preset's)."""
+    settings = dict(block_size=4, sink_blocks=1, window=8, segment_len=8, blocks=3, read_from=0)
+    ids = tokens(batch=2, length=72, seed=6)
+    question = model(**settings, choice="question", question_blocks=2)
+    packed = model(**settings, choice="max")
+    a, b = question(ids), packed(ids)
+    assert torch.equal(a.logits, b.logits)
+    assert torch.equal(a.state.selected, b.state.selected)
+    asked = question(ids[:, :8], a.state, reselect=True)
+    assert asked.state.selected.shape[1] == 2  # the question's few, not the stream's 3
+    for out in (a, b):
+        out.state.store.close()

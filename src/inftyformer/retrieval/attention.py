@@ -43,6 +43,7 @@ class Call:
     stop_after_select: bool = False  # a first pass that only chooses (`forward`'s reselect)
     question_call: bool = False  # the prompt's last call, whose answer is read next (reselect)
     hold: bool = False  # every block reads the state's choice; nothing chosen (`keep_choice`)
+    chosen_first: bool = False  # its first pass chose; every block reads that choice
     layouts: dict = field(default_factory=dict)  # id(valid) → its angles and mask
     valids: dict = field(default_factory=dict)  # what a layer's valid slots depend on → them
     at: int = 0  # a one-token call's place in its run: its token sits at P0 + at
@@ -78,8 +79,9 @@ def retrieval_attention(
     layer = call.layer_of[id(module)]
     if call.stop_after_select and layer == call.model.select_layer:
         # scored as `choice` scores: the queries turned back to P0 + t
-        query = call.model.at_context_end(query, call.at)
-        call.selected, call.selected_valid = call.model.select(call.state, query, True)
+        call.question = call.model.at_context_end(query, call.at)
+        chosen = call.model.select(call.state, call.question, call.question_call)
+        call.selected, call.selected_valid = chosen
         raise Chosen
     call.new_k[layer] = unturn(key, call.cos, call.sin)  # kept before rotary
     call.new_v[layer] = value

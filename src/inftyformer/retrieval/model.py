@@ -192,23 +192,22 @@ class RetrievalLM(nn.Module):
         """One call of T ≤ segment_len tokens: the logits of its last `keep` (None: all)."""
         b, T = ids.shape
         run, at = self._run(state) if T == 1 and not reselect else (None, 0)
+        once = False  # whether the call reads its first pass's choice in every block
         first = self.anchor + at
         positions = torch.arange(first, first + T, device=ids.device).expand(b, -1)
         probe = self._param().new_zeros(1, 1, self.head_dim)
         cos, sin = self.rotary(probe, positions)
         if reselect and not hold and self.read_from < self.select_layer and self.config.blocks:
-            first = Call(self, state, self._layer_of, cos, sin, stop_after_select=True,
-                         question_call=True)  # fmt: skip
-            token = CALL.set(first)
-            try:
-                self.base(input_ids=ids, position_ids=positions, use_cache=False)
-            except Chosen:
-                pass
-            finally:
-                CALL.reset(token)
-            state = replace(state, selected=first.selected, chosen=first.selected_valid)
+            chooser = self._choose(ids, positions, state, cos, sin)
+            if once := self.config.choice.question_chooses_once:  # then the question's few
+                state = replace(state, selected=chooser.selected, chosen=chooser.selected_valid)
+                chooser = self._choose(ids, positions, state, cos, sin, question=True)
+            state = replace(state, selected=chooser.selected, chosen=chooser.selected_valid)
         call = Call(self, state, self._layer_of, cos, sin, hold=hold, at=at, run=run,
                     question_call=reselect)  # fmt: skip
+        if once and chooser.selected is not None:  # the question's choice, in every block
+            call.selected, call.selected_valid = chooser.selected, chooser.selected_valid
+            call.question, call.chosen_first = chooser.question, True
         token = CALL.set(call)
         wanted = T if keep is None else keep
         try:  # logits_to_keep = 0 is all of them for the base: ask for one and drop it
@@ -221,6 +220,22 @@ class RetrievalLM(nn.Module):
             run.used = at + 1
         state = replace(state, decode=None if run is None else (run, at + 1))
         return out.logits[:, out.logits.shape[1] - wanted :], state
+
+    def _choose(self, ids, positions, state, cos, sin, question: bool = False) -> Call:
+        """A first pass of a reselect call that only chooses, up to `select_layer`, its lower
+        blocks reading the state's choice: a question's choice (`question`), or as a stream's
+        call would (`ScoredChoice.for_call`) when the question's choice is made after it."""
+        question = question or not self.config.choice.question_chooses_once
+        chooser = Call(self, state, self._layer_of, cos, sin, stop_after_select=True,
+                       question_call=question)  # fmt: skip
+        token = CALL.set(chooser)
+        try:
+            self.base(input_ids=ids, position_ids=positions, use_cache=False)
+        except Chosen:
+            pass
+        finally:
+            CALL.reset(token)
+        return chooser
 
     def _run(self, state: RetrievalState) -> tuple[DecodeRun, int]:
         """The run of one-token calls `state` extends, and its place in it; a new run when
@@ -280,7 +295,7 @@ class RetrievalLM(nn.Module):
         """The blocks `layer` reads in this call: ids [b, k], which are valid [b, k] and
         whether it reads any; at `select_layer` the call chooses them first (`choose`)."""
         s, R = call.state, self.config.blocks * self.config.block_size
-        if choose and layer == self.select_layer and R and not call.hold:
+        if choose and layer == self.select_layer and R and not (call.hold or call.chosen_first):
             call.question = self.at_context_end(query, call.at)
             call.selected, call.selected_valid = self.select(s, call.question, call.question_call)
         ids, chosen = (

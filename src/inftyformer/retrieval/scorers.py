@@ -7,7 +7,10 @@ tokens] tensor is ever whole), and the `k` blocks chosen by it.
     "max"       its best q · k / √d over the call's queries, heads and   blocks, neighbours,
                 its tokens                                               select_layer, read_from,
     "attention" its best attention weight from any of the call's         select_queries,
-                queries and heads attending over every stored token      answer_choice
+                queries and heads attending over every stored token      answer_choice;
+                (among the `shortlist` blocks of best q · k)             shortlist
+    "question"  a stream's call as "max", a question's as "attention"    question_blocks,
+                with few blocks, shortlisted                             _neighbours, _shortlist
     "none"      no past block is read (the baselines: sink and window)   –
 """
 
@@ -88,13 +91,17 @@ def part_scores(q: torch.Tensor, split: Sequence[torch.Tensor]) -> Iterator[torc
 
 def attention_score(
     q: torch.Tensor, keys: torch.Tensor | Sequence[torch.Tensor], stored: torch.Tensor,
-    block: int,
+    block: int, shortlist: int = 0,
 ) -> torch.Tensor:  # fmt: skip
     """choice "attention": each block's best attention weight from any of the call's queries
     and heads when that query attends over every stored token alone,
     max_{h,t} max_{j ∈ block} exp(q_ht · k_j − log Σ_{j' stored} exp(q_ht · k_j')),
     in logs. A query that matches many blocks alike (a word every needle shares) spreads its
     weight over them; one that matches a single block (the asked key) gives it nearly all.
+    With `shortlist`, only the `shortlist` blocks of best q · k (the "max" score) keep their
+    weight, the rest −inf: a head that pays a block weight whatever is asked (a chapter
+    heading some heads attend to from any query, where nothing else draws them) wins on
+    weight alone but not on q · k, which the head that matches the asked words decides.
     q [b, Hkv, G, T, d] (scaled), keys [b, n·B, Hkv, d] (or their chunks), stored [b, n] →
     [b, n]; one pass over the keys in `parts`, keeping each part's log-sum-exp and its blocks'
     best raw scores per query ([b, Hkv, G, T, n]: B times smaller than the scores)."""
@@ -107,9 +114,16 @@ def attention_score(
         lse.append(torch.logsumexp(s, -1))  # [b, Hkv, G, T]
         block_max.append(s.unflatten(-1, (-1, block)).amax(-1))  # [b, Hkv, G, T, n'/B]
     total = torch.logsumexp(torch.stack(lse, -1), -1)  # [b, Hkv, G, T]
-    weight = torch.cat(block_max, -1) - total[..., None]  # log attention, [b, Hkv, G, T, n]
+    raw = torch.cat(block_max, -1)  # each block's best q · k per head and query
+    weight = raw - total[..., None]  # log attention, [b, Hkv, G, T, n]
     weight = weight.masked_fill(weight.isnan(), -math.inf)  # nothing stored: −inf − (−inf)
-    return weight.amax((1, 2, 3))  # [b, n]
+    weight = weight.amax((1, 2, 3))  # [b, n]
+    n = weight.shape[1]
+    if shortlist and shortlist < n:  # the blocks of best q · k keep their weight
+        best = raw.amax((1, 2, 3)).masked_fill(~stored, -math.inf)  # "max": [b, n]
+        kept = torch.zeros_like(stored).scatter(1, best.topk(shortlist, 1).indices, True)
+        weight = weight.masked_fill(~kept, -math.inf)
+    return weight
 
 
 def choose(
@@ -138,6 +152,14 @@ def choose(
     return layout.arrange(order, rank)
 
 
+def check_shortlist(name: str, shortlist: int, blocks_name: str, blocks: int) -> None:
+    """A shortlist is 0 (none) or holds at least the blocks chosen from it."""
+    check_positive_int(name, shortlist, minimum=0)
+    if 0 < shortlist < blocks:
+        least = f"0 or at least {blocks_name} ({blocks})"
+        raise ValueError(f"{name} ({shortlist}) must be {least}: the blocks are chosen from it")
+
+
 # ---------------------------------------------------------------------- the choice strategies
 @dataclass(frozen=True)
 class ScoredChoice(Strategy):
@@ -150,6 +172,9 @@ class ScoredChoice(Strategy):
     blocks its prompt's last call chose ("question")."""
 
     seam: ClassVar[str] = "choice"
+    # a question's call (reselect) reads its first pass's choice in every block, or chooses
+    # again at `select_layer` with the queries of a pass whose lower blocks read that choice
+    question_chooses_once: ClassVar[bool] = False
     blocks: int = 16
     neighbours: int = 0
     select_layer: int | None = None
@@ -203,9 +228,14 @@ class AttentionChoice(ScoredChoice):
     matching many blocks alike counts less than one matching a single block."""
 
     kind: ClassVar[str] = "attention"
+    shortlist: int = 0  # choose among the blocks of best q · k only (0: among all)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_shortlist("shortlist", self.shortlist, "blocks", self.blocks)
 
     def scores(self, q, split, stored, block):
-        return attention_score(q, split, stored, block)
+        return attention_score(q, split, stored, block, self.shortlist)
 
 
 @register
@@ -214,19 +244,28 @@ class QuestionChoice(ScoredChoice):
     """A call that knows what it is: a stream's call reads the `blocks` best by their best
     q · k (as "max", with all its queries), a question's call (`reselect`: the prompt's last,
     whose answer is read next) the `question_blocks` best by attention weight from its last
-    `select_queries` queries, each lead with `question_neighbours` blocks after it (as
-    "attention"): one fact among alike ones, where a stream needs many blocks read."""
+    `select_queries` queries among the `question_shortlist` of best q · k, each lead with
+    `question_neighbours` blocks after it (as "attention"): one fact among alike ones, where a
+    stream needs many blocks read. The shortlist keeps a block that some head attends to
+    from any query (a chapter heading) from winning on attention weight alone."""
 
     kind: ClassVar[str] = "question"
+    # few blocks read: queries that read only them drift from what chose them (a question's
+    # lower blocks reading the needle's block and its neighbour chose a chapter's opening next)
+    question_chooses_once: ClassVar[bool] = True
     select_queries: int = 32
     answer_choice: str = "question"
     question_blocks: int = 2
     question_neighbours: int = 1
+    question_shortlist: int = 8
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive_int("question_blocks", self.question_blocks)
         check_positive_int("question_neighbours", self.question_neighbours, minimum=0)
+        check_shortlist(
+            "question_shortlist", self.question_shortlist, "question_blocks", self.question_blocks
+        )
         if self.question_blocks > self.blocks:
             raise ValueError(
                 f"question_blocks ({self.question_blocks}) must be at most blocks "
@@ -241,7 +280,8 @@ class QuestionChoice(ScoredChoice):
                       answer_choice=self.answer_choice)  # fmt: skip
         if question:
             return AttentionChoice(blocks=self.question_blocks, neighbours=self.question_neighbours,
-                                   select_queries=self.select_queries, **shared)  # fmt: skip
+                                   select_queries=self.select_queries,
+                                   shortlist=self.question_shortlist, **shared)  # fmt: skip
         return MaxChoice(blocks=self.blocks, neighbours=self.neighbours, **shared)
 
 
@@ -253,6 +293,7 @@ class NoChoice(Strategy):
 
     seam: ClassVar[str] = "choice"
     kind: ClassVar[str] = "none"
+    question_chooses_once: ClassVar[bool] = False
     blocks: ClassVar[int] = 0
     neighbours: ClassVar[int] = 0
     select_layer: ClassVar[int | None] = None
