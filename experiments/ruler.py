@@ -14,12 +14,10 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
                block after it, the last 256; the answer reads the question's blocks
     picked-all, picked-max  that with the blocks chosen by every query of that call
                (`select_queries=0`); that with each block scored by its best q · k (`choice=max`)
-    retrieval-question  `retrieval` whose question (the prompt's last call) reads the block its
-               last 32 queries give the most attention weight among the 8 of best q · k, with
-               the block after it, chosen after a pass that read the stream's 16 blocks
-    paper      the paper's memory in every block of the base (`paper-gpt2` preset, untrained),
-               saved as a memory model and run as a user runs one: lm_eval's `hf` model with
-               trust_remote_code (the folder made once under --models-dir)
+    retrieval-question  `retrieval`, its question's block chosen by attention weight among the 8
+               of best q · k after a pass that read the stream's 16 (`choice=question`)
+    paper      the paper's memory in every block of the base (`paper-gpt2`, untrained), saved as
+               a memory model, run by lm_eval's `hf` model with trust_remote_code (--models-dir)
 
 Tasks: lm_eval's RULER tasks whose data is made here without a download (`OFFLINE`); those left
 out and why: `LEFT_OUT`. Lengths: lm_eval's `max_seq_lengths` metadata (prompt and answer, in
@@ -296,13 +294,11 @@ ROW_WHAT = {  # what each row reads, as the page says it
     "retrieval-picked": "one fact read: the first 64, the past block the last 32 queries of the "
     "prompt's last call (the question's) give the most attention weight with the block after "
     "it, and the last 256 (448 places), the answer written with its question's blocks",
-    "picked-all": "that preset with the blocks chosen by every query of that call "
-    "(`select_queries=0`)",
+    "picked-all": "that preset, its blocks chosen by every query of that call (`select_queries=0`)",
     "picked-max": "that preset scoring each block by its best q · k (`choice=max`)",
     "retrieval-question": "the retrieval preset whose question call (the prompt's last) reads "
     "the block its last 32 queries give the most attention weight among the 8 of best q · k, "
-    "with the block after it, chosen by a pass that read the stream's 16 blocks "
-    "(`choice=question`)",
+    "with the block after it, chosen by a pass that read the stream's 16 (`choice=question`)",
     "paper": "the paper's memory in every block of the base (preset `paper-gpt2`, untrained: as "
     "wrapped, it adds nothing to the base's logits, so it reads what the base reads in its "
     "window of one segment before the segment), saved as a memory model and run by lm_eval's "
