@@ -199,7 +199,7 @@ class RetrievalLM(nn.Module):
         cos, sin = self.rotary(probe, positions)
         if reselect and not hold and self.read_from < self.select_layer and self.config.blocks:
             chooser = self._choose(ids, positions, state, cos, sin)
-            if once := self.config.choice.question_chooses_once:  # then the question's few
+            if once := self._question_after_stream:  # then the question's few
                 state = replace(state, selected=chooser.selected, chosen=chooser.selected_valid)
                 chooser = self._choose(ids, positions, state, cos, sin, question=True)
             state = replace(state, selected=chooser.selected, chosen=chooser.selected_valid)
@@ -225,7 +225,7 @@ class RetrievalLM(nn.Module):
         """A first pass of a reselect call that only chooses, up to `select_layer`, its lower
         blocks reading the state's choice: a question's choice (`question`), or as a stream's
         call would (`ScoredChoice.for_call`) when the question's choice is made after it."""
-        question = question or not self.config.choice.question_chooses_once
+        question = question or not self._question_after_stream
         chooser = Call(self, state, self._layer_of, cos, sin, stop_after_select=True,
                        question_call=question)  # fmt: skip
         token = CALL.set(chooser)
@@ -236,6 +236,12 @@ class RetrievalLM(nn.Module):
         finally:
             CALL.reset(token)
         return chooser
+
+    @property
+    def _question_after_stream(self) -> bool:
+        """Whether a question chooses after a pass that chose as a stream (a choice strategy
+        of a plugin may not say: then it chooses as it always did)."""
+        return bool(getattr(self.config.choice, "question_chooses_once", False))
 
     def _run(self, state: RetrievalState) -> tuple[DecodeRun, int]:
         """The run of one-token calls `state` extends, and its place in it; a new run when
