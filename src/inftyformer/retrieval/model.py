@@ -241,7 +241,7 @@ class RetrievalLM(nn.Module):
     def _question_after_stream(self) -> bool:
         """Whether a question chooses after a pass that chose as a stream (a choice strategy
         of a plugin may not say: then it chooses as it always did)."""
-        return bool(getattr(self.config.choice, "question_chooses_once", False))
+        return bool(getattr(self.config.choice, "question_after_stream", False))
 
     def _run(self, state: RetrievalState) -> tuple[DecodeRun, int]:
         """The run of one-token calls `state` extends, and its place in it; a new run when

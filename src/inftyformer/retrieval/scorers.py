@@ -120,7 +120,7 @@ def attention_score(
     weight = weight.amax((1, 2, 3))  # [b, n]
     n = weight.shape[1]
     if shortlist and shortlist < n:  # the blocks of best q · k keep their weight
-        best = raw.amax((1, 2, 3)).masked_fill(~stored, -math.inf)  # "max": [b, n]
+        best = raw.amax((1, 2, 3))  # "max" (−inf where not stored): [b, n]
         kept = torch.zeros_like(stored).scatter(1, best.topk(shortlist, 1).indices, True)
         weight = weight.masked_fill(~kept, -math.inf)
     return weight
@@ -172,9 +172,10 @@ class ScoredChoice(Strategy):
     blocks its prompt's last call chose ("question")."""
 
     seam: ClassVar[str] = "choice"
-    # a question's call (reselect) reads its first pass's choice in every block, or chooses
-    # again at `select_layer` with the queries of a pass whose lower blocks read that choice
-    question_chooses_once: ClassVar[bool] = False
+    # a question's call (reselect) first chooses as a stream's call, then its own blocks with
+    # the queries of a pass that read those, and reads that choice in every block; otherwise
+    # it chooses once in a first pass and again at `select_layer` of the call itself
+    question_after_stream: ClassVar[bool] = False
     blocks: int = 16
     neighbours: int = 0
     select_layer: int | None = None
@@ -252,7 +253,7 @@ class QuestionChoice(ScoredChoice):
     kind: ClassVar[str] = "question"
     # few blocks read: queries that read only them drift from what chose them (a question's
     # lower blocks reading the needle's block and its neighbour chose a chapter's opening next)
-    question_chooses_once: ClassVar[bool] = True
+    question_after_stream: ClassVar[bool] = True
     select_queries: int = 32
     answer_choice: str = "question"
     question_blocks: int = 2
@@ -293,7 +294,6 @@ class NoChoice(Strategy):
 
     seam: ClassVar[str] = "choice"
     kind: ClassVar[str] = "none"
-    question_chooses_once: ClassVar[bool] = False
     blocks: ClassVar[int] = 0
     neighbours: ClassVar[int] = 0
     select_layer: ClassVar[int | None] = None
