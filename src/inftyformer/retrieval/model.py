@@ -51,6 +51,7 @@ from ..native.streaming import check_sampling, sample_next
 from . import state as states
 from .attention import ATTENTION, CALL, Call, Chosen
 from .config import RetrievalConfig
+from .continuous import ContinuousConfig, ContinuousMemory
 from .decode import DecodeRun
 from .scorers import ScoredChoice, block_scores, choose
 from .state import RetrievalState, held, unturn, written
@@ -76,10 +77,14 @@ class RetrievalLM(nn.Module):
         base: PreTrainedModel,
         config: RetrievalConfig | None = None,
         preset: str | None = None,
+        *,
+        memory: ContinuousConfig | None = None,
         **settings,
     ):
         """`config`, or a preset of the retrieval kind (`inftyformer presets`), with `settings`
-        on top: ``RetrievalLM(base, preset="retrieval", store_dir="/tmp/blocks")``."""
+        on top: ``RetrievalLM(base, preset="retrieval", store_dir="/tmp/blocks")``. `memory`:
+        the ∞-former's continuous memory of what leaves the window, beside the blocks
+        (`continuous.py`; its weights to train, the base frozen)."""
         super().__init__()
         if preset is not None:
             if config is not None:
@@ -118,6 +123,9 @@ class RetrievalLM(nn.Module):
         self.retrieving = list(range(first, self.num_layers)) if config.blocks else []
         self._layer_of = {id(m): i for i, m in enumerate(self.attentions)}
         base.set_attn_implementation(ATTENTION)
+        if memory is not None and not isinstance(memory, ContinuousConfig):
+            raise TypeError(f"memory must be a ContinuousConfig or None, got {memory!r:.80}")
+        self.memory = None if memory is None else ContinuousMemory(base, memory)
 
     def _param(self) -> torch.Tensor:
         return next(self.base.parameters())
@@ -167,19 +175,23 @@ class RetrievalLM(nn.Module):
         if targets is not None:
             check_targets(targets, ids)
             logits_to_keep = 0  # the loss needs every token's logits
-        L, n, logits = self.config.segment_len, ids.shape[1], []
+        L, n, logits, kl = self.config.segment_len, ids.shape[1], [], []
         keep_from = n - logits_to_keep if logits_to_keep else 0  # the first token with logits
         for start in (starts := range(0, n, L)):
             last = reselect and start == starts[-1]
             chunk = ids[:, start : start + L]
             keep = max(0, start + chunk.shape[1] - max(keep_from, start))  # of this call's
-            out, state = self._call(chunk, state, reselect=last, hold=keep_choice, keep=keep)
+            out, state, read_kl = self._call(chunk, state, reselect=last, hold=keep_choice,
+                                             keep=keep)  # fmt: skip
             logits.append(out)
+            kl += [] if read_kl is None else [read_kl]
         logits = torch.cat(logits, 1)
+        # the continuous reads' variance KL toward σ₀, summed over blocks, averaged over calls
+        aux = {"kl": torch.stack(kl).mean()} if kl else {}
         if targets is None:
-            return RetrievalOutput(logits, state)
+            return RetrievalOutput(logits, state, aux=aux)
         token_loss, lm_loss = token_losses(logits, targets.to(logits.device))
-        return RetrievalOutput(logits, state, lm_loss, lm_loss, token_loss)
+        return RetrievalOutput(logits, state, lm_loss, lm_loss, token_loss, aux)
 
     def _call(
         self,
@@ -188,8 +200,22 @@ class RetrievalLM(nn.Module):
         reselect: bool = False,
         hold: bool = False,
         keep: int | None = None,
-    ) -> tuple[torch.Tensor, object]:
-        """One call of T ≤ segment_len tokens: the logits of its last `keep` (None: all)."""
+    ) -> tuple[torch.Tensor, RetrievalState, torch.Tensor | None]:
+        """One call of T ≤ segment_len tokens: the logits of its last `keep` (None: all), the
+        state after it and, with a continuous memory, its reads' KL (`continuous.py`)."""
+        if self.memory is None:
+            return (*self._base_call(ids, state, reselect, hold, keep), None)
+        before = state
+        long_term = self.memory.fitted(state.continuous)  # what left the window, fitted
+        with self.memory.reading(long_term) as read:  # every pass reads the signal
+            logits, state = self._base_call(ids, state, reselect, hold, keep)
+        c = self.config
+        continuous = self.memory.written(before.continuous, long_term, read, before.window_len,
+                                         c.window, c.block_size)  # fmt: skip
+        return logits, replace(state, continuous=continuous), self.memory.kl(read)
+
+    def _base_call(self, ids, state, reselect, hold, keep):
+        """`_call`'s passes of the base and the retrieval's state after them."""
         b, T = ids.shape
         run, at = self._run(state) if T == 1 and not reselect else (None, 0)
         once = False  # whether the call reads its first pass's choice in every block
@@ -376,6 +402,9 @@ class RetrievalLM(nn.Module):
         return self(tokens, state, logits_to_keep=1).state
 
     def param_groups(self, lr: float, weight_decay: float) -> list[dict]:
+        if self.memory is not None:  # the continuous memory's weights; the base stays frozen
+            return [{"params": list(self.memory.parameters()), "lr": lr,
+                     "weight_decay": weight_decay}]  # fmt: skip
         raise ValueError(
             "the retrieval is training-free: it has no weights of its own to train (read a "
             "document with `inftyformer ask`, or train a memory with --preset adapter)"

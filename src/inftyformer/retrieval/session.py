@@ -183,6 +183,9 @@ def save_session(folder: str | Path, state: RetrievalState, info: SessionInfo) -
     folder.mkdir(parents=True, exist_ok=True)
     if state.batch_size != 1:
         raise ValueError(f"a session holds one stream, the state has {state.batch_size} rows")
+    if state.continuous is not None:
+        raise ValueError("a session keeps the blocks, not a continuous memory: save the state "
+                         "of a retrieval without `memory`")  # fmt: skip
     old = read_info(folder)[1] if is_session(folder) else {}
     store = state.store
     count = int(state.block_ids.max()) + 1 if state.block_ids.numel() else 0  # the state's

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from .._checks import check_row_mask
 from ..hf.head_read import rotate_half
+from .continuous import ContinuousState
 from .store import BlockStore, narrowed, store_dtype
 
 CHUNK_BLOCKS = 64  # stored blocks per chunk of the in-memory keys (4,096 tokens in blocks of 64)
@@ -43,13 +44,15 @@ class StateRecord:
     kv_heads: int
     head_dim: int
     retrieving: tuple[int, ...]
+    memory_blocks: tuple[int, ...] = ()  # the blocks with a continuous memory (none: none)
 
     @classmethod
     def of(cls, model) -> StateRecord:
-        c = model.config
+        c, memory = model.config, model.memory
         return cls(
             c.block_size, c.window, c.sink_blocks, model.select_layer, model.read_from,
             model.num_layers, model.kv_heads, model.head_dim, tuple(model.retrieving),
+            () if memory is None else tuple(memory.blocks),
         )  # fmt: skip
 
 
@@ -75,6 +78,8 @@ def new_state(model, batch_size: int, device: torch.device | str | None = None) 
         tokens=zeros(batch_size, **count),
         store=BlockStore(model.retrieving, H, B, d, c.store_dir, store_dtype(p.dtype)),
         record=StateRecord.of(model),
+        continuous=None if model.memory is None
+        else model.memory.init_state(batch_size, c.window + B - 1, where, p.dtype),
     )  # fmt: skip
 
 
@@ -126,6 +131,8 @@ class RetrievalState:
                         refuses it)
     decode              the run of one-token calls this state extends and its place in it
                         (`retrieval_decode`: derived, dropped by select_rows)
+    continuous          the continuous memory of what left the window (`continuous.py`;
+                        None: the model has none)
     """
 
     window_k: torch.Tensor
@@ -144,6 +151,7 @@ class RetrievalState:
     record: StateRecord | None = field(default=None, repr=False, compare=False)
     decode: tuple | None = field(default=None, repr=False, compare=False)
     question: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    continuous: ContinuousState | None = field(default=None, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:
@@ -159,6 +167,7 @@ class RetrievalState:
             blocks=self.blocks * keep,
             chosen=self.chosen & keep[:, None],
             tokens=self.tokens * keep,
+            continuous=None if self.continuous is None else self.continuous.reset(~keep),
         )  # a run of one-token calls goes on for the other rows: a reset row's counters end it
 
     def select_rows(self, rows: list[int]) -> RetrievalState:
@@ -170,9 +179,12 @@ class RetrievalState:
         changes = {name: getattr(self, name)[:, at] for name in per_layer}
         changes["keys"] = tuple(chunk[at] for chunk in self.keys)
         for f in fields(self):  # the others are batch first
-            skip = f.name in per_layer or f.name in ("keys", "store", "decode", "record")
+            skip = f.name in per_layer or f.name in ("keys", "store", "decode", "record",
+                                                     "continuous")  # fmt: skip
             if not skip and getattr(self, f.name) is not None:
                 changes[f.name] = getattr(self, f.name)[at]
+        if self.continuous is not None:
+            changes["continuous"] = self.continuous.select_rows(at)
         return replace(self, **changes, decode=None)
 
 
