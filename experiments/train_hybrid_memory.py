@@ -1,0 +1,156 @@
+"""Train the ∞-former's continuous memory beside the retrieval (`inftyformer.retrieval.continuous`)
+on a frozen base: the memory's weights only, on pg19-mini's train books (held out from
+book_perplexity.py's test and valid books).
+
+Each step streams a new excerpt of `--doc-tokens` tokens from two random train books (batch 2)
+through `RetrievalLM(base, preset="retrieval", memory=ContinuousConfig())` in calls of 256
+tokens: the calls before anything left the window are read without gradient (the memory is empty
+there, its read is 0), each later call is one optimiser step on its loss (the base's NLL plus
+the reads' variance KL, as the paper trains), the state carried to the next call detached.
+
+    python experiments/train_hybrid_memory.py --out runs/hybrid --minutes 40   # resumable
+    python experiments/book_perplexity.py --rows retrieval,hybrid,hybrid-other \\
+        --memory-weights runs/hybrid/memory.safetensors
+
+OUT/memory.safetensors holds the memory's weights (what book_perplexity.py reads), OUT/train.pt
+the optimiser, the step and the random state (a run resumes where it stopped), OUT/train.csv the
+loss of every step. Both are written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from inftyformer._files import atomic_path
+from inftyformer._measure import command_line, default_base_model
+
+SEGMENT = 256
+
+
+def train_books(data_dir: Path, tokenizer) -> list[list[int]]:
+    files = sorted((data_dir / "pg19-mini" / "train").glob("*.txt"))
+    if not files:
+        raise SystemExit(f"no books in {data_dir}/pg19-mini/train")
+    return [tokenizer.encode(p.read_text(encoding="utf-8")).ids for p in files]
+
+
+def build(base_dir: str, settings: dict):
+    from transformers import AutoModelForCausalLM
+
+    from inftyformer.retrieval.continuous import ContinuousConfig
+    from inftyformer.retrieval.model import RetrievalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    base.requires_grad_(False)
+    memory = ContinuousConfig(layers=tuple(settings["layers"]) if settings["layers"] else None)
+    return RetrievalLM(base, preset="retrieval", memory=memory)
+
+
+def save(out: Path, model, optimiser, step: int, rng: random.Random, settings: dict) -> None:
+    from safetensors.torch import save_file
+
+    weights = {k: v.detach().contiguous() for k, v in model.memory.state_dict().items()}
+    with atomic_path(out / "memory.safetensors") as tmp:
+        save_file(weights, str(tmp), metadata={"settings": json.dumps(settings)})
+    with atomic_path(out / "train.pt") as tmp:
+        torch.save({"optimiser": optimiser.state_dict(), "step": step, "rng": rng.getstate(),
+                    "torch_rng": torch.get_rng_state(), "settings": settings}, tmp)  # fmt: skip
+
+
+def excerpt(books: list[list[int]], rng: random.Random, length: int) -> list[int]:
+    long = [b for b in books if len(b) > length]
+    book = long[rng.randrange(len(long))]
+    start = rng.randrange(len(book) - length)
+    return book[start : start + length]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base-model", default=None)
+    p.add_argument(
+        "--data-dir", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data"
+    )
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--minutes", type=float, default=40.0, help="of training, this run")
+    p.add_argument("--doc-tokens", type=int, default=4096)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--kl-weight", type=float, default=1e-6)
+    p.add_argument(
+        "--layers",
+        default="",
+        help="memory blocks, comma-separated (default: every fourth from the middle)",
+    )
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    from tokenizers import Tokenizer
+
+    torch.set_num_threads(args.threads)
+    base_dir = args.base_model or default_base_model()
+    layers = [int(x) for x in args.layers.split(",") if x]
+    settings = {"base_model": Path(base_dir).name, "doc_tokens": args.doc_tokens, "lr": args.lr,
+                "kl_weight": args.kl_weight, "layers": layers, "seed": args.seed,
+                "preset": "retrieval", "command": command_line()}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = build(base_dir, settings)
+    optimiser = torch.optim.AdamW(model.memory.parameters(), lr=args.lr, weight_decay=0.0)
+    rng, step = random.Random(args.seed), 0
+    torch.manual_seed(args.seed)
+    if (args.out / "train.pt").is_file():  # resume where the last run stopped
+        from safetensors.torch import load_file
+
+        saved = torch.load(args.out / "train.pt", weights_only=False)
+        if {k: v for k, v in saved["settings"].items() if k != "command"} != {
+            k: v for k, v in settings.items() if k != "command"
+        }:
+            raise SystemExit(f"{args.out} was trained with other settings: {saved['settings']}")
+        model.memory.load_state_dict(load_file(str(args.out / "memory.safetensors")))
+        optimiser.load_state_dict(saved["optimiser"])
+        step = saved["step"]
+        rng.setstate(saved["rng"])
+        torch.set_rng_state(saved["torch_rng"])
+        print(f"resumed at step {step}")
+    books = train_books(args.data_dir, Tokenizer.from_file(str(Path(base_dir) / "tokenizer.json")))
+    c = model.config
+    empty_calls = -(-(c.window + c.block_size * (c.sink_blocks + 1)) // SEGMENT)  # read no memory
+    log = open(args.out / "train.csv", "a", newline="")
+    writer = csv.writer(log)
+    if step == 0:
+        writer.writerow(["step", "position", "lm_loss", "kl", "seconds"])
+    until = time.monotonic() + 60 * args.minutes
+    while time.monotonic() < until:
+        ids = torch.tensor([excerpt(books, rng, args.doc_tokens + 1) for _ in range(2)])
+        state = None
+        with torch.no_grad():
+            warm = empty_calls * SEGMENT
+            state = model(ids[:, :warm], logits_to_keep=1).state
+        for start in range(warm, args.doc_tokens, SEGMENT):
+            tic = time.perf_counter()
+            chunk, target = ids[:, start : start + SEGMENT], ids[:, start + 1 : start + 1 + SEGMENT]
+            out = model(chunk, state, targets=target)
+            loss = out.lm_loss + args.kl_weight * out.aux["kl"]
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.memory.parameters(), 1.0)
+            optimiser.step()
+            state, step = out.state, step + 1
+            kl, seconds = float(out.aux["kl"].detach()), time.perf_counter() - tic
+            writer.writerow(
+                [step, start, f"{float(out.lm_loss.detach()):.5f}", f"{kl:.3f}", f"{seconds:.2f}"]
+            )
+        state.store.close()
+        log.flush()
+        save(args.out, model, optimiser, step, rng, settings)
+        print(f"step {step}: last loss {float(out.lm_loss.detach()):.4f}", flush=True)
+    log.close()
+
+
+if __name__ == "__main__":
+    main()
