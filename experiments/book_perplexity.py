@@ -10,6 +10,11 @@ kind but `full`):
     streaming  the first 64 tokens and the last 1,984 (StreamingLLM's sink + recent window)
     retrieval  the first 64, the 16 past blocks of 64 the queries match best, the last 960
     retrieval-picked  the first 64, one past block and the block after it, the last 256
+    hybrid     retrieval with the ∞-former's continuous memory of what left its window
+               (`--memory-weights`, trained by experiments/train_hybrid_memory.py)
+    hybrid-other  the same weights reading the memory of another book (the next book, streamed
+               beside it: its memory at the same position), so that a fixed correction
+               cannot pass as memory (an empty memory reads 0: that row is `retrieval`)
 
 Perplexity is exp(mean NLL) over the tokens at positions [1K, 2K), [2K, 4K), [4K, 8K),
 [8K, 16K) and ≥ 1K of every book, pooled; its interval is a bootstrap over books (books drawn
@@ -31,6 +36,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
+import hashlib
 import inspect
 import json
 import math
@@ -53,7 +60,9 @@ from inftyformer._measure import (
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "results"
 NAME = "book_perplexity"
-ROWS = ("full", "window", "streaming", "retrieval", "retrieval-near", "retrieval-picked")
+ROWS = ("full", "window", "streaming", "retrieval", "retrieval-near", "retrieval-picked",
+        "hybrid", "hybrid-other")  # fmt: skip
+HYBRID = ("hybrid", "hybrid-other")
 SPLITS = ("test", "valid")  # held out, in this order
 BLOCK = 64  # predicted positions per stored NLL sum (the buckets' edges are multiples of it)
 SEGMENT = 256  # tokens per call
@@ -67,6 +76,8 @@ WHAT = {
     "last), the last 448",
     "retrieval-picked": "the first 64, the past block a call's last 32 queries give the most "
     "attention weight with the block after it, the last 256 (448 places)",
+    "hybrid": "retrieval plus the continuous memory of what left its window (trained weights)",
+    "hybrid-other": "hybrid's weights reading another book's memory at the same position",
 }
 
 
@@ -114,18 +125,40 @@ def cache_keyword(base) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def hybrid_model(base, weights: str):
+    """The retrieval default with the continuous memory of `weights` (a safetensors file of
+    `model.memory`'s state, its training settings in the metadata)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from inftyformer.retrieval.continuous import ContinuousConfig
+    from inftyformer.retrieval.model import RetrievalLM
+
+    with safe_open(weights, "pt") as f:
+        layers = json.loads(f.metadata()["settings"])["layers"]
+    memory = ContinuousConfig(layers=tuple(layers) if layers else None)
+    model = RetrievalLM(base, preset="retrieval", memory=memory).eval()
+    model.memory.load_state_dict(load_file(weights))
+    return model
+
+
 @torch.no_grad()
-def token_nll(row: str, ids: torch.Tensor, base, progress: bool = False) -> torch.Tensor:
+def token_nll(
+    row: str, ids: torch.Tensor, base, progress: bool = False, weights=None, other=None
+) -> torch.Tensor:
     """NLL [n − 1] of ids[0, 1:] [1, n], each token given what `row` reads of its past;
-    the stream is fed in calls of SEGMENT tokens (its last token is never fed)."""
+    the stream is fed in calls of SEGMENT tokens (its last token is never fed). `weights`:
+    the hybrid rows' memory; `other` [1, n]: the book whose memory hybrid-other reads."""
     from tqdm import tqdm
     from transformers import DynamicCache
 
     from inftyformer.retrieval.model import RetrievalLM
 
-    n = ids.shape[1]
+    n, beside = ids.shape[1], None  # beside: the state of the book hybrid-other reads
     if row == "full":
         cache, key = DynamicCache(), cache_keyword(base)
+    elif row in HYBRID:
+        model, state = hybrid_model(base, weights), None
     else:
         model, state = RetrievalLM(base, preset=row).eval(), None
     nll = []
@@ -137,11 +170,17 @@ def token_nll(row: str, ids: torch.Tensor, base, progress: bool = False) -> torc
             cache = getattr(out, key)
             logits = out.logits
         else:
+            if beside is not None:  # hybrid-other: the other book's memory at this position
+                state = dataclasses.replace(state, continuous=beside.continuous)
             out = model(chunk, state)
             logits, state = out.logits, out.state
+            if row == "hybrid-other":
+                beside = model(other[:, start : start + chunk.shape[1]], beside).state
         nll.append(F.cross_entropy(logits[0].float(), target[0], reduction="none"))
-    if row != "full" and state is not None:
-        state.store.close()
+    if row != "full":
+        for s in (state, beside):
+            if s is not None:
+                s.store.close()
     return torch.cat(nll)
 
 
@@ -158,19 +197,27 @@ def block_sums(nll: torch.Tensor) -> tuple[list[float], list[int]]:
     return sums.tolist(), [int(c) for c in count.tolist()]
 
 
-def cell_settings(row: str, tokens: int, base_dir: str, positions: int) -> dict:
+def cell_settings(
+    row: str, tokens: int, base_dir: str, positions: int, weights=None, other=None
+) -> dict:
     from inftyformer.presets import retrieval_settings
 
     fed = min(tokens, positions) if row == "full" else tokens
-    preset = {} if row == "full" else retrieval_settings(row)
-    return {"base_model": Path(base_dir).name, "tokens": fed, "segment_len": SEGMENT,
-            "preset": preset}  # fmt: skip
+    preset = {} if row == "full" else retrieval_settings(row if row not in HYBRID else "retrieval")
+    out = {"base_model": Path(base_dir).name, "tokens": fed, "segment_len": SEGMENT,
+           "preset": preset}  # fmt: skip
+    if row in HYBRID:  # the weights by their digest, and the book whose memory is read
+        out["memory_weights"] = hashlib.sha256(Path(weights).read_bytes()).hexdigest()[:16]
+        out["other_book"] = other["id"] if row == "hybrid-other" else None
+    return out
 
 
-def run_cell(row: str, book: dict, settings: dict, base, tokenizer, progress: bool) -> dict:
+def run_cell(row: str, book: dict, settings: dict, base, tokenizer, progress: bool,
+             weights=None, other=None) -> dict:  # fmt: skip
     ids = book_tokens(tokenizer, book, settings["tokens"])
+    beside = None if other is None else book_tokens(tokenizer, other, settings["tokens"])
     wall, cpu = time.perf_counter(), time.process_time()
-    nll = token_nll(row, ids, base, progress)
+    nll = token_nll(row, ids, base, progress, weights, beside)
     seconds, cpu_seconds = time.perf_counter() - wall, time.process_time() - cpu
     sums, counts = block_sums(nll)
     return {
@@ -187,7 +234,8 @@ def ratio_pairs(rows: list[str]) -> list[tuple[str, str]]:
     and retrieval-picked with retrieval (what a shorter window and fewer blocks change)."""
     pairs = [(r, "window") for r in rows if r != "window"]
     near, picked = ("retrieval-near", "retrieval"), ("retrieval-picked", "retrieval")
-    for pair in (("retrieval", "streaming"), near, picked):
+    hybrid = [("hybrid", "retrieval"), ("hybrid-other", "retrieval"), ("hybrid", "hybrid-other")]
+    for pair in (("retrieval", "streaming"), near, picked, *hybrid):
         if set(pair) <= set(rows):
             pairs.append(pair)
     return pairs
@@ -313,8 +361,10 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--books", type=int, default=4, help="how many held-out books (K)")
     p.add_argument("--tokens", type=int, default=16384, help="tokens of each book (T)")
-    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--rows", default=",".join(r for r in ROWS if r not in HYBRID))
     p.add_argument("--base-model", default=None)
+    p.add_argument("--memory-weights", default=None,
+                   help="the hybrid rows' memory (experiments/train_hybrid_memory.py)")  # fmt: skip
     p.add_argument("--data-dir", default=None, help="holds pg19-mini/ (default: the shared data)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--resamples", type=int, default=2000, help="bootstrap draws over books")
@@ -331,6 +381,8 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"unknown row {row!r}; known: {', '.join(ROWS)}")
     if "window" not in rows:
         p.error("the rows must include window (the others are compared with it)")
+    if set(rows) & set(HYBRID) and not args.render_only and not args.memory_weights:
+        p.error("the hybrid rows need --memory-weights")
     if args.tokens < 2 * BLOCK or args.tokens % BLOCK:
         p.error(f"--tokens must be a multiple of {BLOCK}, at least {2 * BLOCK}")
     if args.quick and Path(args.out).resolve() == OUT.resolve():
@@ -363,13 +415,17 @@ def main(argv: list[str] | None = None) -> None:
         base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
         positions = int(getattr(base.config, "max_position_embeddings", None) or 1 << 30)
         cells_dir.mkdir(parents=True, exist_ok=True)
-        for book in books:
+        for i, book in enumerate(books):
+            other = books[(i + 1) % len(books)]  # whose memory hybrid-other reads
             for row in rows:
                 path = cells_dir / f"{row}-{book['id']}.json"
-                settings = cell_settings(row, args.tokens, base_dir, positions)
+                settings = cell_settings(row, args.tokens, base_dir, positions,
+                                         args.memory_weights, other)  # fmt: skip
                 if path.exists() and json.loads(path.read_text())["settings"] == settings:
                     continue
-                cell = run_cell(row, book, settings, base, tokenizer, progress=not args.quick)
+                other_book = other if row == "hybrid-other" else None
+                cell = run_cell(row, book, settings, base, tokenizer, not args.quick,
+                                args.memory_weights, other_book)  # fmt: skip
                 write_json(path, cell)
                 ran = True
                 ppl = math.exp(sum(cell["nll_sum"]) / sum(cell["count"]))

@@ -4,13 +4,14 @@ book_perplexity.py's test and valid books).
 
 Each step streams a new excerpt of `--doc-tokens` tokens from two random train books (batch 2)
 through `RetrievalLM(base, preset="retrieval", memory=ContinuousConfig())` in calls of 256
-tokens: the calls before anything left the window are read without gradient (the memory is empty
-there, its read is 0), each later call is one optimiser step on its loss (the base's NLL plus
-the reads' variance KL, as the paper trains), the state carried to the next call detached.
+tokens: the first calls are read without gradient (until the window has let go of one block
+past the sink, the memory is empty or nearly, its read 0 or nearly), each later call is one
+optimiser step on its loss (the base's NLL plus the reads' variance KL, as the paper trains),
+the state carried to the next call detached.
 
     python experiments/train_hybrid_memory.py --out runs/hybrid --minutes 40   # resumable
-    python experiments/book_perplexity.py --rows retrieval,hybrid,hybrid-other \\
-        --memory-weights runs/hybrid/memory.safetensors
+    python experiments/book_perplexity.py --rows window,retrieval,hybrid,hybrid-other \\
+        --memory-weights runs/hybrid/memory.safetensors --out docs/results/hybrid
 
 OUT/memory.safetensors holds the memory's weights (what book_perplexity.py reads), OUT/train.pt
 the optimiser, the step and the random state (a run resumes where it stopped), OUT/train.csv the

@@ -62,7 +62,7 @@ def test_the_quick_run_window_is_the_full_context_while_it_holds_the_past(tmp_pa
     assert len(books) == 2 and data["setup"]["tokens"] == 4096
     cells_dir = tmp_path / "book_perplexity.cells"
     assert sorted(p.stem for p in cells_dir.glob("*.json")) == sorted(
-        f"{r}-{b}" for r in bp.ROWS for b in books
+        f"{r}-{b}" for r in bp.ROWS if r not in bp.HYBRID for b in books
     )
     for book in books:
         full = torch.tensor(data["cells"][f"full-{book}"]["nll_sum"])
@@ -72,7 +72,7 @@ def test_the_quick_run_window_is_the_full_context_while_it_holds_the_past(tmp_pa
         torch.testing.assert_close(window[:32], full[:32], rtol=0, atol=1e-3)
         assert (window[40:] - full[40:]).abs().max() > 1e-3  # later it reads only the last 2K
     # the report's perplexities are the cells', per bucket the books reach
-    for row in bp.ROWS:
+    for row in data["setup"]["rows"]:
         got = data["results"]["rows"][row]
         assert sorted(got) == sorted(["[1K, 2K)", "[2K, 4K)", "≥1K"])
         sums = [data["cells"][f"{row}-{b}"]["nll_sum"] for b in books]
@@ -105,3 +105,37 @@ def test_bad_arguments_are_refused_with_the_reason(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bp.main(["--tokens", "1000", "--out", str(tmp_path), "--render-only"])
     assert "multiple of 64" in capsys.readouterr().err
+
+
+def test_the_hybrid_rows_read_a_memory_once_text_left_the_window_and_the_other_books(tmp_path):
+    """The hybrid row is the retrieval's until something left the window (its memory is empty
+    and reads 0), then differs; hybrid-other reads another book's memory, so it differs from
+    hybrid there too; the ratios compare them."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from inftyformer.retrieval.continuous import ContinuousConfig
+    from inftyformer.retrieval.model import RetrievalLM
+
+    folder = bp.quick_model(tmp_path / "quick-model")
+    base = AutoModelForCausalLM.from_pretrained(str(folder))
+    model = RetrievalLM(base, preset="retrieval", memory=ContinuousConfig())
+    torch.manual_seed(0)
+    weights = {k: v + 0.05 * torch.randn_like(v) for k, v in model.memory.state_dict().items()}
+    path = tmp_path / "memory.safetensors"
+    save_file(weights, str(path), metadata={"settings": json.dumps({"layers": []})})
+    rows = "window,retrieval,hybrid,hybrid-other"
+    bp.main(["--quick", "--out", str(tmp_path), "--rows", rows, "--memory-weights", str(path)])
+    data = json.loads((tmp_path / "book_perplexity.json").read_text())
+    empty = (960 + 64) // 64  # blocks of positions before anything left the 960-token window
+    for book in (b["id"] for b in data["setup"]["books"]):
+        got = {r: torch.tensor(data["cells"][f"{r}-{book}"]["nll_sum"]) for r in rows.split(",")}
+        torch.testing.assert_close(got["hybrid"][:empty], got["retrieval"][:empty])
+        torch.testing.assert_close(got["hybrid-other"][:empty], got["retrieval"][:empty])
+        assert (got["hybrid"][empty:] - got["retrieval"][empty:]).abs().max() > 1e-3
+        assert (got["hybrid"][empty:] - got["hybrid-other"][empty:]).abs().max() > 1e-3
+    assert {"hybrid/retrieval", "hybrid-other/retrieval", "hybrid/hybrid-other"} <= set(
+        data["results"]["ratios"]
+    )
+    with pytest.raises(SystemExit):
+        bp.main(["--quick", "--out", str(tmp_path), "--rows", rows])
