@@ -31,6 +31,39 @@ def verdict(data: dict) -> str:
     )
 
 
+def hybrid_verdict(data: dict) -> str:
+    """Whether the continuous memory is a memory (issue's goal): hybrid / retrieval at
+    positions ≥ 2K at most 0.97, the gain at [8K, 16K) larger than at [1K, 2K), and hybrid below
+    hybrid-other (another book's memory) — each read from the ratios the JSON holds."""
+    ratios = data["results"]["ratios"]
+
+    def shown(pair: str, bucket: str) -> str:
+        r = ratios.get(pair, {}).get(bucket)
+        if r is None:
+            return f"{pair} at {bucket}: not measured"
+        lo, hi = r["interval"]
+        n = len(r["per_book"])
+        return (f"{pair} at {bucket} = {r['ratio']:.4f} [{lo:.4f}, {hi:.4f}] (below 1 on "
+                f"{r['books_below_1']} of {n} books)")  # fmt: skip
+
+    gain = ratios.get("hybrid/retrieval", {})
+    far, near, late = gain.get("[8K, 16K)"), gain.get("[1K, 2K)"), gain.get("≥2K")
+    met = late is not None and late["ratio"] <= 0.97
+    grows = far is not None and near is not None and far["ratio"] < near["ratio"]
+    control = ratios.get("hybrid/hybrid-other", {}).get("≥2K")
+    own = control is not None and control["interval"][1] < 1
+    below = "below, the whole interval" if own else "not below for sure"
+    return "\n".join([
+        f"**Goal (the continuous memory at least 3% below the retrieval at positions ≥ 2K): "
+        f"{'met' if met else 'not met'}.** {shown('hybrid/retrieval', '≥2K')}.",
+        "",
+        f"- Growing with distance: {'yes' if grows else 'no'}: "
+        f"{shown('hybrid/retrieval', '[1K, 2K)')}; {shown('hybrid/retrieval', '[8K, 16K)')}.",
+        f"- Its own book's memory against another's: {below}: "
+        f"{shown('hybrid/hybrid-other', '≥2K')}.",
+    ])  # fmt: skip
+
+
 def render(data: dict, notes: str = "") -> str:
     s, res = data["setup"], data["results"]
     names = [bucket_name(b) for b in BUCKETS]
@@ -52,6 +85,7 @@ def render(data: dict, notes: str = "") -> str:
         "",
         verdict(data),
         "",
+        *([hybrid_verdict(data), ""] if "hybrid" in s["rows"] else []),
         "## Perplexity",
         "",
         "| row | " + " | ".join(names) + " |",

@@ -66,7 +66,7 @@ HYBRID = ("hybrid", "hybrid-other")
 SPLITS = ("test", "valid")  # held out, in this order
 BLOCK = 64  # predicted positions per stored NLL sum (the buckets' edges are multiples of it)
 SEGMENT = 256  # tokens per call
-BUCKETS = ((1024, 2048), (2048, 4096), (4096, 8192), (8192, 16384), (1024, None))
+BUCKETS = ((1024, 2048), (2048, 4096), (4096, 8192), (8192, 16384), (2048, None), (1024, None))
 WHAT = {
     "full": "the base alone, its HF KV cache of every earlier token (calls of 256)",
     "window": "a KV cache of the last 2,048 tokens",

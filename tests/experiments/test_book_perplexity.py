@@ -74,7 +74,7 @@ def test_the_quick_run_window_is_the_full_context_while_it_holds_the_past(tmp_pa
     # the report's perplexities are the cells', per bucket the books reach
     for row in data["setup"]["rows"]:
         got = data["results"]["rows"][row]
-        assert sorted(got) == sorted(["[1K, 2K)", "[2K, 4K)", "≥1K"])
+        assert sorted(got) == sorted(["[1K, 2K)", "[2K, 4K)", "≥2K", "≥1K"])
         sums = [data["cells"][f"{row}-{b}"]["nll_sum"] for b in books]
         want = math.exp(sum(sum(s[32:64]) for s in sums) / (2 * 2048))
         assert got["[2K, 4K)"]["ppl"] == pytest.approx(want, rel=1e-12)
@@ -85,7 +85,7 @@ def test_the_quick_run_window_is_the_full_context_while_it_holds_the_past(tmp_pa
              "retrieval-picked/retrieval"}  # fmt: skip
     assert set(data["results"]["ratios"]) == pairs
     page = (tmp_path / "book_perplexity.md").read_text()
-    assert "| row | [1K, 2K) | [2K, 4K) | [4K, 8K) | [8K, 16K) | ≥1K |" in page
+    assert "| row | [1K, 2K) | [2K, 4K) | [4K, 8K) | [8K, 16K) | ≥2K | ≥1K |" in page
     assert "Goal (retrieval no worse than the 2K window at positions ≥ 1K)" in page
     assert (tmp_path / "book_perplexity.png").stat().st_size > 0
     # a second run finds every cell with its settings: nothing measured again
@@ -137,5 +137,8 @@ def test_the_hybrid_rows_read_a_memory_once_text_left_the_window_and_the_other_b
     assert {"hybrid/retrieval", "hybrid-other/retrieval", "hybrid/hybrid-other"} <= set(
         data["results"]["ratios"]
     )
+    page = (tmp_path / "book_perplexity.md").read_text()
+    r = data["results"]["ratios"]["hybrid/retrieval"]["≥2K"]
+    assert f"hybrid/retrieval at ≥2K = {r['ratio']:.4f}" in page  # the verdict, from the JSON
     with pytest.raises(SystemExit):
         bp.main(["--quick", "--out", str(tmp_path), "--rows", rows])
