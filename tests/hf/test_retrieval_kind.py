@@ -121,5 +121,17 @@ def test_evaluate_scores_text_read_by_the_retrieval_as_the_base_does_within_its_
         count += ids.shape[1] - 1
     assert metrics["tokens"] == count and metrics["documents"] == 2
     assert math.isclose(metrics["loss"], nll / count, rel_tol=1e-4)
+    # --max-docs 1 --max-tokens 20: the first document's end-of-text and first 20 tokens
+    result = CliRunner().invoke(app, ["evaluate", "--base-model", str(folder), "--data-dir",
+                                      str(tmp_path), "--json", str(out), "--max-docs", "1",
+                                      "--max-tokens", "20"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    cut = json.loads(out.read_text())["metrics"]
+    ids = torch.tensor([[tokenizer.eos_id, *tokenizer.encode(texts[0])[:20]]])
+    with torch.no_grad():
+        logits = base(ids).logits[:, :-1]
+    want = float(torch.nn.functional.cross_entropy(logits[0], ids[0, 1:]))
+    assert cut["tokens"] == 20 and cut["documents"] == 1
+    assert math.isclose(cut["loss"], want, rel_tol=1e-4)
     bad = CliRunner().invoke(app, ["evaluate", "--base-model", str(folder)])
     assert bad.exit_code != 0 and "--data-dir TEXT" in bad.output

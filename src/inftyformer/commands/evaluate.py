@@ -115,16 +115,16 @@ def evaluate_by_retrieval(
 ) -> None:
     """Score the documents of `data_dir` (any layout `--data-dir` reads, every file a document)
     with the base in `base_model` reading its own past by a retrieval preset (default: the
-    default preset): each document after the tokenizer's end-of-text token, every token scored
-    once, streamed in calls of the preset's segment; the loss, perplexity and bits per byte."""
-    import math
-
+    default preset), as every model is scored (`integrations.lm_eval.evaluate_lm`): each
+    document after the tokenizer's end-of-text token, every token scored once, streamed in
+    calls of the preset's segment; the loss, perplexity and bits per byte."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from .._progress import progress as bar
     from ..data.corpus import load_split
+    from ..data.tokenized import token_byte_lengths, truncate_documents
     from ..data.tokenizer import BPETokenizer
+    from ..integrations.lm_eval import LMEvalConfig, evaluate_lm
     from ..presets import retrieval_settings
     from ..retrieval import RetrievalLM
 
@@ -133,31 +133,18 @@ def evaluate_by_retrieval(
     for name, value in (("max-docs", max_docs), ("max-tokens", max_tokens)):
         if value is not None and value < 1:
             raise ValueError(f"--{name} must be >= 1, got {value}")
-    corpus = load_split(data_dir, split, BPETokenizer.from_directory(base_model), whole=True)
+    tokenizer = BPETokenizer.from_directory(base_model)
+    corpus = load_split(data_dir, split, tokenizer, whole=True)
+    if max_docs is not None or max_tokens is not None:
+        corpus = truncate_documents(corpus, max_tokens, max_docs, token_byte_lengths(tokenizer))
     base = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
     model = RetrievalLM(base, preset=preset).eval()
-    segment, offsets = model.config.segment_len, corpus.doc_offsets
-    documents = range(len(corpus.doc_names))[:max_docs]
-    nll, count, size, start = 0.0, 0, 0, time.perf_counter()
-    for i in bar(documents, enabled=progress, desc="scoring", unit=" documents"):
-        ids = [corpus.eos_id, *corpus.tokens[offsets[i] : offsets[i + 1]].tolist()]
-        ids = torch.tensor([ids[: None if max_tokens is None else max_tokens + 1]])
-        state = None
-        with torch.no_grad():
-            for at in range(0, ids.shape[1] - 1, segment):
-                chunk = ids[:, at : at + segment + 1]
-                out = model(chunk[:, :-1], state, targets=chunk[:, 1:])
-                nll, state = nll + float(out.token_loss.sum()), out.state
-        if state is not None:  # (a document of no token reads nothing)
-            state.store.close()
-        count += ids.shape[1] - 1
-        size += int(corpus.doc_bytes[i])
-    loss = nll / count
-    bits = nll / (math.log(2) * size) if size else None
-    metrics = {"loss": loss, "perplexity": math.exp(loss), "bits_per_byte": bits,
-               "tokens": count, "documents": len(documents)}  # fmt: skip
-    seconds = time.perf_counter() - start
-    typer.echo(f"{_evaluated(split, data_dir)} read by preset {preset} ({seconds:.1f} s)")
+    with torch.no_grad():
+        result = evaluate_lm(model, corpus, LMEvalConfig(batch_size=1, progress=progress))
+    bits = result.bits_per_byte if result.num_bytes else None
+    metrics = {"loss": result.loss, "perplexity": result.perplexity, "bits_per_byte": bits,
+               "tokens": result.num_tokens, "documents": result.num_docs}  # fmt: skip
+    typer.echo(f"{_evaluated(split, data_dir)} read by preset {preset} ({result.seconds:.1f} s)")
     shown = (f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
     typer.echo("  " + ", ".join(shown))
     if json_out is not None:

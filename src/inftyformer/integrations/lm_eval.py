@@ -155,6 +155,13 @@ def _model_device(model: nn.Module) -> torch.device:
 
 
 @torch.no_grad()
+def _vocab_size(model: nn.Module) -> int:
+    """The model's vocabulary: its config's, or its base's (a retrieval's config holds only
+    how it reads the base)."""
+    vocab = getattr(model.config, "vocab_size", None)
+    return int(vocab if vocab is not None else model.base.config.vocab_size)
+
+
 def evaluate_lm(
     model: nn.Module,
     corpus: TokenizedCorpus,
@@ -163,9 +170,9 @@ def evaluate_lm(
 ) -> LMEvalResult:
     """Stream every document of `corpus` through `model` with memory; see the module docstring.
 
-    `model` follows the ``MemoryLM`` contract: ``config.segment_len``, ``config.vocab_size``,
-    ``init_state(B, device)`` and ``model(inputs, state=, reset=)`` returning ``.logits``
-    [B, L, V] and ``.state``.
+    `model` follows the ``MemoryLM`` contract: ``config.segment_len``, ``config.vocab_size`` (a
+    retrieval's: its base's), ``init_state(B, device)`` and ``model(inputs, state=, reset=)``
+    returning ``.logits`` [B, L, V] and ``.state``.
     Bits per byte divides by the documents' UTF-8 bytes after a complete pass; after a partial
     one (``max_steps``) by the bytes of the scored tokens, which needs `token_bytes` ([vocab]
     bytes per id, :func:`token_byte_lengths`; NaN without it).
@@ -174,7 +181,7 @@ def evaluate_lm(
     if not isinstance(corpus, TokenizedCorpus):
         raise TypeError(f"corpus must be a TokenizedCorpus, got {type(corpus).__name__}")
     segment_len = model.config.segment_len  # the model's calls, as its config declares them
-    vocab = model.config.vocab_size
+    vocab = _vocab_size(model)
     if corpus.vocab_size > vocab:
         raise ValueError(
             f"corpus vocabulary ({corpus.vocab_size}) is larger than the model's ({vocab})"
