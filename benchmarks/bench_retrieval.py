@@ -20,6 +20,8 @@ base with a KV cache of its last 2,048 tokens) in the same rounds. Rows:
     retrieval-near     that preset, when --rows names it
     paper        the ∞-former's continuous memory added to the base (`paper-gpt2` preset,
                  untrained: cost only; to `--full-limit` tokens)
+    hybrid       `retrieval` with the ∞-former's continuous memory of what leaves its window
+                 (`inftyformer.retrieval.continuous`; untrained: cost only), when --rows names it
 
 Memory: the window and retrieval rows (and retrieval-near when --rows names it) each stream
 alone in a fresh process to the longest of `--memory-lengths`, its resident memory (VmRSS)
@@ -50,6 +52,7 @@ LIMITED = ("full", "paper")  # rows read only to --full-limit tokens
 # rows that are presets of the retrieval kind (`inftyformer presets`); --rows may add one of
 # those not in ROWS, e.g. retrieval-near
 RETRIEVAL_KIND = tuple(p.name for p in PRESETS.values() if p.kind in ("retrieval", "baseline"))
+OPTIONAL = ("hybrid",)  # rows measured when --rows names them
 MEMORY_ROWS = ("window", "retrieval", "retrieval-near")  # each alone in a process, when in --rows
 
 
@@ -78,6 +81,10 @@ class Stream:
             self.model = RetrievalLM(base, choice="none", sink_blocks=0, window=256)
         elif row in RETRIEVAL_KIND:
             self.model = RetrievalLM(base, preset=row)
+        elif row == "hybrid":
+            from inftyformer.retrieval.continuous import ContinuousConfig
+
+            self.model = RetrievalLM(base, preset="retrieval", memory=ContinuousConfig())
         elif row == "paper":
             from inftyformer.hf import add_long_term_memory
 
@@ -259,6 +266,11 @@ def render(data: dict[str, Any]) -> str:
                 cells.append("–")
         rows.append([row, *cells])
     lines.append(common.markdown_table(["row", *(f"{n:,}" for n in lengths)], rows))
+    if "hybrid" in t and "retrieval" in t:  # what the continuous memory adds per token
+        shared = [n for n in lengths if str(n) in t["hybrid"] and str(n) in t["retrieval"]]
+        ratios = ", ".join(f"{n:,}: {t['hybrid'][str(n)] / t['retrieval'][str(n)]:.2f}×"
+                           for n in shared)  # fmt: skip
+        lines += ["", f"hybrid / retrieval per token (same rounds): {ratios}."]
     lines += memory_lines(data.get("memory") or {})
     if data.get("generate"):
         g = data["generate"]
@@ -321,8 +333,8 @@ def main(argv: list[str] | None = None) -> None:
     args.lengths = [int(x) for x in args.lengths.split(",")]
     args.rows = args.rows.split(",")
     for row in args.rows:
-        if row not in (*ROWS, *RETRIEVAL_KIND):
-            known = ", ".join(dict.fromkeys(ROWS + RETRIEVAL_KIND))
+        if row not in (*ROWS, *RETRIEVAL_KIND, *OPTIONAL):
+            known = ", ".join(dict.fromkeys(ROWS + RETRIEVAL_KIND + OPTIONAL))
             p.error(f"unknown row {row!r}; known: {known}")
     if "time" in args.parts.split(",") and "window" not in args.rows:
         p.error("the rows must include window (the ratios are against it)")

@@ -30,6 +30,12 @@ def test_the_page_states_ratios_growth_and_disk_from_the_json():
     assert "| full | 5.00 (0.50×) | – |" in page
     assert "| retrieval | 1000 | 1050 | +5.0% | 1.0 KiB |" in page
     assert "retrieval 10.0 ms/token" in page and "8.0 ms/token: speed 0.80×" in page
+    assert "hybrid / retrieval" not in page
+    with_hybrid = data()
+    with_hybrid["time"]["ms_per_token"]["hybrid"] = {"4096": 13.2, "16384": 18.0}
+    assert "hybrid / retrieval per token (same rounds): 4,096: 1.10×, 16,384: 1.20×." in br.render(
+        with_hybrid
+    )
 
 
 @pytest.mark.slow
