@@ -12,9 +12,10 @@ kind but `full`):
     retrieval-picked  the first 64, one past block and the block after it, the last 256
     hybrid     retrieval with the ∞-former's continuous memory of what left its window
                (`--memory-weights`, trained by experiments/train_hybrid_memory.py)
-    hybrid-other  the same weights reading the memory of another book (the next book, streamed
-               beside it: its memory at the same position), so that a fixed correction
-               cannot pass as memory (an empty memory reads 0: that row is `retrieval`)
+    hybrid-other  the same weights reading the memory of another book (its pair: 1 ↔ 2, 3 ↔ 4,
+               …, streamed beside it: its memory at the same position), so that a fixed
+               correction cannot pass as memory (an empty memory reads 0: that row is
+               `retrieval`)
 
 Perplexity is exp(mean NLL) over the tokens at positions [1K, 2K), [2K, 4K), [4K, 8K),
 [8K, 16K) and ≥ 1K of every book, pooled; its interval is a bootstrap over books (books drawn
@@ -371,6 +372,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0, help="of the bootstrap")
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--render-only", action="store_true")
+    p.add_argument("--reverse", action="store_true",
+                   help="the books last first (a second process on the same cells)")  # fmt: skip
     p.add_argument("--quick", action="store_true",
                    help="a tiny random model, the embedded corpus's 2 held-out books, 4,096 "
                    "tokens each")  # fmt: skip
@@ -415,8 +418,11 @@ def main(argv: list[str] | None = None) -> None:
         base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
         positions = int(getattr(base.config, "max_position_embeddings", None) or 1 << 30)
         cells_dir.mkdir(parents=True, exist_ok=True)
-        for i, book in enumerate(books):
-            other = books[(i + 1) % len(books)]  # whose memory hybrid-other reads
+        order = list(enumerate(books))
+        for i, book in reversed(order) if args.reverse else order:
+            # whose memory hybrid-other reads: books in pairs (1 ↔ 2, 3 ↔ 4, …; an odd last
+            # one with the one before), so that more books leave the cells measured as they are
+            other = books[i ^ 1] if i ^ 1 < len(books) else books[i - 1]
             for row in rows:
                 path = cells_dir / f"{row}-{book['id']}.json"
                 settings = cell_settings(row, args.tokens, base_dir, positions,
