@@ -31,14 +31,13 @@ import torch
 
 from inftyformer._files import atomic_path
 from inftyformer._measure import command_line, default_base_model
+from inftyformer.data import resolve_data_dir
 
 SEGMENT = 256
 
 
 def train_books(data_dir: Path, tokenizer) -> list[list[int]]:
     files = sorted((data_dir / "pg19-mini" / "train").glob("*.txt"))
-    if not files:
-        raise SystemExit(f"no books in {data_dir}/pg19-mini/train")
     return [tokenizer.encode(p.read_text(encoding="utf-8")).ids for p in files]
 
 
@@ -75,21 +74,14 @@ def excerpt(books: list[list[int]], rng: random.Random, length: int) -> list[int
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-model", default=None)
-    p.add_argument(
-        "--data-dir", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data"
-    )
+    p.add_argument("--data-dir", default=None, help="holds pg19-mini/ (default: the shared data)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--minutes", type=float, default=40.0, help="of training, this run")
-    p.add_argument("--doc-tokens", type=int, default=4096)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--kl-weight", type=float, default=1e-6)
-    p.add_argument(
-        "--layers",
-        default="",
-        help="memory blocks, comma-separated (default: every fourth from the middle)",
-    )
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    for name, kind, default in (("--doc-tokens", int, 4096), ("--lr", float, 1e-3),
+                                ("--kl-weight", float, 1e-6), ("--threads", int, 1),
+                                ("--seed", int, 0)):  # fmt: skip
+        p.add_argument(name, type=kind, default=default)
+    p.add_argument("--layers", default="", help="memory blocks, a,b,… (default: the config's)")
     args = p.parse_args(argv)
     from tokenizers import Tokenizer
 
@@ -108,9 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         from safetensors.torch import load_file
 
         saved = torch.load(args.out / "train.pt", weights_only=False)
-        if {k: v for k, v in saved["settings"].items() if k != "command"} != {
-            k: v for k, v in settings.items() if k != "command"
-        }:
+        if {**saved["settings"], "command": ""} != {**settings, "command": ""}:
             raise SystemExit(f"{args.out} was trained with other settings: {saved['settings']}")
         model.memory.load_state_dict(load_file(str(args.out / "memory.safetensors")))
         optimiser.load_state_dict(saved["optimiser"])
@@ -118,9 +108,10 @@ def main(argv: list[str] | None = None) -> None:
         rng.setstate(saved["rng"])
         torch.set_rng_state(saved["torch_rng"])
         print(f"resumed at step {step}")
-    books = train_books(args.data_dir, Tokenizer.from_file(str(Path(base_dir) / "tokenizer.json")))
+    data = resolve_data_dir(args.data_dir)
+    books = train_books(data, Tokenizer.from_file(str(Path(base_dir) / "tokenizer.json")))
     c = model.config
-    empty_calls = -(-(c.window + c.block_size * (c.sink_blocks + 1)) // SEGMENT)  # read no memory
+    empty_calls = -(-(c.window + c.block_size * (c.sink_blocks + 1)) // SEGMENT)  # (module doc)
     log = open(args.out / "train.csv", "a", newline="")
     writer = csv.writer(log)
     if step == 0:
@@ -128,7 +119,6 @@ def main(argv: list[str] | None = None) -> None:
     until = time.monotonic() + 60 * args.minutes
     while time.monotonic() < until:
         ids = torch.tensor([excerpt(books, rng, args.doc_tokens + 1) for _ in range(2)])
-        state = None
         with torch.no_grad():
             warm = empty_calls * SEGMENT
             state = model(ids[:, :warm], logits_to_keep=1).state
@@ -143,9 +133,8 @@ def main(argv: list[str] | None = None) -> None:
             optimiser.step()
             state, step = out.state, step + 1
             kl, seconds = float(out.aux["kl"].detach()), time.perf_counter() - tic
-            writer.writerow(
-                [step, start, f"{float(out.lm_loss.detach()):.5f}", f"{kl:.3f}", f"{seconds:.2f}"]
-            )
+            writer.writerow([step, start, f"{float(out.lm_loss.detach()):.5f}", f"{kl:.3f}",
+                             f"{seconds:.2f}"])  # fmt: skip
         state.store.close()
         log.flush()
         save(args.out, model, optimiser, step, rng, settings)

@@ -1,0 +1,41 @@
+"""experiments/train_hybrid_memory.py on a tiny random Llama and two made-up books: it trains and
+writes the memory's weights (its read's output projection moves off zero) and its log, resumes
+where it stopped, and refuses to resume with other settings."""
+
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import train_hybrid_memory as th
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tiny_pretrained import write_tiny_model  # noqa: E402
+
+
+def test_it_trains_the_memory_only_and_resumes(tmp_path):
+    text = "the memory of a long book, said the signal, and the window let it go. " * 400
+    model_dir = write_tiny_model(tmp_path / "model", corpus=(text,), max_positions=4096)
+    books = tmp_path / "data" / "pg19-mini" / "train"
+    books.mkdir(parents=True)
+    for i in range(2):
+        (books / f"{i}.txt").write_text(text[i:])
+    out = tmp_path / "run"
+    argv = ["--base-model", str(model_dir), "--data-dir", str(tmp_path / "data"), "--out",
+            str(out), "--minutes", "0.0001", "--doc-tokens", "1792"]  # fmt: skip
+    th.main(argv)
+    first = load_file(str(out / "memory.safetensors"))
+    steps = list(csv.DictReader(open(out / "train.csv")))
+    # 1,792 tokens: 1,280 read without gradient, then two calls of 256, one step each
+    assert [int(r["step"]) for r in steps] == [1, 2]
+    model = th.build(str(model_dir), {"layers": []})
+    fresh = model.memory.state_dict()
+    assert any(not torch.equal(first[k], fresh[k]) for k in fresh)  # the memory trained
+    out_weight = [k for k in first if k.endswith("attention.out.weight")]
+    assert out_weight and all(first[k].abs().max() > 0 for k in out_weight)  # from zero
+    th.main(argv)  # resumes: its steps go on from 2
+    assert [int(r["step"]) for r in csv.DictReader(open(out / "train.csv"))] == [1, 2, 3, 4]
+    with pytest.raises(SystemExit, match="other settings"):
+        th.main([*argv, "--lr", "0.5"])
