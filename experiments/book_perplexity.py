@@ -77,7 +77,8 @@ WHAT = {
     "last), the last 448",
     "retrieval-picked": "the first 64, the past block a call's last 32 queries give the most "
     "attention weight with the block after it, the last 256 (448 places)",
-    "hybrid": "retrieval plus the continuous memory of what left its window (trained weights)",
+    "hybrid": "retrieval plus the continuous memory of what left its window (N = 256 basis "
+    "coefficients in each of 4 blocks; trained weights)",
     "hybrid-other": "hybrid's weights reading another book's memory at the same position",
 }
 

@@ -140,5 +140,6 @@ def test_the_hybrid_rows_read_a_memory_once_text_left_the_window_and_the_other_b
     page = (tmp_path / "book_perplexity.md").read_text()
     r = data["results"]["ratios"]["hybrid/retrieval"]["≥2K"]
     assert f"hybrid/retrieval at ≥2K = {r['ratio']:.4f}" in page  # the verdict, from the JSON
+    assert "Goal (a memory, not an adapter" in page
     with pytest.raises(SystemExit):
         bp.main(["--quick", "--out", str(tmp_path), "--rows", rows])
