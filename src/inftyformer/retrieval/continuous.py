@@ -35,25 +35,17 @@ from torch import nn
 from ..core.config import LongTermConfig
 from ..core.squeeze import FixedSqueeze
 from ..core.state import LongTermState
-from ..extensions.densities import NormalizedDensity
 from ..hf import hooks
 from ..hf.adapters import adapter_for
 from ..hf.layer_memory import LayerMemory
+from ..presets import every_fourth_from_the_middle
+from ..pretrained_config import PRETRAINED_LONG_TERM
 
-# the pretrained adapter's memory (`adapter` preset): N = M = 256, widths (0.005, 0.01), λ = ½,
-# standardised scores, the paper's squeeze into [0, ½]
-HYBRID_LONG_TERM = LongTermConfig(
-    num_basis=256,
-    widths=(0.005, 0.01),
-    ridge_lambda=0.5,
-    density=NormalizedDensity(),
-    squeeze=FixedSqueeze(tau=0.5, num_samples=256),
+# the pretrained adapter's memory (`adapter` preset): N = M = 256 of its widths (0.005, 0.01),
+# λ = ½, standardised scores, the paper's squeeze into [0, ½]
+HYBRID_LONG_TERM = replace(
+    PRETRAINED_LONG_TERM, num_basis=256, squeeze=FixedSqueeze(tau=0.5, num_samples=256)
 )
-
-
-def _default_layers(n: int) -> tuple[int, ...]:
-    """Blocks n/2, n/2 + 4, … (SmolLM2-135M's 30: 15, 19, 23, 27)."""
-    return tuple(range(n // 2, n, 4))
 
 
 @dataclass(frozen=True)
@@ -123,7 +115,7 @@ class ContinuousMemory(nn.Module):
         adapter = adapter_for(type(base).__name__)
         norms, outputs = adapter.attention_inputs(base), adapter.attention_outputs(base)
         n = len(norms)
-        layers = config.layers if config.layers is not None else _default_layers(n)
+        layers = config.layers if config.layers is not None else every_fourth_from_the_middle(n)
         if max(layers) >= n:
             raise ValueError(f"layers holds block {max(layers)}, but the base has {n} blocks")
         text = base.config
