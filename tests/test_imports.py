@@ -66,6 +66,7 @@ LAYERS = {
     "pretrained": [
         "hf",
         "retrieval.model",
+        "retrieval.continuous",
         "retrieval.attention",
         "retrieval.state",
         "retrieval.store",
