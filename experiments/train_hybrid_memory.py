@@ -25,6 +25,7 @@ import csv
 import json
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -44,13 +45,17 @@ def train_books(data_dir: Path, tokenizer) -> list[list[int]]:
 def build(base_dir: str, settings: dict):
     from transformers import AutoModelForCausalLM
 
-    from inftyformer.retrieval.continuous import ContinuousConfig
+    from inftyformer.extensions.densities import NormalizedDensity
+    from inftyformer.retrieval.continuous import HYBRID_LONG_TERM, ContinuousConfig
     from inftyformer.retrieval.model import RetrievalLM
 
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     base.requires_grad_(False)
-    memory = ContinuousConfig(layers=tuple(settings["layers"]) if settings["layers"] else None)
-    return RetrievalLM(base, preset="retrieval", memory=memory)
+    long_term = HYBRID_LONG_TERM  # σ started at sigma_init when given (else softplus(0))
+    if settings.get("sigma_init"):
+        long_term = replace(long_term, density=NormalizedDensity(settings["sigma_init"]))
+    layers = tuple(settings["layers"]) if settings["layers"] else None
+    return RetrievalLM(base, preset="retrieval", memory=ContinuousConfig(long_term, layers))
 
 
 def save(out: Path, model, optimiser, step: int, rng: random.Random, settings: dict) -> None:
@@ -79,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--minutes", type=float, default=40.0, help="of training, this run")
     for name, kind, default in (("--doc-tokens", int, 4096), ("--lr", float, 1e-3),
                                 ("--kl-weight", float, 1e-6), ("--threads", int, 1),
-                                ("--seed", int, 0)):  # fmt: skip
+                                ("--seed", int, 0), ("--sigma-init", float, 0.0),
+                                ("--density-lr", float, 0.0)):  # fmt: skip
         p.add_argument(name, type=kind, default=default)
     p.add_argument("--layers", default="", help="memory blocks, a,b,… (default: the config's)")
     args = p.parse_args(argv)
@@ -90,10 +96,16 @@ def main(argv: list[str] | None = None) -> None:
     layers = [int(x) for x in args.layers.split(",") if x]
     settings = {"base_model": Path(base_dir).name, "doc_tokens": args.doc_tokens, "lr": args.lr,
                 "kl_weight": args.kl_weight, "layers": layers, "seed": args.seed,
+                "sigma_init": args.sigma_init, "density_lr": args.density_lr,
                 "preset": "retrieval", "command": command_line()}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     model = build(base_dir, settings)
-    optimiser = torch.optim.AdamW(model.memory.parameters(), lr=args.lr, weight_decay=0.0)
+    # the density heads w_μ, w_σ at their own rate when given (they barely move at the memory's)
+    named = list(model.memory.named_parameters())
+    heads = [p for n, p in named if "mu_head" in n or "sigma_head" in n]
+    rest = [p for n, p in named if not ("mu_head" in n or "sigma_head" in n)]
+    groups = [{"params": rest}, {"params": heads, "lr": args.density_lr or args.lr}]
+    optimiser = torch.optim.AdamW(groups, lr=args.lr, weight_decay=0.0)
     rng, step = random.Random(args.seed), 0
     torch.manual_seed(args.seed)
     if (args.out / "train.pt").is_file():  # resume where the last run stopped
