@@ -169,7 +169,8 @@ def plot(data: dict, path: Path) -> bool:
     for a in (ax, dx):
         a.axvline(2048, color="grey", lw=0.8, ls=":")
         a.set(xscale="log", xlabel="position of the predicted token (bins [2^k, 2^(k+1)))")
-        a.legend()
+        if a.get_legend_handles_labels()[0]:  # (no streaming row: nothing on the right)
+            a.legend()
     ax.set(ylabel="mean NLL (nats/token)", title="NLL per position bin (95% over books)")
     dx.set(ylabel="NLL − streaming's NLL", title="against streaming (the same 2,048 places)")
     dx.axhline(0, color="grey", lw=0.8)

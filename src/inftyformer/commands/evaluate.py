@@ -139,8 +139,7 @@ def evaluate_by_retrieval(
         corpus = truncate_documents(corpus, max_tokens, max_docs, token_byte_lengths(tokenizer))
     base = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
     model = RetrievalLM(base, preset=preset).eval()
-    with torch.no_grad():
-        result = evaluate_lm(model, corpus, LMEvalConfig(batch_size=1, progress=progress))
+    result = evaluate_lm(model, corpus, LMEvalConfig(batch_size=1, progress=progress))
     bits = result.bits_per_byte if result.num_bytes else None
     metrics = {"loss": result.loss, "perplexity": result.perplexity, "bits_per_byte": bits,
                "tokens": result.num_tokens, "documents": result.num_docs}  # fmt: skip

@@ -162,6 +162,7 @@ def _vocab_size(model: nn.Module) -> int:
     return int(vocab if vocab is not None else model.base.config.vocab_size)
 
 
+@torch.no_grad()
 def evaluate_lm(
     model: nn.Module,
     corpus: TokenizedCorpus,
