@@ -402,7 +402,7 @@ class RetrievalLM(nn.Module):
         return self(tokens, state, logits_to_keep=1).state
 
     def param_groups(self, lr: float, weight_decay: float) -> list[dict]:
-        if self.memory is not None:  # the continuous memory's weights; the base stays frozen
+        if self.memory is not None:  # the continuous memory's weights only: the base is not trained
             return [{"params": list(self.memory.parameters()), "lr": lr,
                      "weight_decay": weight_decay}]  # fmt: skip
         raise ValueError(
