@@ -180,20 +180,19 @@ class ContinuousMemory(nn.Module):
         state: ContinuousState,
         long_term: list[LongTermState],
         call: hooks.Call,
-        window_len: torch.Tensor,
-        window: int,
-        block_size: int,
+        window_before: torch.Tensor,
+        window_after: torch.Tensor,
     ) -> ContinuousState:
         """The state after a call of T tokens: the signals as fitted (detached), the call's h_i
-        join the window's, and those the window lets go (as the retrieval's `written` moves it:
-        whole blocks past `window`) wait for the next call. window_len [b]: the retrieval
-        window's valid tokens before the call."""
+        join the window's, and those the window let go wait for the next call. window_before,
+        window_after [b]: the retrieval window's valid tokens before and after the call (its
+        `written` moves the window; what it let go is read off, not worked out again)."""
         h = torch.stack([x.detach() for x in call.normed])  # [m, b, T, e]
         T = h.shape[2]
         every = torch.cat([state.recent, h.to(state.recent.dtype)], 2)  # right-aligned
         width, slots = every.shape[2], state.recent.shape[2]
-        length = window_len + T  # [b]
-        leaving = (length - window).clamp(min=0) // block_size * block_size  # [b]
+        length = window_before + T  # [b]
+        leaving = length - window_after  # [b]: to the sink or the store
         M = int(leaving.max())
         if M:  # row r's j-th waiting slot (right-aligned) is its token start_r + j − (M − n_r)
             j = torch.arange(M, device=every.device)

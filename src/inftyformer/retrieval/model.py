@@ -209,9 +209,8 @@ class RetrievalLM(nn.Module):
         long_term = self.memory.fitted(state.continuous)  # what left the window, fitted
         with self.memory.reading(long_term) as read:  # every pass reads the signal
             logits, state = self._base_call(ids, state, reselect, hold, keep)
-        c = self.config
         continuous = self.memory.written(before.continuous, long_term, read, before.window_len,
-                                         c.window, c.block_size)  # fmt: skip
+                                         state.window_len)  # fmt: skip
         return logits, replace(state, continuous=continuous), self.memory.kl(read)
 
     def _base_call(self, ids, state, reselect, hold, keep):
