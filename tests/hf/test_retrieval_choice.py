@@ -152,3 +152,64 @@ def test_a_stream_reads_the_same_under_the_question_choice_as_under_max():
     assert asked.state.selected.shape[1] == 2  # the question's few, not the stream's 3
     for out in (a, b):
         out.state.store.close()
+
+
+@torch.no_grad()
+def test_shrink_window_stores_the_oldest_whole_blocks_and_keeps_the_rest():
+    """By hand, rows of two window lengths: cut to `keep`, each row keeps its last keep … keep
+    + B − 1 tokens; the whole blocks before them go to the store as the window held them
+    (keys and values of every retrieving layer), and the tokens read do not change."""
+    from inftyformer.retrieval.state import shrink_window
+
+    B, keep = 4, 5
+    m = model(block_size=B, sink_blocks=1, window=16, segment_len=8, blocks=3, read_from=0)
+    state = m(tokens(batch=2, length=40)).state
+    state = m(tokens(batch=2, length=3, seed=2), state).state
+    state = state.reset(torch.tensor([False, True]))
+    state = m(tokens(batch=2, length=30, seed=3), state).state
+    before = [int(n) for n in state.window_len]
+    cut = shrink_window(m, state, keep)
+    Wc = state.window_k.shape[3]
+    for row, length in enumerate(before):
+        moved = (length - keep) // B
+        kept = length - moved * B
+        assert int(cut.window_len[row]) == kept and keep <= kept < keep + B
+        assert int(cut.blocks[row]) == int(state.blocks[row]) + moved
+        recent = slice(Wc - kept, Wc)
+        assert torch.equal(cut.window_k[:, row, :, recent], state.window_k[:, row, :, recent])
+        new_ids = cut.block_ids[row, int(state.blocks[row]) : int(cut.blocks[row])]
+        stored = cut.store.read(m.retrieving[-1], new_ids[None].cpu())[0]  # [moved, 2, H, B, d]
+        for j in range(moved):
+            start = Wc - length + j * B
+            window = state.window_v[m.retrieving[-1], row, :, start : start + B]
+            torch.testing.assert_close(stored[j, 1], window.to(stored.dtype), rtol=0, atol=0)
+    assert torch.equal(cut.tokens, state.tokens)
+    assert len({int(n) for n in before}) == 2  # the rows did differ
+    state.store.close()
+
+
+@torch.no_grad()
+def test_a_question_chooses_after_its_window_is_cut_and_a_stream_is_not_cut():
+    """choice "question" with `question_window`: the question's call is the call of the same
+    model without the cut on the cut state (the cut comes before the choice); a stream's call
+    and a window shorter than the cut are left as they are."""
+    from inftyformer.retrieval.state import shrink_window
+
+    settings = dict(block_size=4, sink_blocks=1, window=16, segment_len=8, blocks=3,
+                    read_from=0, choice="question", question_blocks=2)  # fmt: skip
+    cut, whole = model(**settings, question_window=4), model(**settings, question_window=None)
+    state = whole(tokens(batch=2, length=48, seed=6)).state
+    asked = tokens(batch=2, length=8, seed=7)
+    a = cut(asked, state, reselect=True)
+    b = whole(asked, shrink_window(whole, state, 4), reselect=True)
+    c = whole(asked, state, reselect=True)
+    torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=0)
+    assert torch.equal(a.state.selected, b.state.selected)
+    assert not torch.equal(a.logits, c.logits)  # the cut is read
+    assert torch.equal(cut(asked, state).logits, whole(asked, state).logits)  # a stream's call
+    wide = model(**settings, question_window=64)
+    torch.testing.assert_close(wide(asked, state, reselect=True).logits, c.logits, rtol=0, atol=0)
+    for bad, error in ((-1, ValueError), (True, TypeError), (2.5, TypeError)):
+        with pytest.raises(error, match="question_window"):
+            RetrievalConfig(choice="question", question_window=bad)
+    state.store.close()

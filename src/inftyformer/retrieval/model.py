@@ -222,6 +222,9 @@ class RetrievalLM(nn.Module):
         positions = torch.arange(first, first + T, device=ids.device).expand(b, -1)
         probe = self._param().new_zeros(1, 1, self.head_dim)
         cos, sin = self.rotary(probe, positions)
+        cut = getattr(self.config.choice, "question_window", None)
+        if reselect and not hold and cut is not None:  # the question reads few recent tokens
+            state = states.shrink_window(self, state, cut)
         if reselect and not hold and self.read_from < self.select_layer and self.config.blocks:
             chooser = self._choose(ids, positions, state, cos, sin)
             if once := self._question_after_stream:  # then the question's few

@@ -248,7 +248,11 @@ class QuestionChoice(ScoredChoice):
     `select_queries` queries among the `question_shortlist` of best q · k, each lead with
     `question_neighbours` blocks after it (as "attention"): one fact among alike ones, where a
     stream needs many blocks read. The shortlist keeps a block that some head attends to
-    from any query (a chapter heading) from winning on attention weight alone."""
+    from any query (a chapter heading) from winning on attention weight alone. Before it
+    chooses, a question's call cuts the window to its last `question_window` … + B − 1 tokens
+    (None: the whole window), the older whole blocks stored (`state.shrink_window`): an alike
+    fact still in the window would be read beside the chosen one (the most recent is the one
+    a small model copies), and the asked one there is chosen from the store like any other."""
 
     kind: ClassVar[str] = "question"
     # few blocks read: queries that read only them drift from what chose them (a question's
@@ -259,10 +263,13 @@ class QuestionChoice(ScoredChoice):
     question_blocks: int = 2
     question_neighbours: int = 1
     question_shortlist: int = 8
+    question_window: int | None = 256
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive_int("question_blocks", self.question_blocks)
+        if self.question_window is not None:
+            check_positive_int("question_window", self.question_window, minimum=0)
         check_positive_int("question_neighbours", self.question_neighbours, minimum=0)
         check_shortlist(
             "question_shortlist", self.question_shortlist, "question_blocks", self.question_blocks

@@ -193,8 +193,7 @@ def written(model, call, T: int) -> RetrievalState:
     """The window moves on; its oldest whole blocks go to the sink (the stream's first S
     tokens), then to the store."""
     c, s = model.config, call.state
-    B, W, S = c.block_size, c.window, c.sink_blocks * c.block_size
-    L, b, dev = model.num_layers, s.batch_size, s.window_len.device
+    B, W, L = c.block_size, c.window, model.num_layers
     new_k = torch.stack([call.new_k[i] for i in range(L)])  # [L, b, H, T, d]
     new_v = torch.stack([call.new_v[i] for i in range(L)])
     length = s.window_len + T  # [b]
@@ -206,6 +205,39 @@ def written(model, call, T: int) -> RetrievalState:
                        tokens=s.tokens + T, **_carried(call))  # fmt: skip
     wk = torch.cat([s.window_k, new_k.to(s.window_k.dtype)], 3)  # right-aligned
     wv = torch.cat([s.window_v, new_v.to(s.window_v.dtype)], 3)
+    new = replace(s, **_moved_on(model, s, wk, wv, length, W), **_carried(call))
+    # an answer reads the choice its question made (a held answer, or the question's own call
+    # when its answer reads its choice): blocks that left the window since were stored after
+    # that choice, so the question's queries choose again among every stored block, and none
+    # is lost between window and choice
+    answered = call.hold or (call.question_call and c.answer_choice == "question")
+    stored = not torch.equal(new.blocks, s.blocks)
+    if answered and new.question is not None and c.blocks and stored:
+        selected, chosen = model.select(new, new.question, question=True)
+        new = replace(new, selected=selected, chosen=chosen)
+    return new
+
+
+@torch.no_grad()
+def shrink_window(model, state: RetrievalState, keep: int) -> RetrievalState:
+    """The state with each row's window cut to its last `keep` … `keep` + B − 1 tokens: the
+    oldest whole blocks go on to the sink, then to the store, as when the window moves on
+    (`written`), where a question's choice reads them (`QuestionChoice.question_window`).
+    Nothing is lost or recomputed: the blocks hold the keys and values the window held."""
+    s = state
+    new = replace(s, **_moved_on(model, s, s.window_k, s.window_v, s.window_len, keep))
+    return replace(new, decode=None)  # a run of one-token calls read the old window
+
+
+def _moved_on(model, s, wk, wv, length, limit: int) -> dict:
+    """The window [L, b, H, width, d] right-aligned holding `length` [b] valid tokens, its
+    oldest whole blocks past `limit` tokens moved to the sink, then to the store: the
+    state's fields that change (the window cut to the state's width, the sink, the store's
+    records, the tokens read: +T when `wk` holds T tokens more than the state's window)."""
+    c = model.config
+    B, S = c.block_size, c.sink_blocks * c.block_size
+    L, b, dev = model.num_layers, s.batch_size, s.window_len.device
+    moved = (length - limit).clamp(min=0) // B  # whole blocks that leave  [b]
     width, Wc = wk.shape[3], s.window_k.shape[3]
     start = width - length  # each row's oldest valid slot
     M = int(moved.max())
@@ -226,23 +258,12 @@ def written(model, call, T: int) -> RetrievalState:
         if bool(to_store.any()):
             block_ids, blocks, keys = _store(model, s, out_k, out_v, to_store)
     keep = (length - moved * B).clamp(max=width)
-    new = replace(
-        s,
+    return dict(
         window_k=wk[:, :, :, -Wc:], window_v=wv[:, :, :, -Wc:],
         window_len=keep.clamp(max=Wc),
         sink_k=sink_k, sink_v=sink_v, sink_len=sink_len,
-        block_ids=block_ids, blocks=blocks, keys=keys, tokens=s.tokens + T,
-        **_carried(call),
+        block_ids=block_ids, blocks=blocks, keys=keys, tokens=s.tokens + (width - Wc),
     )  # fmt: skip
-    # an answer reads the choice its question made (a held answer, or the question's own call
-    # when its answer reads its choice): blocks that left the window since were stored after
-    # that choice, so the question's queries choose again among every stored block, and none
-    # is lost between window and choice
-    answered = call.hold or (call.question_call and c.answer_choice == "question")
-    if answered and new.question is not None and c.blocks and not torch.equal(blocks, s.blocks):
-        selected, chosen = model.select(new, new.question, question=True)
-        new = replace(new, selected=selected, chosen=chosen)
-    return new
 
 
 def _carried(call) -> dict[str, torch.Tensor]:
