@@ -12,10 +12,8 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
     retrieval-picked  one fact read: the first 64, the block the last 32 queries of the
                prompt's last call (the question's) give the most attention weight with the
                block after it, the last 256; the answer reads the question's blocks
-    picked-all, picked-max  that with the blocks chosen by every query of that call
-               (`select_queries=0`); that with each block scored by its best q · k (`choice=max`)
-    retrieval-question  `retrieval`, its question's block chosen by attention weight among the 8
-               of best q · k after a pass that read the stream's 16 (`choice=question`)
+    picked-all, picked-max, retrieval-question, question-whole  variants of those presets
+               (`VARIANTS`: preset and settings; what each reads: `ROW_WHAT`)
     paper      the paper's memory in every block of the base (`paper-gpt2`, untrained), saved as
                a memory model, run by lm_eval's `hf` model with trust_remote_code (--models-dir)
 
@@ -28,15 +26,14 @@ the base's tokens); one length per lm_eval run, so that `--limit` takes that man
     python experiments/ruler.py --quick --out /tmp/r                     # tiny random model
     python experiments/ruler.py --dump-prompts runs/ruler-prompts.jsonl --lengths 4096
 
-Peer rows `kvpress_*` (NVIDIA's kvpress presses, each keeping 2,048 entries of the context) are
-run on the dumped prompts by `experiments/ruler_kvpress.py` in a virtualenv of their own
-(`scripts/kvpress_env.sh`); this script renders their cells beside the others.
+Peer rows `kvpress_*` (NVIDIA's kvpress presses, each keeping 2,048 entries of the context): run
+on the dumped prompts by `experiments/ruler_kvpress.py` in their own virtualenv
+(`scripts/kvpress_env.sh`), rendered here beside the others.
 
 Each (row, task, length) cell is written to OUT/ruler.cells/ROW-TASK-LENGTH.json as it finishes
 (a cell already there is skipped, unless it holds fewer prompts than --limit); OUT/ruler.json
 gathers them and OUT/ruler.md is rendered from it: RULER's score (the share of the expected
-strings in the answer, averaged over prompts) with the 95% Wilson
-interval of that share over the prompts, and the prompt count.
+strings in the answer, averaged over prompts), its 95% Wilson interval and the prompt count.
 """
 
 from __future__ import annotations
@@ -96,7 +93,8 @@ def stale(path: Path, args) -> bool:
 
 PICKED = "retrieval-picked"  # the preset of the variant rows (VARIANTS: row: preset, settings)
 VARIANTS = {"picked-all": (PICKED, "select_queries=0"), "picked-max": (PICKED, "choice=max"),
-            "retrieval-question": ("retrieval", "choice=question")}  # fmt: skip
+            "retrieval-question": ("retrieval", "choice=question"),
+            "question-whole": ("retrieval", "choice=question,question_window=None")}  # fmt: skip
 RULER_ROWS = (*ROWS, PICKED, *VARIANTS, "paper")
 PAPER_PRESET = "paper-gpt2"
 WHOLE = 1 << 24  # lm_eval's max_length for a memory model: any prompt reaches it whole
@@ -298,7 +296,9 @@ ROW_WHAT = {  # what each row reads, as the page says it
     "picked-max": "that preset scoring each block by its best q · k (`choice=max`)",
     "retrieval-question": "the retrieval preset whose question call (the prompt's last) reads "
     "the block its last 32 queries give the most attention weight among the 8 of best q · k, "
-    "with the block after it, chosen by a pass that read the stream's 16 (`choice=question`)",
+    "with the block after it, chosen by a pass that read the stream's 16, its window cut to the "
+    "last 256 first, the older blocks among those it chooses from (`choice=question`)",
+    "question-whole": "`retrieval-question` reading its whole window (`question_window=None`)",
     "paper": "the paper's memory in every block of the base (preset `paper-gpt2`, untrained: as "
     "wrapped, it adds nothing to the base's logits, so it reads what the base reads in its "
     "window of one segment before the segment), saved as a memory model and run by lm_eval's "
