@@ -21,7 +21,7 @@ ROW_STYLE = {
     "picked-all": ("#98df8a", "v"),
     "picked-max": ("#17becf", "v"),
     "retrieval-question": ("#843c39", "P"),
-    "question-whole": ("#e7969c", "P"),
+    "question-first": ("#e7969c", "P"),
     "near-attention": ("#bcbd22", "v"),
     "near-attention-4": ("#dbdb8d", "v"),
     "near-attention-n1": ("#ffbb78", "v"),

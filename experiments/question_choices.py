@@ -43,20 +43,24 @@ OUT = ROOT / "docs" / "results" / "question_choices"
 READER = "retrieval"  # the preset every row is: its stream's calls are every row's
 ROWS = {  # row: its settings on top of READER (the names of experiments/ruler.py's rows)
     "retrieval": {},
-    "question-whole": {"choice": "question", "question_window": None},
+    "question-first": {"choice": "question", "question_window": None, "question_blocks": 2,
+                       "question_layout": "stream"},
+    "question-cut": {"choice": "question", "question_blocks": 2, "question_layout": "stream"},
+    "question-2-leads": {"choice": "question", "question_layout": "stream"},
     "retrieval-question": {"choice": "question"},
-    "question-2-leads": {"choice": "question", "question_blocks": 4},
-}
+}  # fmt: skip
 WHAT = {
     "retrieval": "the packed preset: its question reads the 16 blocks its queries match best "
     "and the last 960 tokens, as its stream does",
-    "question-whole": "choice `question`: the question reads the block its last 32 queries give "
-    "the most attention weight among the 8 of best q · k, with the block after it, and the "
-    "whole window (`question_window=None`)",
-    "retrieval-question": "that, the window cut to the last 256 tokens first, the older whole "
-    "blocks stored among those it chooses from (`choice=question`, as it is)",
-    "question-2-leads": "that, reading the 2 best blocks, each with the block after it "
-    "(`question_blocks=4`)",
+    "question-first": "choice `question` as first measured: the question reads the block its "
+    "last 32 queries give the most attention weight among the 8 of best q · k, with the block "
+    "after it, and the whole window",
+    "question-cut": "that, its window cut to the last 256 tokens first, the older whole blocks "
+    "stored among those it chooses from (`question_window=256`)",
+    "question-2-leads": "that, reading the 2 best blocks, each with the block after it, in "
+    "stream order (`question_blocks=4`)",
+    "retrieval-question": "that, the best block read last, next to the window "
+    "(`question_layout=nearest`): `choice=question` as it is",
 }
 
 

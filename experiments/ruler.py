@@ -12,7 +12,7 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
     retrieval-picked  one fact read: the first 64, the block the last 32 queries of the
                prompt's last call (the question's) give the most attention weight with the
                block after it, the last 256; the answer reads the question's blocks
-    picked-all, picked-max, retrieval-question, question-whole  variants of those presets
+    picked-all, picked-max, retrieval-question, question-first  variants of those presets
                (`VARIANTS`: preset and settings; what each reads: `ROW_WHAT`)
     paper      the paper's memory in every block of the base (`paper-gpt2`, untrained), saved as
                a memory model, run by lm_eval's `hf` model with trust_remote_code (--models-dir)
@@ -94,7 +94,8 @@ def stale(path: Path, args) -> bool:
 PICKED = "retrieval-picked"  # the preset of the variant rows (VARIANTS: row: preset, settings)
 VARIANTS = {"picked-all": (PICKED, "select_queries=0"), "picked-max": (PICKED, "choice=max"),
             "retrieval-question": ("retrieval", "choice=question"),
-            "question-whole": ("retrieval", "choice=question,question_window=None")}  # fmt: skip
+            "question-first": ("retrieval", "choice=question,question_window=None,"
+                               "question_blocks=2,question_layout=stream")}  # fmt: skip
 RULER_ROWS = (*ROWS, PICKED, *VARIANTS, "paper")
 PAPER_PRESET = "paper-gpt2"
 WHOLE = 1 << 24  # lm_eval's max_length for a memory model: any prompt reaches it whole
@@ -294,11 +295,10 @@ ROW_WHAT = {  # what each row reads, as the page says it
     "it, and the last 256 (448 places), the answer written with its question's blocks",
     "picked-all": "that preset, its blocks chosen by every query of that call (`select_queries=0`)",
     "picked-max": "that preset scoring each block by its best q · k (`choice=max`)",
-    "retrieval-question": "the retrieval preset whose question call (the prompt's last) reads "
-    "the block its last 32 queries give the most attention weight among the 8 of best q · k, "
-    "with the block after it, chosen by a pass that read the stream's 16, its window cut to the "
-    "last 256 first, the older blocks among those it chooses from (`choice=question`)",
-    "question-whole": "`retrieval-question` reading its whole window (`question_window=None`)",
+    "retrieval-question": "the retrieval preset whose question (the last call) cuts its window "
+    "to 256 tokens, then reads the 2 blocks its last 32 queries attend to most among the 8 of "
+    "best q · k, each with the next, the best last, after the stream's 16 (`choice=question`)",
+    "question-first": "that choice as first measured: one lead, the whole window, stream order",
     "paper": "the paper's memory in every block of the base (preset `paper-gpt2`, untrained: as "
     "wrapped, it adds nothing to the base's logits, so it reads what the base reads in its "
     "window of one segment before the segment), saved as a memory model and run by lm_eval's "

@@ -213,3 +213,25 @@ def test_a_question_chooses_after_its_window_is_cut_and_a_stream_is_not_cut():
         with pytest.raises(error, match="question_window"):
             RetrievalConfig(choice="question", question_window=bad)
     state.store.close()
+
+
+@torch.no_grad()
+def test_a_questions_blocks_sit_by_its_layout_and_a_streams_by_the_configs():
+    """question_layout "nearest": the question's leads by rising score, the best last (next to
+    the window), each with its neighbour after it; "stream": the same blocks in stream order;
+    a stream's call keeps the config's layout either way."""
+    settings = dict(block_size=4, sink_blocks=1, window=8, segment_len=8, blocks=4,
+                    choice="question", question_blocks=4, question_neighbours=1)  # fmt: skip
+    near, plain = model(**settings), model(**settings, question_layout="stream")
+    state = near(tokens(batch=2, length=96)).state
+    query = torch.randn(2, near.base.config.num_attention_heads, 5, near.head_dim)
+    a, b = near.select(state, query, True)[0], plain.select(state, query, True)[0]
+    assert torch.equal(a.sort(1).values, b.sort(1).values) and torch.equal(b, b.sort(1).values)
+    score = near.block_scores(state, query, near.config.choice.for_call(True))
+    for row in range(2):
+        ids, best = state.block_ids[row].tolist(), int(score[row].argmax())
+        assert a[row].tolist()[-2:] == ids[best : best + 2]  # the best lead last, then its next
+    assert torch.equal(near.select(state, query)[0], plain.select(state, query)[0])
+    with pytest.raises(ValueError, match="question_layout must be one of"):
+        RetrievalConfig(choice="question", question_layout="middle")
+    state.store.close()

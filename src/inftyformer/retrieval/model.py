@@ -377,7 +377,8 @@ class RetrievalLM(nn.Module):
         stored = held(state, dev)  # [b, n]
         score = block_scores(self.choosing(query, choice), state.keys, stored, self.kv_heads,
                              c.block_size, choice)  # fmt: skip
-        order = choose(score, stored, k, choice.neighbours, c.layout)  # [b, k]
+        layout = c.choice.layout_for(question, c.layout)
+        order = choose(score, stored, k, choice.neighbours, layout)  # [b, k]
         valid = torch.gather(stored, 1, order)  # a row with fewer blocks: the rest unread
         ids = torch.gather(state.block_ids.to(dev), 1, order)
         return torch.where(valid, ids, 0), valid

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 
 from .._checks import check_positive_int
-from ..core.seams import Strategy, register
+from ..core.seams import Strategy, kinds, lookup, register
 
 ANSWER_CHOICES = ("own", "question")
 PART = 4096  # stored tokens scored at once
@@ -209,6 +209,11 @@ class ScoredChoice(Strategy):
         read next, `reselect`) or a stream's; the same for every kind but "question"."""
         return self
 
+    def layout_for(self, question: bool, layout: Strategy) -> Strategy:
+        """Where a call's chosen blocks sit: the config's `layout`, but a question's under
+        choice "question" (its `question_layout`)."""
+        return layout
+
 
 @register
 @dataclass(frozen=True)
@@ -252,7 +257,9 @@ class QuestionChoice(ScoredChoice):
     chooses, a question's call cuts the window to its last `question_window` … + B − 1 tokens
     (None: the whole window), the older whole blocks stored (`state.shrink_window`): an alike
     fact still in the window would be read beside the chosen one (the most recent is the one
-    a small model copies), and the asked one there is chosen from the store like any other."""
+    a small model copies), and the asked one there is chosen from the store like any other.
+    The question's blocks sit by `question_layout` ("nearest": the best read last, next to
+    the window, where a small model looks first; its stream's by the config's layout)."""
 
     kind: ClassVar[str] = "question"
     # few blocks read: queries that read only them drift from what chose them (a question's
@@ -260,16 +267,20 @@ class QuestionChoice(ScoredChoice):
     question_after_stream: ClassVar[bool] = True
     select_queries: int = 32
     answer_choice: str = "question"
-    question_blocks: int = 2
+    question_blocks: int = 4  # 2 leads: a heading that wins the question's weight beside the fact
     question_neighbours: int = 1
     question_shortlist: int = 8
     question_window: int | None = 256
+    question_layout: str = "nearest"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive_int("question_blocks", self.question_blocks)
         if self.question_window is not None:
             check_positive_int("question_window", self.question_window, minimum=0)
+        if self.question_layout not in kinds("layout"):
+            raise ValueError(f"question_layout must be one of {kinds('layout')}, "
+                             f"got {self.question_layout!r}")  # fmt: skip
         check_positive_int("question_neighbours", self.question_neighbours, minimum=0)
         check_shortlist(
             "question_shortlist", self.question_shortlist, "question_blocks", self.question_blocks
@@ -291,6 +302,9 @@ class QuestionChoice(ScoredChoice):
                                    select_queries=self.select_queries,
                                    shortlist=self.question_shortlist, **shared)  # fmt: skip
         return MaxChoice(blocks=self.blocks, neighbours=self.neighbours, **shared)
+
+    def layout_for(self, question: bool, layout: Strategy) -> Strategy:
+        return lookup("layout", self.question_layout)() if question else layout
 
 
 @register
