@@ -267,7 +267,7 @@ class QuestionChoice(ScoredChoice):
     question_after_stream: ClassVar[bool] = True
     select_queries: int = 32
     answer_choice: str = "question"
-    question_blocks: int = 4  # 2 leads: a heading that wins the question's weight beside the fact
+    question_blocks: int = 4  # 2 leads: one may win the weight without holding the fact
     question_neighbours: int = 1
     question_shortlist: int = 8
     question_window: int | None = 256
