@@ -7,7 +7,10 @@ through `RetrievalLM(base, preset="retrieval", memory=ContinuousConfig())` in ca
 tokens: the first calls are read without gradient (until the window has let go of one block
 past the sink, the memory is empty or nearly, its read 0 or nearly), each later call is one
 optimiser step on its loss (the base's NLL plus the reads' variance KL, as the paper trains),
-the state carried to the next call detached.
+the state carried to the next call detached. With `--contrast W` each call is also read with the
+two rows' memories swapped (each book reading the other's, the page's `hybrid-other` control)
+and the loss gains W · max(0, NLL_own − NLL_other + `--margin`): a correction that any book's
+memory carries earns nothing there, only what the book's own memory holds does.
 
     python experiments/train_hybrid_memory.py --out runs/hybrid --minutes 40   # resumable
     python experiments/book_perplexity.py --rows window,retrieval,hybrid,hybrid-other \\
@@ -85,7 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     for name, kind, default in (("--doc-tokens", int, 4096), ("--lr", float, 1e-3),
                                 ("--kl-weight", float, 1e-6), ("--threads", int, 1),
                                 ("--seed", int, 0), ("--sigma-init", float, 0.0),
-                                ("--density-lr", float, 0.0)):  # fmt: skip
+                                ("--density-lr", float, 0.0), ("--contrast", float, 0.0),
+                                ("--margin", float, 0.01)):  # fmt: skip
         p.add_argument(name, type=kind, default=default)
     p.add_argument("--layers", default="", help="memory blocks, a,b,… (default: the config's)")
     args = p.parse_args(argv)
@@ -98,6 +102,8 @@ def main(argv: list[str] | None = None) -> None:
                 "kl_weight": args.kl_weight, "layers": layers, "seed": args.seed,
                 "sigma_init": args.sigma_init, "density_lr": args.density_lr,
                 "preset": "retrieval", "command": command_line()}  # fmt: skip
+    if args.contrast:  # (absent when off: runs made before it resume)
+        settings.update(contrast=args.contrast, margin=args.margin)
     args.out.mkdir(parents=True, exist_ok=True)
     model = build(base_dir, settings)
     # the density heads w_μ, w_σ at their own rate when given (they barely move at the memory's)
@@ -127,7 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     log = open(args.out / "train.csv", "a", newline="")
     writer = csv.writer(log)
     if step == 0:
-        writer.writerow(["step", "position", "lm_loss", "kl", "seconds"])
+        other = ["other_lm_loss"] if args.contrast else []
+        writer.writerow(["step", "position", "lm_loss", "kl", "seconds", *other])
     until = time.monotonic() + 60 * args.minutes
     while time.monotonic() < until:
         ids = torch.tensor([excerpt(books, rng, args.doc_tokens + 1) for _ in range(2)])
@@ -139,6 +146,13 @@ def main(argv: list[str] | None = None) -> None:
             chunk, target = ids[:, start : start + SEGMENT], ids[:, start + 1 : start + 1 + SEGMENT]
             out = model(chunk, state, targets=target)
             loss = out.lm_loss + args.kl_weight * out.aux["kl"]
+            other = []
+            if args.contrast:  # each row reads the other book's memory (module doc)
+                swap = torch.tensor([1, 0])
+                mixed = replace(state, continuous=state.continuous.select_rows(swap))
+                them = model(chunk, mixed, targets=target).lm_loss
+                loss = loss + args.contrast * torch.relu(out.lm_loss - them + args.margin)
+                other = [f"{float(them.detach()):.5f}"]
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.memory.parameters(), 1.0)
@@ -146,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
             state, step = out.state, step + 1
             kl, seconds = float(out.aux["kl"].detach()), time.perf_counter() - tic
             writer.writerow([step, start, f"{float(out.lm_loss.detach()):.5f}", f"{kl:.3f}",
-                             f"{seconds:.2f}"])  # fmt: skip
+                             f"{seconds:.2f}", *other])  # fmt: skip
         state.store.close()
         log.flush()
         save(args.out, model, optimiser, step, rng, settings)

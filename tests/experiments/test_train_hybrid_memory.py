@@ -39,3 +39,47 @@ def test_it_trains_the_memory_only_and_resumes(tmp_path):
     assert [int(r["step"]) for r in csv.DictReader(open(out / "train.csv"))] == [1, 2, 3, 4]
     with pytest.raises(SystemExit, match="other settings"):
         th.main([*argv, "--lr", "0.5"])
+
+
+def test_the_contrast_reads_the_other_books_memory_and_logs_its_loss(tmp_path, monkeypatch):
+    """--contrast: each trained call is read twice, the second time with the rows' memories
+    swapped (row 0 reads row 1's signal and waiting tokens); its loss is logged, and the run
+    resumes only under the same settings."""
+    text = "the memory of a long book, said the signal, and the window let it go. " * 400
+    model_dir = write_tiny_model(tmp_path / "model", corpus=(text,), max_positions=4096)
+    books = tmp_path / "data" / "pg19-mini" / "train"
+    books.mkdir(parents=True)
+    for i in range(2):
+        (books / f"{i}.txt").write_text(text[i:])
+    reads = []  # the continuous state each trained call read
+    build = th.build
+
+    def recording(*args):
+        model = build(*args)
+        forward = model.forward
+
+        def forward_recorded(ids, state=None, *rest, targets=None, **kw):
+            if targets is not None:
+                reads.append(state.continuous)
+            return forward(ids, state, *rest, targets=targets, **kw)
+
+        model.forward = forward_recorded
+        return model
+
+    monkeypatch.setattr(th, "build", recording)
+    out = tmp_path / "run"
+    argv = ["--base-model", str(model_dir), "--data-dir", str(tmp_path / "data"), "--out",
+            str(out), "--minutes", "0.0001", "--doc-tokens", "1792", "--contrast", "1"]  # fmt: skip
+    th.main(argv)
+    assert len(reads) == 4  # two steps, each read twice
+    for own, other in (reads[0:2], reads[2:4]):
+        assert torch.equal(other.waiting, own.waiting.flip(1))  # [m, b, M, e]: rows swapped
+        B_own, B_other = own.long_term[0].coefficients, other.long_term[0].coefficients
+        assert torch.equal(B_other, B_own.flip(0))  # [b, N, e]
+        assert not torch.equal(other.waiting, own.waiting)
+    rows = list(csv.DictReader(open(out / "train.csv")))
+    assert [int(r["step"]) for r in rows] == [1, 2] and all(r["other_lm_loss"] for r in rows)
+    th.main(argv)
+    assert [int(r["step"]) for r in csv.DictReader(open(out / "train.csv"))] == [1, 2, 3, 4]
+    with pytest.raises(SystemExit, match="other settings"):
+        th.main([*argv[:-2], "--contrast", "2"])
