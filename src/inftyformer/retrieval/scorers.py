@@ -10,7 +10,8 @@ tokens] tensor is ever whole), and the `k` blocks chosen by it.
                 queries and heads attending over every stored token      answer_choice;
                 (among the `shortlist` blocks of best q · k)             shortlist
     "question"  a stream's call as "max", a question's as "attention"    question_blocks,
-                with few blocks, shortlisted                             _neighbours, _shortlist
+                with few blocks, shortlisted, after its window is cut    _neighbours, _shortlist,
+                                                                         _window, _layout
     "none"      no past block is read (the baselines: sink and window)   –
 """
 
