@@ -40,6 +40,7 @@ SHORTER = {
     "python benchmarks/bench_pretrained.py": " --quick",
     "python experiments/retrieval.py": " --lengths 2304 --passages 1",
     "inftyformer ask": " --max-new-tokens 16",
+    "python -m inftyformer.integrations.harness": " --max-chars 2000",  # lm_eval reads it whole
 }
 
 
