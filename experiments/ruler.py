@@ -94,8 +94,8 @@ def stale(path: Path, args) -> bool:
 PICKED = "retrieval-picked"  # the preset of the variant rows (VARIANTS: row: preset, settings)
 VARIANTS = {"picked-all": (PICKED, "select_queries=0"), "picked-max": (PICKED, "choice=max"),
             "retrieval-question": ("retrieval", "choice=question"),
-            "question-first": ("retrieval", "choice=question,question_window=None,"
-                               "question_blocks=2,question_layout=stream")}  # fmt: skip
+            "question-first": ("retrieval", "choice=question,question_blocks=2,question_window="
+                               "None,question_layout=stream,question_shortlist=8")}  # fmt: skip
 RULER_ROWS = (*ROWS, PICKED, *VARIANTS, "paper")
 PAPER_PRESET = "paper-gpt2"
 WHOLE = 1 << 24  # lm_eval's max_length for a memory model: any prompt reaches it whole
@@ -296,9 +296,9 @@ ROW_WHAT = {  # what each row reads, as the page says it
     "picked-all": "that preset, its blocks chosen by every query of that call (`select_queries=0`)",
     "picked-max": "that preset scoring each block by its best q · k (`choice=max`)",
     "retrieval-question": "the retrieval preset whose question (the last call) cuts its window "
-    "to 256 tokens, then reads the 2 blocks its last 32 queries attend to most among the 8 of "
-    "best q · k, each with the next, the best last, after the stream's 16 (`choice=question`)",
-    "question-first": "that choice as first measured: one lead, the whole window, stream order",
+    "to 256 tokens, then reads the 2 blocks its last 32 queries attend to most, each with the "
+    "next, the best last, after the stream's 16 (`choice=question`)",
+    "question-first": "that choice first measured: one lead of the 8 of best q · k, all the window",
     "paper": "the paper's memory in every block of the base (preset `paper-gpt2`, untrained: as "
     "wrapped, it adds nothing to the base's logits, so it reads what the base reads in its "
     "window of one segment before the segment), saved as a memory model and run by lm_eval's "

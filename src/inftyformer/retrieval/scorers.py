@@ -10,7 +10,7 @@ tokens] tensor is ever whole), and the `k` blocks chosen by it.
                 queries and heads attending over every stored token      answer_choice;
                 (among the `shortlist` blocks of best q · k)             shortlist
     "question"  a stream's call as "max", a question's as "attention"    question_blocks,
-                with few blocks, shortlisted, after its window is cut    _neighbours, _shortlist,
+                with few blocks, after its window is cut                 _neighbours, _shortlist,
                                                                          _window, _layout
     "none"      no past block is read (the baselines: sink and window)   –
 """
@@ -251,10 +251,12 @@ class QuestionChoice(ScoredChoice):
     """A call that knows what it is: a stream's call reads the `blocks` best by their best
     q · k (as "max", with all its queries), a question's call (`reselect`: the prompt's last,
     whose answer is read next) the `question_blocks` best by attention weight from its last
-    `select_queries` queries among the `question_shortlist` of best q · k, each lead with
-    `question_neighbours` blocks after it (as "attention"): one fact among alike ones, where a
-    stream needs many blocks read. The shortlist keeps a block that some head attends to
-    from any query (a chapter heading) from winning on attention weight alone. Before it
+    `select_queries` queries (among the `question_shortlist` of best q · k; 0, the default:
+    among all), each lead with `question_neighbours` blocks after it (as "attention"): one
+    fact among alike ones, where a stream needs many blocks read. A block that some head
+    attends to from any query (a chapter heading) may win on attention weight: its second
+    lead and its place (below) answer that; a shortlist (8, measured before them) no longer
+    helps (docs/results/question_choices: 2 multikey prompts lost at 4K, none won). Before it
     chooses, a question's call cuts the window to its last `question_window` … + B − 1 tokens
     (None: the whole window), the older whole blocks stored (`state.shrink_window`): an alike
     fact still in the window would be read beside the chosen one (the most recent is the one
@@ -270,7 +272,7 @@ class QuestionChoice(ScoredChoice):
     answer_choice: str = "question"
     question_blocks: int = 4  # 2 leads: one may win the weight without holding the fact
     question_neighbours: int = 1
-    question_shortlist: int = 8
+    question_shortlist: int = 0
     question_window: int | None = 256
     question_layout: str = "nearest"
 
