@@ -78,7 +78,8 @@ def test_a_shortlist_keeps_the_attention_weight_of_the_blocks_of_best_q_k_only()
 def test_a_block_that_wins_on_weight_alone_is_not_read_by_a_shortlisted_question():
     """A heading some head pays its weight from any query (a weak match where nothing else
     draws that head) against the asked block, matched strongly by another head but beside an
-    alike block: by attention weight the heading wins; shortlisted by q · k, the asked block."""
+    alike block: by attention weight the heading wins; shortlisted by q · k, the asked block.
+    A question's call of choice "question" has no shortlist unless given one."""
     m = model(block_size=4, blocks=1, sink_blocks=0, window=4, segment_len=4)
     H, d = m.kv_heads, m.head_dim
     keys = torch.zeros(1, 12, H, d)
@@ -98,6 +99,10 @@ def test_a_block_that_wins_on_weight_alone_is_not_read_by_a_shortlisted_question
     assert model(**settings, choice="attention", shortlist=2).select(state, query)[0].tolist() == [
         [8]
     ]
+    # a question's call of choice "question" ranks by weight among all blocks unless told
+    asked = dict(settings, choice="question", question_blocks=1, question_neighbours=0)
+    assert model(**asked).select(state, query, True)[0].tolist() == [[7]]
+    assert model(**asked, question_shortlist=2).select(state, query, True)[0].tolist() == [[8]]
     with pytest.raises(ValueError, match=r"shortlist \(1\) must be 0 or at least blocks \(2\)"):
         RetrievalConfig(choice="attention", blocks=2, shortlist=1)
     with pytest.raises(ValueError, match="question_shortlist"):
