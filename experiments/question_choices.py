@@ -44,23 +44,31 @@ READER = "retrieval"  # the preset every row is: its stream's calls are every ro
 ROWS = {  # row: its settings on top of READER (the names of experiments/ruler.py's rows)
     "retrieval": {},
     "question-first": {"choice": "question", "question_window": None, "question_blocks": 2,
-                       "question_layout": "stream"},
-    "question-cut": {"choice": "question", "question_blocks": 2, "question_layout": "stream"},
-    "question-2-leads": {"choice": "question", "question_layout": "stream"},
+                       "question_layout": "stream", "question_shortlist": 8},
+    "question-cut": {"choice": "question", "question_blocks": 2, "question_layout": "stream",
+                     "question_shortlist": 8},
+    "question-2-leads": {"choice": "question", "question_layout": "stream",
+                         "question_shortlist": 8},
+    "question-nearest": {"choice": "question", "question_shortlist": 8},
     "retrieval-question": {"choice": "question"},
+    "question-1-lead": {"choice": "question", "question_blocks": 2, "question_shortlist": 8},
 }  # fmt: skip
 WHAT = {
     "retrieval": "the packed preset: its question reads the 16 blocks its queries match best "
     "and the last 960 tokens, as its stream does",
     "question-first": "choice `question` as first measured: the question reads the block its "
-    "last 32 queries give the most attention weight among the 8 of best q · k, with the block "
-    "after it, and the whole window",
+    "last 32 queries give the most attention weight among the 8 of best q · k "
+    "(`question_shortlist=8`), with the block after it, and the whole window",
     "question-cut": "that, its window cut to the last 256 tokens first, the older whole blocks "
     "stored among those it chooses from (`question_window=256`)",
     "question-2-leads": "that, reading the 2 best blocks, each with the block after it, in "
     "stream order (`question_blocks=4`)",
-    "retrieval-question": "that, the best block read last, next to the window "
-    "(`question_layout=nearest`): `choice=question` as it is",
+    "question-nearest": "that, the best block read last, next to the window "
+    "(`question_layout=nearest`)",
+    "retrieval-question": "that, choosing among all stored blocks (no shortlist by q · k: "
+    "`question_shortlist=0`, as `retrieval-picked` chooses): `choice=question` as it is",
+    "question-1-lead": "question-nearest reading its best block with the block after it only "
+    "(`question_blocks=2`)",
 }
 
 
