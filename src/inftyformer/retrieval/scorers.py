@@ -254,9 +254,10 @@ class QuestionChoice(ScoredChoice):
     `select_queries` queries (among the `question_shortlist` of best q · k; 0, the default:
     among all), each lead with `question_neighbours` blocks after it (as "attention"): one
     fact among alike ones, where a stream needs many blocks read. A block that some head
-    attends to from any query (a chapter heading) may win on attention weight: its second
-    lead and its place (below) answer that; a shortlist (8, measured before them) no longer
-    helps (docs/results/question_choices: 2 multikey prompts lost at 4K, none won). Before it
+    attends to from any query (a chapter heading) may win on attention weight: the second
+    lead and the best's place next to the window (below) answer that; a shortlist (8, measured
+    before them) no longer helps (docs/results/question_choices: 2 multikey prompts lost at
+    4K, none won). Before it
     chooses, a question's call cuts the window to its last `question_window` … + B − 1 tokens
     (None: the whole window), the older whole blocks stored (`state.shrink_window`): an alike
     fact still in the window would be read beside the chosen one (the most recent is the one
