@@ -41,17 +41,16 @@ from inftyformer._measure import (
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "results" / "question_choices"
 READER = "retrieval"  # the preset every row is: its stream's calls are every row's
+SHORTLISTED = {"choice": "question", "question_shortlist": 8}  # as measured before 0 (WHAT)
 ROWS = {  # row: its settings on top of READER (the names of experiments/ruler.py's rows)
     "retrieval": {},
-    "question-first": {"choice": "question", "question_window": None, "question_blocks": 2,
-                       "question_layout": "stream", "question_shortlist": 8},
-    "question-cut": {"choice": "question", "question_blocks": 2, "question_layout": "stream",
-                     "question_shortlist": 8},
-    "question-2-leads": {"choice": "question", "question_layout": "stream",
-                         "question_shortlist": 8},
-    "question-nearest": {"choice": "question", "question_shortlist": 8},
+    "question-first": {**SHORTLISTED, "question_window": None, "question_blocks": 2,
+                       "question_layout": "stream"},
+    "question-cut": {**SHORTLISTED, "question_blocks": 2, "question_layout": "stream"},
+    "question-2-leads": {**SHORTLISTED, "question_layout": "stream"},
+    "question-nearest": SHORTLISTED,
     "retrieval-question": {"choice": "question"},
-    "question-1-lead": {"choice": "question", "question_blocks": 2, "question_shortlist": 8},
+    "question-1-lead": {**SHORTLISTED, "question_blocks": 2},
 }  # fmt: skip
 WHAT = {
     "retrieval": "the packed preset: its question reads the 16 blocks its queries match best "
