@@ -257,11 +257,11 @@ class QuestionChoice(ScoredChoice):
     attends to from any query (a chapter heading) may win on attention weight: the second
     lead and the best's place next to the window (below) answer that; a shortlist (8, measured
     before them) no longer helps (docs/results/question_choices: 2 multikey prompts lost at
-    4K, none won). Before it
-    chooses, a question's call cuts the window to its last `question_window` … + B − 1 tokens
-    (None: the whole window), the older whole blocks stored (`state.shrink_window`): an alike
-    fact still in the window would be read beside the chosen one (the most recent is the one
-    a small model copies), and the asked one there is chosen from the store like any other.
+    4K, none won). Before it chooses, a question's call cuts the window to its last
+    `question_window` … + B − 1 tokens (None: the whole window), the older whole blocks stored
+    (`state.shrink_window`): an alike fact still in the window would be read beside the chosen
+    one (the most recent is the one a small model copies), and the asked one there is chosen
+    from the store like any other.
     The question's blocks sit by `question_layout` ("nearest": the best read last, next to
     the window, where a small model looks first; its stream's by the config's layout)."""
 
