@@ -240,3 +240,41 @@ def test_a_questions_blocks_sit_by_its_layout_and_a_streams_by_the_configs():
     with pytest.raises(ValueError, match="question_layout must be one of"):
         RetrievalConfig(choice="question", question_layout="middle")
     state.store.close()
+
+
+@torch.no_grad()
+def test_a_question_chooses_at_its_own_block_with_that_blocks_stored_keys():
+    """`question_select_layer`: the question's queries of that block score the stored keys of
+    that block, read from the store. A model whose stream chooses at block 1 and whose question
+    chooses at block 0 answers as the model that chooses at block 0 throughout, where their
+    streams read alike (one call: nothing stored to choose before it ends); choosing at
+    block 1 differs. A block that does not retrieve is refused."""
+    from inftyformer.retrieval.state import stored_keys
+
+    settings = dict(block_size=4, sink_blocks=1, window=8, segment_len=40, blocks=16,
+                    read_from=0, choice="question", question_blocks=2,
+                    question_neighbours=0)  # fmt: skip
+    own = model(**settings, question_select_layer=0)  # the stream chooses at block 1
+    low = model(**settings, select_layer=0, question_select_layer=0)
+    mid = model(**settings, question_select_layer=1)
+    assert (own.select_layer, own.question_layer, mid.question_layer) == (1, 0, 1)
+    ids, asked = tokens(batch=2, length=40, seed=8), tokens(batch=2, length=8, seed=9)
+    a, b = own(ids), low(ids)
+    torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=0)  # the streams read alike
+    assert int(a.state.blocks.min()) > 2  # more stored than the question reads
+    # the keys read back for the question are the stream's own at that block (float16)
+    for layer, state in ((0, b.state), (1, a.state)):
+        read = torch.cat(stored_keys(own, state, layer), 1)
+        torch.testing.assert_close(read, torch.cat(state.keys, 1), rtol=0, atol=2e-3)
+    x, y = own(asked, a.state, reselect=True), low(asked, b.state, reselect=True)
+    z = mid(asked, a.state, reselect=True)
+    assert torch.equal(x.state.selected, y.state.selected)
+    torch.testing.assert_close(x.logits, y.logits, rtol=0, atol=1e-5)
+    assert not torch.equal(x.state.selected, z.state.selected)  # block 1 chooses otherwise
+    for bad in (dict(question_select_layer=2), dict(read_from=1, question_select_layer=0)):
+        with pytest.raises(ValueError, match="question_select_layer"):
+            model(**{**settings, **bad})
+    with pytest.raises(ValueError, match="question_select_layer"):
+        RetrievalConfig(choice="question", question_select_layer=-1)
+    for out in (a, b):
+        out.state.store.close()

@@ -4,8 +4,9 @@ blocks it chooses) travels in a context variable to `retrieval_attention`, which
 calls in every block of the base in place of its own attention (registered as
 `ATTENTION`). In each block the call's queries attend to [sink; chosen blocks; window] (the
 context `RetrievalLM.context` gathers, packed before the call's first token) and to the call's
-own keys, causally. A first pass that only chooses (`reselect`) ends at `select_layer` by
-raising `Chosen`: the blocks above it would compute nothing that is kept."""
+own keys, causally. A first pass that only chooses (`reselect`) ends at the block where it
+chooses (`select_layer`, or a question's own: `Call.choosing_layer`) by raising `Chosen`: the
+blocks above it would compute nothing that is kept."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ class Call:
     selected_valid: torch.Tensor | None = None  # [b, blocks] bool
     question: torch.Tensor | None = None  # the queries that chose them, at P0 + t  [b, H, T, d]
     stop_after_select: bool = False  # a first pass that only chooses (`forward`'s reselect)
+    choose_layer: int | None = None  # the block that chooses (None: the model's select_layer)
     question_call: bool = False  # the prompt's last call, whose answer is read next (reselect)
     hold: bool = False  # every block reads the state's choice; nothing chosen (`keep_choice`)
     chosen_first: bool = False  # its first pass chose; every block reads that choice
@@ -48,6 +50,12 @@ class Call:
     valids: dict = field(default_factory=dict)  # what a layer's valid slots depend on → them
     at: int = 0  # a one-token call's place in its run: its token sits at P0 + at
     run: DecodeRun | None = None  # the run of one-token calls this call extends
+
+    @property
+    def choosing_layer(self) -> int:
+        """The block of the base where this call chooses its blocks: a question's own (`select`
+        scores the stored keys of that block) or the model's `select_layer`."""
+        return self.model.select_layer if self.choose_layer is None else self.choose_layer
 
 
 class Chosen(Exception):
@@ -77,7 +85,7 @@ def retrieval_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     layer = call.layer_of[id(module)]
-    if call.stop_after_select and layer == call.model.select_layer:
+    if call.stop_after_select and layer == call.choosing_layer:
         # scored as `choice` scores: the queries turned back to P0 + t
         call.question = call.model.at_context_end(query, call.at)
         chosen = call.model.select(call.state, call.question, call.question_call)

@@ -121,11 +121,27 @@ class RetrievalLM(nn.Module):
         first = select if config.read_from is None else min(config.read_from, select)
         self.read_from = first
         self.retrieving = list(range(first, self.num_layers)) if config.blocks else []
+        self.question_layer = self._question_layer(config, select)
         self._layer_of = {id(m): i for i, m in enumerate(self.attentions)}
         base.set_attn_implementation(ATTENTION)
         if memory is not None and not isinstance(memory, ContinuousConfig):
             raise TypeError(f"memory must be a ContinuousConfig or None, got {memory!r:.80}")
         self.memory = None if memory is None else ContinuousMemory(base, memory)
+
+    def _question_layer(self, config: RetrievalConfig, select: int) -> int:
+        """The block where a question chooses (`QuestionChoice.question_select_layer`; None:
+        three fifths of the base's blocks); `select_layer` for every other choice. Its keys
+        are read from the store, so it must be one of the blocks that retrieve."""
+        if not hasattr(config.choice, "question_select_layer"):
+            return select
+        layer = config.choice.question_select_layer
+        layer = (3 * self.num_layers) // 5 if layer is None else layer
+        if layer >= self.num_layers or layer not in self.retrieving:
+            raise ValueError(
+                f"question_select_layer ({layer}) must be a block that retrieves: from read_from "
+                f"({self.read_from}) to the base's last ({self.num_layers - 1})"
+            )
+        return layer
 
     def _param(self) -> torch.Tensor:
         return next(self.base.parameters())
@@ -255,7 +271,8 @@ class RetrievalLM(nn.Module):
         call would (`ScoredChoice.for_call`) when the question's choice is made after it."""
         question = question or not self._question_after_stream
         chooser = Call(self, state, self._layer_of, cos, sin, stop_after_select=True,
-                       question_call=question)  # fmt: skip
+                       question_call=question,
+                       choose_layer=self.question_layer if question else None)  # fmt: skip
         token = CALL.set(chooser)
         try:
             self.base(input_ids=ids, position_ids=positions, use_cache=False)
@@ -329,11 +346,12 @@ class RetrievalLM(nn.Module):
         """The blocks `layer` reads in this call: ids [b, k], which are valid [b, k] and
         whether it reads any; at `select_layer` the call chooses them first (`choose`)."""
         s, R = call.state, self.config.blocks * self.config.block_size
-        if choose and layer == self.select_layer and R and not (call.hold or call.chosen_first):
+        at = call.choosing_layer
+        if choose and layer == at and R and not (call.hold or call.chosen_first):
             call.question = self.at_context_end(query, call.at)
             call.selected, call.selected_valid = self.select(s, call.question, call.question_call)
         ids, chosen = (
-            (call.selected, call.selected_valid) if layer >= self.select_layer and not call.hold
+            (call.selected, call.selected_valid) if layer >= at and not call.hold
             else (s.selected, s.chosen)
         )  # fmt: skip
         reads = bool(R and layer >= self.read_from and ids is not None and ids.shape[1])
@@ -375,13 +393,22 @@ class RetrievalLM(nn.Module):
             return (torch.zeros(b, 0, dtype=torch.int64, device=dev),
                     torch.zeros(b, 0, dtype=torch.bool, device=dev))  # fmt: skip
         stored = held(state, dev)  # [b, n]
-        score = block_scores(self.choosing(query, choice), state.keys, stored, self.kv_heads,
+        keys = self.question_keys(state) if question else state.keys
+        score = block_scores(self.choosing(query, choice), keys, stored, self.kv_heads,
                              c.block_size, choice)  # fmt: skip
         layout = c.choice.layout_for(question, c.layout)
         order = choose(score, stored, k, choice.neighbours, layout)  # [b, k]
         valid = torch.gather(stored, 1, order)  # a row with fewer blocks: the rest unread
         ids = torch.gather(state.block_ids.to(dev), 1, order)
         return torch.where(valid, ids, 0), valid
+
+    def question_keys(self, state: RetrievalState) -> tuple[torch.Tensor, ...]:
+        """The stored tokens' keys at the block where a question chooses, turned to position S
+        as `state.keys` are (which they are when that block is `select_layer`): read from the
+        store in chunks [b, ≤ CHUNK_BLOCKS · B, H_kv, d] of the store's dtype, for one call."""
+        if self.question_layer == self.select_layer:
+            return state.keys
+        return states.stored_keys(self, state, self.question_layer)
 
     @torch.no_grad()
     def block_scores(

@@ -10,8 +10,9 @@ tokens] tensor is ever whole), and the `k` blocks chosen by it.
                 queries and heads attending over every stored token      answer_choice;
                 (among the `shortlist` blocks of best q · k)             shortlist
     "question"  a stream's call as "max", a question's as "attention"    question_blocks,
-                with few blocks, after its window is cut                 _neighbours, _shortlist,
-                                                                         _window, _layout
+                with few blocks, after its window is cut, at a later     _neighbours, _shortlist,
+                block of the base                                        _window, _layout,
+                                                                         _select_layer
     "none"      no past block is read (the baselines: sink and window)   –
 """
 
@@ -263,7 +264,12 @@ class QuestionChoice(ScoredChoice):
     one (the most recent is the one a small model copies), and the asked one there is chosen
     from the store like any other.
     The question's blocks sit by `question_layout` ("nearest": the best read last, next to
-    the window, where a small model looks first; its stream's by the config's layout)."""
+    the window, where a small model looks first; its stream's by the config's layout).
+    A question chooses at block `question_select_layer` of the base, its queries against the
+    stored keys of that block (read from the store for the call; None: three fifths of the
+    base's blocks): the middle block's keys of a text read with a long window hold the alike
+    facts around them, and a later block's tell the asked one apart (docs/results/
+    question_choices, the rows `question-layer-*`)."""
 
     kind: ClassVar[str] = "question"
     # few blocks read: queries that read only them drift from what chose them (a question's
@@ -276,10 +282,14 @@ class QuestionChoice(ScoredChoice):
     question_shortlist: int = 0
     question_window: int | None = 256
     question_layout: str = "nearest"
+    # where the question chooses: None, three fifths of the base's blocks (18 of SmolLM2's 30)
+    question_select_layer: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive_int("question_blocks", self.question_blocks)
+        if self.question_select_layer is not None:
+            check_positive_int("question_select_layer", self.question_select_layer, minimum=0)
         if self.question_window is not None:
             check_positive_int("question_window", self.question_window, minimum=0)
         if self.question_layout not in kinds("layout"):

@@ -325,6 +325,24 @@ def _store(model, s, out_k, out_v, to_store):
     return block_ids, s.blocks + per_row, keys
 
 
+@torch.no_grad()
+def stored_keys(model, state: RetrievalState, layer: int) -> tuple[torch.Tensor, ...]:
+    """The stored tokens' keys at block `layer` of the base, turned to position S as
+    `state.keys` are at `select_layer`: read from the store (the blocks a row does not hold
+    read as its first, never scored), in chunks [b, ≤ CHUNK_BLOCKS · B, H_kv, d] of the
+    store's dtype."""
+    B, S = model.config.block_size, model.config.sink_blocks * model.config.block_size
+    dev = state.window_k.device
+    probe = torch.zeros(1, 1, model.head_dim, device=dev)
+    cos, sin = model.rotary(probe, torch.full((1, B), S, device=dev))  # [1, B, d]
+    chunks = []
+    for ids in state.block_ids.clamp(min=0).split(CHUNK_BLOCKS, 1):  # [b, m]
+        k = state.store.read(layer, ids)[:, :, 0].to(dev)  # [b, m, H, B, d]
+        k = turn(k.float(), cos, sin).transpose(2, 3)  # [b, m, B, H, d]
+        chunks.append(k.flatten(1, 2).to(state.store.dtype))  # [b, m·B, H, d]
+    return tuple(chunks)
+
+
 def put_keys(
     chunks: tuple[torch.Tensor, ...], batch: int, length: int, chunk: int,
     place: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor,
@@ -365,6 +383,7 @@ __all__ = [
     "RetrievalState",
     "StateRecord",
     "put_keys",
+    "stored_keys",
     "turn",
     "unturn",
     "written",
