@@ -4,6 +4,26 @@ resident memory."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+
+def base_positions(base_dir: str | Path) -> int:
+    """The positions of the base at `base_dir` (its config's; unbounded when it names none)."""
+    config = json.loads((Path(base_dir) / "config.json").read_text())
+    return int(config.get("max_position_embeddings") or 1 << 30)
+
+
+def middle_block(base_dir: str | Path) -> int:
+    """The middle block of the base at `base_dir` (its config's layer count // 2): where the
+    rows measured before `question_select_layer` existed chose a question's blocks, pinned."""
+    config = json.loads((Path(base_dir) / "config.json").read_text())
+    layers = config.get("num_hidden_layers") or config.get("n_layer")
+    if not layers:
+        raise ValueError(f"{base_dir}/config.json names no layer count")
+    return int(layers) // 2
+
+
 # lm_eval's essay-haystack needle tasks with the package's novels as the haystack
 # (inftyformer.integrations.ruler_haystack; their folder is lm_eval's --include_path)
 BOOK_TASKS = ("niah_single_2_books", "niah_multikey_1_books")

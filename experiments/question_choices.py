@@ -41,7 +41,9 @@ from inftyformer._measure import (
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "results" / "question_choices"
 READER = "retrieval"  # the preset every row is: its stream's calls are every row's
-SHORTLISTED = {"choice": "question", "question_shortlist": 8}  # as measured before 0 (WHAT)
+MIDDLE = "middle"  # the base's middle block, where a question chose before question_select_layer
+SHORTLISTED = {"choice": "question", "question_shortlist": 8,  # as measured before 0 (WHAT)
+               "question_select_layer": MIDDLE}  # fmt: skip
 ROWS = {  # row: its settings on top of READER (the names of experiments/ruler.py's rows)
     "retrieval": {},
     "question-first": {**SHORTLISTED, "question_window": None, "question_blocks": 2,
@@ -49,8 +51,9 @@ ROWS = {  # row: its settings on top of READER (the names of experiments/ruler.p
     "question-cut": {**SHORTLISTED, "question_blocks": 2, "question_layout": "stream"},
     "question-2-leads": {**SHORTLISTED, "question_layout": "stream"},
     "question-nearest": SHORTLISTED,
-    "retrieval-question": {"choice": "question"},
+    "retrieval-question": {"choice": "question", "question_select_layer": MIDDLE},
     "question-1-lead": {**SHORTLISTED, "question_blocks": 2},
+    "question-late": {"choice": "question"},
 }  # fmt: skip
 WHAT = {
     "retrieval": "the packed preset: its question reads the 16 blocks its queries match best "
@@ -68,6 +71,11 @@ WHAT = {
     "`question_shortlist=0`, as `retrieval-picked` chooses): `choice=question` as it is",
     "question-1-lead": "question-nearest reading its best block with the block after it only "
     "(`question_blocks=2`)",
+    "question-late": "retrieval-question choosing at a later block of the base than its stream "
+    "does: its queries of block 18 of 30 (three fifths of the base's blocks, "
+    "`question_select_layer`'s default) against the stored keys of that block, read from the "
+    "store; the rows above choose at the middle block, 15, where the stream chooses: "
+    "`choice=question` as it is",
 }
 
 
@@ -250,6 +258,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(args, rows: list[str], base_dir: str, log: Path, answers: list[dict]) -> list[dict]:
     """Every (task, length, prompt, row) not yet in `log` answered and appended to it."""
+    from _ruler_report import middle_block
     from ruler import prompt_records, ruler_task
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -257,7 +266,9 @@ def run(args, rows: list[str], base_dir: str, log: Path, answers: list[dict]) ->
 
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
-    models = {row: RetrievalLM(base, preset=READER, **ROWS[row]).eval() for row in rows}
+    mid = middle_block(base_dir)
+    pinned = {row: {k: mid if v == MIDDLE else v for k, v in ROWS[row].items()} for row in rows}
+    models = {row: RetrievalLM(base, preset=READER, **pinned[row]).eval() for row in rows}
     reader = RetrievalLM(base, preset=READER).eval()
     done = {(a["row"], a["task"], a["length"], a["prompt_hash"]) for a in answers}
     log.parent.mkdir(parents=True, exist_ok=True)

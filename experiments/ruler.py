@@ -43,6 +43,7 @@ import json
 import time
 from pathlib import Path
 
+import _ruler_report as parts
 import torch
 from _arguments import positive_int, positive_ints
 from _ruler_report import BOOK_TASKS, BOOKS, LEFT_OUT, WHAT, cut_sentence, memory_lines
@@ -77,11 +78,6 @@ QUICK_CORPUS = (
 )
 
 
-def base_positions(base_dir: str | Path) -> int:
-    config = json.loads((Path(base_dir) / "config.json").read_text())
-    return int(config.get("max_position_embeddings") or 1 << 30)
-
-
 def stale(path: Path, args) -> bool:
     """A cell at `path` measured on fewer prompts than --limit asks for, or with answers of
     another length than --max-gen-toks (run again; a skipped cell stays skipped)."""
@@ -93,9 +89,10 @@ def stale(path: Path, args) -> bool:
 
 PICKED = "retrieval-picked"  # the preset of the variant rows (VARIANTS: row: preset, settings)
 VARIANTS = {"picked-all": (PICKED, "select_queries=0"), "picked-max": (PICKED, "choice=max"),
-            "retrieval-question": ("retrieval", "choice=question"),
+            "retrieval-question": ("retrieval", "choice=question,question_select_layer={mid}"),
             "question-first": ("retrieval", "choice=question,question_blocks=2,question_window="
-                               "None,question_layout=stream,question_shortlist=8")}  # fmt: skip
+                               "None,question_layout=stream,question_shortlist=8,"
+                               "question_select_layer={mid}")}  # fmt: skip
 RULER_ROWS = (*ROWS, PICKED, *VARIANTS, "paper")
 PAPER_PRESET = "paper-gpt2"
 WHOLE = 1 << 24  # lm_eval's max_length for a memory model: any prompt reaches it whole
@@ -127,7 +124,7 @@ def model_of(row: str, base_dir: str, models_dir: str | Path | None = None) -> t
 
     folder = check_model_dir(base_dir)
     if row == "full":  # lm_eval's hf model, every position of the base
-        return "hf", f"pretrained={folder},dtype=float32,max_length={base_positions(folder)}"
+        return "hf", f"pretrained={folder},dtype=float32,max_length={parts.base_positions(folder)}"
     if row == "paper":  # a memory model as a user runs one: the prompt streams through it
         if models_dir is None:
             raise ValueError("the paper row needs a folder for its saved model (--models-dir)")
@@ -137,6 +134,8 @@ def model_of(row: str, base_dir: str, models_dir: str | Path | None = None) -> t
 
     if row in VARIANTS:
         preset, settings = VARIANTS[row]
+        if "{mid}" in settings:  # as measured (`middle_block`)
+            settings = settings.format(mid=parts.middle_block(folder))
         return ruler_lm.NAME, f"pretrained={folder},preset={preset},{settings}"
     return ruler_lm.NAME, f"pretrained={folder},preset={row}"
 
@@ -234,7 +233,7 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
     scored per prompt."""
     import lm_eval
 
-    limit = base_positions(base_dir)
+    limit = parts.base_positions(base_dir)
     if row == "full" and length > limit:
         return {"skipped": f"the prompts do not fit the base's {limit} positions"}
     model, model_args = model_of(row, base_dir, getattr(args, "models_dir", None))

@@ -105,6 +105,13 @@ def test_rows_are_the_models_they_name(tmp_path):
     assert rr.model_of("picked-max", str(tmp_path)) == (
         "inftyformer-retrieval", f"pretrained={tmp_path},preset=retrieval-picked,choice=max"
     )  # fmt: skip
+    with pytest.raises(ValueError, match="names no layer count"):
+        rr.model_of("retrieval-question", str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 30}))
+    assert rr.model_of("retrieval-question", str(tmp_path)) == (  # as it was measured
+        "inftyformer-retrieval",
+        f"pretrained={tmp_path},preset=retrieval,choice=question,question_select_layer=15",
+    )
     with pytest.raises(ValueError, match="no row"):  # the trained map's row is gone
         rr.model_of("picked-trained", str(tmp_path))
 

@@ -121,27 +121,18 @@ class RetrievalLM(nn.Module):
         first = select if config.read_from is None else min(config.read_from, select)
         self.read_from = first
         self.retrieving = list(range(first, self.num_layers)) if config.blocks else []
-        self.question_layer = self._question_layer(config, select)
+        # where a question chooses (`QuestionChoice.question_layer`): its keys read from the store
+        layer = getattr(config.choice, "question_layer", lambda n, s: s)(self.num_layers, select)
+        if self.retrieving and layer not in self.retrieving:
+            last = self.num_layers - 1
+            raise ValueError(f"question_select_layer ({layer}) must be a block that retrieves: "
+                             f"from read_from ({first}) to the base's last ({last})")  # fmt: skip
+        self.question_layer = layer
         self._layer_of = {id(m): i for i, m in enumerate(self.attentions)}
         base.set_attn_implementation(ATTENTION)
         if memory is not None and not isinstance(memory, ContinuousConfig):
             raise TypeError(f"memory must be a ContinuousConfig or None, got {memory!r:.80}")
         self.memory = None if memory is None else ContinuousMemory(base, memory)
-
-    def _question_layer(self, config: RetrievalConfig, select: int) -> int:
-        """The block where a question chooses (`QuestionChoice.question_select_layer`; None:
-        three fifths of the base's blocks); `select_layer` for every other choice. Its keys
-        are read from the store, so it must be one of the blocks that retrieve."""
-        if not hasattr(config.choice, "question_select_layer"):
-            return select
-        layer = config.choice.question_select_layer
-        layer = (3 * self.num_layers) // 5 if layer is None else layer
-        if layer >= self.num_layers or layer not in self.retrieving:
-            raise ValueError(
-                f"question_select_layer ({layer}) must be a block that retrieves: from read_from "
-                f"({self.read_from}) to the base's last ({self.num_layers - 1})"
-            )
-        return layer
 
     def _param(self) -> torch.Tensor:
         return next(self.base.parameters())

@@ -216,6 +216,11 @@ class ScoredChoice(Strategy):
         choice "question" (its `question_layout`)."""
         return layout
 
+    def question_layer(self, num_layers: int, select_layer: int) -> int:
+        """The block of a base of `num_layers` where a question chooses: `select_layer`, but
+        under choice "question" its `question_select_layer`."""
+        return select_layer
+
 
 @register
 @dataclass(frozen=True)
@@ -319,6 +324,11 @@ class QuestionChoice(ScoredChoice):
 
     def layout_for(self, question: bool, layout: Strategy) -> Strategy:
         return lookup("layout", self.question_layout)() if question else layout
+
+    def question_layer(self, num_layers: int, select_layer: int) -> int:
+        if self.question_select_layer is None:  # three fifths of the base's blocks
+            return (3 * num_layers) // 5
+        return self.question_select_layer
 
 
 @register
