@@ -79,6 +79,23 @@ WHAT = {
 }
 
 
+AT = "question-at-"  # a row question-at-L: `question-late` choosing at block L of the base
+
+
+def row_settings(row: str) -> dict | None:
+    """The settings of `row` on top of READER (ROWS, or question-at-L); None: no such row."""
+    if row.startswith(AT) and row[len(AT) :].isdigit():
+        return {"choice": "question", "question_select_layer": int(row[len(AT) :])}
+    return ROWS.get(row)
+
+
+def what(row: str) -> str:
+    """What `row` reads, for the page."""
+    if row.startswith(AT):
+        return f"question-late choosing at block {row[len(AT) :]} (`question_select_layer`)"
+    return WHAT.get(row, row)
+
+
 def last_call(tokens: int, segment_len: int) -> int:
     """Where the prompt's last call starts as `RetrievalLM(ids, reselect=True)` streams it."""
     return ((tokens - 1) // segment_len) * segment_len
@@ -175,7 +192,7 @@ def render(data: dict, notes: str = "") -> str:
         f"p. Answers cut at {setup['max_gen_toks']} new tokens. Rendered from "
         "`question_choices.json` by `experiments/question_choices.py`.",
         "",
-        "Rows: " + "; ".join(f"`{r}` {WHAT.get(r, r)}" for r in rows) + ".",
+        "Rows: " + "; ".join(f"`{r}` {what(r)}" for r in rows) + ".",
         "",
         "| row | " + " | ".join(f"{t} {n:,}" for t, n in keys) + " |",
         "|---|" + "---:|" * len(keys),
@@ -225,8 +242,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     rows = args.rows.split(",")
     for row in rows:
-        if row not in ROWS:
-            p.error(f"unknown row {row!r}; known: {', '.join(ROWS)}")
+        if row_settings(row) is None:
+            p.error(f"unknown row {row!r}; known: {', '.join(ROWS)}, {AT}L (block L)")
     out = Path(args.out)
     if args.quick:
         if out.resolve() == OUT.resolve():
@@ -267,7 +284,7 @@ def run(args, rows: list[str], base_dir: str, log: Path, answers: list[dict]) ->
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
     mid = middle_block(base_dir)
-    pinned = {row: {k: mid if v == MIDDLE else v for k, v in ROWS[row].items()} for row in rows}
+    pinned = {r: {k: mid if v == MIDDLE else v for k, v in row_settings(r).items()} for r in rows}
     models = {row: RetrievalLM(base, preset=READER, **pinned[row]).eval() for row in rows}
     reader = RetrievalLM(base, preset=READER).eval()
     done = {(a["row"], a["task"], a["length"], a["prompt_hash"]) for a in answers}

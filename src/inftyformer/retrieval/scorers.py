@@ -274,7 +274,7 @@ class QuestionChoice(ScoredChoice):
     stored keys of that block (read from the store for the call; None: three fifths of the
     base's blocks): the middle block's keys of a text read with a long window hold the alike
     facts around them, and a later block's tell the asked one apart (docs/results/
-    question_choices, the rows `question-layer-*`)."""
+    question_choices, row `question-late`)."""
 
     kind: ClassVar[str] = "question"
     # few blocks read: queries that read only them drift from what chose them (a question's
