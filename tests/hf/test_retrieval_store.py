@@ -209,6 +209,24 @@ def test_appends_from_several_threads_get_their_own_ids_and_blocks(monkeypatch):
     store.close()
 
 
+def test_a_keys_only_read_is_the_first_half_of_each_block_and_checks_ids_alike():
+    """`read(keys_only=True)`: the keys of the blocks asked, in their order and shape, as the
+    whole read gives them; ids past the stored refused the same way."""
+    store = small_store(layers=(0, 1))
+    data = {layer: torch.randn(5, *SHAPE, generator=torch.Generator().manual_seed(layer))
+            for layer in (0, 1)}  # fmt: skip
+    store.append(data)
+    ids = torch.tensor([[3, 0], [4, 4]])
+    whole = store.read(1, ids)  # [2, 2, 2, H, B, d]
+    keys = store.read(1, ids, keys_only=True)  # [2, 2, H, B, d]
+    assert keys.shape == (2, 2, *SHAPE[1:])
+    assert torch.equal(keys, whole[:, :, 0])
+    assert torch.equal(keys[0, 0], data[1][3, 0].to(store.dtype))
+    with pytest.raises(IndexError, match="outside the 5 stored"):
+        store.read(0, torch.tensor([5]), keys_only=True)
+    store.close()
+
+
 # ---------------------------------------------------------------- leftovers of killed processes
 def dead_pid() -> int:
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],

@@ -241,4 +241,7 @@ def test_a_read_only_store_reads_the_saved_blocks_and_keeps_new_ones_apart(tmp_p
     got = store.read(0, torch.tensor([[4, 0], [1, 3]]))
     assert torch.equal(got, torch.stack([torch.stack([new[1], old[0]]),
                                          torch.stack([old[1], new[0]])]))  # fmt: skip
+    keys = store.read(0, torch.tensor([[4, 0], [1, 3]]), keys_only=True)  # saved and new alike
+    assert torch.equal(keys, got[:, :, 0])
+    assert torch.equal(store.read(0, torch.tensor([1, 2]), keys_only=True), old[1:, 0])
     assert (tmp_path / "layer0.bin").stat().st_size == 3 * store.record  # not written

@@ -277,13 +277,14 @@ class ReadOnlyStore:
             self.scratch = BlockStore(self.layers, *self.shape[1:], dtype=self.dtype)
         return self.scratch.append(blocks) + self.base_count
 
-    def read(self, layer: int, ids: torch.Tensor) -> torch.Tensor:
+    def read(self, layer: int, ids: torch.Tensor, keys_only: bool = False) -> torch.Tensor:
         old = ids < self.base_count
         if bool(old.all()):
-            return self.saved.read(layer, ids)
-        out = torch.empty(*ids.shape, *self.shape, dtype=self.dtype)
-        out[old] = self.saved.read(layer, ids[old])
-        out[~old] = self.scratch.read(layer, ids[~old] - self.base_count)
+            return self.saved.read(layer, ids, keys_only)
+        shape = self.shape[1:] if keys_only else self.shape
+        out = torch.empty(*ids.shape, *shape, dtype=self.dtype)
+        out[old] = self.saved.read(layer, ids[old], keys_only)
+        out[~old] = self.scratch.read(layer, ids[~old] - self.base_count, keys_only)
         return out
 
     def disk_bytes(self) -> int:

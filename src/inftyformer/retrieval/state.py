@@ -337,7 +337,7 @@ def stored_keys(model, state: RetrievalState, layer: int) -> tuple[torch.Tensor,
     cos, sin = model.rotary(probe, torch.full((1, B), S, device=dev))  # [1, B, d]
     chunks = []
     for ids in state.block_ids.clamp(min=0).split(CHUNK_BLOCKS, 1):  # [b, m]
-        k = state.store.read(layer, ids)[:, :, 0].to(dev)  # [b, m, H, B, d]
+        k = state.store.read(layer, ids, keys_only=True).to(dev)  # [b, m, H, B, d]
         k = turn(k.float(), cos, sin).transpose(2, 3)  # [b, m, B, H, d]
         chunks.append(k.flatten(1, 2).to(state.store.dtype))  # [b, m·B, H, d]
     return tuple(chunks)

@@ -190,12 +190,15 @@ class BlockStore:
             self.count += n
         return ids
 
-    def read(self, layer: int, ids: torch.Tensor) -> torch.Tensor:
+    def read(self, layer: int, ids: torch.Tensor, keys_only: bool = False) -> torch.Tensor:
         """The blocks `ids` (int64, any shape) of `layer` → [*ids.shape, 2, heads, B, d] in the
-        store's dtype."""
+        store's dtype; with `keys_only`, their keys alone [*ids.shape, heads, B, d] (the first
+        half of each record: half the bytes read)."""
         flat = ids.reshape(-1).tolist()
-        out = torch.empty(len(flat), *self.shape, dtype=self.dtype)
-        raw = out.view(torch.uint8).reshape(len(flat), self.record).numpy()  # [n, record] bytes
+        shape = self.shape[1:] if keys_only else self.shape
+        size = self.record // 2 if keys_only else self.record
+        out = torch.empty(len(flat), *shape, dtype=self.dtype)
+        raw = out.view(torch.uint8).reshape(len(flat), size).numpy()  # [n, size] bytes
         with self._lock:
             self._check_open("read blocks")
             if flat and not 0 <= min(flat) <= max(flat) < self.count:
@@ -203,10 +206,10 @@ class BlockStore:
             fd = self._fds[layer]
             for i, block in enumerate(flat):  # one contiguous record each
                 got = os.preadv(fd, [raw[i]], block * self.record)
-                if got != self.record:
-                    raise OSError(errno.EIO, f"block {block}: read {got} of {self.record} bytes",
+                if got != size:
+                    raise OSError(errno.EIO, f"block {block}: read {got} of {size} bytes",
                                   str(self._path(layer)))  # fmt: skip
-        return out.view(*ids.shape, *self.shape)
+        return out.view(*ids.shape, *shape)
 
     def disk_bytes(self) -> int:
         return self.count * self.record * len(self.layers)
