@@ -266,6 +266,13 @@ def test_a_question_chooses_at_its_own_block_with_that_blocks_stored_keys():
     for layer, state in ((0, b.state), (1, a.state)):
         read = torch.cat(stored_keys(own, state, layer), 1)
         torch.testing.assert_close(read, torch.cat(state.keys, 1), rtol=0, atol=2e-3)
+    # rows holding different blocks (one reset mid-stream): each row's own, where it holds them
+    ragged = own(ids[:, :24], a.state.reset(torch.tensor([False, True]))).state
+    held_tokens = torch.arange(ragged.block_ids.shape[1]) < ragged.blocks[:, None]
+    held_tokens = held_tokens.repeat_interleave(4, 1)  # [b, n·B]
+    assert int(ragged.blocks[0]) != int(ragged.blocks[1])
+    read = torch.cat(stored_keys(own, ragged, 1), 1)[held_tokens]
+    torch.testing.assert_close(read, torch.cat(ragged.keys, 1)[held_tokens], rtol=0, atol=2e-3)
     x, y = own(asked, a.state, reselect=True), low(asked, b.state, reselect=True)
     z = mid(asked, a.state, reselect=True)
     assert torch.equal(x.state.selected, y.state.selected)
