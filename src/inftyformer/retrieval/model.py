@@ -335,7 +335,8 @@ class RetrievalLM(nn.Module):
 
     def choice(self, call: Call, layer: int, query: torch.Tensor, choose: bool = True):
         """The blocks `layer` reads in this call: ids [b, k], which are valid [b, k] and
-        whether it reads any; at `select_layer` the call chooses them first (`choose`)."""
+        whether it reads any; at the block where the call chooses (`Call.choosing_layer`:
+        `select_layer` or a question's own) it chooses them first (`choose`)."""
         s, R = call.state, self.config.blocks * self.config.block_size
         at = call.choosing_layer
         if choose and layer == at and R and not (call.hold or call.chosen_first):

@@ -328,9 +328,9 @@ def _store(model, s, out_k, out_v, to_store):
 @torch.no_grad()
 def stored_keys(model, state: RetrievalState, layer: int) -> tuple[torch.Tensor, ...]:
     """The stored tokens' keys at block `layer` of the base, turned to position S as
-    `state.keys` are at `select_layer`: read from the store (the blocks a row does not hold
-    read as its first, never scored), in chunks [b, ≤ CHUNK_BLOCKS · B, H_kv, d] of the
-    store's dtype."""
+    `state.keys` are at `select_layer`: read from the store (a slot a row does not hold reads
+    the store's first block, never scored: `held`), in chunks [b, ≤ CHUNK_BLOCKS · B, H_kv,
+    d] of the store's dtype."""
     B, S = model.config.block_size, model.config.sink_blocks * model.config.block_size
     dev = state.window_k.device
     probe = torch.zeros(1, 1, model.head_dim, device=dev)
