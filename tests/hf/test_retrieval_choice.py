@@ -278,10 +278,18 @@ def test_a_question_chooses_at_its_own_block_with_that_blocks_stored_keys():
     assert torch.equal(x.state.selected, y.state.selected)
     torch.testing.assert_close(x.logits, y.logits, rtol=0, atol=1e-5)
     assert not torch.equal(x.state.selected, z.state.selected)  # block 1 chooses otherwise
+    # no first pass (read_from at select_layer): the call itself chooses at the question's
+    # block, with that block's queries, as a model whose select_layer it is
+    late = model(**settings, select_layer=0, question_select_layer=1)
+    one = model(**{**settings, "read_from": 1}, select_layer=1, question_select_layer=1)
+    c, d = late(ids), one(ids)
+    u, v = late(asked, c.state, reselect=True), one(asked, d.state, reselect=True)
+    assert torch.equal(u.state.selected, v.state.selected)
+    torch.testing.assert_close(u.logits, v.logits, rtol=0, atol=1e-5)
     for bad in (dict(question_select_layer=2), dict(read_from=1, question_select_layer=0)):
         with pytest.raises(ValueError, match="question_select_layer"):
             model(**{**settings, **bad})
     with pytest.raises(ValueError, match="question_select_layer"):
         RetrievalConfig(choice="question", question_select_layer=-1)
-    for out in (a, b):
+    for out in (a, b, c, d):
         out.state.store.close()

@@ -42,7 +42,6 @@ class Call:
     selected_valid: torch.Tensor | None = None  # [b, blocks] bool
     question: torch.Tensor | None = None  # the queries that chose them, at P0 + t  [b, H, T, d]
     stop_after_select: bool = False  # a first pass that only chooses (`forward`'s reselect)
-    choose_layer: int | None = None  # the block that chooses (None: the model's select_layer)
     question_call: bool = False  # the prompt's last call, whose answer is read next (reselect)
     hold: bool = False  # every block reads the state's choice; nothing chosen (`keep_choice`)
     chosen_first: bool = False  # its first pass chose; every block reads that choice
@@ -53,9 +52,10 @@ class Call:
 
     @property
     def choosing_layer(self) -> int:
-        """The block of the base where this call chooses its blocks: a question's own (`select`
-        scores the stored keys of that block) or the model's `select_layer`."""
-        return self.model.select_layer if self.choose_layer is None else self.choose_layer
+        """The block of the base where this call chooses its blocks: a question's own
+        (`RetrievalLM.question_layer`, whose stored keys `select` then scores) or the model's
+        `select_layer`."""
+        return self.model.question_layer if self.question_call else self.model.select_layer
 
 
 class Chosen(Exception):

@@ -262,8 +262,7 @@ class RetrievalLM(nn.Module):
         call would (`ScoredChoice.for_call`) when the question's choice is made after it."""
         question = question or not self._question_after_stream
         chooser = Call(self, state, self._layer_of, cos, sin, stop_after_select=True,
-                       question_call=question,
-                       choose_layer=self.question_layer if question else None)  # fmt: skip
+                       question_call=question)  # fmt: skip
         token = CALL.set(chooser)
         try:
             self.base(input_ids=ids, position_ids=positions, use_cache=False)
