@@ -311,13 +311,11 @@ def _store(model, s, out_k, out_v, to_store):
     rank = s.blocks[rows] + (torch.cumsum(to_store, 1) - 1)[rows, ms]
     block_ids = block_ids.index_put((rows, rank), ids)
     # the select layer's keys, turned to position S (every stored block at one distance)
-    B, S = model.config.block_size, model.config.sink_blocks * model.config.block_size
+    B = model.config.block_size
     keys = s.keys
     if model.retrieving:
         k = out_k[model.select_layer, rows, :, ms]  # [n', H, B, d]
-        probe = k.new_zeros(1, 1, model.head_dim)
-        cos, sin = model.rotary(probe, torch.full((1, B), S, device=k.device))
-        k = turn(k, cos, sin).transpose(1, 2)  # [n', B, H, d] in the store's dtype
+        k = turned_to_sink(model, k).transpose(1, 2)  # [n', B, H, d] in the store's dtype
         k = narrowed(k, s.store.dtype, f"layer {model.select_layer}'s keys")
         at = rank[:, None] * B + torch.arange(B, device=k.device)  # [n', B]
         place = (rows[:, None].expand_as(at), at)
@@ -331,16 +329,22 @@ def stored_keys(model, state: RetrievalState, layer: int) -> tuple[torch.Tensor,
     `state.keys` are at `select_layer`: read from the store (a slot a row does not hold reads
     the store's first block, never scored: `held`), in chunks [b, ≤ CHUNK_BLOCKS · B, H_kv,
     d] of the store's dtype."""
-    B, S = model.config.block_size, model.config.sink_blocks * model.config.block_size
     dev = state.window_k.device
-    probe = torch.zeros(1, 1, model.head_dim, device=dev)
-    cos, sin = model.rotary(probe, torch.full((1, B), S, device=dev))  # [1, B, d]
     chunks = []
     for ids in state.block_ids.clamp(min=0).split(CHUNK_BLOCKS, 1):  # [b, m]
         k = state.store.read(layer, ids, keys_only=True).to(dev)  # [b, m, H, B, d]
-        k = turn(k.float(), cos, sin).transpose(2, 3)  # [b, m, B, H, d]
+        k = turned_to_sink(model, k.float()).transpose(2, 3)  # [b, m, B, H, d]
         chunks.append(k.flatten(1, 2).to(state.store.dtype))  # [b, m·B, H, d]
     return tuple(chunks)
+
+
+def turned_to_sink(model, k: torch.Tensor) -> torch.Tensor:
+    """Blocks' keys [..., B, d] (before rotary) turned to position S, the sink's end: every
+    stored block at one distance from a call's queries, as choices score them."""
+    B, S = model.config.block_size, model.config.sink_blocks * model.config.block_size
+    probe = k.new_zeros(1, 1, model.head_dim)
+    cos, sin = model.rotary(probe, torch.full((1, B), S, device=k.device))  # [1, B, d]
+    return turn(k, cos, sin)
 
 
 def put_keys(
@@ -384,6 +388,7 @@ __all__ = [
     "StateRecord",
     "put_keys",
     "stored_keys",
+    "turned_to_sink",
     "turn",
     "unturn",
     "written",
