@@ -8,16 +8,20 @@ import json
 from pathlib import Path
 
 
+def base_config(base_dir: str | Path) -> dict:
+    """The config.json of the base at `base_dir`."""
+    return json.loads((Path(base_dir) / "config.json").read_text())
+
+
 def base_positions(base_dir: str | Path) -> int:
     """The positions of the base at `base_dir` (its config's; unbounded when it names none)."""
-    config = json.loads((Path(base_dir) / "config.json").read_text())
-    return int(config.get("max_position_embeddings") or 1 << 30)
+    return int(base_config(base_dir).get("max_position_embeddings") or 1 << 30)
 
 
 def middle_block(base_dir: str | Path) -> int:
     """The middle block of the base at `base_dir` (its config's layer count // 2): where the
     rows measured before `question_select_layer` existed chose a question's blocks, pinned."""
-    config = json.loads((Path(base_dir) / "config.json").read_text())
+    config = base_config(base_dir)
     layers = config.get("num_hidden_layers") or config.get("n_layer")
     if not layers:
         raise ValueError(f"{base_dir}/config.json names no layer count")
