@@ -146,11 +146,13 @@ register_preset(Preset(
 # budget of 2,048 read places (sink + blocks + window) for the default and the near preset
 register_preset(Preset(
     "retrieval", "retrieval",
-    "the default: the base reads its first 64 tokens, the 16 past blocks of 64 its queries "
-    "match best and the last 960 (2,048 places), every block from the first",
+    "the default: a stream reads its first 64 tokens, the 16 past blocks of 64 its queries "
+    "match best and the last 960 (2,048 places); a question (a prompt's last call) reads the "
+    "first 64, its 2 past blocks of most attention weight at three fifths of the base's "
+    "blocks, each with the block after it, and its last 256",
     dict(block_size=64, sink_blocks=1, window=960, segment_len=256,
-         choice=dict(kind="max", blocks=16, read_from=0)),
-    measured="docs/results/retrieval.md",
+         choice=dict(kind="question", blocks=16, read_from=0)),
+    measured="docs/results/question_choices/question_choices.md",
 ))  # fmt: skip
 register_preset(Preset(
     "retrieval-near", "retrieval",

@@ -22,7 +22,11 @@ POSITIONS = 512
 
 
 def model(**settings) -> RetrievalLM:
+    """The packed choice ("max": every call chooses as a stream's) unless a preset, a config
+    or another choice is given: the default's question is test_retrieval_choice's."""
     base = tiny_base("llama", max_position_embeddings=POSITIONS)
+    if "preset" not in settings and "config" not in settings:
+        settings.setdefault("choice", "max")
     return RetrievalLM(base, **settings).eval()
 
 

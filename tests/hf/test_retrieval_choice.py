@@ -221,6 +221,37 @@ def test_a_question_chooses_after_its_window_is_cut_and_a_stream_is_not_cut():
 
 
 @torch.no_grad()
+def test_a_question_on_a_stream_held_whole_reads_it_all_as_the_base():
+    """No block stored yet (the sink and the window hold the stream): the question's window is
+    not cut, and it reads the base's own logits on the whole stream; with a block stored, it
+    is. The default choice reads 4 blocks a question (at most `blocks`) and chooses at three
+    fifths of the base's blocks, not below the first block that retrieves."""
+    from tiny_hf import tiny_base
+
+    from inftyformer.retrieval.scorers import QuestionChoice
+
+    ids = tokens(length=28, seed=8)
+    full = tiny_base("llama", max_position_embeddings=512)(ids).logits
+    settings = dict(block_size=4, sink_blocks=1, window=16, segment_len=8, blocks=2, read_from=0)
+    m = model(**settings, choice="question", question_window=4)
+    state = m(ids[:, :20]).state
+    assert state.blocks.tolist() == [0, 0]  # 4 in the sink, 16 in the window
+    asked = m(ids[:, 20:28], state, reselect=True)
+    torch.testing.assert_close(asked.logits, full[:, 20:28], rtol=0, atol=2e-5)
+    longer = m(tokens(length=40, seed=8)).state
+    assert int(longer.blocks[0]) > 0
+    cut = m(ids[:, 20:28], longer, reselect=True)
+    whole = model(**settings, choice="question", question_window=None)
+    assert not torch.equal(cut.logits, whole(ids[:, 20:28], longer, reselect=True).logits)
+    assert RetrievalConfig().choice == QuestionChoice(read_from=0)
+    assert (QuestionChoice().question_reads, QuestionChoice(blocks=2).question_reads) == (4, 2)
+    assert QuestionChoice(read_from=3, select_layer=3).question_layer(4, 3) == 3  # not 2
+    assert QuestionChoice(read_from=0).question_layer(30, 15) == 18
+    longer.store.close()
+    state.store.close()
+
+
+@torch.no_grad()
 def test_a_questions_blocks_sit_by_its_layout_and_a_streams_by_the_configs():
     """question_layout "nearest": the question's leads by rising score, the best last (next to
     the window), each with its neighbour after it; "stream": the same blocks in stream order;

@@ -82,7 +82,7 @@ def test_a_session_refuses_another_base_preset_settings_or_document(
                               settings=sink_and_window))  # fmt: skip
     assert result.exit_code == EXIT_USAGE
     assert "preset 'retrieval', not 'window'" in result.stderr
-    restated = {**SMALL, "choice": "max"}  # the default, given: the same memory
+    restated = {**SMALL, "choice": "question"}  # the default, given: the same memory
     result = run_cli(cli_args(chat_dir, doc_file, "--session", str(folder), settings=restated))
     assert result.exit_code == 0 and "not read again" in result.stderr
     wider = {**SMALL, "window": 40}

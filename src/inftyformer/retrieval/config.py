@@ -2,7 +2,7 @@
 transformers import): what every call reads, and two strategies behind seams of their own.
 
     RetrievalConfig(block_size=64, sink_blocks=1, window=960, segment_len=256,
-                    choice=MaxChoice(blocks=16, read_from=0), layout=StreamLayout())
+                    choice=QuestionChoice(blocks=16, read_from=0), layout=StreamLayout())
 
     seam     what it decides                      kinds (`scorers.py`, `layouts.py`)
     choice   which stored blocks a call reads     "max": the best q·k of any query, head and
@@ -33,7 +33,7 @@ from ..core.flat_settings import flat_dict, flat_setting, takes_flat_settings
 from ..core.seams import Strategy, setting_names
 from . import layouts, scorers  # noqa: F401  (register the strategies: their settings are names)
 from .layouts import StreamLayout
-from .scorers import MaxChoice
+from .scorers import QuestionChoice
 
 SEAMS = ("choice", "layout")
 
@@ -52,7 +52,7 @@ class RetrievalConfig:
     window: int = 960  # the most recent tokens every call reads (a KV cache)
     segment_len: int = 256  # the tokens of one call of the base
     store_dir: str | None = None
-    choice: Strategy = field(default_factory=lambda: MaxChoice(read_from=0))
+    choice: Strategy = field(default_factory=lambda: QuestionChoice(read_from=0))
     layout: Strategy = field(default_factory=StreamLayout)
 
     def __post_init__(self) -> None:

@@ -231,7 +231,9 @@ class RetrievalLM(nn.Module):
         cos, sin = self.rotary(probe, positions)
         cut = getattr(self.config.choice, "question_window", None)
         if reselect and not hold and cut is not None:  # the question reads few recent tokens
-            state = states.shrink_window(self, state, cut)
+            # of a stream longer than what it reads; one held whole (nothing stored) stays so
+            whole = torch.full_like(state.window_len, self.config.window + self.config.block_size)
+            state = states.shrink_window(self, state, torch.where(state.blocks > 0, cut, whole))
         if reselect and not hold and self.read_from < self.select_layer and self.config.blocks:
             chooser = self._choose(ids, positions, state, cos, sin)
             if once := self._question_after_stream:  # then the question's few

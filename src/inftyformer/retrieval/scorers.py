@@ -267,7 +267,8 @@ class QuestionChoice(ScoredChoice):
     `question_window` … + B − 1 tokens (None: the whole window), the older whole blocks stored
     (`state.shrink_window`): an alike fact still in the window would be read beside the chosen
     one (the most recent is the one a small model copies), and the asked one there is chosen
-    from the store like any other.
+    from the store like any other. A stream that the sink and window still hold whole (no
+    block stored yet) is not cut: its question reads all of it, as the base would.
     The question's blocks sit by `question_layout` ("nearest": the best read last, next to
     the window, where a small model looks first; its stream's by the config's layout).
     A question chooses at block `question_select_layer` of the base, its queries against the
@@ -282,7 +283,9 @@ class QuestionChoice(ScoredChoice):
     question_after_stream: ClassVar[bool] = True
     select_queries: int = 32
     answer_choice: str = "question"
-    question_blocks: int = 4  # 2 leads: one may win the weight without holding the fact
+    # the blocks a question reads (None: 4, 2 leads, one may win the weight without holding
+    # the fact; at most `blocks`)
+    question_blocks: int | None = None
     question_neighbours: int = 1
     question_shortlist: int = 0
     question_window: int | None = 256
@@ -292,7 +295,8 @@ class QuestionChoice(ScoredChoice):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_positive_int("question_blocks", self.question_blocks)
+        if self.question_blocks is not None:
+            check_positive_int("question_blocks", self.question_blocks)
         if self.question_select_layer is not None:
             check_positive_int("question_select_layer", self.question_select_layer, minimum=0)
         if self.question_window is not None:
@@ -302,13 +306,18 @@ class QuestionChoice(ScoredChoice):
                              f"got {self.question_layout!r}")  # fmt: skip
         check_positive_int("question_neighbours", self.question_neighbours, minimum=0)
         check_shortlist(
-            "question_shortlist", self.question_shortlist, "question_blocks", self.question_blocks
+            "question_shortlist", self.question_shortlist, "question_blocks", self.question_reads
         )
-        if self.question_blocks > self.blocks:
+        if self.question_reads > self.blocks:
             raise ValueError(
                 f"question_blocks ({self.question_blocks}) must be at most blocks "
                 f"({self.blocks}): a question reads into the slots of the stream's blocks"
             )
+
+    @property
+    def question_reads(self) -> int:
+        """The blocks a question reads: `question_blocks`, or 4 (at most `blocks`)."""
+        return min(4, self.blocks) if self.question_blocks is None else self.question_blocks
 
     def scores(self, q, split, stored, block):
         return max_score(q, split, block)
@@ -317,7 +326,7 @@ class QuestionChoice(ScoredChoice):
         shared = dict(select_layer=self.select_layer, read_from=self.read_from,
                       answer_choice=self.answer_choice)  # fmt: skip
         if question:
-            return AttentionChoice(blocks=self.question_blocks, neighbours=self.question_neighbours,
+            return AttentionChoice(blocks=self.question_reads, neighbours=self.question_neighbours,
                                    select_queries=self.select_queries,
                                    shortlist=self.question_shortlist, **shared)  # fmt: skip
         return MaxChoice(blocks=self.blocks, neighbours=self.neighbours, **shared)
@@ -326,8 +335,9 @@ class QuestionChoice(ScoredChoice):
         return lookup("layout", self.question_layout)() if question else layout
 
     def question_layer(self, num_layers: int, select_layer: int) -> int:
-        if self.question_select_layer is None:  # three fifths of the base's blocks
-            return (3 * num_layers) // 5
+        if self.question_select_layer is None:  # three fifths of the base's blocks, or the
+            first = select_layer if self.read_from is None else min(self.read_from, select_layer)
+            return max((3 * num_layers) // 5, first)  # first that retrieves if above them
         return self.question_select_layer
 
 

@@ -219,8 +219,9 @@ def written(model, call, T: int) -> RetrievalState:
 
 
 @torch.no_grad()
-def shrink_window(model, state: RetrievalState, keep: int) -> RetrievalState:
-    """The state with each row's window cut to its last `keep` … `keep` + B − 1 tokens: the
+def shrink_window(model, state: RetrievalState, keep: int | torch.Tensor) -> RetrievalState:
+    """The state with each row's window cut to its last `keep` … `keep` + B − 1 tokens (an int,
+    or each row's [b]): the
     oldest whole blocks go on to the sink, then to the store, as when the window moves on
     (`written`), where a question's choice reads them (`QuestionChoice.question_window`).
     Nothing is lost or recomputed: the blocks hold the keys and values the window held."""
@@ -229,7 +230,7 @@ def shrink_window(model, state: RetrievalState, keep: int) -> RetrievalState:
     return replace(new, decode=None)  # a run of one-token calls read the old window
 
 
-def _moved_on(model, s, wk, wv, length, limit: int) -> dict:
+def _moved_on(model, s, wk, wv, length, limit: int | torch.Tensor) -> dict:
     """The window [L, b, H, width, d] right-aligned holding `length` [b] valid tokens, its
     oldest whole blocks past `limit` tokens moved to the sink, then to the store: the
     state's fields that change (the window cut to the state's width, the sink, the store's
