@@ -59,6 +59,35 @@ BOOKS = (
     "prompt's haystack is the text's opening (here Emma's), and the base has likely read these "
     "novels in training: the needles are what it has not seen."
 )
+MODEL = (
+    "(this row and those below but `paper`: lm_eval model `inftyformer-retrieval`, "
+    "`inftyformer.integrations.ruler_lm`, with the row's preset)"
+)
+ROW_WHAT = {  # what each row reads, as the page says it
+    "full": "the base alone (lm_eval's `hf` model)",
+    "window": f"a KV cache of the last 2,048 tokens {MODEL}",
+    "streaming": "the first 64 and the last 1,984",
+    "retrieval": "the default: the context read as `packed`, the question (the last call) "
+    "reading the first 64, the 2 past blocks its last 32 queries attend to most at three "
+    "fifths of the base's blocks, each with the next, and the last 256 (`choice=question`)",
+    "packed": "the first 64, the 16 past blocks of 64 its queries match best and the last 960, "
+    "the question too (`choice=max`: the default until it chose questions)",
+    "retrieval-near": "the first 64, the 24 past blocks of 64 its queries match best (the best "
+    "last) and the last 448",
+    "retrieval-picked": "one fact read: the first 64, the past block the last 32 queries of the "
+    "prompt's last call (the question's) give the most attention weight with the block after "
+    "it, and the last 256 (448 places), the answer written with its question's blocks",
+    "picked-all": "that preset, its blocks chosen by every query of that call (`select_queries=0`)",
+    "picked-max": "that preset scoring each block by its best q · k (`choice=max`)",
+    "retrieval-question": "the retrieval preset whose question (the last call) cuts its window "
+    "to 256 tokens, then reads the 2 blocks its last 32 queries attend to most, each with the "
+    "next, the best last, after the stream's 16 (`choice=question`)",
+    "question-first": "that choice first measured: one lead of the 8 of best q · k, all the window",
+    "paper": "the paper's memory in every block of the base (preset `paper-gpt2`, untrained: as "
+    "wrapped, it adds nothing to the base's logits, so it reads what the base reads in its "
+    "window of one segment before the segment), saved as a memory model and run by lm_eval's "
+    "`hf` model with trust_remote_code, every prompt streamed through the memory",
+}
 WHAT = {
     "niah_single_1": "one needle (word → 7-digit number) in a repeated filler of 5 sentences",
     "niah_multikey_2": "one needle among lines that are all needles of other keys",

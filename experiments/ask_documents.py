@@ -43,6 +43,7 @@ THINGS = ("garage", "boathouse", "north gate", "server room", "wine cellar", "ar
 FACT = {"code": "# The {}.\n", "dialogue": "Ben: Before I forget, the {}.\n", "prose": "The {}. "}
 AFTER = {"code": "\n", "dialogue": "\n", "prose": ". "}  # a fact goes in right after one
 SPEAKERS = {"user1": "Ann", "user2": "Ben"}
+PACKED = "packed"  # a row, not a preset: `preset_of`
 KEY = ("part", "row", "kind", "condition", "doc", "length")  # what a record answers
 QUICK = dict(block_size=8, blocks=2, sink_blocks=1, window=32, segment_len=16)
 COST_QUESTION = "Who is this story about?"
@@ -96,6 +97,12 @@ def document(tokenizer, kind: str, doc: int, condition: str, length: int, seed: 
         at = len(text) if at < 0 else at + len(AFTER[kind])
         text = text[:at] + fact + text[at:]
     return text, f"What is the access code for the {things[0]}?", codes[0], depths[0]
+
+
+def preset_of(row: str, settings: dict) -> tuple[str, dict]:
+    """The preset and settings of `row`: a retrieval preset, or `packed` (the default preset
+    with choice max, as it was until it chose questions)."""
+    return ("retrieval", {**settings, "choice": "max"}) if row == PACKED else (row, settings)
 
 
 def answer(reader, row: str, text: str, question: str, new_tokens: int) -> dict:
@@ -208,7 +215,10 @@ def run(args, rows: list[str], settings: dict, log: Path, records: list[dict]) -
     torch.set_num_threads(1)
     data_dir = resolve_data_dir(args.data_dir)
     done = {tuple(r[k] for k in KEY) for r in records}
-    readers = {row: DocumentReader.from_base(args.base_model, row, **settings) for row in rows[:-1]}
+    readers = {}
+    for row in rows[:-1]:
+        preset, on_top = preset_of(row, settings)
+        readers[row] = DocumentReader.from_base(args.base_model, preset, **on_top)
     readers["full"] = readers[rows[0]]  # `full` is the base of the first preset's reader
 
     def todo(where: dict) -> list[str]:
@@ -231,7 +241,8 @@ def run(args, rows: list[str], settings: dict, log: Path, records: list[dict]) -
     for length in args.rss_lengths:
         where = dict(part="cost", kind="prose", condition="-", doc=0, length=length)
         for preset in [row for row in todo(where) if row != "full"]:
-            job = dict(base_model=args.base_model, preset=preset, settings=settings, length=length)
+            chosen, on_top = preset_of(preset, settings)
+            job = dict(base_model=args.base_model, preset=chosen, settings=on_top, length=length)
             job["data_dir"], one_thread = str(data_dir), {"OMP_NUM_THREADS": "1"}  # as here
             got = _measure.run_worker(Path(__file__), "cost", job, env_extra=one_thread)
             append(where | {"row": preset} | got)
@@ -240,7 +251,8 @@ def run(args, rows: list[str], settings: dict, log: Path, records: list[dict]) -
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-model", default=None, help="a chat model (default: smollm2-135m)")
-    p.add_argument("--presets", default="retrieval", help="retrieval presets, comma-separated")
+    p.add_argument("--presets", default="retrieval",
+                   help="retrieval presets (or `packed`), comma-separated")  # fmt: skip
     p.add_argument("--documents", type=positive_int, default=9, help="of each kind")
     p.add_argument("--length", type=positive_int, default=4096, help="tokens of a document")
     p.add_argument("--rss-lengths", type=positive_ints, default=[4096, 16384, 65536])

@@ -45,7 +45,7 @@ MIDDLE = "middle"  # the base's middle block, where a question chose before ques
 SHORTLISTED = {"choice": "question", "question_shortlist": 8,  # as measured before 0 (WHAT)
                "question_select_layer": MIDDLE}  # fmt: skip
 ROWS = {  # row: its settings on top of READER (the names of experiments/ruler.py's rows)
-    "retrieval": {},
+    "packed": {"choice": "max"},
     "question-first": {**SHORTLISTED, "question_window": None, "question_blocks": 2,
                        "question_layout": "stream"},
     "question-cut": {**SHORTLISTED, "question_blocks": 2, "question_layout": "stream"},
@@ -56,8 +56,9 @@ ROWS = {  # row: its settings on top of READER (the names of experiments/ruler.p
     "question-late": {"choice": "question"},
 }  # fmt: skip
 WHAT = {
-    "retrieval": "the packed preset: its question reads the 16 blocks its queries match best "
-    "and the last 960 tokens, as its stream does",
+    "packed": "the packed choice (`choice=max`, the default preset's until it chose questions): "
+    "its question reads the 16 blocks its queries match best and the last 960 tokens, as its "
+    "stream does",
     "question-first": "choice `question` as first measured: the question reads the block its "
     "last 32 queries give the most attention weight among the 8 of best q · k "
     "(`question_shortlist=8`), with the block after it, and the whole window",
@@ -68,14 +69,15 @@ WHAT = {
     "question-nearest": "that, the best block read last, next to the window "
     "(`question_layout=nearest`)",
     "retrieval-question": "that, choosing among all stored blocks (no shortlist by q · k: "
-    "`question_shortlist=0`, as `retrieval-picked` chooses): `choice=question` as it is",
+    "`question_shortlist=0`, as `retrieval-picked` chooses): `choice=question` as it was "
+    "before question-late",
     "question-1-lead": "question-nearest reading its best block with the block after it only "
     "(`question_blocks=2`)",
     "question-late": "retrieval-question choosing at a later block of the base than its stream "
     "does: its queries of block 18 of 30 (three fifths of the base's blocks, "
     "`question_select_layer`'s default) against the stored keys of that block, read from the "
-    "store; the rows above choose at the middle block, 15, where the stream chooses: "
-    "`choice=question` as it is",
+    "store; the rows above choose at the middle block, 15, where the stream chooses: the "
+    "default preset, `retrieval`",
 }
 
 

@@ -20,9 +20,13 @@ Rows (the same passages for every row; each a preset of the retrieval or baselin
     full       the base alone on the whole passage (only where it fits its positions)
     window     the base with a KV cache of its last 2,048 tokens
     streaming  the first 64 tokens and the last 1,984 (StreamingLLM's sink + recent window)
-    retrieval  the first 64, the 16 past blocks of 64 the queries match best, the last 960
-    retrieval-scored  the `retrieval` preset with its chosen blocks by rising score, the best
-               right before the window (`layout="nearest"`)
+    retrieval  the default preset: the passage read as `packed`, the question reads the first
+               64, its 2 past blocks of most attention weight (at three fifths of the base's
+               blocks), each with the block after it, and its last 256 (`choice="question"`)
+    packed     the first 64, the 16 past blocks of 64 the queries match best, the last 960, the
+               question too (`choice="max"`: the default preset until it chose questions)
+    retrieval-scored  `packed` with its chosen blocks by rising score, the best right before
+               the window (`layout="nearest"`)
     retrieval-near  the preset of that name: as `retrieval-scored` with a shorter window and
                more blocks at the same budget (the first 64, 24 blocks, the last 448): the best
                block nearer the question
@@ -81,7 +85,8 @@ PASSKEY_TASK = (
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
 PRESET_ROWS = ("full", "window", "streaming", "retrieval", "retrieval-near")
 VARIANTS = {  # row: (preset, settings on top); PRESET_ROWS are RULER's rows too
-    "retrieval-scored": ("retrieval", {"layout": "nearest"}),
+    "packed": ("retrieval", {"choice": "max"}),
+    "retrieval-scored": ("retrieval", {"choice": "max", "layout": "nearest"}),
     "near-attention": ("retrieval-near", {"choice": "attention"}),
     "near-attention-4": ("retrieval-near", {"choice": "attention", "blocks": 4}),
     "near-attention-n1": ("retrieval-near", {"choice": "attention", "neighbours": 1}),

@@ -5,14 +5,17 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
     full       the base alone, lm_eval's `hf` model (only where the length fits its positions)
     window     the base with a KV cache of its last 2,048 tokens  (lm_eval model
     streaming  the first 64 tokens and the last 1,984               "inftyformer-retrieval",
-    retrieval  the first 64, the 16 past blocks of 64 its queries   `integrations.ruler_lm`)
-               match best and the last 960
+    retrieval  the default: the context read as `packed`; its      `integrations.ruler_lm`)
+               question reads the first 64, its 2 past blocks of most attention weight, each
+               with the next, and the last 256 (`choice=question`)
+    packed     the first 64, the 16 past blocks of 64 its queries match best and the last 960,
+               the question too (`choice=max`: the default until it chose questions)
     retrieval-near  the first 64, the 24 past blocks of 64 its queries match best (the best
                last, right before the window) and the last 448
     retrieval-picked  one fact read: the first 64, the block the last 32 queries of the
                prompt's last call (the question's) give the most attention weight with the
                block after it, the last 256; the answer reads the question's blocks
-    picked-all, picked-max, retrieval-question, question-first  variants of those presets
+    packed, picked-all, picked-max, retrieval-question, question-first  variants of those presets
                (`VARIANTS`: preset and settings; what each reads: `ROW_WHAT`)
     paper      the paper's memory in every block of the base (`paper-gpt2`, untrained), saved as
                a memory model, run by lm_eval's `hf` model with trust_remote_code (--models-dir)
@@ -46,7 +49,7 @@ from pathlib import Path
 import _ruler_report as parts
 import torch
 from _arguments import positive_int, positive_ints
-from _ruler_report import BOOK_TASKS, BOOKS, LEFT_OUT, WHAT, cut_sentence, memory_lines
+from _ruler_report import BOOK_TASKS, BOOKS, LEFT_OUT, ROW_WHAT, WHAT, cut_sentence, memory_lines
 from retrieval import PRESET_ROWS as ROWS
 from retrieval import plot_scores, score_table, wilson
 from ruler_kvpress import PRESSES, peer_lines
@@ -88,7 +91,8 @@ def stale(path: Path, args) -> bool:
 
 
 PICKED = "retrieval-picked"  # the preset of the variant rows (VARIANTS: row: preset, settings)
-VARIANTS = {"picked-all": (PICKED, "select_queries=0"), "picked-max": (PICKED, "choice=max"),
+VARIANTS = {"packed": ("retrieval", "choice=max"),
+            "picked-all": (PICKED, "select_queries=0"), "picked-max": (PICKED, "choice=max"),
             "retrieval-question": ("retrieval", "choice=question,question_select_layer={mid}"),
             "question-first": ("retrieval", "choice=question,question_blocks=2,question_window="
                                "None,question_layout=stream,question_shortlist=8,"
@@ -278,31 +282,6 @@ def run_cell(row: str, task, length: int, args, base_dir: str) -> dict:
 
 
 PEERS = tuple(PRESSES)  # kvpress's rows, run by experiments/ruler_kvpress.py in a venv of its own
-MODEL = (
-    "(this row and those below but `paper`: lm_eval model `inftyformer-retrieval`, "
-    "`inftyformer.integrations.ruler_lm`, with the row's preset)"
-)
-ROW_WHAT = {  # what each row reads, as the page says it
-    "full": "the base alone (lm_eval's `hf` model)",
-    "window": f"a KV cache of the last 2,048 tokens {MODEL}",
-    "streaming": "the first 64 and the last 1,984",
-    "retrieval": "the first 64, the 16 past blocks of 64 its queries match best and the last 960",
-    "retrieval-near": "the first 64, the 24 past blocks of 64 its queries match best (the best "
-    "last) and the last 448",
-    "retrieval-picked": "one fact read: the first 64, the past block the last 32 queries of the "
-    "prompt's last call (the question's) give the most attention weight with the block after "
-    "it, and the last 256 (448 places), the answer written with its question's blocks",
-    "picked-all": "that preset, its blocks chosen by every query of that call (`select_queries=0`)",
-    "picked-max": "that preset scoring each block by its best q · k (`choice=max`)",
-    "retrieval-question": "the retrieval preset whose question (the last call) cuts its window "
-    "to 256 tokens, then reads the 2 blocks its last 32 queries attend to most, each with the "
-    "next, the best last, after the stream's 16 (`choice=question`)",
-    "question-first": "that choice first measured: one lead of the 8 of best q · k, all the window",
-    "paper": "the paper's memory in every block of the base (preset `paper-gpt2`, untrained: as "
-    "wrapped, it adds nothing to the base's logits, so it reads what the base reads in its "
-    "window of one segment before the segment), saved as a memory model and run by lm_eval's "
-    "`hf` model with trust_remote_code, every prompt streamed through the memory",
-}
 
 
 def rows_run(cells: dict) -> tuple[str, ...]:

@@ -35,7 +35,7 @@ def test_cells_and_their_paired_counts_are_the_answers():
 
 def test_an_unknown_row_is_an_argparse_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        qc.main(["--rows", "retrieval,nope", "--out", str(tmp_path)])
+        qc.main(["--rows", "packed,nope", "--out", str(tmp_path)])
     assert "unknown row 'nope'" in capsys.readouterr().err
 
 
