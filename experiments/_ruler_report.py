@@ -69,7 +69,9 @@ ROW_WHAT = {  # what each row reads, as the page says it
     "streaming": "the first 64 and the last 1,984",
     "retrieval": "the default: the context read as `packed`, the question (the last call) "
     "reading the first 64, the 2 past blocks its last 32 queries attend to most at three "
-    "fifths of the base's blocks, each with the next, and the last 256 (`choice=question`)",
+    "fifths of the base's blocks, each with the next, and the last 256 (`choice=question`); "
+    "its cells answered by `experiments/question_choices.py --default-cells` (row "
+    "`question-late`) from one read of each prompt",
     "packed": "the first 64, the 16 past blocks of 64 its queries match best and the last 960, "
     "the question too (`choice=max`: the default until it chose questions)",
     "retrieval-near": "the first 64, the 24 past blocks of 64 its queries match best (the best "

@@ -178,6 +178,32 @@ def agreement(answers: list[dict], ruler_cells: Path) -> dict:
     return out
 
 
+DEFAULT_ROW = "question-late"  # the settings of the default preset, `retrieval`
+
+
+def default_cells(answers: list[dict], limit: int, max_gen_toks: int) -> dict[str, dict]:
+    """RULER cells of the row `retrieval` (the default preset) from DEFAULT_ROW's answers of each
+    (task, length) with at least `limit` prompts, in `experiments/ruler.py`'s cell format (its
+    first `limit` prompts, as lm_eval takes them), named as that script names them."""
+    cells = {}
+    for task, length in sorted({(a["task"], a["length"]) for a in answers}):
+        mine = [a for a in answers if (a["row"], a["task"], a["length"]) ==
+                (DEFAULT_ROW, task, length)][:limit]  # fmt: skip
+        if len(mine) < limit:
+            continue
+        k = sum(a["score"] for a in mine)
+        cells[f"{READER}-{task}-{length}"] = {
+            "row": READER, "task": task, "length": length, "model": "inftyformer-retrieval",
+            "model_args": f"pretrained=MODEL_DIR,preset={READER}", "score": k / len(mine),
+            "samples": len(mine), "interval": wilson(k, len(mine)), "max_gen_toks": max_gen_toks,
+            "harness": f"experiments/question_choices.py, row {DEFAULT_ROW}: each prompt's "
+            "context read once, its question answered from that read (lm_eval's answers, "
+            "prompt by prompt, where both ran)",
+            "answers": [{k: a[k] for k in ("prompt_hash", "written", "score")} for a in mine],
+        }  # fmt: skip
+    return cells
+
+
 def render(data: dict, notes: str = "") -> str:
     cells, setup = data["cells"], data["setup"]
     rows = [r for r in setup["rows"] if any(c["row"] == r for c in cells.values())]
@@ -239,6 +265,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sessions", default="runs/question_sessions")
     p.add_argument("--ruler-cells", default=str(ROOT / "docs" / "results" / "ruler.cells"))
     p.add_argument("--render-only", action="store_true")
+    p.add_argument("--default-cells", action="store_true",
+                   help=f"write the cells of row `{READER}` (the default) from {DEFAULT_ROW}'s "
+                   "answers into --ruler-cells")  # fmt: skip
     quick = "a tiny random model, 2 prompts of 3,072 tokens of niah_single_1"
     p.add_argument("--quick", action="store_true", help=quick)
     args = p.parse_args(argv)
@@ -273,6 +302,9 @@ def main(argv: list[str] | None = None) -> None:
             "agreement": agreement(answers, Path(args.ruler_cells))}  # fmt: skip
     write_json(last, data)
     write_text(out / "question_choices.md", render(data, kept_notes(out / "question_choices.md")))
+    if args.default_cells:
+        for name, cell in default_cells(answers, args.limit, args.max_gen_toks).items():
+            write_json(Path(args.ruler_cells) / f"{name}.json", cell)
 
 
 def run(args, rows: list[str], base_dir: str, log: Path, answers: list[dict]) -> list[dict]:

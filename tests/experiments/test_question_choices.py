@@ -33,6 +33,21 @@ def test_cells_and_their_paired_counts_are_the_answers():
     assert "| b | 0.75 [0.30, 0.95] (4); 2 : 1, p = 1.00 |" in page
 
 
+def test_the_default_rows_cells_are_its_first_answers_in_ruler_cells_format():
+    """Cells of row `retrieval` from question-late's answers: a (task, length) with fewer than
+    `limit` answers has none; one with more takes its first `limit`."""
+    answers = [{"row": r, "task": "t", "length": n, "prompt_hash": f"{n}-{i}", "written": " 7",
+                "score": float(i != 1)} for r in ("question-late", "packed") for n, count in
+               ((8, 3), (16, 1)) for i in range(count)]  # fmt: skip
+    cells = qc.default_cells(answers, limit=2, max_gen_toks=32)
+    assert list(cells) == ["retrieval-t-8"]
+    cell = cells["retrieval-t-8"]
+    assert (cell["row"], cell["score"], cell["samples"]) == ("retrieval", 0.5, 2)
+    assert [a["prompt_hash"] for a in cell["answers"]] == ["8-0", "8-1"]
+    assert cell["interval"] == pytest.approx(qc.wilson(1, 2))
+    assert "preset=retrieval" in cell["model_args"] and cell["max_gen_toks"] == 32
+
+
 def test_an_unknown_row_is_an_argparse_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         qc.main(["--rows", "packed,nope", "--out", str(tmp_path)])
