@@ -10,13 +10,14 @@ The talk before the question is read once by the `retrieval` preset's stream, wh
 shares (the rows differ only in the turn's own call, the question's: `Chat.say` reads a user's
 message so), and each row answers the question from that read:
 
+    retrieval       the default preset (choice "question"): the turn reads 2 leads by attention
+                    weight, each with its next block, chosen at block 18 of 30, and the last 256
+                    tokens (the older ones of the window stored among those it chooses from)
+    packed          the packed choice (`choice="max"`, the default until it chose questions):
+                    the turn reads the 16 blocks its queries match best and the last 960 tokens,
+                    as its stream does
+    whole-window    the default keeping the whole window of 960 (`question_window=None`)
     full            the base on the whole conversation (it fits its positions)
-    retrieval       the packed preset: the turn reads the 16 blocks its queries match best and
-                    the last 960 tokens, as its stream does
-    question        choice "question" as it is: the turn reads 2 leads by attention weight, each
-                    with its next block, chosen at block 18 of 30, and the last 256 tokens (the
-                    older ones of the window stored among those it chooses from)
-    question-whole  that, keeping the whole window of 960 (`question_window=None`)
 
     python experiments/chat_memory.py --base-model models/smollm2-135m --chats 25
     python experiments/chat_memory.py --quick --out /tmp/c     # a tiny random model
@@ -25,7 +26,8 @@ message so), and each row answers the question from that read:
 Each answer is a line of OUT/answers.jsonl as it is made (a run cut short goes on from there);
 the read talk is kept under --sessions (a row added later reads nothing again). OUT/
 chat_memory.json gathers the cells (share right, 95% Wilson interval, chats; each row's exact
-McNemar test against `retrieval` on the same chats) and OUT/chat_memory.md is rendered from it.
+McNemar test against the default, `retrieval`, on the same chats) and OUT/chat_memory.md is
+rendered from it.
 """
 
 from __future__ import annotations
@@ -56,8 +58,8 @@ OUT = ROOT / "docs" / "results" / "chat_memory"
 READER = "retrieval"  # the preset whose stream reads the talk for every row
 ROWS = {  # row: its settings on top of READER; "full": the base alone
     "retrieval": {},
-    "question": {"choice": "question"},
-    "question-whole": {"choice": "question", "question_window": None},
+    "packed": {"choice": "max"},
+    "whole-window": {"question_window": None},
     "full": None,
 }
 THINGS = ("bike lock", "locker", "garage", "safe", "gym bag", "storage unit", "mailbox", "desk")

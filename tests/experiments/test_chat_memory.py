@@ -12,20 +12,20 @@ pytest.importorskip("transformers")
 
 
 def test_the_cells_and_their_paired_counts_are_the_answers():
-    """retrieval right on chats 0, 1; question on 1, 2, 3 of the same four: 2 : 1 against it."""
-    right = {"retrieval": {0, 1}, "question": {1, 2, 3}}
+    """retrieval right on chats 0, 1; packed on 1, 2, 3 of the same four: 2 : 1 against it."""
+    right = {"retrieval": {0, 1}, "packed": {1, 2, 3}}
     answers = [{"row": r, "distance": 600, "alike": False, "chat": c, "right": int(c in right[r]),
                 "gap": 610} for r in right for c in range(4)]  # fmt: skip
-    cells = cm.summarise(answers, ["retrieval", "question"])
+    cells = cm.summarise(answers, ["retrieval", "packed"])
     assert cells["retrieval-600-one"]["right"] == 2 and "paired" not in cells["retrieval-600-one"]
-    q = cells["question-600-one"]
+    q = cells["packed-600-one"]
     assert (q["right"], q["chats"]) == (3, 4) and q["interval"] == pytest.approx(cm.wilson(3, 4))
     assert q["paired"] == {"against": "retrieval", "b": 2, "c": 1, "p": 1.0}
-    data = {"setup": {"base_model": "m", "rows": ["retrieval", "question"]}, "cells": cells,
+    data = {"setup": {"base_model": "m", "rows": ["retrieval", "packed"]}, "cells": cells,
             "answers": answers, "command": "c", "machine": {"cpu": "x"}}  # fmt: skip
     page = cm.render(data)
     assert "one fact, ~600 tokens back (610–610)" in page
-    assert "| question | 3/4 [0.30, 0.95]; 2 : 1, p = 1.00 |" in page
+    assert "| packed | 3/4 [0.30, 0.95]; 2 : 1, p = 1.00 |" in page
 
 
 def test_a_conversation_says_the_asked_fact_far_enough_back(shared_data):
@@ -63,4 +63,4 @@ def test_the_quick_run_answers_each_chat_once_from_one_read(tmp_path, shared_dat
     monkeypatch.setattr(cm, "session_of", lambda *a: pytest.fail("read again"))
     cm.main(args)
     assert (tmp_path / "answers.jsonl").read_text().splitlines() == lines
-    assert "| question-whole |" in (tmp_path / "chat_memory.md").read_text()
+    assert "| whole-window |" in (tmp_path / "chat_memory.md").read_text()
