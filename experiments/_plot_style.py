@@ -15,6 +15,7 @@ ROW_STYLE = {
     "window-256": ("#c7c7c7", "s"),
     "streaming": ("#1f77b4", "s"),
     "retrieval": ("#d62728", "o"),
+    "packed": ("#ff9896", "o"),
     "retrieval-near": ("#ff7f0e", "o"),
     "retrieval-picked": ("#2ca02c", "o"),
     "retrieval-scored": ("#e377c2", "o"),
