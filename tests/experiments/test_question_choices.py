@@ -59,12 +59,12 @@ def test_the_quick_run_answers_as_lm_eval_does_and_resumes(tmp_path):
     pytest.importorskip("wonderwords")  # lm_eval's ruler extra: RULER's data needs it
     import ruler
 
-    rows = "retrieval,retrieval-question"
+    rows = "packed,retrieval-question"
     ruler.main(
         [
             "--quick",
             "--rows",
-            rows,
+            rows + ",retrieval",
             "--out",
             str(tmp_path / "lm_eval"),
             "--threads",
@@ -86,3 +86,12 @@ def test_the_quick_run_answers_as_lm_eval_does_and_resumes(tmp_path):
     assert len(before.splitlines()) == 4
     qc.main(argv)  # every answer there: nothing read or answered again
     assert log.read_text() == before
+    # the default's cells, written from question-late's answers, are lm_eval's `retrieval` row
+    qc.main(["--quick", "--rows", "question-late", "--out", str(tmp_path / "q")])
+    answers = [json.loads(x) for x in log.read_text().splitlines()]
+    (cell,) = qc.default_cells(answers, limit=2, max_gen_toks=32).values()
+    theirs = json.loads((tmp_path / "lm_eval" / "ruler.cells" /
+                         "retrieval-niah_single_1-3072.json").read_text())  # fmt: skip
+    assert [(a["prompt_hash"], a["written"]) for a in cell["answers"]] == [
+        (a["prompt_hash"], a["written"]) for a in theirs["answers"]
+    ]
