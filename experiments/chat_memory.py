@@ -42,6 +42,7 @@ import torch
 from _arguments import positive_int, positive_ints
 from ask_documents import mcnemar
 from experiment import tiny_model_writer
+from question_choices import shown
 from retrieval import wilson
 
 from inftyformer._measure import (
@@ -202,19 +203,9 @@ def render(data: dict, notes: str = "") -> str:
         "|---|" + "---:|" * len(keys),
     ]
     for row in rows:
-        shown = []
-        for alike, distance in keys:
-            c = cells.get(f"{row}-{distance}-{'alike' if alike else 'one'}")
-            if c is None:
-                shown.append("–")
-                continue
-            lo, hi = c["interval"]
-            text = f"{c['right']}/{c['chats']} [{lo:.2f}, {hi:.2f}]"
-            if "paired" in c:
-                q = c["paired"]
-                text += f"; {q['b']} : {q['c']}, p = {q['p']:.2f}"
-            shown.append(text)
-        lines.append(f"| {row} | " + " | ".join(shown) + " |")
+        got = [cells.get(f"{row}-{d}-{'alike' if a else 'one'}") for a, d in keys]
+        texts = [c and shown(c, f"{c['right']}/{c['chats']}") for c in got]
+        lines.append(f"| {row} | " + " | ".join(t or "–" for t in texts) + " |")
     lines += ["", f"Command: `{data['command']}`", f"Machine: {data['machine'].get('cpu', '?')}",
               ""]  # fmt: skip
     return "\n".join(lines + ([notes, ""] if notes else []))

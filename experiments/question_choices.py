@@ -204,6 +204,17 @@ def default_cells(answers: list[dict], limit: int, max_gen_toks: int) -> dict[st
     return cells
 
 
+def shown(cell: dict, score: str, after: str = "") -> str:
+    """A cell as the pages write it: `score` [its 95% interval]`after`, then its paired count
+    against the first row and the exact McNemar p when it has one."""
+    lo, hi = cell["interval"]
+    text = f"{score} [{lo:.2f}, {hi:.2f}]{after}"
+    if "paired" in cell:
+        q = cell["paired"]
+        text += f"; {q['b']} : {q['c']}, p = {q['p']:.2f}"
+    return text
+
+
 def render(data: dict, notes: str = "") -> str:
     cells, setup = data["cells"], data["setup"]
     rows = [r for r in setup["rows"] if any(c["row"] == r for c in cells.values())]
@@ -226,19 +237,9 @@ def render(data: dict, notes: str = "") -> str:
         "|---|" + "---:|" * len(keys),
     ]
     for row in rows:
-        shown = []
-        for task, length in keys:
-            c = cells.get(f"{row}-{task}-{length}")
-            if c is None:
-                shown.append("–")
-                continue
-            lo, hi = c["interval"]
-            text = f"{c['score']:.2f} [{lo:.2f}, {hi:.2f}] ({c['samples']})"
-            if "paired" in c:
-                q = c["paired"]
-                text += f"; {q['b']} : {q['c']}, p = {q['p']:.2f}"
-            shown.append(text)
-        lines.append(f"| {row} | " + " | ".join(shown) + " |")
+        got = [cells.get(f"{row}-{task}-{length}") for task, length in keys]
+        texts = [c and shown(c, f"{c['score']:.2f}", f" ({c['samples']})") for c in got]
+        lines.append(f"| {row} | " + " | ".join(t or "–" for t in texts) + " |")
     agree = data.get("agreement", {})
     if agree:
         lines += ["", "Against lm_eval's answers (`experiments/ruler.py`'s cells of the same row):",
