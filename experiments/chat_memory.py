@@ -42,7 +42,7 @@ import torch
 from _arguments import positive_int, positive_ints
 from ask_documents import mcnemar
 from experiment import tiny_model_writer
-from question_choices import shown
+from question_choices import READER, saved_read, shown  # READER: the stream every row shares
 from retrieval import wilson
 
 from inftyformer._measure import (
@@ -56,7 +56,6 @@ from inftyformer._measure import (
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "results" / "chat_memory"
-READER = "retrieval"  # the preset whose stream reads the talk for every row
 ROWS = {  # row: its settings on top of READER; "full": the base alone
     "retrieval": {},
     "packed": {"choice": "max"},
@@ -68,7 +67,7 @@ BEFORE = 400  # tokens of talk before the asked fact (it is not at the sink)
 QUICK = dict(block_size=8, blocks=4, sink_blocks=1, window=32, segment_len=16)
 
 
-def talk(data_dir, chat: int, tokens_needed: int, tokenizer) -> list[tuple[str, str]]:
+def talk(data_dir, chat: int, tokens_needed: int) -> list[tuple[str, str]]:
     """(role, text) turns of CMU-DoG's test chats from chat `chat` on, user and assistant taking
     turns (a speaker's run of messages is one turn), at least `tokens_needed` tokens long."""
     from inftyformer.data.cmu_dog import load_cmu_dog
@@ -98,7 +97,7 @@ def conversation(tokenizer, fmt, chat: int, distance: int, alike: bool, seed: in
 
     rng = random.Random(f"{seed}:{chat}")
     things, codes = rng.sample(THINGS, 4), rng.sample(range(10_000, 100_000), 4)
-    turns = talk(data_dir, chat, BEFORE + distance + 200, tokenizer)
+    turns = talk(data_dir, chat, BEFORE + distance + 200)
     said = [f"By the way, the code of my {things[i]} is {codes[i]}." for i in range(4)]
     users = [i for i, (role, _) in enumerate(turns) if role == "user"]
     pieces = {"user": fmt.after_user, "assistant": fmt.between}
@@ -146,18 +145,6 @@ def answer_of(row, models, base, ids, turn, folder, stop, new_tokens, tokenizer)
         state.store.close()
     words = tokenizer.decode(new, skip_special_tokens=True)
     return {"answer": words, "seconds": time.perf_counter() - start}
-
-
-def session_of(reader, ids: list[int], folder: Path) -> Path:
-    """The talk read by `reader`'s stream and saved to `folder` (once)."""
-    from inftyformer.retrieval.ask import read
-    from inftyformer.retrieval.session import ModelKey, SessionInfo, is_session, save_session
-
-    if not is_session(folder):
-        state = read(reader, ids)
-        info = SessionInfo("chat", ModelKey.of(None, READER, {}, reader.config))
-        save_session(folder, state, info).store.close()
-    return folder
 
 
 def summarise(answers: list[dict], rows: list[str]) -> dict:
@@ -234,7 +221,7 @@ def run(args, rows, base_dir: str, data_dir, log: Path, answers: list[dict], set
             ids, turn, code, gap = conversation(tokenizer, fmt, chat, distance, args.alike,
                                                 args.seed, data_dir)  # fmt: skip
             name = f"{'alike' if args.alike else 'one'}-{distance}-{chat}-{args.seed}"
-            folder = session_of(reader, ids, Path(args.sessions) / name)
+            folder = saved_read(reader, ids, Path(args.sessions) / name, "chat")
             for row in todo:
                 got = answer_of(row, models, base, ids, turn, folder, stop, args.new_tokens,
                                 tokenizer)  # fmt: skip

@@ -103,18 +103,22 @@ def last_call(tokens: int, segment_len: int) -> int:
     return ((tokens - 1) // segment_len) * segment_len
 
 
-def session_of(record: dict, reader, folder: Path) -> Path:
-    """The prompt's context (all but its last call) read by `reader` and saved to `folder`
-    (once: a folder holding the session is used as it is)."""
+def saved_read(reader, ids: list[int], folder: Path, kind: str = "document") -> Path:
+    """`ids` read by `reader` (the READER preset's stream) and saved to `folder` as a session of
+    `kind` (once: a folder holding a session is used as it is)."""
     from inftyformer.retrieval.ask import read
     from inftyformer.retrieval.session import ModelKey, SessionInfo, is_session, save_session
 
     if not is_session(folder):
-        ids = record["input_ids"]
-        state = read(reader, ids[: last_call(len(ids), reader.config.segment_len)])
-        info = SessionInfo("document", ModelKey.of(None, READER, {}, reader.config))
-        save_session(folder, state, info).store.close()
+        info = SessionInfo(kind, ModelKey.of(None, READER, {}, reader.config))
+        save_session(folder, read(reader, ids), info).store.close()
     return folder
+
+
+def session_of(record: dict, reader, folder: Path) -> Path:
+    """The prompt's context (all but its last call) read by `reader`, saved to `folder`."""
+    ids = record["input_ids"]
+    return saved_read(reader, ids[: last_call(len(ids), reader.config.segment_len)], folder)
 
 
 def answer_of(model, tokenizer, record: dict, folder: Path, max_gen_toks: int) -> dict:

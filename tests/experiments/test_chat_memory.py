@@ -60,7 +60,7 @@ def test_the_quick_run_answers_each_chat_once_from_one_read(tmp_path, shared_dat
     assert set(data["cells"]) == {f"{r}-120-one" for r in cm.ROWS}
     lines = (tmp_path / "answers.jsonl").read_text().splitlines()
     monkeypatch.setattr(cm, "answer_of", lambda *a: pytest.fail("answered again"))
-    monkeypatch.setattr(cm, "session_of", lambda *a: pytest.fail("read again"))
+    monkeypatch.setattr(cm, "saved_read", lambda *a: pytest.fail("read again"))
     cm.main(args)
     assert (tmp_path / "answers.jsonl").read_text().splitlines() == lines
     assert "| whole-window |" in (tmp_path / "chat_memory.md").read_text()
