@@ -232,7 +232,7 @@ class RetrievalLM(nn.Module):
         cut = getattr(self.config.choice, "question_window", None)
         if reselect and not hold and cut is not None:  # the question reads few recent tokens
             # of a stream longer than what it reads; one held whole (nothing stored) stays so
-            whole = torch.full_like(state.window_len, self.config.window + self.config.block_size)
+            whole = self.config.window + self.config.block_size  # a limit that cuts nothing
             state = states.shrink_window(self, state, torch.where(state.blocks > 0, cut, whole))
         if reselect and not hold and self.read_from < self.select_layer and self.config.blocks:
             chooser = self._choose(ids, positions, state, cos, sin)
