@@ -17,7 +17,7 @@ base with a KV cache of its last 2,048 tokens) in the same rounds. Rows:
     full         the base with its whole past in its KV cache (to `--full-limit` tokens)
     streaming    the `streaming` preset (first 64 + last 1,984)
     retrieval    the `retrieval` preset (first 64 + 16 chosen blocks of 64 + last 960)
-    retrieval-near     that preset, when --rows names it
+    retrieval-near     a retired preset (experiments/_retired_presets.py), when --rows names it
     paper        the ∞-former's continuous memory added to the base (`paper-gpt2` preset,
                  untrained: cost only; to `--full-limit` tokens)
     hybrid       `retrieval` with the ∞-former's continuous memory of what leaves its window
@@ -47,19 +47,20 @@ from inftyformer import _measure as common
 from inftyformer.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "experiments"))
+from _retired_presets import PRESET, RETIRED  # noqa: E402  (experiments/ is not a package)
+
 ROWS = ("window-256", "window", "full", "streaming", "retrieval", "paper")
 LIMITED = ("full", "paper")  # rows read only to --full-limit tokens
-# rows that are presets of the retrieval kind (`inftyformer presets`); --rows may add one of
-# those not in ROWS, e.g. retrieval-near
+# rows that are presets of the retrieval kind (`inftyformer presets`)
 RETRIEVAL_KIND = tuple(p.name for p in PRESETS.values() if p.kind in ("retrieval", "baseline"))
-OPTIONAL = ("hybrid",)  # rows measured when --rows names them
+OPTIONAL = ("hybrid", *RETIRED)  # rows measured when --rows names them
 MEMORY_ROWS = ("window", "retrieval", "retrieval-near")  # each alone in a process, when in --rows
 
 
 def book_ids(tokenizer_dir: str, count: int, vocab: int) -> torch.Tensor:
     """`count` token ids of the test books (repeated if short; the embedded books without
     ../shared), as [1, count]."""
-    sys.path.insert(0, str(ROOT / "experiments"))
     from retrieval import filler_text
     from tokenizers import Tokenizer
 
@@ -81,6 +82,8 @@ class Stream:
             self.model = RetrievalLM(base, choice="none", sink_blocks=0, window=256)
         elif row in RETRIEVAL_KIND:
             self.model = RetrievalLM(base, preset=row)
+        elif row in RETIRED:
+            self.model = RetrievalLM(base, preset=PRESET, **RETIRED[row])
         elif row == "hybrid":
             from inftyformer.retrieval.continuous import ContinuousConfig
 

@@ -74,13 +74,14 @@ ROW_WHAT = {  # what each row reads, as the page says it
     "`question-late`) from one read of each prompt",
     "packed": "the first 64, the 16 past blocks of 64 its queries match best and the last 960, "
     "the question too (`choice=max`: the default until it chose questions)",
-    "retrieval-near": "the first 64, the 24 past blocks of 64 its queries match best (the best "
-    "last) and the last 448",
-    "retrieval-picked": "one fact read: the first 64, the past block the last 32 queries of the "
-    "prompt's last call (the question's) give the most attention weight with the block after "
-    "it, and the last 256 (448 places), the answer written with its question's blocks",
-    "picked-all": "that preset, its blocks chosen by every query of that call (`select_queries=0`)",
-    "picked-max": "that preset scoring each block by its best q · k (`choice=max`)",
+    "retrieval-near": "a retired preset (`experiments/_retired_presets.py`): the first 64, the "
+    "24 past blocks of 64 its queries match best (the best last) and the last 448",
+    "retrieval-picked": "a retired preset: one fact read: the first 64, the past block the last "
+    "32 queries of the prompt's last call (the question's) give the most attention weight with "
+    "the block after it, and the last 256 (448 places), the answer written with its question's "
+    "blocks",
+    "picked-all": "that row, its blocks chosen by every query of that call (`select_queries=0`)",
+    "picked-max": "that row scoring each block by its best q · k (`choice=max`)",
     "retrieval-question": "the retrieval preset whose question (the last call) cuts its window "
     "to 256 tokens, then reads the 2 blocks its last 32 queries attend to most, each with the "
     "next, the best last, after the stream's 16 (`choice=question`)",

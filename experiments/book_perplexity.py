@@ -3,13 +3,16 @@
 Each of K held-out books' first T tokens is streamed through the base in calls of 256 tokens,
 and every token's negative log-likelihood (NLL, nats) given all that the row reads of its past
 is recorded. Rows (the same tokens for every row; each a preset of the retrieval or baseline
-kind but `full`):
+kind, or a retired preset's settings on the default (`_retired_presets`), but `full`):
 
     full       the base alone with its HF KV cache (only the positions the base has)
     window     the base with a KV cache of its last 2,048 tokens
     streaming  the first 64 tokens and the last 1,984 (StreamingLLM's sink + recent window)
     retrieval  the first 64, the 16 past blocks of 64 the queries match best, the last 960
-    retrieval-picked  the first 64, one past block and the block after it, the last 256
+    retrieval-near  the first 64, the 24 past blocks of 64 the queries match best (the best
+               last), the last 448 (a retired preset)
+    retrieval-picked  the first 64, one past block and the block after it, the last 256 (a
+               retired preset)
     hybrid     retrieval with the ∞-former's continuous memory of what left its window
                (`--memory-weights`, trained by experiments/train_hybrid_memory.py)
     hybrid-other  the same weights reading the memory of another book (its pair: 1 ↔ 2, 3 ↔ 4,
@@ -48,6 +51,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _retired_presets import RETIRED, preset_of
+from _retired_presets import row_settings as retired_settings
 
 from inftyformer._measure import (
     command_line,
@@ -162,7 +167,8 @@ def token_nll(
     elif row in HYBRID:
         model, state = hybrid_model(base, weights), None
     else:
-        model, state = RetrievalLM(base, preset=row).eval(), None
+        preset, on_top = preset_of(row)
+        model, state = RetrievalLM(base, preset=preset, **on_top).eval(), None
     nll = []
     for start in tqdm(range(0, n - 1, SEGMENT), desc=row, leave=False, disable=not progress):
         chunk = ids[:, start : min(start + SEGMENT, n - 1)]  # [1, t]
@@ -205,7 +211,12 @@ def cell_settings(
     from inftyformer.presets import retrieval_settings
 
     fed = min(tokens, positions) if row == "full" else tokens
-    preset = {} if row == "full" else retrieval_settings(row if row not in HYBRID else "retrieval")
+    if row == "full":
+        preset = {}
+    elif row in RETIRED:
+        preset = retired_settings(row)
+    else:
+        preset = retrieval_settings(row if row not in HYBRID else "retrieval")
     out = {"base_model": Path(base_dir).name, "tokens": fed, "segment_len": SEGMENT,
            "preset": preset}  # fmt: skip
     if row in HYBRID:  # the weights by their digest, and the book whose memory is read

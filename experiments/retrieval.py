@@ -27,9 +27,9 @@ Rows (the same passages for every row; each a preset of the retrieval or baselin
                question too (`choice="max"`: the default preset until it chose questions)
     retrieval-scored  `packed` with its chosen blocks by rising score, the best right before
                the window (`layout="nearest"`)
-    retrieval-near  the preset of that name: as `retrieval-scored` with a shorter window and
-               more blocks at the same budget (the first 64, 24 blocks, the last 448): the best
-               block nearer the question
+    retrieval-near  a retired preset (`_retired_presets`): as `retrieval-scored` with a
+               shorter window and more blocks at the same budget (the first 64, 24 blocks, the
+               last 448): the best block nearer the question
     near-attention  `retrieval-near` with score="attention": a block ranked by the best
                softmax weight any query and head gives it over the whole store (a word every
                needle shares counts less than the asked key)
@@ -55,6 +55,7 @@ import time
 from pathlib import Path
 
 import torch
+from _retired_presets import NEAR, PRESET, RETIRED
 
 from inftyformer._measure import (
     default_base_model,
@@ -83,14 +84,16 @@ PASSKEY_TASK = (
     "it. I will quiz you about the important information there.\n\n"
 )
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
-PRESET_ROWS = ("full", "window", "streaming", "retrieval", "retrieval-near")
-VARIANTS = {  # row: (preset, settings on top); PRESET_ROWS are RULER's rows too
+PRESET_ROWS = ("full", "window", "streaming", "retrieval")  # RULER's rows too
+_NEAR_ATTENTION = {**RETIRED[NEAR], "choice": "attention"}
+VARIANTS = {  # row: (preset, settings on top)
+    NEAR: (PRESET, RETIRED[NEAR]),
     "packed": ("retrieval", {"choice": "max"}),
     "retrieval-scored": ("retrieval", {"choice": "max", "layout": "nearest"}),
-    "near-attention": ("retrieval-near", {"choice": "attention"}),
-    "near-attention-4": ("retrieval-near", {"choice": "attention", "blocks": 4}),
-    "near-attention-n1": ("retrieval-near", {"choice": "attention", "neighbours": 1}),
-    "near-attention-8n1": ("retrieval-near", {"choice": "attention", "neighbours": 1, "blocks": 8}),
+    "near-attention": (PRESET, _NEAR_ATTENTION),
+    "near-attention-4": (PRESET, {**_NEAR_ATTENTION, "blocks": 4}),
+    "near-attention-n1": (PRESET, {**_NEAR_ATTENTION, "neighbours": 1}),
+    "near-attention-8n1": (PRESET, {**_NEAR_ATTENTION, "neighbours": 1, "blocks": 8}),
 }
 ROWS = (*PRESET_ROWS, *VARIANTS)
 TASKS = ("multikey", "single", "passkey")

@@ -10,12 +10,13 @@ Rows (the same prompts for every row: lm_eval makes them from its seeds and the 
                with the next, and the last 256 (`choice=question`)
     packed     the first 64, the 16 past blocks of 64 its queries match best and the last 960,
                the question too (`choice=max`: the default until it chose questions)
-    retrieval-near  the first 64, the 24 past blocks of 64 its queries match best (the best
-               last, right before the window) and the last 448
-    retrieval-picked  one fact read: the first 64, the block the last 32 queries of the
-               prompt's last call (the question's) give the most attention weight with the
-               block after it, the last 256; the answer reads the question's blocks
-    packed, picked-all, picked-max, retrieval-question, question-first  variants of those presets
+    retrieval-near  a retired preset (`_retired_presets`): the first 64, the 24 past blocks of
+               64 its queries match best (the best last, right before the window), the last 448
+    retrieval-picked  a retired preset: one fact read: the first 64, the block the last 32
+               queries of the prompt's last call (the question's) give the most attention
+               weight with the block after it, the last 256; the answer reads the
+               question's blocks
+    picked-all, picked-max, retrieval-question, question-first  variants of those rows
                (`VARIANTS`: preset and settings; what each reads: `ROW_WHAT`)
     paper      the paper's memory in every block of the base (`paper-gpt2`, untrained), saved as
                a memory model, run by lm_eval's `hf` model with trust_remote_code (--models-dir)
@@ -49,6 +50,7 @@ from pathlib import Path
 import _ruler_report as parts
 import torch
 from _arguments import positive_int, positive_ints
+from _retired_presets import NEAR, PICKED, PRESET, RETIRED, model_args
 from _ruler_report import BOOK_TASKS, BOOKS, LEFT_OUT, ROW_WHAT, WHAT, cut_sentence, memory_lines
 from retrieval import PRESET_ROWS as ROWS
 from retrieval import plot_scores, score_table, wilson
@@ -90,14 +92,18 @@ def stale(path: Path, args) -> bool:
     return cell["samples"] < args.limit or cell.get("max_gen_toks") != args.max_gen_toks
 
 
-PICKED = "retrieval-picked"  # the preset of the variant rows (VARIANTS: row: preset, settings)
-VARIANTS = {"packed": ("retrieval", "choice=max"),
-            "picked-all": (PICKED, "select_queries=0"), "picked-max": (PICKED, "choice=max"),
+# rows of settings on a preset (row: preset, settings): the retired presets (`_retired_presets`)
+# and variants of the default and of them
+VARIANTS = {NEAR: (PRESET, model_args(RETIRED[NEAR])),
+            PICKED: (PRESET, model_args(RETIRED[PICKED])),
+            "packed": ("retrieval", "choice=max"),
+            "picked-all": (PRESET, model_args({**RETIRED[PICKED], "select_queries": 0})),
+            "picked-max": (PRESET, model_args({**RETIRED[PICKED], "choice": "max"})),
             "retrieval-question": ("retrieval", "choice=question,question_select_layer={mid}"),
             "question-first": ("retrieval", "choice=question,question_blocks=2,question_window="
                                "None,question_layout=stream,question_shortlist=8,"
                                "question_select_layer={mid}")}  # fmt: skip
-RULER_ROWS = (*ROWS, PICKED, *VARIANTS, "paper")
+RULER_ROWS = (*ROWS, *VARIANTS, "paper")
 PAPER_PRESET = "paper-gpt2"
 WHOLE = 1 << 24  # lm_eval's max_length for a memory model: any prompt reaches it whole
 

@@ -1,8 +1,8 @@
 """The retrieval's behaviour on fixed inputs, for checking that a refactoring leaves it unchanged:
-the logits of every retrieval preset's settings and of both baselines (scaled down to a tiny
-random Llama of 4 blocks, at 64 and 512 positions), over a streamed document, a question read
-with `reselect`, a greedy answer and one more token, saved to one file; two such files are
-compared tensor by tensor (exactly).
+the logits of the default preset's choice, of other choices and of both baselines (scaled
+down to a tiny random Llama of 4 blocks, at 64 and 512 positions), over a streamed document, a
+question read with `reselect`, a greedy answer and one more token, saved to one file; two such
+files are compared tensor by tensor (exactly).
 
     python scripts/retrieval_parity.py --out before.pt          # on the old commit
     python scripts/retrieval_parity.py --out after.pt           # on the new one
@@ -21,12 +21,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "hf")]
 
 SCALE = dict(block_size=4, segment_len=8)  # the presets' 64-token blocks, 256-token calls
-ROWS = {  # the presets' settings at that scale (the budget of read places kept in proportion)
-    "retrieval": dict(choice="max", blocks=4, sink_blocks=1, window=12, read_from=0),
-    "retrieval-near": dict(
+ROWS = {  # choices' settings at that scale (the budget of read places kept in proportion)
+    "question": dict(  # the default preset's choice
+        choice="question",
+        blocks=4,
+        sink_blocks=1,
+        window=12,
+        read_from=0,
+        select_queries=4,
+        question_window=4,
+    ),  # fmt: skip
+    "packed": dict(choice="max", blocks=4, sink_blocks=1, window=12, read_from=0),
+    "nearest": dict(
         choice="max", blocks=6, sink_blocks=1, window=8, read_from=0, layout="nearest"
     ),  # fmt: skip
-    "retrieval-picked": dict(
+    "picked": dict(
         choice="attention",
         blocks=2,
         neighbours=1,

@@ -142,8 +142,8 @@ register_preset(Preset(
          segment_len=256, window=256),
     measured="docs/results/passkey.md (row xxiii)",
 ))  # fmt: skip
-# the retrieval kind: what a pretrained base reads of its exact past (`RetrievalConfig`); a
-# budget of 2,048 read places (sink + blocks + window) for the default and the near preset
+# the retrieval kind: what a pretrained base reads of its exact past (`RetrievalConfig`), one
+# preset for every job: a budget of 2,048 read places (sink + blocks + window) for a stream
 register_preset(Preset(
     "retrieval", "retrieval",
     "the default: a stream reads its first 64 tokens, the 16 past blocks of 64 its queries "
@@ -153,24 +153,6 @@ register_preset(Preset(
     dict(block_size=64, sink_blocks=1, window=960, segment_len=256,
          choice=dict(kind="question", blocks=16, read_from=0)),
     measured="docs/results/question_choices/question_choices.md",
-))  # fmt: skip
-register_preset(Preset(
-    "retrieval-near", "retrieval",
-    "the first 64 tokens, the 24 past blocks of 64 its queries match best read by rising score "
-    "(the best right before the window) and the last 448 (2,048 places)",
-    dict(block_size=64, sink_blocks=1, window=448, segment_len=256,
-         choice=dict(kind="max", blocks=24, read_from=0), layout=dict(kind="nearest")),
-    measured="docs/results/retrieval.md",
-))  # fmt: skip
-register_preset(Preset(
-    "retrieval-picked", "retrieval",
-    "one fact read, its alike facts left out: the first 64 tokens, the past block a call's "
-    "last 32 queries (a question's) give the most attention weight with the block after it, "
-    "and the last 256 (448 places); the answer reads its question's blocks",
-    dict(block_size=64, sink_blocks=1, window=256, segment_len=256,
-         choice=dict(kind="attention", blocks=2, neighbours=1, read_from=0,
-                     answer_choice="question", select_queries=32)),
-    measured="docs/results/ruler.md",
 ))  # fmt: skip
 # the baselines the retrieval is measured against, at the same budget of read places: read by
 # `RetrievalLM` as its presets are, not offered beside them

@@ -99,12 +99,17 @@ def test_rows_are_the_models_they_name(tmp_path):
     assert rr.without_paths(args, str(tmp_path), str(tmp_path / "models")).startswith(
         "pretrained=PAPER_DIR,"
     )
+    # a retired preset's rows: its settings on the default preset, as it read
+    picked = ("window=256,choice={},blocks=2,neighbours=1,read_from=0,answer_choice=question,"
+              "select_queries={}")  # fmt: skip
     assert rr.model_of("picked-all", str(tmp_path)) == (
-        "inftyformer-retrieval", f"pretrained={tmp_path},preset=retrieval-picked,select_queries=0"
-    )  # fmt: skip
+        "inftyformer-retrieval",
+        f"pretrained={tmp_path},preset=retrieval,{picked.format('attention', 0)}",
+    )
     assert rr.model_of("picked-max", str(tmp_path)) == (
-        "inftyformer-retrieval", f"pretrained={tmp_path},preset=retrieval-picked,choice=max"
-    )  # fmt: skip
+        "inftyformer-retrieval",
+        f"pretrained={tmp_path},preset=retrieval,{picked.format('max', 32)}",
+    )
     with pytest.raises(ValueError, match="names no layer count"):
         rr.model_of("retrieval-question", str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 30}))

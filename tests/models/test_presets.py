@@ -88,19 +88,20 @@ def test_the_retrieval_presets_build_their_config_at_one_budget():
     from inftyformer.retrieval.config import RetrievalConfig
 
     configs = {name: RetrievalConfig(**retrieval_settings(name))
-               for name in ("retrieval", "retrieval-near", "streaming", "window")}  # fmt: skip
+               for name in ("retrieval", "streaming", "window")}  # fmt: skip
     # each reads 2,048 places at most: sink + blocks + window
     for config in configs.values():
         assert (config.sink_blocks + config.blocks) * config.block_size + config.window == 2048
     assert configs["retrieval"].read_from == 0 and configs["streaming"].blocks == 0
     # the default config is the default preset
     assert RetrievalConfig() == configs["retrieval"]
-    # retrieval-near: the best block last, beside a shorter window
-    near = configs["retrieval-near"]
-    assert near.layout.kind == "nearest" and (near.blocks, near.window) == (24, 448)
-    # at most three retrieval presets; the baselines a kind of their own
+    # its question: 4 blocks (2 leads and their next), its last 256 tokens, the best last
+    question = configs["retrieval"].choice
+    assert (question.kind, question.question_window, question.question_layout) == (
+        "question", 256, "nearest")  # fmt: skip
+    # one retrieval preset does every job; the baselines a kind of their own
     kinds = {p.name: p.kind for p in PRESETS.values() if p.kind in READ_KINDS}
-    assert sum(k == "retrieval" for k in kinds.values()) <= 3
+    assert [n for n, k in kinds.items() if k == "retrieval"] == ["retrieval"]
     assert kinds["streaming"] == kinds["window"] == "baseline"
     # a baseline reads no block: the choice's settings cannot be written on it
     with pytest.raises(ValueError, match="blocks is a setting of choice"):

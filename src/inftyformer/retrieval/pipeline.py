@@ -10,7 +10,7 @@ that stop at the end-of-sequence tokens).
     ask = pipeline("inftyformer-ask", model="models/smollm2-135m", device="cpu")
     ask(book, question="Who wrote the letter?")           # {"answer": "…"}
     ask(book, question=["Who?", "When?"])                 # [{"answer": …}, …]: book read once
-    ask(book, question="Who?", preset="retrieval-near", max_new_tokens=64)
+    ask(book, question="Who?", preset="streaming", max_new_tokens=64)  # a baseline
     ask(book, question="Who?", retrieval_config=RetrievalConfig.from_preset("retrieval",
                                                                             window=448))
 
