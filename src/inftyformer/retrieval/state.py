@@ -331,21 +331,30 @@ def stored_keys(model, state: RetrievalState, layer: int) -> tuple[torch.Tensor,
     the store's first block, never scored: `held`), in chunks [b, ≤ CHUNK_BLOCKS · B, H_kv,
     d] of the store's dtype."""
     dev = state.window_k.device
+    at_sink = sink_angles(model, dev)  # once for every chunk
     chunks = []
     for ids in state.block_ids.clamp(min=0).split(CHUNK_BLOCKS, 1):  # [b, m]
         k = state.store.read(layer, ids, keys_only=True).to(dev)  # [b, m, H, B, d]
-        k = turned_to_sink(model, k.float()).transpose(2, 3)  # [b, m, B, H, d]
+        k = turned_to_sink(model, k.float(), at_sink).transpose(2, 3)  # [b, m, B, H, d]
         chunks.append(k.flatten(1, 2).to(state.store.dtype))  # [b, m·B, H, d]
     return tuple(chunks)
 
 
-def turned_to_sink(model, k: torch.Tensor) -> torch.Tensor:
-    """Blocks' keys [..., B, d] (before rotary) turned to position S, the sink's end: every
-    stored block at one distance from a call's queries, as choices score them."""
+def sink_angles(model, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [1, B, d] (float32) of the base's rotary at position S, the sink's end."""
     B, S = model.config.block_size, model.config.sink_blocks * model.config.block_size
-    probe = k.new_zeros(1, 1, model.head_dim)
-    cos, sin = model.rotary(probe, torch.full((1, B), S, device=k.device))  # [1, B, d]
-    return turn(k, cos, sin)
+    probe = torch.zeros(1, 1, model.head_dim, device=device)
+    return model.rotary(probe, torch.full((1, B), S, device=device))
+
+
+def turned_to_sink(
+    model, k: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> torch.Tensor:
+    """Blocks' keys [..., B, d] (before rotary) turned to position S, the sink's end: every
+    stored block at one distance from a call's queries, as choices score them (`angles`:
+    `sink_angles`, when the caller turns many)."""
+    cos, sin = angles if angles is not None else sink_angles(model, k.device)
+    return turn(k, cos.to(k.dtype), sin.to(k.dtype))
 
 
 def put_keys(
