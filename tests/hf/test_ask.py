@@ -168,6 +168,16 @@ def test_bad_input_is_named(chat_dir, doc_file, tmp_path):
     (tmp_path / "empty").mkdir()
     result = run_cli(cli_args(chat_dir, tmp_path / "empty"))
     assert result.exit_code == EXIT_USAGE and "holds no files" in result.stderr
+    # a bad preset or setting is named before a weight or the tokenizer is read: a folder of a
+    # config alone gets the same answer as the whole model
+    (tmp_path / "config-only").mkdir()
+    (tmp_path / "config-only" / "config.json").write_text((chat_dir / "config.json").read_text())
+    for folder in (chat_dir, tmp_path / "config-only"):
+        result = run_cli(cli_args(folder, doc_file, "--preset", "retrieval-near"))
+        assert result.exit_code == EXIT_USAGE, result.stderr
+        assert "unknown retrieval preset 'retrieval-near'" in result.stderr
+        result = run_cli(cli_args(folder, doc_file, "--set", "window=-1"))
+        assert result.exit_code == EXIT_USAGE and "window" in result.stderr
 
 
 def test_sampling_follows_its_seed(chat_dir, doc_file, recorded):

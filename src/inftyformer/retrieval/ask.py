@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from . import session as sessions
+from .config import RetrievalConfig
 from .model import RetrievalLM
 from .prompts import TurnFormat, begin_tokens, encode, stop_tokens
 from .session import ModelKey, SessionInfo
@@ -58,9 +59,12 @@ def load_model(
     folder = Path(base_dir).expanduser()
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"--base-model {folder} holds no config.json: not a model folder")
+    # the preset and settings refused, if they are bad, before any weight is read
+    config = (RetrievalConfig.from_preset(preset, **settings) if preset is not None
+              else RetrievalConfig().replace(**settings))  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     base = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-    model = RetrievalLM(base.to(device), preset=preset, **settings).eval()
+    model = RetrievalLM(base.to(device), config).eval()
     return model, tokenizer, ModelKey.of(folder, preset, settings, model.config)
 
 
