@@ -35,8 +35,9 @@ def hybrid_verdict(data: dict) -> str:
     """Whether the continuous memory is a memory, not an adapter: hybrid / retrieval at
     positions ≥ 2K at most 0.97, the gain at [8K, 16K) larger than at [1K, 2K) (their intervals
     apart), and hybrid at least 1% below hybrid-other, another book's memory (the whole
-    interval; less is a correction any book's memory carries) — all three, each read from the
-    ratios the JSON holds."""
+    interval; less is a correction any book's memory carries), and, when measured (weights
+    trained with adapters), at least 1% below hybrid-empty, the same weights with the memory
+    empty — all of them, each read from the ratios the JSON holds."""
     ratios = data["results"]["ratios"]
 
     def shown(pair: str, bucket: str) -> str:
@@ -54,12 +55,15 @@ def hybrid_verdict(data: dict) -> str:
     grows = far is not None and near is not None and far["interval"][1] < near["interval"][0]
     control = ratios.get("hybrid/hybrid-other", {}).get("≥2K")
     own = control is not None and control["interval"][1] < 0.99
+    # with adapters trained beside the memory: the same weights with the memory empty
+    emptied = ratios.get("hybrid/hybrid-empty", {}).get("≥2K")
+    reads = emptied is None or emptied["interval"][1] < 0.99
     word = lambda ok: "yes" if ok else "no"  # noqa: E731
     return "\n".join([
         f"**Goal (a memory, not an adapter: at least 3% below the retrieval at positions ≥ 2K, "
         f"the gain growing with distance, and its own book's memory at least 1% better than "
-        f"another's): "
-        f"{'met' if gains and grows and own else 'not met'}.**",
+        f"another's{' and than none' if emptied else ''}): "
+        f"{'met' if gains and grows and own and reads else 'not met'}.**",
         "",
         f"- At least 3% below the retrieval at ≥ 2K: {word(gains)}: "
         f"{shown('hybrid/retrieval', '≥2K')}.",
@@ -68,6 +72,9 @@ def hybrid_verdict(data: dict) -> str:
         f"- Its own book's memory at least 1% better than another book's (the whole interval "
         f"below 0.99): "
         f"{word(own)}: {shown('hybrid/hybrid-other', '≥2K')}.",
+        *([f"- At least 1% better than the same weights with the memory empty (the whole "
+           f"interval below 0.99): {word(reads)}: {shown('hybrid/hybrid-empty', '≥2K')}."]
+          if emptied else []),
     ])  # fmt: skip
 
 

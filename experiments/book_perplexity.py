@@ -15,6 +15,8 @@ kind, or a retired preset's settings on the default (`_retired_presets`), but `f
                retired preset)
     hybrid     retrieval with the ∞-former's continuous memory of what left its window
                (`--memory-weights`, trained by experiments/train_hybrid_memory.py)
+    hybrid-empty  the same weights with the memory empty (`_hybrid.py`: the low-rank adapters
+               trained beside the memory alone, `retrieval` when there are none)
     hybrid-other  the same weights reading the memory of another book (its pair: 1 ↔ 2, 3 ↔ 4,
                …, streamed beside it: its memory at the same position), so that a fixed
                correction cannot pass as memory (an empty memory reads 0: that row is
@@ -39,9 +41,9 @@ computed from them, and OUT/book_perplexity.md and .png are rendered from that J
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
-import hashlib
 import inspect
 import json
 import math
@@ -51,6 +53,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _hybrid import digests, hybrid_model
 from _retired_presets import RETIRED, preset_of
 from _retired_presets import row_settings as retired_settings
 
@@ -67,8 +70,8 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "results"
 NAME = "book_perplexity"
 ROWS = ("full", "window", "streaming", "retrieval", "retrieval-near", "retrieval-picked",
-        "hybrid", "hybrid-other")  # fmt: skip
-HYBRID = ("hybrid", "hybrid-other")
+        "hybrid", "hybrid-empty", "hybrid-other")  # fmt: skip
+HYBRID = ("hybrid", "hybrid-empty", "hybrid-other")
 SPLITS = ("test", "valid")  # held out, in this order
 BLOCK = 64  # predicted positions per stored NLL sum (the buckets' edges are multiples of it)
 SEGMENT = 256  # tokens per call
@@ -84,6 +87,7 @@ WHAT = {
     "attention weight with the block after it, the last 256 (448 places)",
     "hybrid": "retrieval plus the continuous memory of what left its window (N = 256 basis "
     "coefficients in each of 4 blocks; trained weights)",
+    "hybrid-empty": "hybrid's weights with the memory empty (its adapters alone, if any)",
     "hybrid-other": "hybrid's weights reading another book's memory at the same position",
 }
 
@@ -132,23 +136,6 @@ def cache_keyword(base) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def hybrid_model(base, weights: str):
-    """The retrieval default with the continuous memory of `weights` (a safetensors file of
-    `model.memory`'s state, its training settings in the metadata)."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    from inftyformer.retrieval.continuous import ContinuousConfig
-    from inftyformer.retrieval.model import RetrievalLM
-
-    with safe_open(weights, "pt") as f:
-        layers = json.loads(f.metadata()["settings"])["layers"]
-    memory = ContinuousConfig(layers=tuple(layers) if layers else None)
-    model = RetrievalLM(base, preset="retrieval", memory=memory).eval()
-    model.memory.load_state_dict(load_file(weights))
-    return model
-
-
 @torch.no_grad()
 def token_nll(
     row: str, ids: torch.Tensor, base, progress: bool = False, weights=None, other=None
@@ -156,24 +143,31 @@ def token_nll(
     """NLL [n − 1] of ids[0, 1:] [1, n], each token given what `row` reads of its past;
     the stream is fed in calls of SEGMENT tokens (its last token is never fed). `weights`:
     the hybrid rows' memory; `other` [1, n]: the book whose memory hybrid-other reads."""
+    from inftyformer.retrieval.model import RetrievalLM
+
+    with contextlib.ExitStack() as stack:
+        model = None  # the full row: the base alone
+        if row in HYBRID:  # the adapters, if any, on the base while the stream is read
+            model = stack.enter_context(hybrid_model(base, weights, row != "hybrid-empty"))
+        elif row != "full":
+            preset, on_top = preset_of(row)
+            model = RetrievalLM(base, preset=preset, **on_top).eval()
+        return stream_nll(row, ids, base, model, progress, other)
+
+
+def stream_nll(row: str, ids: torch.Tensor, base, model, progress: bool, other) -> torch.Tensor:
+    """`token_nll` of the row's `model` (None: the base with its HF KV cache)."""
     from tqdm import tqdm
     from transformers import DynamicCache
 
-    from inftyformer.retrieval.model import RetrievalLM
-
-    n, beside = ids.shape[1], None  # beside: the state of the book hybrid-other reads
-    if row == "full":
+    n, beside, state = ids.shape[1], None, None  # beside: the state of the book hybrid-other reads
+    if model is None:
         cache, key = DynamicCache(), cache_keyword(base)
-    elif row in HYBRID:
-        model, state = hybrid_model(base, weights), None
-    else:
-        preset, on_top = preset_of(row)
-        model, state = RetrievalLM(base, preset=preset, **on_top).eval(), None
     nll = []
     for start in tqdm(range(0, n - 1, SEGMENT), desc=row, leave=False, disable=not progress):
         chunk = ids[:, start : min(start + SEGMENT, n - 1)]  # [1, t]
         target = ids[:, start + 1 : start + 1 + chunk.shape[1]]  # [1, t]
-        if row == "full":
+        if model is None:
             out = base(chunk, use_cache=True, **{key: cache})
             cache = getattr(out, key)
             logits = out.logits
@@ -185,10 +179,9 @@ def token_nll(
             if row == "hybrid-other":
                 beside = model(other[:, start : start + chunk.shape[1]], beside).state
         nll.append(F.cross_entropy(logits[0].float(), target[0], reduction="none"))
-    if row != "full":
-        for s in (state, beside):
-            if s is not None:
-                s.store.close()
+    for s in (state, beside):
+        if s is not None:
+            s.store.close()
     return torch.cat(nll)
 
 
@@ -220,7 +213,7 @@ def cell_settings(
     out = {"base_model": Path(base_dir).name, "tokens": fed, "segment_len": SEGMENT,
            "preset": preset}  # fmt: skip
     if row in HYBRID:  # the weights by their digest, and the book whose memory is read
-        out["memory_weights"] = hashlib.sha256(Path(weights).read_bytes()).hexdigest()[:16]
+        out.update(digests(weights))
         out["other_book"] = other["id"] if row == "hybrid-other" else None
     return out
 
@@ -247,7 +240,8 @@ def ratio_pairs(rows: list[str]) -> list[tuple[str, str]]:
     and retrieval-picked with retrieval (what a shorter window and fewer blocks change)."""
     pairs = [(r, "window") for r in rows if r != "window"]
     near, picked = ("retrieval-near", "retrieval"), ("retrieval-picked", "retrieval")
-    hybrid = [("hybrid", "retrieval"), ("hybrid-other", "retrieval"), ("hybrid", "hybrid-other")]
+    hybrid = [("hybrid", "retrieval"), ("hybrid-empty", "retrieval"), ("hybrid-other", "retrieval"),
+              ("hybrid", "hybrid-empty"), ("hybrid", "hybrid-other")]  # fmt: skip
     for pair in (("retrieval", "streaming"), near, picked, *hybrid):
         if set(pair) <= set(rows):
             pairs.append(pair)

@@ -10,13 +10,18 @@ optimiser step on its loss (the base's NLL plus the reads' variance KL, as the p
 the state carried to the next call detached. With `--contrast W` each call is also read with the
 two rows' memories swapped (each book reading the other's, the page's `hybrid-other` control)
 and the loss gains W · max(0, NLL_own − NLL_other + `--margin`): a correction that any book's
-memory carries earns nothing there, only what the book's own memory holds does.
+memory carries earns nothing there, only what the book's own memory holds does. With
+`--lora-rank R` low-rank adapters on the base's query and value projections (`_lora.py`) train
+beside the memory, at the memory's rate: a correction that lowers every book's loss has a place
+of its own, and book_perplexity.py's `hybrid-empty` row (the same weights, the memory empty)
+tells it from what the memory adds.
 
     python experiments/train_hybrid_memory.py --out runs/hybrid --minutes 40   # resumable
     python experiments/book_perplexity.py --rows window,retrieval,hybrid,hybrid-other \\
         --memory-weights runs/hybrid/memory.safetensors --out docs/results/hybrid
 
-OUT/memory.safetensors holds the memory's weights (what book_perplexity.py reads), OUT/train.pt
+OUT/memory.safetensors holds the memory's weights (what book_perplexity.py reads; with
+--lora-rank the adapters' beside it, OUT/lora.safetensors), OUT/train.pt
 the optimiser, the step and the random state (a run resumes where it stopped), OUT/train.csv the
 loss of every step. Both are written whole or not at all.
 """
@@ -32,6 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from _lora import TARGETS, lora_of
 
 from inftyformer._files import atomic_path
 from inftyformer._measure import command_line, default_base_model
@@ -61,12 +67,15 @@ def build(base_dir: str, settings: dict):
     return RetrievalLM(base, preset="retrieval", memory=ContinuousConfig(long_term, layers))
 
 
-def save(out: Path, model, optimiser, step: int, rng: random.Random, settings: dict) -> None:
+def save(out: Path, model, optimiser, step: int, rng: random.Random, settings: dict,
+         lora=None) -> None:  # fmt: skip
     from safetensors.torch import save_file
 
-    weights = {k: v.detach().contiguous() for k, v in model.memory.state_dict().items()}
-    with atomic_path(out / "memory.safetensors") as tmp:
-        save_file(weights, str(tmp), metadata={"settings": json.dumps(settings)})
+    parts = {"memory": model.memory} if lora is None else {"memory": model.memory, "lora": lora}
+    for name, module in parts.items():
+        weights = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
+        with atomic_path(out / f"{name}.safetensors") as tmp:
+            save_file(weights, str(tmp), metadata={"settings": json.dumps(settings)})
     with atomic_path(out / "train.pt") as tmp:
         torch.save({"optimiser": optimiser.state_dict(), "step": step, "rng": rng.getstate(),
                     "torch_rng": torch.get_rng_state(), "settings": settings}, tmp)  # fmt: skip
@@ -89,7 +98,8 @@ def main(argv: list[str] | None = None) -> None:
                                 ("--kl-weight", float, 1e-6), ("--threads", int, 1),
                                 ("--seed", int, 0), ("--sigma-init", float, 0.0),
                                 ("--density-lr", float, 0.0), ("--contrast", float, 0.0),
-                                ("--margin", float, 0.01)):  # fmt: skip
+                                ("--margin", float, 0.01), ("--lora-rank", int, 0),
+                                ("--lora-alpha", float, 16.0)):  # fmt: skip
         p.add_argument(name, type=kind, default=default)
     p.add_argument("--layers", default="", help="memory blocks, a,b,… (default: the config's)")
     args = p.parse_args(argv)
@@ -104,13 +114,20 @@ def main(argv: list[str] | None = None) -> None:
                 "preset": "retrieval", "command": command_line()}  # fmt: skip
     if args.contrast:  # (absent when off: runs made before it resume)
         settings.update(contrast=args.contrast, margin=args.margin)
+    if args.lora_rank:  # (absent when off, as contrast)
+        settings.update(lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
+                        lora_targets=list(TARGETS))  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     model = build(base_dir, settings)
+    lora = lora_of(model.base, settings, args.seed)
     # the density heads w_μ, w_σ at their own rate when given (they barely move at the memory's)
     named = list(model.memory.named_parameters())
     heads = [p for n, p in named if "mu_head" in n or "sigma_head" in n]
     rest = [p for n, p in named if not ("mu_head" in n or "sigma_head" in n)]
     groups = [{"params": rest}, {"params": heads, "lr": args.density_lr or args.lr}]
+    if lora is not None:
+        groups.append({"params": list(lora.parameters())})
+    trained = [p for g in groups for p in g["params"]]
     optimiser = torch.optim.AdamW(groups, lr=args.lr, weight_decay=0.0)
     rng, step = random.Random(args.seed), 0
     torch.manual_seed(args.seed)
@@ -121,6 +138,8 @@ def main(argv: list[str] | None = None) -> None:
         if {**saved["settings"], "command": ""} != {**settings, "command": ""}:
             raise SystemExit(f"{args.out} was trained with other settings: {saved['settings']}")
         model.memory.load_state_dict(load_file(str(args.out / "memory.safetensors")))
+        if lora is not None:
+            lora.load_state_dict(load_file(str(args.out / "lora.safetensors")))
         optimiser.load_state_dict(saved["optimiser"])
         step = saved["step"]
         rng.setstate(saved["rng"])
@@ -155,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
                 other = [f"{float(them.detach()):.5f}"]
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.memory.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(trained, 1.0)
             optimiser.step()
             state, step = out.state, step + 1
             kl, seconds = float(out.aux["kl"].detach()), time.perf_counter() - tic
@@ -163,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
                              f"{seconds:.2f}", *other])  # fmt: skip
         state.store.close()
         log.flush()
-        save(args.out, model, optimiser, step, rng, settings)
+        save(args.out, model, optimiser, step, rng, settings, lora)
         print(f"step {step}: last loss {float(out.lm_loss.detach()):.4f}", flush=True)
     log.close()
 

@@ -143,3 +143,75 @@ def test_the_hybrid_rows_read_a_memory_once_text_left_the_window_and_the_other_b
     assert "Goal (a memory, not an adapter" in page
     with pytest.raises(SystemExit):
         bp.main(["--quick", "--out", str(tmp_path), "--rows", rows])
+
+
+def test_hybrid_empty_reads_the_adapters_alone_and_leaves_the_base_as_it_was(tmp_path):
+    """Weights trained with low-rank adapters: hybrid-empty (the same weights, the memory empty)
+    differs from the retrieval from the first token (the adapters), hybrid equals it while the
+    memory is empty; the adapters are taken off the shared base after each cell (a retrieval
+    cell measured after them is the one measured alone)."""
+    from _lora import LoRA, LoRAConfig
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from inftyformer.retrieval.continuous import ContinuousConfig
+    from inftyformer.retrieval.model import RetrievalLM
+
+    folder = bp.quick_model(tmp_path / "quick-model")
+    base = AutoModelForCausalLM.from_pretrained(str(folder))
+    model = RetrievalLM(base, preset="retrieval", memory=ContinuousConfig())
+    torch.manual_seed(0)
+    memory = {k: v + 0.05 * torch.randn_like(v) for k, v in model.memory.state_dict().items()}
+    settings = {
+        "layers": [],
+        "lora_rank": 2,
+        "lora_alpha": 4.0,
+        "lora_targets": ["q_proj", "v_proj"],
+    }
+    lora = LoRA(base, LoRAConfig(2, 4.0))
+    adapters = {k: 0.05 * torch.randn_like(v) for k, v in lora.state_dict().items()}
+    weights = tmp_path / "run" / "memory.safetensors"
+    weights.parent.mkdir()
+    for name, tensors in (("memory", memory), ("lora", adapters)):
+        save_file(tensors, str(weights.with_name(f"{name}.safetensors")),
+                  metadata={"settings": json.dumps(settings)})  # fmt: skip
+    rows = "window,hybrid,hybrid-empty,retrieval"  # retrieval after the adapters' rows
+    out = tmp_path / "out"
+    bp.main(["--quick", "--out", str(out), "--rows", rows, "--memory-weights", str(weights)])
+    bp.main(["--quick", "--out", str(tmp_path / "alone"), "--rows", "window,retrieval"])
+    data = json.loads((out / "book_perplexity.json").read_text())
+    alone = json.loads((tmp_path / "alone" / "book_perplexity.json").read_text())
+    empty = (960 + 64) // 64  # blocks of positions before anything left the 960-token window
+    for book in (b["id"] for b in data["setup"]["books"]):
+        got = {r: torch.tensor(data["cells"][f"{r}-{book}"]["nll_sum"]) for r in rows.split(",")}
+        assert (got["hybrid-empty"][:empty] - got["retrieval"][:empty]).abs().min() > 1e-3
+        torch.testing.assert_close(got["hybrid"][:empty], got["hybrid-empty"][:empty])
+        assert (got["hybrid"][empty:] - got["hybrid-empty"][empty:]).abs().max() > 1e-3
+        cell = data["cells"][f"hybrid-empty-{book}"]["settings"]
+        assert set(cell) >= {"memory_weights", "lora_weights"}  # both weights by digest
+        # (to round-off: the other run loads its own copy of the model)
+        by_itself = torch.tensor(alone["cells"][f"retrieval-{book}"]["nll_sum"])
+        torch.testing.assert_close(got["retrieval"], by_itself, rtol=1e-6, atol=0)
+    assert {"hybrid/hybrid-empty", "hybrid-empty/retrieval"} <= set(data["results"]["ratios"])
+
+
+def test_the_verdict_asks_the_memory_to_beat_its_own_weights_with_the_memory_empty():
+    """With a hybrid-empty row the goal needs hybrid at least 1% below it too (the whole
+    interval): a gain the adapters alone give is not the memory's."""
+    from _book_perplexity_report import hybrid_verdict
+
+    def ratio(value, lo, hi):
+        return {"ratio": value, "interval": [lo, hi], "per_book": [value] * 4, "books_below_1": 4}
+
+    ratios = {"hybrid/retrieval": {"≥2K": ratio(0.95, 0.94, 0.96),
+                                   "[1K, 2K)": ratio(0.99, 0.985, 0.995),
+                                   "[8K, 16K)": ratio(0.93, 0.92, 0.94)},
+              "hybrid/hybrid-other": {"≥2K": ratio(0.97, 0.96, 0.98)}}  # fmt: skip
+    met = hybrid_verdict({"results": {"ratios": ratios}})
+    assert "): met.**" in met and "than none" not in met
+    ratios["hybrid/hybrid-empty"] = {"≥2K": ratio(0.995, 0.99, 1.0)}
+    verdict = hybrid_verdict({"results": {"ratios": ratios}})
+    assert "and than none): not met.**" in verdict
+    assert "memory empty (the whole interval below 0.99): no: hybrid/hybrid-empty" in verdict
+    ratios["hybrid/hybrid-empty"] = {"≥2K": ratio(0.97, 0.96, 0.98)}
+    assert "and than none): met.**" in hybrid_verdict({"results": {"ratios": ratios}})

@@ -83,3 +83,30 @@ def test_the_contrast_reads_the_other_books_memory_and_logs_its_loss(tmp_path, m
     assert [int(r["step"]) for r in csv.DictReader(open(out / "train.csv"))] == [1, 2, 3, 4]
     with pytest.raises(SystemExit, match="other settings"):
         th.main([*argv[:-2], "--contrast", "2"])
+
+
+def test_adapters_train_beside_the_memory_and_resume(tmp_path):
+    """--lora-rank: the base's query and value projections get low-rank adapters, trained with
+    the memory (B moves off zero) and saved beside it; a run resumes with them, and only under
+    the same adapter settings."""
+    text = "the memory of a long book, said the signal, and the window let it go. " * 400
+    model_dir = write_tiny_model(tmp_path / "model", corpus=(text,), max_positions=4096)
+    books = tmp_path / "data" / "pg19-mini" / "train"
+    books.mkdir(parents=True)
+    for i in range(2):
+        (books / f"{i}.txt").write_text(text[i:])
+    out = tmp_path / "run"
+    argv = ["--base-model", str(model_dir), "--data-dir", str(tmp_path / "data"), "--out",
+            str(out), "--minutes", "0.0001", "--doc-tokens", "1792",
+            "--lora-rank", "2"]  # fmt: skip
+    th.main(argv)
+    adapters = load_file(str(out / "lora.safetensors"))
+    b = [k for k in adapters if k.startswith("b.")]
+    assert b and all(k.endswith(("q_proj", "v_proj")) for k in b)
+    assert all(adapters[k].abs().max() > 0 for k in b)  # trained off zero
+    th.main(argv)  # resumes with the adapters it saved
+    resumed = load_file(str(out / "lora.safetensors"))
+    assert [int(r["step"]) for r in csv.DictReader(open(out / "train.csv"))] == [1, 2, 3, 4]
+    assert any(not torch.equal(resumed[k], adapters[k]) for k in b)
+    with pytest.raises(SystemExit, match="other settings"):
+        th.main([*argv[:-1], "4"])  # another rank
