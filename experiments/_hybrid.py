@@ -29,8 +29,9 @@ def trained_settings(weights: str | Path) -> dict:
 
 def adapters_file(weights: str | Path) -> Path | None:
     """The adapters trained with the memory `weights` (beside them), None when it had none."""
-    return Path(weights).with_name("lora.safetensors") if (
-        trained_settings(weights).get("lora_rank")) else None  # fmt: skip
+    if not trained_settings(weights).get("lora_rank"):
+        return None
+    return Path(weights).with_name("lora.safetensors")
 
 
 def digests(weights: str | Path) -> dict[str, str]:
