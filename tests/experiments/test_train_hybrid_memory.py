@@ -15,13 +15,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tiny_pretrained import write_tiny_model  # noqa: E402
 
 
-def test_it_trains_the_memory_only_and_resumes(tmp_path):
+def model_and_books(tmp_path: Path) -> Path:
+    """A tiny random Llama (its folder returned) and two made-up train books under
+    tmp_path/data/pg19-mini/train."""
     text = "the memory of a long book, said the signal, and the window let it go. " * 400
     model_dir = write_tiny_model(tmp_path / "model", corpus=(text,), max_positions=4096)
     books = tmp_path / "data" / "pg19-mini" / "train"
     books.mkdir(parents=True)
     for i in range(2):
         (books / f"{i}.txt").write_text(text[i:])
+    return model_dir
+
+
+def test_it_trains_the_memory_only_and_resumes(tmp_path):
+    model_dir = model_and_books(tmp_path)
     out = tmp_path / "run"
     argv = ["--base-model", str(model_dir), "--data-dir", str(tmp_path / "data"), "--out",
             str(out), "--minutes", "0.0001", "--doc-tokens", "1792"]  # fmt: skip
@@ -45,12 +52,7 @@ def test_the_contrast_reads_the_other_books_memory_and_logs_its_loss(tmp_path, m
     """--contrast: each trained call is read twice, the second time with the rows' memories
     swapped (row 0 reads row 1's signal and waiting tokens); its loss is logged, and the run
     resumes only under the same settings."""
-    text = "the memory of a long book, said the signal, and the window let it go. " * 400
-    model_dir = write_tiny_model(tmp_path / "model", corpus=(text,), max_positions=4096)
-    books = tmp_path / "data" / "pg19-mini" / "train"
-    books.mkdir(parents=True)
-    for i in range(2):
-        (books / f"{i}.txt").write_text(text[i:])
+    model_dir = model_and_books(tmp_path)
     reads = []  # the continuous state each trained call read
     build = th.build
 
@@ -89,12 +91,7 @@ def test_adapters_train_beside_the_memory_and_resume(tmp_path):
     """--lora-rank: the base's query and value projections get low-rank adapters, trained with
     the memory (B moves off zero) and saved beside it; a run resumes with them, and only under
     the same adapter settings."""
-    text = "the memory of a long book, said the signal, and the window let it go. " * 400
-    model_dir = write_tiny_model(tmp_path / "model", corpus=(text,), max_positions=4096)
-    books = tmp_path / "data" / "pg19-mini" / "train"
-    books.mkdir(parents=True)
-    for i in range(2):
-        (books / f"{i}.txt").write_text(text[i:])
+    model_dir = model_and_books(tmp_path)
     out = tmp_path / "run"
     argv = ["--base-model", str(model_dir), "--data-dir", str(tmp_path / "data"), "--out",
             str(out), "--minutes", "0.0001", "--doc-tokens", "1792",
