@@ -60,8 +60,7 @@ def load_model(
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"--base-model {folder} holds no config.json: not a model folder")
     # the preset and settings refused, if they are bad, before any weight is read
-    config = (RetrievalConfig.from_preset(preset, **settings) if preset is not None
-              else RetrievalConfig().replace(**settings))  # fmt: skip
+    config = RetrievalConfig.of(preset, **settings)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     base = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     model = RetrievalLM(base.to(device), config).eval()

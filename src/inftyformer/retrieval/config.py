@@ -105,6 +105,14 @@ class RetrievalConfig:
         return cls(**{**retrieval_settings(name), **settings})
 
     @classmethod
+    def of(cls, preset: str | None = None, **settings: Any) -> RetrievalConfig:
+        """Preset `preset` with `settings` on top (`from_preset`), or, with no preset, the
+        default config with them: what `RetrievalLM(base, preset=…, **settings)` reads."""
+        if preset is None:
+            return cls().replace(**settings)
+        return cls.from_preset(preset, **settings)
+
+    @classmethod
     def setting_names(cls) -> tuple[str, ...]:
         """Every flat setting name (the fields and the settings of every registered strategy of
         the two seams)."""

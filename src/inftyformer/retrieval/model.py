@@ -86,12 +86,12 @@ class RetrievalLM(nn.Module):
         the ∞-former's continuous memory of what leaves the window, beside the blocks
         (`continuous.py`; its weights to train, the base frozen)."""
         super().__init__()
-        if preset is not None:
-            if config is not None:
-                raise ValueError("give a config or a preset, not both")
-            config = RetrievalConfig.from_preset(preset, **settings)
-            settings = {}
-        config = (config or RetrievalConfig()).replace(**settings)
+        if config is None:
+            config = RetrievalConfig.of(preset, **settings)
+        elif preset is not None:
+            raise ValueError("give a config or a preset, not both")
+        else:
+            config = config.replace(**settings)
         adapter = adapter_for(type(base).__name__)
         if not adapter.rotary:
             raise ValueError(
