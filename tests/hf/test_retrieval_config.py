@@ -54,3 +54,22 @@ def test_each_strategy_checks_its_own_settings():
     with pytest.raises(TypeError, match="store_dir must be a path"):
         RetrievalConfig(store_dir=3)
     assert isinstance(RetrievalConfig().layout, StreamLayout)
+
+
+def test_a_strategy_given_as_none_is_refused_not_kept():
+    """choice=None used to keep the preset's choice when flat settings came with it (the
+    command line's `--set choice=none` read "none" as None: the default's blocks, silently)."""
+    with pytest.raises(TypeError, match=r"choice must be .*'none'.*got None"):
+        RetrievalConfig.of("retrieval", choice=None, window=448)
+    with pytest.raises(TypeError, match="layout must be"):
+        RetrievalConfig(layout=None)
+    no_blocks = RetrievalConfig.of("retrieval", choice="none", window=448)
+    assert isinstance(no_blocks.choice, NoChoice) and no_blocks.blocks == 0
+
+
+def test_the_command_lines_settings_keep_a_kind_named_none():
+    from inftyformer.commands.ask import parse_settings
+
+    settings = parse_settings(["choice=none", "store_dir=none", "window=448", "layout=stream"])
+    assert settings == {"choice": "none", "store_dir": None, "window": 448, "layout": "stream"}
+    assert RetrievalConfig.of("retrieval", **settings).blocks == 0

@@ -54,7 +54,9 @@ def document_text(source: str) -> tuple[str, str]:
 
 def parse_settings(items: list[str]) -> dict[str, Any]:
     """--set KEY=VALUE retrieval settings: ints, floats, true/false, none, or text (the
-    model's config checks names and values)."""
+    model's config checks names and values); a strategy's kind by name (``choice=none``)."""
+    from ..retrieval.config import SEAMS
+
     out: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -62,7 +64,9 @@ def parse_settings(items: list[str]) -> dict[str, Any]:
             raise ValueError(f"--set takes KEY=VALUE, got {item!r}")
         value: Any = text
         low = text.strip().lower()
-        if low in ("none", "null"):
+        if key.strip() in SEAMS:  # a strategy's kind, by name ("none" is a choice's kind)
+            value = text.strip()
+        elif low in ("none", "null"):
             value = None
         elif low in ("true", "false"):
             value = low == "true"

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any
 
-from .seams import Strategy, build, owners, setting_names
+from .seams import Strategy, build, kinds, owners, setting_names
 
 
 def takes_flat_settings(*seams: str) -> Callable[[type], type]:
@@ -38,6 +38,9 @@ def takes_flat_settings(*seams: str) -> Callable[[type], type]:
                 names = setting_names(seam)
                 flat = {k: settings.pop(k) for k in list(settings) if k in names}
                 chosen = settings.get(seam)
+                if seam in settings and chosen is None:  # not "keep the default": say so
+                    raise TypeError(f"{seam} must be a {seam} strategy or one of {kinds(seam)}, "
+                                    "got None")  # fmt: skip
                 if flat or not isinstance(chosen, Strategy | None):
                     default = defaults[seam].default_factory()
                     settings[seam] = build(seam, chosen, default, flat)
