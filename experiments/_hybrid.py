@@ -5,7 +5,8 @@ base for the time of one cell (the base is shared with the other rows).
 
     hybrid        the memory's weights, its memory read
     hybrid-empty  the same weights with the memory empty: the adapters alone (an empty memory
-                  reads exactly 0; without adapters this row is `retrieval`)
+                  reads exactly 0; without adapters this row is the retrieval it was trained
+                  beside: `retrieval`, or the default with the run's `--set` settings)
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ def trained_settings(weights: str | Path) -> dict:
 
     with safe_open(str(weights), "pt") as f:
         return json.loads(f.metadata()["settings"])
+
+
+def reader_settings(weights: str | Path) -> dict:
+    """The retrieval settings the memory `weights` were trained beside, on the default preset
+    (the training's `--set`; {} for the default itself)."""
+    return dict(trained_settings(weights).get("retrieval", {}))
 
 
 def adapters_file(weights: str | Path) -> Path | None:
@@ -51,6 +58,7 @@ def hybrid_model(base, weights: str | Path, memory: bool = True) -> Iterator:
     from inftyformer.retrieval.model import RetrievalLM
 
     settings = trained_settings(weights)
+    on_top = reader_settings(weights)
     lora = lora_of(base, settings)
     try:
         if lora is not None:
@@ -58,10 +66,10 @@ def hybrid_model(base, weights: str | Path, memory: bool = True) -> Iterator:
         if memory:
             layers = settings["layers"]
             config = ContinuousConfig(layers=tuple(layers) if layers else None)
-            model = RetrievalLM(base, preset="retrieval", memory=config).eval()
+            model = RetrievalLM(base, preset="retrieval", memory=config, **on_top).eval()
             model.memory.load_state_dict(load_file(str(weights)))
         else:
-            model = RetrievalLM(base, preset="retrieval").eval()
+            model = RetrievalLM(base, preset="retrieval", **on_top).eval()
         yield model
     finally:
         if lora is not None:

@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from _hybrid import digests, hybrid_model
+from _hybrid import digests, hybrid_model, reader_settings
 from _retired_presets import RETIRED, preset_of
 from _retired_presets import row_settings as retired_settings
 
@@ -85,8 +85,9 @@ WHAT = {
     "last), the last 448",
     "retrieval-picked": "the first 64, the past block a call's last 32 queries give the most "
     "attention weight with the block after it, the last 256 (448 places)",
-    "hybrid": "retrieval plus the continuous memory of what left its window (N = 256 basis "
-    "coefficients in each of 4 blocks; trained weights)",
+    "hybrid": "the retrieval it was trained beside (`retrieval`, unless the run changed it) "
+    "plus the continuous memory of what left its window (N = 256 basis coefficients in each of "
+    "4 blocks; trained weights)",
     "hybrid-empty": "hybrid's weights with the memory empty (its adapters alone, if any)",
     "hybrid-other": "hybrid's weights reading another book's memory at the same position",
 }
@@ -208,8 +209,10 @@ def cell_settings(
         preset = {}
     elif row in RETIRED:
         preset = retired_settings(row)
+    elif row in HYBRID:  # the retrieval the memory was trained beside
+        preset = {**retrieval_settings("retrieval"), **reader_settings(weights)}
     else:
-        preset = retrieval_settings(row if row not in HYBRID else "retrieval")
+        preset = retrieval_settings(row)
     out = {"base_model": Path(base_dir).name, "tokens": fed, "segment_len": SEGMENT,
            "preset": preset}  # fmt: skip
     if row in HYBRID:  # the weights by their digest, and the book whose memory is read

@@ -14,7 +14,10 @@ memory carries earns nothing there, only what the book's own memory holds does. 
 `--lora-rank R` low-rank adapters on the base's query and value projections (`_lora.py`) train
 beside the memory, at the memory's rate: a correction that lowers every book's loss has a place
 of its own, and book_perplexity.py's `hybrid-empty` row (the same weights, the memory empty)
-tells it from what the memory adds.
+tells it from what the memory adds. `--set KEY=VALUE` (repeatable) changes the retrieval the
+memory is trained beside, as `inftyformer ask --set` does: `--set choice=none --set window=448`
+is the sink and a 448-token window only, the short reach the paper's memory sat beside (its
+rows in book_perplexity.py read the same settings back from the weights).
 
     python experiments/train_hybrid_memory.py --out runs/hybrid --minutes 40   # resumable
     python experiments/book_perplexity.py --rows window,retrieval,hybrid,hybrid-other \\
@@ -64,7 +67,10 @@ def build(base_dir: str, settings: dict):
     if settings.get("sigma_init"):
         long_term = replace(long_term, density=NormalizedDensity(settings["sigma_init"]))
     layers = tuple(settings["layers"]) if settings["layers"] else None
-    return RetrievalLM(base, preset="retrieval", memory=ContinuousConfig(long_term, layers))
+    on_top = settings.get("retrieval", {})  # --set: the retrieval beside the memory
+    return RetrievalLM(
+        base, preset="retrieval", memory=ContinuousConfig(long_term, layers), **on_top
+    )
 
 
 def save(out: Path, model, optimiser, step: int, rng: random.Random, settings: dict,
@@ -102,8 +108,13 @@ def main(argv: list[str] | None = None) -> None:
                                 ("--lora-alpha", float, 16.0)):  # fmt: skip
         p.add_argument(name, type=kind, default=default)
     p.add_argument("--layers", default="", help="memory blocks, a,b,… (default: the config's)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a retrieval setting on the default preset (repeatable)")  # fmt: skip
     args = p.parse_args(argv)
     from tokenizers import Tokenizer
+
+    from inftyformer.commands.ask import parse_settings
+    from inftyformer.retrieval.config import RetrievalConfig
 
     torch.set_num_threads(args.threads)
     base_dir = args.base_model or default_base_model()
@@ -114,6 +125,10 @@ def main(argv: list[str] | None = None) -> None:
                 "preset": "retrieval", "command": command_line()}  # fmt: skip
     if args.contrast:  # (absent when off: runs made before it resume)
         settings.update(contrast=args.contrast, margin=args.margin)
+    if args.set:  # (absent when off, as contrast); checked before the base loads
+        on_top = parse_settings(args.set)
+        RetrievalConfig.of("retrieval", **on_top)
+        settings["retrieval"] = on_top
     if args.lora_rank:  # (absent when off, as contrast)
         settings.update(lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
                         lora_targets=list(TARGETS))  # fmt: skip

@@ -107,3 +107,37 @@ def test_adapters_train_beside_the_memory_and_resume(tmp_path):
     assert any(not torch.equal(resumed[k], adapters[k]) for k in b)
     with pytest.raises(SystemExit, match="other settings"):
         th.main([*argv[:-1], "4"])  # another rank
+
+
+def test_set_changes_the_retrieval_beside_the_memory_and_its_rows_read_it_back(tmp_path):
+    """--set: the memory trains beside the default changed by those settings (here the sink
+    and a short window only: fewer calls read without gradient), the settings are kept in the
+    weights, book_perplexity.py's hybrid rows build the same reader from them and record them
+    in the cells' settings, and a bad setting is refused before the base loads."""
+    from _hybrid import hybrid_model, reader_settings
+    from book_perplexity import cell_settings
+    from transformers import AutoModelForCausalLM
+
+    model_dir = model_and_books(tmp_path)
+    out = tmp_path / "run"
+    argv = ["--base-model", str(model_dir), "--data-dir", str(tmp_path / "data"), "--out",
+            str(out), "--minutes", "0.0001", "--doc-tokens", "1792",
+            "--set", "choice=none", "--set", "window=448"]  # fmt: skip
+    th.main(argv)
+    # 1,792 tokens: 768 read without gradient (448 + two blocks of 64, in calls of 256), then
+    # four calls of 256, one step each (the default's window of 960 leaves two)
+    assert [int(r["step"]) for r in csv.DictReader(open(out / "train.csv"))] == [1, 2, 3, 4]
+    weights = out / "memory.safetensors"
+    assert reader_settings(weights) == {"choice": "none", "window": 448}
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    for memory in (True, False):
+        with hybrid_model(base, weights, memory) as model:
+            assert (model.config.window, model.config.blocks) == (448, 0)
+            assert (model.memory is not None) == memory
+    recorded = cell_settings("hybrid", 1024, str(model_dir), 4096, weights)["preset"]
+    assert (recorded["window"], recorded["choice"]) == (448, "none")
+    with pytest.raises(SystemExit, match="other settings"):
+        th.main(argv[:-2])  # the same run without one of its settings
+    with pytest.raises(TypeError, match="windw"):
+        th.main([*argv[:-2], "--set", "windw=448", "--out", str(tmp_path / "bad")])
+    assert not (tmp_path / "bad").exists()
